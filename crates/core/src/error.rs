@@ -1,0 +1,89 @@
+//! The one error type of the core crate.
+
+use thiserror::Error;
+
+/// Everything that can go wrong in this crate. When a call returns an error, the logits it was
+/// given are exactly as they were.
+#[derive(Debug, Clone, PartialEq, Error)]
+#[non_exhaustive]
+pub enum Error {
+    /// A temperature that is not finite and strictly positive (also in f32).
+    #[error("temperature must be finite and positive, got {value}")]
+    InvalidTemperature { value: f64 },
+
+    /// A forced sequence (or HelloWorld) was built without an end-of-sequence token.
+    #[error("{processor} requires eos_token_id")]
+    MissingEosToken { processor: &'static str },
+
+    /// A token id that does not index the logits row (or the batch's vocab).
+    #[error("{field}: token id {token_id} is outside the vocab of {vocab_size}")]
+    TokenOutOfVocab {
+        field: String,
+        token_id: u64,
+        vocab_size: usize,
+    },
+
+    /// A numeric argument outside its allowed range.
+    #[error("{field}: {message}")]
+    InvalidArgument { field: String, message: String },
+
+    /// A request spec that could not be accepted; `field` names the offending part.
+    #[error("invalid spec at `{field}`: {message}")]
+    InvalidSpec { field: String, message: String },
+
+    /// A spec or token list over a documented size limit.
+    #[error("`{field}` is too large: {len} exceeds the limit of {limit}")]
+    TooLarge {
+        field: String,
+        len: usize,
+        limit: usize,
+    },
+
+    /// Logits whose shape does not fit the call.
+    #[error("logits shape: {0}")]
+    Shape(String),
+
+    /// A batch row index that holds no request, or is past the end.
+    #[error("row {row}: {message}")]
+    Row { row: usize, message: String },
+
+    /// A tokenizer could not be loaded or used.
+    #[error("tokenizer: {0}")]
+    Tokenizer(String),
+
+    /// A user-supplied processor (outside this crate) failed.
+    #[error("processor failed: {0}")]
+    External(String),
+}
+
+/// Short for `std::result::Result<T, Error>`.
+pub type Result<T> = std::result::Result<T, Error>;
+
+impl Error {
+    pub(crate) fn spec(field: impl Into<String>, message: impl Into<String>) -> Self {
+        Error::InvalidSpec {
+            field: field.into(),
+            message: message.into(),
+        }
+    }
+
+    pub(crate) fn argument(field: impl Into<String>, message: impl Into<String>) -> Self {
+        Error::InvalidArgument {
+            field: field.into(),
+            message: message.into(),
+        }
+    }
+}
+
+/// Checks that `token_id` indexes a row of `vocab_size` logits.
+pub(crate) fn check_token(field: &str, token_id: u32, vocab_size: usize) -> Result<()> {
+    if (token_id as usize) < vocab_size {
+        Ok(())
+    } else {
+        Err(Error::TokenOutOfVocab {
+            field: field.to_string(),
+            token_id: token_id.into(),
+            vocab_size,
+        })
+    }
+}

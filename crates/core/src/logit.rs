@@ -1,0 +1,92 @@
+//! The element types a logits row may hold: f32, f16 and bf16.
+
+use half::{bf16, f16};
+
+use crate::kernels;
+
+/// A logit element. Arithmetic is done in f32; f16 and bf16 results are rounded back to nearest-even,
+/// which is what torch does for these dtypes.
+pub trait Logit: Copy + Send + Sync + PartialEq + std::fmt::Debug + 'static {
+    /// The element type's name, as torch and numpy spell it.
+    const DTYPE: DType;
+    const NEG_INFINITY: Self;
+    fn to_f32(self) -> f32;
+    fn from_f32(value: f32) -> Self;
+    /// Divides every element by `divisor` in place, as IEEE division rounds it (f16 and bf16:
+    /// divided in f32, rounded back to nearest-even), which is what torch's CPU `div_` gives.
+    fn divide_row(row: &mut [Self], divisor: f32);
+}
+
+impl Logit for f32 {
+    fn divide_row(row: &mut [Self], divisor: f32) {
+        kernels::divide_f32(row, divisor)
+    }
+    const DTYPE: DType = DType::F32;
+    const NEG_INFINITY: Self = f32::NEG_INFINITY;
+    #[inline(always)]
+    fn to_f32(self) -> f32 {
+        self
+    }
+    #[inline(always)]
+    fn from_f32(value: f32) -> Self {
+        value
+    }
+}
+
+impl Logit for f16 {
+    fn divide_row(row: &mut [Self], divisor: f32) {
+        kernels::divide_f16(row, divisor)
+    }
+    const DTYPE: DType = DType::F16;
+    const NEG_INFINITY: Self = f16::NEG_INFINITY;
+    #[inline(always)]
+    fn to_f32(self) -> f32 {
+        f16::to_f32(self)
+    }
+    #[inline(always)]
+    fn from_f32(value: f32) -> Self {
+        f16::from_f32(value)
+    }
+}
+
+impl Logit for bf16 {
+    fn divide_row(row: &mut [Self], divisor: f32) {
+        kernels::divide_bf16(row, divisor)
+    }
+    const DTYPE: DType = DType::BF16;
+    const NEG_INFINITY: Self = bf16::NEG_INFINITY;
+    #[inline(always)]
+    fn to_f32(self) -> f32 {
+        bf16::to_f32(self)
+    }
+    #[inline(always)]
+    fn from_f32(value: f32) -> Self {
+        bf16::from_f32(value)
+    }
+}
+
+/// The runtime tag of a [`Logit`] type, for callers that hold untyped buffers.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Hash)]
+pub enum DType {
+    F32,
+    F16,
+    BF16,
+}
+
+impl DType {
+    /// Bytes per element.
+    pub fn size(self) -> usize {
+        match self {
+            DType::F32 => 4,
+            DType::F16 | DType::BF16 => 2,
+        }
+    }
+
+    pub fn name(self) -> &'static str {
+        match self {
+            DType::F32 => "float32",
+            DType::F16 => "float16",
+            DType::BF16 => "bfloat16",
+        }
+    }
+}

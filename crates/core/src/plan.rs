@@ -1,0 +1,263 @@
+//! A row's plan: the edits a step decided on, applied to the row in one pass.
+
+use crate::error::{check_token, Result};
+use crate::logit::Logit;
+
+/// What a forced token's logit becomes.
+#[derive(Debug, Clone, Copy, PartialEq)]
+pub enum ForcedValue {
+    /// It keeps the value it had (the reference adds a 0.0 mask entry, so `-0.0` becomes `0.0`).
+    Keep,
+    /// It is set to this value.
+    Set(f32),
+}
+
+/// One edit of a row. A plan applies its edits in order, each with the meaning it has alone.
+#[derive(Debug, Clone, Copy, PartialEq)]
+pub enum Edit {
+    /// Every logit becomes `logit / temperature`.
+    Scale { temperature: f32 },
+    /// Every logit except `token`'s becomes `-inf`.
+    Force { token: u32, value: ForcedValue },
+    /// `token`'s logit becomes `-inf`.
+    Ban { token: u32 },
+    /// `bias` is added to `token`'s logit.
+    Bias { token: u32, bias: f32 },
+}
+
+impl Edit {
+    /// The token a sparse edit names, `None` for an edit of the whole row.
+    pub fn token(&self) -> Option<u32> {
+        match *self {
+            Edit::Scale { .. } => None,
+            Edit::Force { token, .. } | Edit::Ban { token } | Edit::Bias { token, .. } => {
+                Some(token)
+            }
+        }
+    }
+
+    /// This edit applied to the logit at `index` whose value is `value`.
+    #[inline]
+    fn apply_at<T: Logit>(&self, index: usize, value: T) -> T {
+        let here = |token: u32| token as usize == index;
+        match *self {
+            Edit::Scale { temperature } => T::from_f32(value.to_f32() / temperature),
+            Edit::Force { token, value: kept } if here(token) => match kept {
+                ForcedValue::Keep => T::from_f32(value.to_f32() + 0.0),
+                ForcedValue::Set(v) => T::from_f32(v),
+            },
+            Edit::Force { .. } => T::NEG_INFINITY,
+            Edit::Ban { token } if here(token) => T::NEG_INFINITY,
+            Edit::Bias { token, bias } if here(token) => T::from_f32(value.to_f32() + bias),
+            Edit::Ban { .. } | Edit::Bias { .. } => value,
+        }
+    }
+}
+
+/// The edits one row gets in one step, in order. Processors add to it; [`RowPlan::apply`] carries
+/// it out in one pass over the row:
+/// - with a `Force` anywhere, the row is filled with `-inf` (write only) and the one surviving
+///   logit is computed on its own;
+/// - otherwise each `Scale` is one pass (usually there is one), and the sparse edits (`Ban`,
+///   `Bias`) touch only their tokens.
+///
+/// The result equals applying each edit to the whole row in turn (a property test checks it).
+/// Non-finite inputs are the one deliberate difference from the reference: a forced row's other
+/// logits become `-inf` even where they were NaN or `+inf` (the reference's mask add leaves NaN).
+#[derive(Debug, Clone, Default, PartialEq)]
+pub struct RowPlan {
+    edits: Vec<Edit>,
+    // Reused between steps: the original values of the tokens that sparse edits touch.
+    originals: Vec<(u32, f32)>,
+}
+
+impl RowPlan {
+    pub fn new() -> Self {
+        Self::default()
+    }
+
+    /// Forgets all edits, keeping the allocation.
+    pub fn clear(&mut self) {
+        self.edits.clear();
+    }
+
+    pub fn push(&mut self, edit: Edit) {
+        self.edits.push(edit);
+    }
+
+    pub fn edits(&self) -> &[Edit] {
+        &self.edits
+    }
+
+    pub fn is_empty(&self) -> bool {
+        self.edits.is_empty()
+    }
+
+    /// Checks that every token the plan names indexes a row of `vocab_size` logits.
+    pub fn validate(&self, vocab_size: usize) -> Result<()> {
+        self.edits
+            .iter()
+            .filter_map(Edit::token)
+            .try_for_each(|token| check_token("plan", token, vocab_size))
+    }
+
+    /// The token whose logit survives when the plan forces one: the last force's. Every other logit
+    /// is `-inf` after it, and later edits keep `-inf` at `-inf`.
+    pub fn forced_token(&self) -> Option<u32> {
+        self.edits.iter().rev().find_map(|e| match *e {
+            Edit::Force { token, .. } => Some(token),
+            _ => None,
+        })
+    }
+
+    /// The value the logit at `index` ends with, from its value before the plan.
+    #[inline]
+    pub fn value_at<T: Logit>(&self, index: usize, original: T) -> T {
+        self.edits
+            .iter()
+            .fold(original, |value, edit| edit.apply_at(index, value))
+    }
+
+    /// Applies the plan to `row` in place. On error (a token outside the row) the row is untouched.
+    pub fn apply<T: Logit>(&mut self, row: &mut [T]) -> Result<()> {
+        self.validate(row.len())?;
+        self.apply_validated(row);
+        Ok(())
+    }
+
+    /// [`RowPlan::apply`] for a plan already validated against `row.len()`.
+    pub(crate) fn apply_validated<T: Logit>(&mut self, row: &mut [T]) {
+        if self.edits.is_empty() {
+            return;
+        }
+        if let Some(token) = self.forced_token() {
+            let index = token as usize;
+            let survivor = self.value_at(index, row[index]);
+            row.fill(T::NEG_INFINITY);
+            row[index] = survivor;
+            return;
+        }
+        self.originals.clear();
+        for edit in &self.edits {
+            if let Some(token) = edit.token() {
+                self.originals.push((token, row[token as usize].to_f32()));
+            }
+        }
+        for edit in &self.edits {
+            if let Edit::Scale { temperature } = *edit {
+                T::divide_row(row, temperature);
+            }
+        }
+        for &(token, original) in &self.originals {
+            let index = token as usize;
+            row[index] = self.value_at(index, T::from_f32(original));
+        }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use half::bf16;
+    use proptest::prelude::*;
+
+    /// Each edit applied to the whole row in turn: the meaning a plan must keep.
+    fn step_by_step<T: Logit>(edits: &[Edit], row: &mut [T]) {
+        for edit in edits {
+            for (i, x) in row.iter_mut().enumerate() {
+                *x = edit.apply_at(i, *x);
+            }
+        }
+    }
+
+    fn edit_strategy(vocab: u32) -> impl Strategy<Value = Edit> {
+        prop_oneof![
+            (0.05f32..20.0).prop_map(|temperature| Edit::Scale { temperature }),
+            (0..vocab).prop_map(|token| Edit::Ban { token }),
+            (0..vocab, -5.0f32..5.0).prop_map(|(token, bias)| Edit::Bias { token, bias }),
+            (0..vocab).prop_map(|token| Edit::Force {
+                token,
+                value: ForcedValue::Keep
+            }),
+            (0..vocab, -3.0f32..3.0).prop_map(|(token, v)| Edit::Force {
+                token,
+                value: ForcedValue::Set(v)
+            }),
+        ]
+    }
+
+    fn bits<T: Logit>(row: &[T]) -> Vec<u32> {
+        row.iter().map(|x| x.to_f32().to_bits()).collect()
+    }
+
+    proptest! {
+        #[test]
+        fn fused_pass_equals_step_by_step(
+            row in proptest::collection::vec(-30.0f32..30.0, 1..64),
+            edits in proptest::collection::vec(edit_strategy(64), 0..6),
+        ) {
+            let mut plan = RowPlan::new();
+            edits
+                .iter()
+                .filter(|e| e.token().is_none_or(|t| (t as usize) < row.len()))
+                .for_each(|e| plan.push(*e));
+
+            let mut fused = row.clone();
+            let mut expected = row.clone();
+            plan.apply(&mut fused).unwrap();
+            step_by_step(plan.edits(), &mut expected);
+            prop_assert_eq!(bits(&fused), bits(&expected));
+
+            let mut fused: Vec<bf16> = row.iter().map(|&x| bf16::from_f32(x)).collect();
+            let mut expected = fused.clone();
+            plan.apply(&mut fused).unwrap();
+            step_by_step(plan.edits(), &mut expected);
+            prop_assert_eq!(bits(&fused), bits(&expected));
+        }
+
+        #[test]
+        fn a_banned_token_never_comes_back(
+            row in proptest::collection::vec(-30.0f32..30.0, 8..32),
+            before in proptest::collection::vec(edit_strategy(8), 0..3),
+            after in proptest::collection::vec(edit_strategy(8), 0..3),
+            banned in 0u32..8,
+        ) {
+            let mut plan = RowPlan::new();
+            before
+                .iter()
+                .chain(&[Edit::Ban { token: banned }])
+                .chain(&after)
+                .filter(|e| !matches!(e, Edit::Force { value: ForcedValue::Set(_), .. }))
+                .for_each(|e| plan.push(*e));
+            let mut row = row;
+            plan.apply(&mut row).unwrap();
+            prop_assert_eq!(row[banned as usize], f32::NEG_INFINITY);
+        }
+    }
+
+    #[test]
+    fn out_of_vocab_token_leaves_the_row_untouched() {
+        let mut plan = RowPlan::new();
+        plan.push(Edit::Scale { temperature: 0.5 });
+        plan.push(Edit::Force {
+            token: 9,
+            value: ForcedValue::Keep,
+        });
+        let mut row = vec![1.0f32; 4];
+        assert!(plan.apply(&mut row).is_err());
+        assert_eq!(row, vec![1.0; 4]);
+    }
+
+    #[test]
+    fn forced_keep_turns_negative_zero_into_zero_like_the_reference_mask() {
+        let mut plan = RowPlan::new();
+        plan.push(Edit::Force {
+            token: 1,
+            value: ForcedValue::Keep,
+        });
+        let mut row = [3.0f32, -0.0, 2.0];
+        plan.apply(&mut row).unwrap();
+        assert_eq!(row[1].to_bits(), 0.0f32.to_bits());
+        assert_eq!(row[0], f32::NEG_INFINITY);
+    }
+}

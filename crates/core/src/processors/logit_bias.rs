@@ -1,0 +1,40 @@
+use crate::error::{Error, Result};
+use crate::history::TokenHistory;
+use crate::plan::{Edit, RowPlan};
+use crate::processors::LogitsProcessor;
+
+/// Adds a fixed bias to some tokens' logits at every step (OpenAI's `logit_bias`). Biases must be
+/// finite, so a bias never turns a banned (`-inf`) token back on.
+#[derive(Debug, Clone, PartialEq)]
+pub struct LogitBias {
+    biases: Vec<(u32, f32)>,
+}
+
+impl LogitBias {
+    pub fn new(biases: Vec<(u32, f32)>) -> Result<Self> {
+        if let Some((token, bias)) = biases.iter().find(|(_, b)| !b.is_finite()) {
+            return Err(Error::argument(
+                format!("bias[{token}]"),
+                format!("must be finite, got {bias}"),
+            ));
+        }
+        Ok(Self { biases })
+    }
+
+    pub fn biases(&self) -> &[(u32, f32)] {
+        &self.biases
+    }
+}
+
+impl LogitsProcessor for LogitBias {
+    fn plan(&mut self, _ids: &dyn TokenHistory, plan: &mut RowPlan) -> Result<()> {
+        for &(token, bias) in &self.biases {
+            plan.push(Edit::Bias { token, bias });
+        }
+        Ok(())
+    }
+
+    fn max_token_id(&self) -> Option<u32> {
+        self.biases.iter().map(|&(token, _)| token).max()
+    }
+}

@@ -1,0 +1,58 @@
+//! The built-in processors, one file each, and the trait they share.
+
+mod ban_tokens;
+mod forced_sequence;
+mod hello_world;
+mod logit_bias;
+mod temperature;
+mod thinking_budget;
+mod thinking_config;
+
+pub use ban_tokens::BanTokens;
+pub use forced_sequence::{ForcedSequence, Position};
+pub use hello_world::{hello_world, TextEncoder, HELLO_WORLD_TEXT};
+pub use logit_bias::LogitBias;
+pub use temperature::Temperature;
+pub use thinking_budget::ThinkingBudget;
+pub use thinking_config::{
+    get_thinking_token_config, register_thinking_token_config, ThinkingTokenConfig,
+};
+
+use crate::error::Result;
+use crate::history::TokenHistory;
+use crate::logit::Logit;
+use crate::plan::RowPlan;
+
+/// Per-request state that decides, each step, how one row of logits is edited.
+///
+/// A processor never touches logits itself: from the request's token ids it adds edits to the
+/// row's [`RowPlan`], and the plan is applied in one pass (or by the GPU, for a whole batch).
+/// Call order: once per decode step, with the ids so far (each call's ids usually extend the
+/// previous call's by one).
+pub trait LogitsProcessor: Send + std::fmt::Debug {
+    /// Adds this step's edits to `plan`. On error the processor's state is unchanged.
+    fn plan(&mut self, ids: &dyn TokenHistory, plan: &mut RowPlan) -> Result<()>;
+
+    /// The largest token id this processor can name, so a vocab can be checked at admission.
+    fn max_token_id(&self) -> Option<u32> {
+        None
+    }
+
+    /// Back to the state of a new request.
+    fn reset(&mut self) {}
+}
+
+/// Runs one processor on one row: plan, then apply. On error the row and the processor's state are
+/// as they were.
+pub fn process_row<T: Logit>(
+    processor: &mut dyn LogitsProcessor,
+    ids: &dyn TokenHistory,
+    row: &mut [T],
+) -> Result<()> {
+    if let Some(token) = processor.max_token_id() {
+        crate::error::check_token("token id", token, row.len())?;
+    }
+    let mut plan = RowPlan::new();
+    processor.plan(ids, &mut plan)?;
+    plan.apply(row)
+}

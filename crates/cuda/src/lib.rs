@@ -1,0 +1,1 @@
+//! CUDA path (work in progress).

@@ -1,0 +1,1 @@
+//! Python bindings (work in progress).
