@@ -1,1 +1,162 @@
-fn main() {}
+//! Row and batch costs at Qwen3's vocab, each next to a copy of the same bytes in the same run.
+//!
+//! `cargo bench -p logits-processing --bench processors`; figures in docs/benchmarks.md.
+
+use std::hint::black_box;
+use std::time::{Duration, Instant};
+
+use criterion::{criterion_group, criterion_main, BenchmarkId, Criterion, Throughput};
+use logits_processing::{
+    bf16, f16, process_row, Batch, BatchLayout, ForcedSequence, Logit, LogitsProcessor, Pipeline,
+    Step, Temperature, ThinkingBudget, ThinkingTokenConfig, TokenHistory,
+};
+
+const VOCAB: usize = 151_936;
+const THINKING: ThinkingTokenConfig = ThinkingTokenConfig {
+    start_token_id: 151_667,
+    end_token_id: 151_668,
+    newline_token_id: 198,
+};
+
+fn logits<T: Logit>(len: usize) -> Vec<T> {
+    (0..len)
+        .map(|i| T::from_f32(((i * 7919) % 2000) as f32 / 100.0 - 10.0))
+        .collect()
+}
+
+/// `len` ids of history: a prompt, then an open thinking block of ordinary words.
+fn history(len: usize) -> Vec<u32> {
+    (0..len as u32)
+        .map(|i| {
+            if i == 10 {
+                THINKING.start_token_id
+            } else {
+                1000 + i % 5000
+            }
+        })
+        .collect()
+}
+
+fn single_row<T: Logit>(c: &mut Criterion, dtype: &str) {
+    let mut group = c.benchmark_group(format!("row_{dtype}"));
+    group.throughput(Throughput::Bytes((VOCAB * std::mem::size_of::<T>()) as u64));
+    let source = logits::<T>(VOCAB);
+    let mut row = source.clone();
+    let ids = history(100);
+
+    group.bench_function("memcpy", |b| {
+        b.iter(|| row.copy_from_slice(black_box(&source)))
+    });
+    // Alternating 0.7 and 1/0.7 keeps the values in range step after step, as real logits are;
+    // one temperature alone would shrink the row to zeros over millions of iterations.
+    let mut temperatures = [
+        Temperature::new(0.7).unwrap(),
+        Temperature::new(1.0 / 0.7).unwrap(),
+    ];
+    let mut step = 0;
+    group.bench_function("temperature", |b| {
+        b.iter(|| {
+            step += 1;
+            process_row(&mut temperatures[step % 2], &ids, black_box(&mut row)).unwrap()
+        })
+    });
+    let mut forced = ForcedSequence::new(vec![17, 42, 99], Some(2)).unwrap();
+    group.bench_function("forced_sequence", |b| {
+        b.iter(|| process_row(&mut forced, &ids, black_box(&mut row)).unwrap())
+    });
+    group.finish();
+}
+
+fn rows(c: &mut Criterion) {
+    single_row::<f32>(c, "f32");
+    single_row::<bf16>(c, "bf16");
+    single_row::<f16>(c, "f16");
+}
+
+/// One decode step of the thinking budget (plan, and the forced row when over budget), with the
+/// history one id longer than at the previous step, as in a real decode loop.
+fn thinking_budget(c: &mut Criterion) {
+    let mut group = c.benchmark_group("thinking_budget");
+    for (name, budget, with_row) in [
+        ("decide_under_budget", usize::MAX / 2, false),
+        ("step_over_budget", 0, true),
+    ] {
+        for len in [1_000usize, 8_000, 32_000] {
+            let chunk = 10_000;
+            let ids = history(len + chunk);
+            let mut row = logits::<f32>(VOCAB);
+            group.bench_with_input(BenchmarkId::new(name, len), &len, |b, &len| {
+                b.iter_custom(|iters| {
+                    let mut total = Duration::ZERO;
+                    let mut left = iters as usize;
+                    while left > 0 {
+                        let steps = left.min(chunk);
+                        let mut processor = ThinkingBudget::new(THINKING, budget, 0.1).unwrap();
+                        // The first call reads the whole history, as a new request's would.
+                        processor.must_end(&&ids[..len]);
+                        let start = Instant::now();
+                        for step in 1..=steps {
+                            let seen = &ids[..len + step];
+                            if with_row {
+                                process_row(&mut processor, &seen, &mut row).unwrap();
+                            } else {
+                                black_box(processor.must_end(&seen));
+                            }
+                        }
+                        total += start.elapsed();
+                        left -= steps;
+                    }
+                    total
+                })
+            });
+        }
+    }
+    group.finish();
+}
+
+/// The mixed batch: a third forced, a third temperature, a third thinking budget over budget,
+/// each row with 4,000 ids of history.
+fn batch(c: &mut Criterion) {
+    let mut group = c.benchmark_group("batch_f32");
+    group.sample_size(20);
+    let ids = history(4_000);
+    for rows in [1usize, 64, 256] {
+        group.throughput(Throughput::Bytes((rows * VOCAB * 4) as u64));
+        let source = logits::<f32>(rows * VOCAB);
+        let mut block = source.clone();
+        group.bench_function(BenchmarkId::new("memcpy", rows), |b| {
+            b.iter(|| block.copy_from_slice(black_box(&source)))
+        });
+
+        let mut batch = Batch::new(VOCAB);
+        for row in 0..rows {
+            let processor: Box<dyn LogitsProcessor> = match row % 3 {
+                0 => Box::new(ForcedSequence::new(vec![17, 42, 99], Some(2)).unwrap()),
+                1 => Box::new(Temperature::new(0.7).unwrap()),
+                _ => Box::new(ThinkingBudget::new(THINKING, 100, 0.1).unwrap()),
+            };
+            batch
+                .add(row, Pipeline::new(vec![Step::Processor(processor)]))
+                .unwrap();
+        }
+        let histories: Vec<&dyn TokenHistory> = (0..rows).map(|_| &ids as _).collect();
+        let layout = BatchLayout::contiguous(rows, VOCAB);
+        group.bench_function(BenchmarkId::new("mixed", rows), |b| {
+            b.iter(|| {
+                batch
+                    .apply(black_box(&mut block), layout, &histories)
+                    .unwrap()
+            })
+        });
+    }
+    group.finish();
+}
+
+criterion_group! {
+    name = benches;
+    config = Criterion::default()
+        .warm_up_time(Duration::from_millis(500))
+        .measurement_time(Duration::from_secs(2));
+    targets = rows, thinking_budget, batch
+}
+criterion_main!(benches);

@@ -7,6 +7,9 @@ use crate::history::TokenHistory;
 use crate::logit::Logit;
 use crate::pipeline::Pipeline;
 
+/// The caller's hook for a pipeline's external steps: `(row, key, logits_row)`.
+pub type ExternalCall<'a, T> = dyn FnMut(usize, u64, &mut [T]) -> Result<()> + 'a;
+
 /// Where the rows of a logits block lie in its buffer.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 pub struct BatchLayout {
@@ -47,7 +50,7 @@ impl BatchLayout {
 /// batch.add(1, Pipeline::from_specs(&specs, &context, 0)?)?;
 ///
 /// let mut logits = vec![1.0f32; 2 * vocab];
-/// let ids: [&dyn TokenHistory; 2] = [&[5u32][..], &[7u32][..]];
+/// let ids: [&dyn TokenHistory; 2] = [&[5u32], &[7u32]];
 /// batch.apply(&mut logits, BatchLayout::contiguous(2, vocab), &ids)?;
 /// assert_eq!(logits[..4], [1.0; 4]); // row 0 holds no request
 /// assert_eq!(logits[4..], [f32::NEG_INFINITY, f32::NEG_INFINITY, 1.0, f32::NEG_INFINITY]);
@@ -87,12 +90,10 @@ impl Batch {
     /// Puts a new request's pipeline at `row`, replacing (and returning) what was there. Every
     /// token id the pipeline can name is checked against the vocab first.
     pub fn add(&mut self, row: usize, pipeline: Pipeline) -> Result<Option<Pipeline>> {
-        pipeline
-            .validate(self.vocab_size)
-            .map_err(|e| Error::Row {
-                row,
-                message: e.to_string(),
-            })?;
+        pipeline.validate(self.vocab_size).map_err(|e| Error::Row {
+            row,
+            message: e.to_string(),
+        })?;
         if self.rows.len() <= row {
             self.rows.resize_with(row + 1, || None);
         }
@@ -184,7 +185,7 @@ impl Batch {
         &mut self,
         logits: &mut [T],
         layout: BatchLayout,
-        external: &mut dyn FnMut(usize, u64, &mut [T]) -> Result<()>,
+        external: &mut ExternalCall<'_, T>,
     ) -> Result<()> {
         self.check_layout(logits.len(), layout)?;
         let vocab = self.vocab_size;
@@ -207,9 +208,8 @@ impl Batch {
             .enumerate()
         {
             if let Some(pipeline) = pipeline.as_mut().filter(|p| p.has_external()) {
-                pipeline.apply_planned(&mut row[..vocab], &mut |key, row| {
-                    external(index, key, row)
-                })?;
+                pipeline
+                    .apply_planned(&mut row[..vocab], &mut |key, row| external(index, key, row))?;
             }
         }
         Ok(())
@@ -245,8 +245,8 @@ impl Batch {
 #[cfg(test)]
 mod tests {
     use super::*;
-    use crate::processors::{ForcedSequence, Temperature, ThinkingBudget, ThinkingTokenConfig};
     use crate::pipeline::Step;
+    use crate::processors::{ForcedSequence, Temperature, ThinkingBudget, ThinkingTokenConfig};
     use proptest::prelude::*;
 
     const VOCAB: usize = 37;
@@ -304,7 +304,7 @@ mod tests {
                 let ids: Vec<Vec<u32>> = (0..rows)
                     .map(|r| history.iter().copied().chain([r as u32 % 6; 3].into_iter().take(step)).collect())
                     .collect();
-                let refs: Vec<&dyn TokenHistory> = ids.iter().map(|v| v.as_slice() as &dyn TokenHistory).collect();
+                let refs: Vec<&dyn TokenHistory> = ids.iter().map(|v| v as &dyn TokenHistory).collect();
                 batch.apply(&mut logits, layout, &refs).unwrap();
                 for r in 0..rows {
                     if let Some(p) = alone[r].as_mut() {
@@ -328,7 +328,10 @@ mod tests {
         assert!(batch.move_row(3, 1).is_none());
         assert!(batch.get(3).is_none() && batch.get(1).is_some());
         batch.swap_rows(0, 1);
-        assert!(matches!(batch.get(1).unwrap().steps()[0], Step::Processor(_)));
+        assert!(matches!(
+            batch.get(1).unwrap().steps()[0],
+            Step::Processor(_)
+        ));
         let replaced = batch.move_row(0, 1);
         assert!(replaced.is_some());
         assert_eq!(batch.occupied(), 1);
@@ -342,15 +345,25 @@ mod tests {
         let too_big = Pipeline::new(vec![Step::Processor(Box::new(
             ForcedSequence::new(vec![VOCAB as u32], Some(0)).unwrap(),
         ))]);
-        assert!(matches!(batch.add(0, too_big), Err(Error::Row { row: 0, .. })));
+        assert!(matches!(
+            batch.add(0, too_big),
+            Err(Error::Row { row: 0, .. })
+        ));
         batch.add(2, pipeline_of(1, 3)).unwrap();
         let ids: [&dyn TokenHistory; 3] = [&[0u32; 0], &[0u32; 0], &[0u32; 0]];
         let mut logits = vec![1.0f32; 2 * VOCAB];
         // The request at row 2 lies outside a 2-row block.
-        assert!(batch.apply(&mut logits, BatchLayout::contiguous(2, VOCAB), &ids).is_err());
+        assert!(batch
+            .apply(&mut logits, BatchLayout::contiguous(2, VOCAB), &ids)
+            .is_err());
         let mut short = vec![1.0f32; 3 * VOCAB - 1];
-        assert!(batch.apply(&mut short, BatchLayout::contiguous(3, VOCAB), &ids).is_err());
-        let narrow = BatchLayout { rows: 3, row_stride: VOCAB - 1 };
+        assert!(batch
+            .apply(&mut short, BatchLayout::contiguous(3, VOCAB), &ids)
+            .is_err());
+        let narrow = BatchLayout {
+            rows: 3,
+            row_stride: VOCAB - 1,
+        };
         assert!(batch.apply(&mut short, narrow, &ids).is_err());
         assert!(logits.iter().chain(&short).all(|&x| x == 1.0));
     }
@@ -373,11 +386,15 @@ mod tests {
         batch.plan(&ids).unwrap();
         let mut seen = vec![];
         batch
-            .apply_planned(&mut logits, BatchLayout::contiguous(1, 4), &mut |row, key, values| {
-                seen.push((row, key, values[0]));
-                values[0] = 100.0;
-                Ok(())
-            })
+            .apply_planned(
+                &mut logits,
+                BatchLayout::contiguous(1, 4),
+                &mut |row, key, values| {
+                    seen.push((row, key, values[0]));
+                    values[0] = 100.0;
+                    Ok(())
+                },
+            )
             .unwrap();
         assert_eq!(seen, [(0, 7, 4.0)]);
         assert_eq!(logits, [25.0, 1.0, 1.0, 1.0]);

@@ -14,11 +14,12 @@ pub trait TokenHistory {
     }
 }
 
-impl TokenHistory for [u32] {
+/// Any owned or borrowed list of ids: `Vec<u32>`, `[u32; N]`, `&[u32]`, `Box<[u32]>`.
+impl<T: AsRef<[u32]>> TokenHistory for T {
     fn token_count(&self) -> usize {
-        self.len()
+        self.as_ref().len()
     }
     fn token_at(&self, index: usize) -> u32 {
-        self[index]
+        self.as_ref()[index]
     }
 }

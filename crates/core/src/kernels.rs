@@ -1,46 +1,24 @@
 //! Whole-row passes. The row is the expensive part (150k–250k logits), so each pass is written to
 //! run at memory speed.
 
-use half::slice::HalfFloatSliceExt;
 use half::{bf16, f16};
 
-
-/// Rows of 16-bit floats are widened in blocks that stay in L1, divided, and narrowed again.
-const BLOCK: usize = 512;
-
-/// Divides in f32, in blocks, rounding back to nearest-even.
-pub(crate) fn divide_f16(row: &mut [f16], divisor: f32) {
-    {
-        let mut wide = [0f32; BLOCK];
-        for block in row.chunks_mut(BLOCK) {
-            let wide = &mut wide[..block.len()];
-            block.convert_to_f32_slice(wide);
-            divide_f32(wide, divisor);
-            block.convert_from_f32_slice(wide);
-        }
-    }
-}
-
-/// Divides in f32, in blocks, rounding back to nearest-even.
-pub(crate) fn divide_bf16(row: &mut [bf16], divisor: f32) {
-    {
-        let mut wide = [0f32; BLOCK];
-        for block in row.chunks_mut(BLOCK) {
-            let wide = &mut wide[..block.len()];
-            block.convert_to_f32_slice(wide);
-            divide_f32(wide, divisor);
-            block.convert_from_f32_slice(wide);
-        }
-    }
-}
-
 // The fused multiply-add refinement below is exact only away from overflow and underflow, so it is
-// used for divisors and dividends well inside the normal range; everything else (zeros, infinities,
-// NaN, subnormals, huge values) takes a true division.
+// used for divisors and dividends well inside the normal range; blocks holding anything else
+// (zeros, infinities, NaN, subnormals, huge values) take a true division.
 const FAST_DIVISOR_MIN: f32 = 1.0 / (1u64 << 30) as f32;
 const FAST_DIVISOR_MAX: f32 = (1u64 << 30) as f32;
 const FAST_DIVIDEND_MIN: f32 = 1.0 / (1u64 << 60) as f32;
 const FAST_DIVIDEND_MAX: f32 = (1u64 << 60) as f32;
+
+/// Whether the AVX2 + FMA (+ F16C) kernels may run for this divisor.
+#[cfg(target_arch = "x86_64")]
+fn use_simd(divisor: f32) -> bool {
+    (FAST_DIVISOR_MIN..=FAST_DIVISOR_MAX).contains(&divisor.abs())
+        && std::arch::is_x86_feature_detected!("avx2")
+        && std::arch::is_x86_feature_detected!("fma")
+        && std::arch::is_x86_feature_detected!("f16c")
+}
 
 /// `x / divisor` for every element, correctly rounded.
 ///
@@ -51,52 +29,159 @@ const FAST_DIVIDEND_MAX: f32 = (1u64 << 60) as f32;
 /// reciprocal and nothing overflows or underflows; the tests compare it bit for bit with `/`.
 pub(crate) fn divide_f32(row: &mut [f32], divisor: f32) {
     #[cfg(target_arch = "x86_64")]
-    {
-        let divisor_in_range = (FAST_DIVISOR_MIN..=FAST_DIVISOR_MAX).contains(&divisor.abs());
-        if divisor_in_range
-            && std::arch::is_x86_feature_detected!("avx2")
-            && std::arch::is_x86_feature_detected!("fma")
-        {
-            // SAFETY: the CPU supports the features the function is compiled for.
-            unsafe { divide_f32_fma(row, divisor) };
-            return;
-        }
+    if use_simd(divisor) {
+        // SAFETY: the CPU has the features the function is compiled for.
+        unsafe { simd::divide_f32(row, divisor) };
+        return;
     }
     for x in row.iter_mut() {
         *x /= divisor;
     }
 }
 
-#[cfg(target_arch = "x86_64")]
-#[target_feature(enable = "avx2,fma")]
-unsafe fn divide_f32_fma(row: &mut [f32], divisor: f32) {
-    use std::arch::x86_64::*;
-    let d = _mm256_set1_ps(divisor);
-    let r = _mm256_set1_ps(1.0 / divisor);
-    let lo = _mm256_set1_ps(FAST_DIVIDEND_MIN);
-    let hi = _mm256_set1_ps(FAST_DIVIDEND_MAX);
-    let abs_mask = _mm256_castsi256_ps(_mm256_set1_epi32(0x7fff_ffff));
-    let mut chunks = row.chunks_exact_mut(8);
-    for chunk in &mut chunks {
-        let p = chunk.as_mut_ptr();
-        let x = _mm256_loadu_ps(p);
-        let magnitude = _mm256_and_ps(x, abs_mask);
-        // Ordered compares are false for NaN, which therefore takes the division below.
-        let in_range = _mm256_and_ps(
-            _mm256_cmp_ps::<_CMP_GE_OQ>(magnitude, lo),
-            _mm256_cmp_ps::<_CMP_LE_OQ>(magnitude, hi),
-        );
-        let q = if _mm256_movemask_ps(in_range) == 0xff {
-            let q0 = _mm256_mul_ps(x, r);
-            let remainder = _mm256_fnmadd_ps(q0, d, x);
-            _mm256_fmadd_ps(remainder, r, q0)
-        } else {
-            _mm256_div_ps(x, d)
-        };
-        _mm256_storeu_ps(p, q);
+/// Divides in f32 and rounds back to nearest-even, as torch does for f16.
+pub(crate) fn divide_f16(row: &mut [f16], divisor: f32) {
+    #[cfg(target_arch = "x86_64")]
+    if use_simd(divisor) {
+        // SAFETY: as above.
+        unsafe { simd::divide_f16(row, divisor) };
+        return;
     }
-    for x in chunks.into_remainder() {
-        *x /= divisor;
+    for x in row.iter_mut() {
+        *x = f16::from_f32(x.to_f32() / divisor);
+    }
+}
+
+/// Divides in f32 and rounds back to nearest-even, as torch does for bf16.
+pub(crate) fn divide_bf16(row: &mut [bf16], divisor: f32) {
+    #[cfg(target_arch = "x86_64")]
+    if use_simd(divisor) {
+        // SAFETY: as above.
+        unsafe { simd::divide_bf16(row, divisor) };
+        return;
+    }
+    for x in row.iter_mut() {
+        *x = bf16::from_f32(x.to_f32() / divisor);
+    }
+}
+
+#[cfg(target_arch = "x86_64")]
+mod simd {
+    use super::{bf16, f16, FAST_DIVIDEND_MAX, FAST_DIVIDEND_MIN};
+    use std::arch::x86_64::*;
+
+    /// Lanes per block: the range check is made once per block, so the common case (every logit
+    /// an ordinary number) costs a multiply and two fused multiply-adds per vector.
+    const VECTORS: usize = 8;
+    pub(super) const BLOCK: usize = VECTORS * 8;
+
+    /// Divides a block of eight vectors in place.
+    #[inline]
+    #[target_feature(enable = "avx2,fma")]
+    fn divide_block(xs: &mut [__m256; VECTORS], divisor: __m256, reciprocal: __m256) {
+        let abs_mask = _mm256_castsi256_ps(_mm256_set1_epi32(0x7fff_ffff));
+        let mut smallest = _mm256_set1_ps(f32::INFINITY);
+        let mut largest = _mm256_setzero_ps();
+        for &x in xs.iter() {
+            let magnitude = _mm256_and_ps(x, abs_mask);
+            // With NaN as the second operand, min and max return it, so it fails the check below.
+            smallest = _mm256_min_ps(smallest, magnitude);
+            largest = _mm256_max_ps(largest, magnitude);
+        }
+        let in_range = _mm256_and_ps(
+            _mm256_cmp_ps::<_CMP_GE_OQ>(smallest, _mm256_set1_ps(FAST_DIVIDEND_MIN)),
+            _mm256_cmp_ps::<_CMP_LE_OQ>(largest, _mm256_set1_ps(FAST_DIVIDEND_MAX)),
+        );
+        if _mm256_movemask_ps(in_range) == 0xff {
+            for x in xs.iter_mut() {
+                let q0 = _mm256_mul_ps(*x, reciprocal);
+                let remainder = _mm256_fnmadd_ps(q0, divisor, *x);
+                *x = _mm256_fmadd_ps(remainder, reciprocal, q0);
+            }
+        } else {
+            // Zeros, infinities (masked logits), NaN, subnormals: a true division.
+            for x in xs.iter_mut() {
+                *x = _mm256_div_ps(*x, divisor);
+            }
+        }
+    }
+
+    #[target_feature(enable = "avx2,fma")]
+    pub(super) unsafe fn divide_f32(row: &mut [f32], divisor: f32) {
+        let (d, r) = (_mm256_set1_ps(divisor), _mm256_set1_ps(1.0 / divisor));
+        let mut blocks = row.chunks_exact_mut(BLOCK);
+        for block in &mut blocks {
+            let p = block.as_mut_ptr();
+            let mut xs = [_mm256_setzero_ps(); VECTORS];
+            for (i, x) in xs.iter_mut().enumerate() {
+                *x = _mm256_loadu_ps(p.add(8 * i));
+            }
+            divide_block(&mut xs, d, r);
+            for (i, x) in xs.iter().enumerate() {
+                _mm256_storeu_ps(p.add(8 * i), *x);
+            }
+        }
+        for x in blocks.into_remainder() {
+            *x /= divisor;
+        }
+    }
+
+    #[target_feature(enable = "avx2,fma,f16c")]
+    pub(super) unsafe fn divide_f16(row: &mut [f16], divisor: f32) {
+        let (d, r) = (_mm256_set1_ps(divisor), _mm256_set1_ps(1.0 / divisor));
+        let mut blocks = row.chunks_exact_mut(BLOCK);
+        for block in &mut blocks {
+            let p = block.as_mut_ptr() as *mut __m128i;
+            let mut xs = [_mm256_setzero_ps(); VECTORS];
+            for (i, x) in xs.iter_mut().enumerate() {
+                *x = _mm256_cvtph_ps(_mm_loadu_si128(p.add(i)));
+            }
+            divide_block(&mut xs, d, r);
+            for (i, x) in xs.iter().enumerate() {
+                _mm_storeu_si128(p.add(i), _mm256_cvtps_ph::<_MM_FROUND_TO_NEAREST_INT>(*x));
+            }
+        }
+        for x in blocks.into_remainder() {
+            *x = f16::from_f32(x.to_f32() / divisor);
+        }
+    }
+
+    /// Rounds eight f32 to bf16 as `bf16::from_f32` does: add 0x7fff plus the lowest kept bit; a
+    /// NaN keeps its top half with the quiet bit set.
+    #[inline]
+    #[target_feature(enable = "avx2")]
+    fn narrow_bf16(q: __m256) -> __m128i {
+        let bits = _mm256_castps_si256(q);
+        let lowest_kept = _mm256_and_si256(_mm256_srli_epi32::<16>(bits), _mm256_set1_epi32(1));
+        let bias = _mm256_add_epi32(lowest_kept, _mm256_set1_epi32(0x7fff));
+        let rounded = _mm256_add_epi32(bits, bias);
+        let quiet_nan = _mm256_or_si256(bits, _mm256_set1_epi32(0x0040_0000));
+        let is_nan = _mm256_castps_si256(_mm256_cmp_ps::<_CMP_UNORD_Q>(q, q));
+        let narrowed = _mm256_srli_epi32::<16>(_mm256_blendv_epi8(rounded, quiet_nan, is_nan));
+        // packus works within 128-bit halves; gather the two useful 64-bit lanes.
+        let packed = _mm256_packus_epi32(narrowed, narrowed);
+        _mm256_castsi256_si128(_mm256_permute4x64_epi64::<0b1000>(packed))
+    }
+
+    #[target_feature(enable = "avx2,fma")]
+    pub(super) unsafe fn divide_bf16(row: &mut [bf16], divisor: f32) {
+        let (d, r) = (_mm256_set1_ps(divisor), _mm256_set1_ps(1.0 / divisor));
+        let mut blocks = row.chunks_exact_mut(BLOCK);
+        for block in &mut blocks {
+            let p = block.as_mut_ptr() as *mut __m128i;
+            let mut xs = [_mm256_setzero_ps(); VECTORS];
+            for (i, x) in xs.iter_mut().enumerate() {
+                let wide = _mm256_cvtepu16_epi32(_mm_loadu_si128(p.add(i)));
+                *x = _mm256_castsi256_ps(_mm256_slli_epi32::<16>(wide));
+            }
+            divide_block(&mut xs, d, r);
+            for (i, x) in xs.iter().enumerate() {
+                _mm_storeu_si128(p.add(i), narrow_bf16(*x));
+            }
+        }
+        for x in blocks.into_remainder() {
+            *x = bf16::from_f32(x.to_f32() / divisor);
+        }
     }
 }
 
@@ -141,9 +226,34 @@ mod tests {
     #[test]
     fn dense_sweep_matches_division() {
         // Every 997th bit pattern over the whole f32 range, against several temperatures.
-        let xs: Vec<f32> = (0..u32::MAX / 997).map(|i| f32::from_bits(i * 997)).collect();
+        let xs: Vec<f32> = (0..u32::MAX / 997)
+            .map(|i| f32::from_bits(i * 997))
+            .collect();
         for divisor in [0.7f32, 0.3, 1.3, 0.1, 2.0 / 3.0, 1.999_999_9] {
             check_exact(&xs, divisor);
+        }
+    }
+
+    #[test]
+    fn every_half_value_divides_like_f32_then_rounds() {
+        let all: Vec<u16> = (0..=u16::MAX).collect();
+        for divisor in [0.7f32, 0.3, 1.3, 3.0, 1e-3, 1e-35] {
+            let mut h: Vec<f16> = all.iter().map(|&b| f16::from_bits(b)).collect();
+            let mut b: Vec<bf16> = all.iter().map(|&b| bf16::from_bits(b)).collect();
+            divide_f16(&mut h, divisor);
+            divide_bf16(&mut b, divisor);
+            for (i, &bits) in all.iter().enumerate() {
+                let want_h = f16::from_f32(f16::from_bits(bits).to_f32() / divisor);
+                let want_b = bf16::from_f32(bf16::from_bits(bits).to_f32() / divisor);
+                assert!(
+                    h[i].to_bits() == want_h.to_bits() || (h[i].is_nan() && want_h.is_nan()),
+                    "f16 {bits:#x} / {divisor}"
+                );
+                assert!(
+                    b[i].to_bits() == want_b.to_bits() || (b[i].is_nan() && want_b.is_nan()),
+                    "bf16 {bits:#x} / {divisor}"
+                );
+            }
         }
     }
 

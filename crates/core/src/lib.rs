@@ -13,7 +13,7 @@
 //! ```
 //! use logits_processing::{process_row, Temperature};
 //! let mut row = vec![2.0f32; 8];
-//! process_row(&mut Temperature::new(0.5)?, &[1u32, 2, 3][..], &mut row)?;
+//! process_row(&mut Temperature::new(0.5)?, &[1u32, 2, 3], &mut row)?;
 //! assert!(row.iter().all(|&x| x == 4.0));
 //! # Ok::<(), logits_processing::Error>(())
 //! ```
@@ -30,16 +30,16 @@ pub mod spec;
 #[cfg(feature = "tokenizers")]
 pub mod tokenizer;
 
-pub use batch::{Batch, BatchLayout};
+pub use batch::{Batch, BatchLayout, ExternalCall};
 pub use error::{Error, Result};
 pub use history::TokenHistory;
 pub use logit::{DType, Logit};
 pub use pipeline::{Pipeline, Stage, Step};
 pub use plan::{Edit, ForcedValue, RowPlan};
 pub use processors::{
-    get_thinking_token_config, hello_world, process_row, register_thinking_token_config,
-    BanTokens, ForcedSequence, LogitBias, LogitsProcessor, Position, Temperature, TextEncoder,
-    ThinkingBudget, ThinkingTokenConfig,
+    get_thinking_token_config, hello_world, process_row, register_thinking_token_config, BanTokens,
+    ForcedSequence, LogitBias, LogitsProcessor, Position, Temperature, TextEncoder, ThinkingBudget,
+    ThinkingTokenConfig,
 };
 pub use spec::{parse_pipeline, ProcessorSpec, SpecContext};
 

@@ -34,7 +34,7 @@ pub enum Stage {
 ///     Step::Processor(Box::new(ForcedSequence::new(vec![1], Some(0))?)),
 /// ]);
 /// let mut row = [1.0f32, 3.0, 5.0];
-/// pipeline.process(&[9u32][..], &mut row)?;
+/// pipeline.process(&[9u32], &mut row)?;
 /// assert_eq!(row, [f32::NEG_INFINITY, 6.0, f32::NEG_INFINITY]);
 /// # Ok::<(), logits_processing::Error>(())
 /// ```
@@ -132,7 +132,8 @@ impl Pipeline {
             }
         }
         for (step, &stage) in self.steps.iter_mut().zip(&self.stage_of) {
-            if let (Step::Processor(processor), Stage::Plan(plan)) = (step, &mut self.stages[stage]) {
+            if let (Step::Processor(processor), Stage::Plan(plan)) = (step, &mut self.stages[stage])
+            {
                 processor.plan(ids, plan)?;
             }
         }

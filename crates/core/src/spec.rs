@@ -129,8 +129,11 @@ impl ProcessorSpec {
     fn from_value_at(value: &Value, at: &str) -> Result<Self> {
         let Value::Object(object) = value else {
             return Err(Error::spec(
-                format!("{at}"),
-                format!("expected an object with a \"kind\", found {}", type_name(value)),
+                if at.is_empty() { "spec" } else { at },
+                format!(
+                    "expected an object with a \"kind\", found {}",
+                    type_name(value)
+                ),
             ));
         };
         let fields = Fields { object, at };
@@ -158,7 +161,13 @@ impl ProcessorSpec {
             }
             "thinking_budget" => {
                 const IDS: [&str; 3] = ["start_token_id", "end_token_id", "newline_token_id"];
-                fields.only(&["max_thinking_tokens", "overflow_percentage", IDS[0], IDS[1], IDS[2]])?;
+                fields.only(&[
+                    "max_thinking_tokens",
+                    "overflow_percentage",
+                    IDS[0],
+                    IDS[1],
+                    IDS[2],
+                ])?;
                 let given = IDS.iter().filter(|f| object.contains_key(**f)).count();
                 let tokens = match given {
                     0 => None,
@@ -464,9 +473,10 @@ mod tests {
 
     #[test]
     fn the_reference_form_is_accepted_unchanged() {
-        let spec =
-            ProcessorSpec::parse(r#"{"kind": "forced_sequence", "token_ids": [1, 2, 3], "eos_token_id": 2}"#)
-                .unwrap();
+        let spec = ProcessorSpec::parse(
+            r#"{"kind": "forced_sequence", "token_ids": [1, 2, 3], "eos_token_id": 2}"#,
+        )
+        .unwrap();
         assert_eq!(
             spec,
             ProcessorSpec::ForcedSequence {
@@ -508,16 +518,43 @@ mod tests {
         let cases = [
             (r#"{"kind": "nope"}"#, "kind"),
             (r#"{"token_ids": []}"#, "kind"),
-            (r#"{"kind": "forced_sequence", "token_ids": [1]}"#, "eos_token_id"),
-            (r#"{"kind": "forced_sequence", "token_ids": "1", "eos_token_id": 2}"#, "token_ids"),
-            (r#"{"kind": "forced_sequence", "token_ids": [1, -4], "eos_token_id": 2}"#, "token_ids[1]"),
-            (r#"{"kind": "forced_sequence", "token_ids": [1], "eos_token_id": 2, "eos": 3}"#, "eos"),
-            (r#"{"kind": "temperature", "temperature": 0}"#, "temperature"),
-            (r#"{"kind": "temperature", "temperature": "hot"}"#, "temperature"),
-            (r#"{"kind": "thinking_budget", "max_thinking_tokens": -1}"#, "max_thinking_tokens"),
-            (r#"{"kind": "thinking_budget", "max_thinking_tokens": 1, "start_token_id": 4}"#, "end_token_id"),
+            (
+                r#"{"kind": "forced_sequence", "token_ids": [1]}"#,
+                "eos_token_id",
+            ),
+            (
+                r#"{"kind": "forced_sequence", "token_ids": "1", "eos_token_id": 2}"#,
+                "token_ids",
+            ),
+            (
+                r#"{"kind": "forced_sequence", "token_ids": [1, -4], "eos_token_id": 2}"#,
+                "token_ids[1]",
+            ),
+            (
+                r#"{"kind": "forced_sequence", "token_ids": [1], "eos_token_id": 2, "eos": 3}"#,
+                "eos",
+            ),
+            (
+                r#"{"kind": "temperature", "temperature": 0}"#,
+                "temperature",
+            ),
+            (
+                r#"{"kind": "temperature", "temperature": "hot"}"#,
+                "temperature",
+            ),
+            (
+                r#"{"kind": "thinking_budget", "max_thinking_tokens": -1}"#,
+                "max_thinking_tokens",
+            ),
+            (
+                r#"{"kind": "thinking_budget", "max_thinking_tokens": 1, "start_token_id": 4}"#,
+                "end_token_id",
+            ),
             (r#"{"kind": "logit_bias", "bias": {"x": 1}}"#, "bias[\"x\"]"),
-            (r#"[{"kind": "temperature", "temperature": 1}, {"kind": "ban_tokens"}]"#, "[1].token_ids"),
+            (
+                r#"[{"kind": "temperature", "temperature": 1}, {"kind": "ban_tokens"}]"#,
+                "[1].token_ids",
+            ),
         ];
         for (json, field) in cases {
             assert_eq!(field_of(parse_pipeline(json).unwrap_err()), field, "{json}");
@@ -533,7 +570,10 @@ mod tests {
         assert_eq!(field_of(parse_pipeline(&big).unwrap_err()), "token_ids");
         let huge = " ".repeat(MAX_SPEC_BYTES + 1);
         assert_eq!(field_of(parse_pipeline(&huge).unwrap_err()), "spec");
-        let long = format!("[{}]", vec![r#"{"kind":"ban_tokens","token_ids":[]}"#; 65].join(","));
+        let long = format!(
+            "[{}]",
+            vec![r#"{"kind":"ban_tokens","token_ids":[]}"#; 65].join(",")
+        );
         assert_eq!(field_of(parse_pipeline(&long).unwrap_err()), "pipeline");
     }
 
@@ -543,8 +583,14 @@ mod tests {
             vocab_size: Some(10),
             ..Default::default()
         };
-        let spec = ProcessorSpec::parse(r#"{"kind": "forced_sequence", "token_ids": [3, 10], "eos_token_id": 2}"#).unwrap();
-        assert_eq!(field_of(spec.validate(&context).unwrap_err()), "forced_sequence");
+        let spec = ProcessorSpec::parse(
+            r#"{"kind": "forced_sequence", "token_ids": [3, 10], "eos_token_id": 2}"#,
+        )
+        .unwrap();
+        assert_eq!(
+            field_of(spec.validate(&context).unwrap_err()),
+            "forced_sequence"
+        );
         let hello = ProcessorSpec::parse(r#"{"kind": "hello_world"}"#).unwrap();
         assert!(hello.validate(&context).is_err());
         let with_tokenizer = SpecContext {

@@ -14,8 +14,13 @@ pub fn load(path: impl AsRef<Path>) -> Result<Tokenizer> {
 
 /// The id of the EOS token named in the `tokenizer_config.json` beside a `tokenizer.json`
 /// (`eos_token`, a string or `{"content": ...}`), if there is one and the tokenizer knows it.
-pub fn eos_token_id_from_config(tokenizer: &Tokenizer, tokenizer_json: impl AsRef<Path>) -> Option<u32> {
-    let config_path = tokenizer_json.as_ref().with_file_name("tokenizer_config.json");
+pub fn eos_token_id_from_config(
+    tokenizer: &Tokenizer,
+    tokenizer_json: impl AsRef<Path>,
+) -> Option<u32> {
+    let config_path = tokenizer_json
+        .as_ref()
+        .with_file_name("tokenizer_config.json");
     let config: serde_json::Value =
         serde_json::from_slice(&std::fs::read(config_path).ok()?).ok()?;
     let eos = &config["eos_token"];

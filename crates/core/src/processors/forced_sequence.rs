@@ -25,7 +25,7 @@ pub enum Position {
 /// use logits_processing::{process_row, ForcedSequence};
 /// let mut forced = ForcedSequence::new(vec![2, 0], Some(3))?;
 /// let mut row = [0.5f32, 1.5, 2.5, 3.5];
-/// process_row(&mut forced, &[7u32][..], &mut row)?;
+/// process_row(&mut forced, &[7u32], &mut row)?;
 /// assert_eq!(row, [f32::NEG_INFINITY, f32::NEG_INFINITY, 2.5, f32::NEG_INFINITY]);
 /// assert_eq!(forced.state(), 1);
 /// # Ok::<(), logits_processing::Error>(())
@@ -90,7 +90,9 @@ impl LogitsProcessor for ForcedSequence {
     fn plan(&mut self, ids: &dyn TokenHistory, plan: &mut RowPlan) -> Result<()> {
         let k = match self.position {
             Position::Calls => self.state,
-            Position::GeneratedTokens { prompt_len } => ids.token_count().saturating_sub(prompt_len),
+            Position::GeneratedTokens { prompt_len } => {
+                ids.token_count().saturating_sub(prompt_len)
+            }
         };
         plan.push(Edit::Force {
             token: self.target(k),
@@ -119,7 +121,9 @@ mod tests {
     use crate::process_row;
 
     fn survivors(row: &[f32]) -> Vec<usize> {
-        (0..row.len()).filter(|&i| row[i] != f32::NEG_INFINITY).collect()
+        (0..row.len())
+            .filter(|&i| row[i] != f32::NEG_INFINITY)
+            .collect()
     }
 
     #[test]
@@ -128,7 +132,7 @@ mod tests {
         let mut seen = vec![];
         for step in 0..6 {
             let mut row: Vec<f32> = (0..5).map(|i| i as f32 + 0.5).collect();
-            process_row(&mut forced, &[9u32][..], &mut row).unwrap();
+            process_row(&mut forced, &[9u32], &mut row).unwrap();
             let kept = survivors(&row);
             assert_eq!(kept.len(), 1, "step {step}");
             assert_eq!(row[kept[0]], kept[0] as f32 + 0.5, "keeps its own value");
@@ -141,7 +145,7 @@ mod tests {
     fn empty_sequence_is_eos_from_the_first_call() {
         let mut forced = ForcedSequence::new(vec![], Some(2)).unwrap();
         let mut row = [1.0f32; 3];
-        process_row(&mut forced, &[][..], &mut row).unwrap();
+        process_row(&mut forced, &[0u32; 0], &mut row).unwrap();
         assert_eq!(survivors(&row), [2]);
     }
 
@@ -162,11 +166,11 @@ mod tests {
             .with_position(Position::GeneratedTokens { prompt_len: 2 });
         let mut row = [0.0f32; 4];
         // The prefill worker produced the first token (1); the decode worker starts at position 1.
-        process_row(&mut forced, &[7u32, 7, 1][..], &mut row).unwrap();
+        process_row(&mut forced, &[7u32, 7, 1], &mut row).unwrap();
         assert_eq!(survivors(&row), [2]);
         // The same step again (a preempted request recomputed): the same answer.
         let mut row = [0.0f32; 4];
-        process_row(&mut forced, &[7u32, 7, 1][..], &mut row).unwrap();
+        process_row(&mut forced, &[7u32, 7, 1], &mut row).unwrap();
         assert_eq!(survivors(&row), [2]);
         assert_eq!(forced.state(), 2);
     }
@@ -176,7 +180,7 @@ mod tests {
         let mut forced = ForcedSequence::new(vec![10], Some(0)).unwrap();
         let mut row = [1.0f32; 4];
         assert!(matches!(
-            process_row(&mut forced, &[][..], &mut row),
+            process_row(&mut forced, &[0u32; 0], &mut row),
             Err(Error::TokenOutOfVocab { token_id: 10, .. })
         ));
         assert_eq!(row, [1.0; 4]);

@@ -20,9 +20,15 @@ impl TextEncoder for tokenizers::Tokenizer {
 
 /// A forced sequence of the tokenizer's encoding of "Hello world!", then `eos_token_id`: the
 /// reference's `HelloWorldLogitsProcessor`. A tokenizer without an EOS token is an error.
-pub fn hello_world(tokenizer: &dyn TextEncoder, eos_token_id: Option<u32>) -> Result<ForcedSequence> {
+pub fn hello_world(
+    tokenizer: &dyn TextEncoder,
+    eos_token_id: Option<u32>,
+) -> Result<ForcedSequence> {
     let eos_token_id = eos_token_id.ok_or(Error::MissingEosToken {
         processor: "HelloWorldLogitsProcessor",
     })?;
-    ForcedSequence::new(tokenizer.encode_plain(HELLO_WORLD_TEXT)?, Some(eos_token_id))
+    ForcedSequence::new(
+        tokenizer.encode_plain(HELLO_WORLD_TEXT)?,
+        Some(eos_token_id),
+    )
 }

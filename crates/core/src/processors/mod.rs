@@ -13,7 +13,7 @@ pub use forced_sequence::{ForcedSequence, Position};
 pub use hello_world::{hello_world, TextEncoder, HELLO_WORLD_TEXT};
 pub use logit_bias::LogitBias;
 pub use temperature::Temperature;
-pub use thinking_budget::ThinkingBudget;
+pub use thinking_budget::{ThinkingBudget, CHECKED_TAIL};
 pub use thinking_config::{
     get_thinking_token_config, register_thinking_token_config, ThinkingTokenConfig,
 };

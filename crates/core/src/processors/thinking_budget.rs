@@ -14,18 +14,21 @@ use crate::processors::{LogitsProcessor, ThinkingTokenConfig};
 /// Unlike the reference, which rescans every id at every step, it remembers where the last block
 /// starts and reads only the ids that are new since its previous call, so a step costs the same at
 /// 1,000 ids of history as at 32,000. The ids count as extending the previous call's when they are
-/// at least as many and agree at the positions the state rests on (the previous last id, the last
-/// start id, the end id that closed it); otherwise it rescans them all. Either way the answer is
-/// the rescan's.
+/// at least as many and agree with them at the positions the state rests on: the previous call's
+/// last [`CHECKED_TAIL`] ids, its last start id and the end id that closed that block. Otherwise
+/// (a rollback, another request's ids) it rescans them all. This is a fingerprint, not a full
+/// comparison: ids that differ from the previous call's only before its last 16 positions, and
+/// not at the start or end it found, are taken as an extension. Engines pass each request's ids
+/// append-only, and a new request gets a fresh processor (or call [`LogitsProcessor::reset`]).
 ///
 /// ```
 /// use logits_processing::{process_row, ThinkingBudget, ThinkingTokenConfig};
 /// let ids = ThinkingTokenConfig { start_token_id: 1, end_token_id: 2, newline_token_id: 3 };
 /// let mut budget = ThinkingBudget::new(ids, 2, 0.5)?; // hard limit: 2 + 1 = 3 ids of thinking
 /// let mut row = [0.5f32; 5];
-/// process_row(&mut budget, &[1u32, 4, 4][..], &mut row)?; // 2 ids: at budget, mid-line
+/// process_row(&mut budget, &[1u32, 4, 4], &mut row)?; // 2 ids: at budget, mid-line
 /// assert_eq!(row, [0.5; 5]);
-/// process_row(&mut budget, &[1u32, 4, 4, 4][..], &mut row)?; // 3 ids: hard limit
+/// process_row(&mut budget, &[1u32, 4, 4, 4], &mut row)?; // 3 ids: hard limit
 /// assert_eq!(row, [f32::NEG_INFINITY, f32::NEG_INFINITY, 0.0, f32::NEG_INFINITY, f32::NEG_INFINITY]);
 /// # Ok::<(), logits_processing::Error>(())
 /// ```
@@ -38,11 +41,16 @@ pub struct ThinkingBudget {
     scan: Scan,
 }
 
+/// How many of the previous call's last ids must reappear at their positions for new ids to count
+/// as extending them.
+pub const CHECKED_TAIL: usize = 16;
+
 /// What the ids seen so far say about the last thinking block.
 #[derive(Debug, Clone, Copy, PartialEq, Default)]
 struct Scan {
     seen: usize,
-    last_id: Option<u32>,
+    // The last min(seen, CHECKED_TAIL) ids seen, oldest first.
+    tail: [u32; CHECKED_TAIL],
     last_start: Option<usize>,
     closed_at: Option<usize>,
 }
@@ -94,8 +102,10 @@ impl ThinkingBudget {
     fn extends_previous(&self, ids: &dyn TokenHistory) -> bool {
         let scan = &self.scan;
         let agrees = |at: Option<usize>, id: u32| at.is_none_or(|i| ids.token_at(i) == id);
+        let tail_len = scan.seen.min(CHECKED_TAIL);
+        let tail_start = scan.seen - tail_len;
         ids.token_count() >= scan.seen
-            && scan.last_id.is_none_or(|id| ids.token_at(scan.seen - 1) == id)
+            && (0..tail_len).all(|i| ids.token_at(tail_start + i) == scan.tail[i])
             && agrees(scan.last_start, self.tokens.start_token_id)
             && agrees(scan.closed_at, self.tokens.end_token_id)
     }
@@ -120,7 +130,10 @@ impl ThinkingBudget {
             }
         }
         scan.seen = ids.token_count();
-        scan.last_id = ids.last_token();
+        let tail_start = scan.seen.saturating_sub(CHECKED_TAIL);
+        for (slot, i) in scan.tail.iter_mut().zip(tail_start..scan.seen) {
+            *slot = ids.token_at(i);
+        }
     }
 
     /// Whether the end token must be forced now, from the ids so far.
@@ -187,7 +200,7 @@ mod tests {
         }
         let n = ids.token_count() - start - 1;
         let overflow = (max as f64 * pct) as usize;
-        n >= max && (ids.last_token() == Some(&tokens.newline_token_id) || n >= max + overflow)
+        n >= max && (ids.last_token() == Some(tokens.newline_token_id) || n >= max + overflow)
     }
 
     fn budget(max: usize) -> ThinkingBudget {
@@ -215,9 +228,15 @@ mod tests {
     #[test]
     fn forcing_sets_all_to_minus_inf_and_the_end_to_zero() {
         let mut row = [0.25f32; 6];
-        crate::process_row(&mut budget(0), &[START][..], &mut row).unwrap();
+        crate::process_row(&mut budget(0), &[START], &mut row).unwrap();
         let expected: Vec<f32> = (0..6)
-            .map(|i| if i == END as usize { 0.0 } else { f32::NEG_INFINITY })
+            .map(|i| {
+                if i == END as usize {
+                    0.0
+                } else {
+                    f32::NEG_INFINITY
+                }
+            })
             .collect();
         assert_eq!(row.to_vec(), expected);
     }
@@ -243,20 +262,26 @@ mod tests {
     #[test]
     fn zero_ids_change_nothing() {
         for tokens in [
-            ThinkingTokenConfig { start_token_id: 0, ..IDS },
-            ThinkingTokenConfig { end_token_id: 0, ..IDS },
+            ThinkingTokenConfig {
+                start_token_id: 0,
+                ..IDS
+            },
+            ThinkingTokenConfig {
+                end_token_id: 0,
+                ..IDS
+            },
         ] {
             let mut b = ThinkingBudget::new(tokens, 0, 0.1).unwrap();
             let mut row = [1.0f32; 5];
-            crate::process_row(&mut b, &thinking(100)[..], &mut row).unwrap();
+            crate::process_row(&mut b, &thinking(100), &mut row).unwrap();
             assert_eq!(row, [1.0; 5]);
         }
     }
 
     #[test]
     fn no_start_means_nothing_and_budget_zero_ends_right_after_the_start() {
-        assert!(!budget(0).must_end(&[WORD, WORD][..]));
-        assert!(budget(0).must_end(&[WORD, START][..]));
+        assert!(!budget(0).must_end(&[WORD, WORD]));
+        assert!(budget(0).must_end(&[WORD, START]));
     }
 
     #[test]

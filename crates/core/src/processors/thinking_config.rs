@@ -38,10 +38,19 @@ fn with_table<R>(f: impl FnOnce(&mut Vec<(String, ThinkingTokenConfig)>) -> R) -
     let mut table = TABLE.write().unwrap_or_else(|e| e.into_inner());
     if table.is_empty() {
         table.extend([
-            ("deepseek".into(), ThinkingTokenConfig::new(128798, 128799, 201)),
-            ("qwen3".into(), ThinkingTokenConfig::new(151667, 151668, 198)),
+            (
+                "deepseek".into(),
+                ThinkingTokenConfig::new(128798, 128799, 201),
+            ),
+            (
+                "qwen3".into(),
+                ThinkingTokenConfig::new(151667, 151668, 198),
+            ),
             ("glm4".into(), ThinkingTokenConfig::new(151350, 151351, 198)),
-            ("glm-4".into(), ThinkingTokenConfig::new(151350, 151351, 198)),
+            (
+                "glm-4".into(),
+                ThinkingTokenConfig::new(151350, 151351, 198),
+            ),
         ]);
     }
     f(&mut table)
@@ -88,7 +97,9 @@ pub fn get_thinking_token_config(
             "{model_name}: <think>, </think> or a newline is not a single token; thinking budget disabled"
         );
     } else {
-        log::warn!("{model_name}: no thinking tokens known for this model; thinking budget disabled");
+        log::warn!(
+            "{model_name}: no thinking tokens known for this model; thinking budget disabled"
+        );
     }
     ThinkingTokenConfig::DISABLED
 }

@@ -1,0 +1,20 @@
+#!/usr/bin/env bash
+# Every test: formatting and lints, the Rust workspace's tests (unit, property, doc), then the
+# Python package built into the venv and its tests (differential against the reference, engine
+# adapters, docs' examples).
+set -euo pipefail
+cd "$(dirname "${BASH_SOURCE[0]}")/.."
+venv="$(scripts/venv.sh)"
+export PYO3_PYTHON="$venv/bin/python"
+
+echo "== cargo fmt --check"
+cargo fmt --all --check
+echo "== cargo clippy -D warnings"
+cargo clippy --workspace --all-targets -- -D warnings
+echo "== cargo test"
+cargo test --workspace --exclude logits-processing-python
+
+echo "== python package"
+"$venv/bin/ruff" check python
+"$venv/bin/maturin" develop --release --quiet --manifest-path crates/python/Cargo.toml
+"$venv/bin/python" -m pytest -q python/tests
