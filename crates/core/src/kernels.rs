@@ -85,8 +85,11 @@ mod simd {
         for &x in xs.iter() {
             let magnitude = _mm256_and_ps(x, abs_mask);
             // With NaN as the second operand, min and max return it, so it fails the check below.
-            smallest = _mm256_min_ps(smallest, magnitude);
-            largest = _mm256_max_ps(largest, magnitude);
+            // A NaN operand makes min/max return their second operand: with the running
+            // bound second, a NaN is skipped instead of erasing the bound (which would let a
+            // zero, an infinity or a subnormal in the same lane take the fused path).
+            smallest = _mm256_min_ps(magnitude, smallest);
+            largest = _mm256_max_ps(magnitude, largest);
         }
         let in_range = _mm256_and_ps(
             _mm256_cmp_ps::<_CMP_GE_OQ>(smallest, _mm256_set1_ps(FAST_DIVIDEND_MIN)),
@@ -221,6 +224,20 @@ mod tests {
         for divisor in [0.7f32, 0.3, 1e-30, 3e35, 1.0, 2.0, f32::MIN_POSITIVE] {
             check_exact(&xs, divisor);
         }
+    }
+
+    #[test]
+    fn a_nan_does_not_hide_specials_in_its_lane() {
+        // The SIMD path checks a block lane by lane (element i is in lane i % 8): a NaN after a
+        // zero, an infinity or a subnormal of its lane must not let them take the fused path.
+        let mut xs = vec![1.0f32; 64];
+        xs[0] = -0.0;
+        xs[8] = f32::NAN;
+        xs[2] = f32::INFINITY;
+        xs[10] = f32::NAN;
+        xs[20] = f32::NAN;
+        xs[28] = 1e-40;
+        check_exact(&xs, 0.7);
     }
 
     #[test]

@@ -44,3 +44,8 @@ pub use processors::{
 pub use spec::{parse_pipeline, ProcessorSpec, SpecContext};
 
 pub use half::{bf16, f16};
+
+// The README's Rust example runs with the doc tests.
+#[cfg(doctest)]
+#[doc = include_str!("../../../README.md")]
+struct ReadmeDoctests;

@@ -133,7 +133,7 @@ impl RowPlan {
         if let Some(token) = self.forced_token() {
             let index = token as usize;
             let survivor = self.value_at(index, row[index]);
-            row.fill(T::NEG_INFINITY);
+            in_halves(row, |part| part.fill(T::NEG_INFINITY));
             row[index] = survivor;
             return;
         }
@@ -145,13 +145,27 @@ impl RowPlan {
         }
         for edit in &self.edits {
             if let Edit::Scale { temperature } = *edit {
-                T::divide_row(row, temperature);
+                in_halves(row, |part| T::divide_row(part, temperature));
             }
         }
         for &(token, original) in &self.originals {
             let index = token as usize;
             row[index] = self.value_at(index, T::from_f32(original));
         }
+    }
+}
+
+/// Rows at least this long are split in two halves run on two threads: one core cannot saturate
+/// memory bandwidth on its own, and a vocab row (150k+ logits) is worth the hand-off.
+const SPLIT_LEN: usize = 1 << 16;
+
+fn in_halves<T: Send>(row: &mut [T], edit: impl Fn(&mut [T]) + Sync) {
+    if row.len() >= SPLIT_LEN && rayon::current_num_threads() > 1 {
+        // A multiple of 64 keeps both halves on whole SIMD blocks and cache lines.
+        let (first, second) = row.split_at_mut(row.len() / 2 / 64 * 64);
+        rayon::join(|| edit(first), || edit(second));
+    } else {
+        edit(row);
     }
 }
 
