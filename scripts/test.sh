@@ -1,7 +1,7 @@
 #!/usr/bin/env bash
-# Every test: formatting and lints, the Rust workspace's tests (unit, property, doc), then the
-# Python package built into the venv and its tests (differential against the reference, engine
-# adapters, docs' examples).
+# Every test: formatting and lints, the Rust workspace's tests (unit, property, doc), the Python
+# package built into the venv and its tests (differential against the reference, adapters, docs'
+# examples), then the engine adapters against the real vLLM and SGLang packages in their own venvs.
 set -euo pipefail
 cd "$(dirname "${BASH_SOURCE[0]}")/.."
 source scripts/lib.sh
@@ -20,3 +20,6 @@ echo "== python package"
 "$venv/bin/ruff" check python
 "$venv/bin/maturin" develop --release --quiet --manifest-path crates/python/Cargo.toml
 "$venv/bin/python" -m pytest -q python/tests
+
+echo "== engine adapters against vLLM and SGLang"
+scripts/test-engines.sh

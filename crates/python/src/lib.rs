@@ -1,1 +1,127 @@
-//! Python bindings (work in progress).
+//! `logits_processing._lib`: the Python extension over the `logits-processing` core.
+//!
+//! Thin by design: each class holds the core's value, tensors arrive through DLPack and are edited
+//! in place, and every core error becomes its own Python exception class ([`errors`]). The
+//! pure-Python package `logits_processing` around it holds the protocol, the dataclass and the
+//! tokenizer glue.
+
+mod batch;
+mod device;
+mod errors;
+mod history;
+mod processors;
+mod tensor;
+
+use logits_processing::{
+    get_thinking_token_config, register_thinking_token_config, Error, Result as CoreResult,
+    TextEncoder, ThinkingTokenConfig,
+};
+use pyo3::prelude::*;
+use pyo3::types::PyDict;
+
+use crate::errors::{new_err, IntoPyResult, Kind};
+
+/// A Python tokenizer as the core's `TextEncoder`: `encode(text, add_special_tokens=False)`
+/// returning a list of ids (transformers) or an encoding with `.ids` (tokenizers).
+struct PyEncoder<'py>(Bound<'py, PyAny>);
+
+impl TextEncoder for PyEncoder<'_> {
+    fn encode_plain(&self, text: &str) -> CoreResult<Vec<u32>> {
+        let encode = || -> PyResult<Vec<u32>> {
+            let kwargs = PyDict::new(self.0.py());
+            kwargs.set_item("add_special_tokens", false)?;
+            let out = self.0.call_method("encode", (text,), Some(&kwargs))?;
+            match out.getattr("ids") {
+                Ok(ids) => ids.extract(),
+                Err(_) => out.extract(),
+            }
+        };
+        encode().map_err(|e| Error::Tokenizer(e.to_string()))
+    }
+}
+
+/// `(start, end, newline)` ids for `model_name`: the table, then the tokenizer (single tokens
+/// only), else `(0, 0, 10)`. Wrapped by `logits_processing.get_thinking_token_config`.
+#[pyfunction]
+#[pyo3(signature = (model_name, tokenizer = None))]
+fn thinking_token_ids(model_name: &str, tokenizer: Option<Bound<'_, PyAny>>) -> (u32, u32, u32) {
+    let encoder = tokenizer.filter(|t| !t.is_none()).map(PyEncoder);
+    let c = get_thinking_token_config(model_name, encoder.as_ref().map(|e| e as &dyn TextEncoder));
+    (c.start_token_id, c.end_token_id, c.newline_token_id)
+}
+
+/// Adds or replaces `model_key.lower()` in the thinking-token table. Wrapped by
+/// `logits_processing.register_thinking_token_config`.
+#[pyfunction]
+fn register_thinking_token_ids(model_key: &str, start: u32, end: u32, newline: u32) {
+    register_thinking_token_config(
+        model_key,
+        ThinkingTokenConfig {
+            start_token_id: start,
+            end_token_id: end,
+            newline_token_id: newline,
+        },
+    );
+}
+
+/// The ids of "Hello world!" from a `tokenizer.json`, and the EOS id: `eos_token_id` when given,
+/// else the `eos_token` of the `tokenizer_config.json` beside it.
+#[pyfunction]
+#[pyo3(signature = (path, eos_token_id = None))]
+fn hello_world_ids_from_file(
+    py: Python<'_>,
+    path: std::path::PathBuf,
+    eos_token_id: Option<u32>,
+) -> PyResult<(Vec<u32>, u32)> {
+    let (ids, eos) = py
+        .detach(|| -> CoreResult<_> {
+            let tokenizer = logits_processing::tokenizer::load(&path)?;
+            let eos = eos_token_id.or_else(|| {
+                logits_processing::tokenizer::eos_token_id_from_config(&tokenizer, &path)
+            });
+            let ids = tokenizer.encode_plain(logits_processing::processors::HELLO_WORLD_TEXT)?;
+            Ok((ids, eos))
+        })
+        .py()?;
+    let eos = eos.ok_or_else(|| {
+        new_err(
+            Kind::Argument,
+            "Tokenizer has no eos_token_id; HelloWorldLogitsProcessor requires one.",
+        )
+    })?;
+    Ok((ids, eos))
+}
+
+/// Panics inside Rust, for the tests that show a panic becomes an exception, never an abort.
+/// With `in_pool`, the panic happens on a worker thread with the GIL released.
+#[pyfunction]
+fn _panic_for_tests(py: Python<'_>, in_pool: bool) {
+    if in_pool {
+        py.detach(|| {
+            use rayon::prelude::*;
+            (0..4).into_par_iter().for_each(|i| {
+                if i == 3 {
+                    panic!("a test panic on a worker thread");
+                }
+            })
+        });
+    }
+    panic!("a test panic");
+}
+
+#[pymodule]
+fn _lib(m: &Bound<'_, PyModule>) -> PyResult<()> {
+    m.add("__version__", env!("CARGO_PKG_VERSION"))?;
+    m.add("CUDA_SUPPORT", cfg!(feature = "cuda"))?;
+    errors::register(m)?;
+    m.add_class::<processors::PyTemperature>()?;
+    m.add_class::<processors::PyForcedSequence>()?;
+    m.add_class::<processors::PyThinkingBudget>()?;
+    m.add_class::<batch::PyBatch>()?;
+    m.add_function(wrap_pyfunction!(batch::validate_specs, m)?)?;
+    m.add_function(wrap_pyfunction!(thinking_token_ids, m)?)?;
+    m.add_function(wrap_pyfunction!(register_thinking_token_ids, m)?)?;
+    m.add_function(wrap_pyfunction!(hello_world_ids_from_file, m)?)?;
+    m.add_function(wrap_pyfunction!(_panic_for_tests, m)?)?;
+    Ok(())
+}

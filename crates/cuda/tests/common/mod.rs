@@ -1,0 +1,399 @@
+//! Random plans, logits and ragged batch lifecycles shared by the host-emulation and GPU tests.
+#![allow(dead_code)]
+
+use std::sync::{Arc, Mutex};
+
+use logits_processing::{
+    Batch, BatchLayout, DType, Edit, ForcedValue, Logit, LogitsProcessor, Pipeline, RowPlan, Step,
+    TokenHistory,
+};
+
+/// The vocab sizes the issue names: Qwen3's, DeepSeek's, an odd Llama-like one, a tiny one.
+pub const VOCABS: [usize; 4] = [151_936, 129_280, 32_001, 7];
+
+/// splitmix64: a seeded stream of numbers, so a proptest case is one seed.
+#[derive(Debug, Clone)]
+pub struct Rng(u64);
+
+impl Rng {
+    pub fn new(seed: u64) -> Self {
+        Self(seed)
+    }
+    pub fn next(&mut self) -> u64 {
+        self.0 = self.0.wrapping_add(0x9e37_79b9_7f4a_7c15);
+        let mut z = self.0;
+        z = (z ^ (z >> 30)).wrapping_mul(0xbf58_476d_1ce4_e5b9);
+        z = (z ^ (z >> 27)).wrapping_mul(0x94d0_49bb_1331_11eb);
+        z ^ (z >> 31)
+    }
+    pub fn below(&mut self, n: usize) -> usize {
+        (self.next() % n as u64) as usize
+    }
+    pub fn chance(&mut self, one_in: usize) -> bool {
+        self.below(one_in) == 0
+    }
+    pub fn uniform(&mut self, lo: f32, hi: f32) -> f32 {
+        lo + (hi - lo) * ((self.next() >> 40) as f32 / (1u64 << 24) as f32)
+    }
+    pub fn pick<T: Copy>(&mut self, xs: &[T]) -> T {
+        xs[self.below(xs.len())]
+    }
+}
+
+/// A logit: mostly ordinary values, sometimes the awkward ones (signed zeros, infinities, NaN,
+/// subnormals, values past f16's range).
+pub fn logit(rng: &mut Rng) -> f32 {
+    if rng.chance(50) {
+        rng.pick(&[
+            0.0,
+            -0.0,
+            f32::INFINITY,
+            f32::NEG_INFINITY,
+            f32::NAN,
+            1e-40,
+            -3e-39,
+            7e4,
+            -1e5,
+            f32::MAX,
+        ])
+    } else {
+        rng.uniform(-30.0, 30.0)
+    }
+}
+
+pub fn logits<T: Logit>(rng: &mut Rng, len: usize) -> Vec<T> {
+    (0..len).map(|_| T::from_f32(logit(rng))).collect()
+}
+
+/// A token, often on an edge: the row's ends and the kernel's tile boundaries.
+fn token(rng: &mut Rng, vocab: usize) -> u32 {
+    if rng.chance(3) {
+        let edges = [
+            0,
+            1,
+            vocab - 1,
+            vocab / 2,
+            255,
+            256,
+            1023,
+            1024,
+            1025,
+            2047,
+            2048,
+            4096,
+        ];
+        (rng.pick(&edges) % vocab) as u32
+    } else {
+        rng.below(vocab) as u32
+    }
+}
+
+fn temperature(rng: &mut Rng) -> f32 {
+    if rng.chance(4) {
+        rng.pick(&[1.0, 0.7, 0.1, 1e-3, 3e4, 0.333_333_34, 1.5])
+    } else {
+        rng.uniform(0.05, 20.0)
+    }
+}
+
+pub fn edit(rng: &mut Rng, vocab: usize) -> Edit {
+    match rng.below(10) {
+        0..=2 => Edit::Scale {
+            temperature: temperature(rng),
+        },
+        3 | 4 => Edit::Ban {
+            token: token(rng, vocab),
+        },
+        5 | 6 => Edit::Bias {
+            token: token(rng, vocab),
+            bias: if rng.chance(5) {
+                rng.pick(&[0.0, -0.0, 1e5, -7.5])
+            } else {
+                rng.uniform(-5.0, 5.0)
+            },
+        },
+        7 | 8 => Edit::Force {
+            token: token(rng, vocab),
+            value: ForcedValue::Keep,
+        },
+        _ => Edit::Force {
+            token: token(rng, vocab),
+            value: ForcedValue::Set(if rng.chance(5) {
+                rng.pick(&[-0.0, 0.0, 1e5, f32::NAN, f32::NEG_INFINITY])
+            } else {
+                rng.uniform(-3.0, 3.0)
+            }),
+        },
+    }
+}
+
+/// A row's edits: usually a handful (forces less often than the rest), sometimes a long list of
+/// bans and biases (many touched tokens per tile), sometimes none.
+pub fn edits(rng: &mut Rng, vocab: usize) -> Vec<Edit> {
+    let mut edits = vec![];
+    let n = rng.below(7);
+    let allow_force = rng.chance(3);
+    while edits.len() < n {
+        let e = edit(rng, vocab);
+        if matches!(e, Edit::Force { .. }) && !allow_force {
+            continue;
+        }
+        edits.push(e);
+    }
+    if rng.chance(6) {
+        for _ in 0..rng.below(400) {
+            let at = rng.below(edits.len() + 1);
+            let e = if rng.chance(2) {
+                Edit::Ban {
+                    token: token(rng, vocab),
+                }
+            } else {
+                Edit::Bias {
+                    token: token(rng, vocab),
+                    bias: rng.uniform(-2.0, 2.0),
+                }
+            };
+            edits.insert(at, e);
+        }
+    }
+    edits
+}
+
+/// A block with random plans on some of its rows (the others unlisted), listed in any order.
+pub fn random_plans<T: Logit>(
+    seed: u64,
+    vocab: usize,
+) -> (BatchLayout, Vec<T>, Vec<(usize, RowPlan)>) {
+    let mut rng = Rng::new(seed);
+    let rows = 1 + rng.below(if vocab > 100_000 { 4 } else { 9 });
+    let layout = BatchLayout {
+        rows,
+        row_stride: vocab + rng.pick(&[0, 1, 5]),
+    };
+    let input: Vec<T> = logits(&mut rng, layout.required_len(vocab));
+    let mut listed = vec![];
+    for row in 0..rows {
+        if !rng.chance(4) {
+            listed.push((row, plan_of(&edits(&mut rng, vocab))));
+        }
+    }
+    for i in (1..listed.len()).rev() {
+        listed.swap(i, rng.below(i + 1));
+    }
+    (layout, input, listed)
+}
+
+/// What the CPU path gives for `listed` on `input`.
+pub fn cpu_apply<T: Logit>(
+    input: &[T],
+    layout: BatchLayout,
+    vocab: usize,
+    listed: &mut [(usize, RowPlan)],
+) -> Vec<T> {
+    let mut want = input.to_vec();
+    for (row, plan) in listed.iter_mut() {
+        let start = *row * layout.row_stride;
+        plan.apply(&mut want[start..start + vocab]).unwrap();
+    }
+    want
+}
+
+pub fn plan_of(edits: &[Edit]) -> RowPlan {
+    let mut plan = RowPlan::new();
+    edits.iter().for_each(|e| plan.push(*e));
+    plan
+}
+
+/// Bits for comparison, every NaN as one value: NaN payloads are the one thing the GPU's
+/// arithmetic may give differently (its division returns the canonical NaN).
+pub fn bits<T: Logit>(xs: &[T]) -> Vec<u32> {
+    xs.iter()
+        .map(|x| {
+            let x = x.to_f32();
+            if x.is_nan() {
+                0x7fc0_0000
+            } else {
+                x.to_bits()
+            }
+        })
+        .collect()
+}
+
+/// The first index where two rows differ, with both values, for a readable failure.
+pub fn first_difference<T: Logit>(got: &[T], want: &[T]) -> Option<(usize, f32, f32)> {
+    let (g, w) = (bits(got), bits(want));
+    (0..g.len())
+        .find(|&i| g[i] != w[i])
+        .map(|i| (i, got[i].to_f32(), want[i].to_f32()))
+}
+
+/// The handle through which a test sets a scripted processor's edits.
+pub type Script = Arc<Mutex<Vec<Edit>>>;
+
+/// A processor whose edits the test sets each step (through the shared handle).
+#[derive(Debug, Clone)]
+pub struct Scripted {
+    pub edits: Arc<Mutex<Vec<Edit>>>,
+    pub max_token: u32,
+}
+
+impl LogitsProcessor for Scripted {
+    fn plan(
+        &mut self,
+        _ids: &dyn TokenHistory,
+        plan: &mut RowPlan,
+    ) -> logits_processing::Result<()> {
+        self.edits
+            .lock()
+            .unwrap()
+            .iter()
+            .for_each(|e| plan.push(*e));
+        Ok(())
+    }
+    fn max_token_id(&self) -> Option<u32> {
+        Some(self.max_token)
+    }
+}
+
+/// The external step both paths run: a deterministic edit of the row that depends on the key.
+pub fn external_edit<T: Logit>(key: u64, row: &mut [T]) {
+    let i = key as usize % row.len();
+    row[i] = T::from_f32(row[i].to_f32() * 0.5 + key as f32);
+    let last = row.len() - 1;
+    row[last] = T::from_f32(-(key as f32));
+}
+
+/// One request: a pipeline of 1-3 stages (scripted processors, sometimes an external step
+/// between them), with the handles that set each processor's edits.
+pub struct Request {
+    pub pipeline: Option<Pipeline>,
+    pub scripts: Vec<Script>,
+}
+
+pub fn request(rng: &mut Rng, vocab: usize, externals: bool) -> Request {
+    let mut steps = vec![];
+    let mut scripts = vec![];
+    for k in 0..1 + rng.below(3) {
+        if k > 0 && externals && rng.chance(2) {
+            steps.push(Step::External(rng.below(1000) as u64));
+        }
+        let script = Arc::new(Mutex::new(vec![]));
+        scripts.push(script.clone());
+        steps.push(Step::Processor(Box::new(Scripted {
+            edits: script,
+            max_token: vocab as u32 - 1,
+        })));
+    }
+    Request {
+        pipeline: Some(Pipeline::new(steps)),
+        scripts,
+    }
+}
+
+/// A ragged batch over several steps: requests added, removed, moved and swapped between steps,
+/// with new edits every step. `step(batch, layout)` runs the path under test after the batch is
+/// planned; it returns the logits it produced, which must equal the CPU path's.
+pub fn lifecycle<T: Logit>(
+    seed: u64,
+    vocab: usize,
+    steps: usize,
+    externals: bool,
+    mut step: impl FnMut(&mut Batch, &[T], BatchLayout) -> Vec<T>,
+) -> Result<(), String> {
+    let mut rng = Rng::new(seed);
+    let mut batch = Batch::new(vocab);
+    // The scripts of the request at each row, moved along with it.
+    let mut scripts: Vec<Option<Vec<Script>>> = vec![];
+    let max_rows = 1 + rng.below(if vocab > 100_000 { 6 } else { 12 });
+    for step_index in 0..steps {
+        // Lifecycle events.
+        for _ in 0..1 + rng.below(3) {
+            let row = rng.below(max_rows);
+            if scripts.len() < max_rows {
+                scripts.resize(max_rows, None);
+            }
+            match rng.below(5) {
+                0 | 1 => {
+                    let mut r = request(&mut rng, vocab, externals);
+                    batch
+                        .add(row, r.pipeline.take().unwrap())
+                        .map_err(|e| e.to_string())?;
+                    scripts[row] = Some(r.scripts);
+                }
+                2 => {
+                    batch.remove(row);
+                    scripts[row] = None;
+                }
+                3 => {
+                    let to = rng.below(max_rows);
+                    batch.move_row(row, to);
+                    if row != to {
+                        scripts[to] = scripts[row].take();
+                    }
+                }
+                _ => {
+                    let b = rng.below(max_rows);
+                    batch.swap_rows(row, b);
+                    scripts.swap(row, b);
+                }
+            }
+        }
+        for s in scripts.iter().flatten() {
+            for script in s {
+                *script.lock().unwrap() = edits(&mut rng, vocab);
+            }
+        }
+        for (r, s) in scripts.iter().enumerate() {
+            assert_eq!(
+                batch.get(r).is_some(),
+                s.is_some(),
+                "the test lost track of row {r}"
+            );
+        }
+        let rows = batch.iter().map(|(r, _)| r + 1).max().unwrap_or(0) + rng.below(2);
+        let layout = BatchLayout {
+            rows,
+            row_stride: vocab + rng.pick(&[0, 0, 1, 3]),
+        };
+        let input: Vec<T> = logits(&mut rng, layout.required_len(vocab));
+        let empty: &[u32] = &[];
+        let histories: Vec<&dyn TokenHistory> =
+            (0..rows).map(|_| &empty as &dyn TokenHistory).collect();
+        batch.plan(&histories).map_err(|e| e.to_string())?;
+
+        let got = step(&mut batch, &input, layout);
+        let mut want = input.clone();
+        batch
+            .apply_planned(&mut want, layout, &mut |_, key, row| {
+                external_edit(key, row);
+                Ok(())
+            })
+            .map_err(|e| e.to_string())?;
+        if let Some((i, g, w)) = first_difference(&got, &want) {
+            return Err(format!(
+                "step {step_index}, {} rows, vocab {vocab}, {}: element {i} (row {}, index {}) is {g:e}, the CPU gives {w:e}",
+                rows,
+                T::DTYPE.name(),
+                i / layout.row_stride,
+                i % layout.row_stride
+            ));
+        }
+    }
+    Ok(())
+}
+
+pub fn dtypes() -> [DType; 3] {
+    [DType::F32, DType::F16, DType::BF16]
+}
+
+/// Runs `f::<T>` for the element type `dtype` names.
+#[macro_export]
+macro_rules! for_dtype {
+    ($dtype:expr, $f:ident ( $($arg:expr),* )) => {
+        match $dtype {
+            logits_processing::DType::F32 => $f::<f32>($($arg),*),
+            logits_processing::DType::F16 => $f::<logits_processing::f16>($($arg),*),
+            logits_processing::DType::BF16 => $f::<logits_processing::bf16>($($arg),*),
+        }
+    };
+}

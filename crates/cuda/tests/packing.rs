@@ -1,0 +1,163 @@
+//! The packed format and the kernel's algorithm, checked on the host: the emulation of the kernel
+//! (`packed::emulate`) must give what `RowPlan::apply` gives, bit for bit, for random plans, every
+//! dtype, the vocab sizes and ragged batches. No GPU needed.
+
+mod common;
+
+use common::{
+    cpu_apply, dtypes, external_edit, first_difference, lifecycle, plan_of, random_plans, VOCABS,
+};
+use logits_processing::{Batch, DType, Logit};
+use logits_processing_cuda::packed::{emulate, emulate_batch, PackedPlans};
+use logits_processing_cuda::CudaError;
+use proptest::prelude::*;
+
+/// Random plans on some rows of a block (others unlisted), emulated kernel vs `RowPlan::apply`.
+fn plans_case<T: Logit>(seed: u64, vocab: usize) -> Result<(), String> {
+    let (layout, input, mut listed) = random_plans::<T>(seed, vocab);
+    let want = cpu_apply(&input, layout, vocab, &mut listed);
+    let mut packed = PackedPlans::new();
+    packed
+        .pack(|| listed.iter().map(|(r, p)| (*r, p)), layout.rows, vocab)
+        .map_err(|e| e.to_string())?;
+    let mut got = input.clone();
+    emulate(&packed, vocab, layout.row_stride, &mut got);
+    match first_difference(&got, &want) {
+        None => Ok(()),
+        Some((i, g, w)) => {
+            let row = i / layout.row_stride;
+            let plan = listed
+                .iter()
+                .find(|(r, _)| *r == row)
+                .map(|(_, p)| p.edits().iter().take(24).copied().collect::<Vec<_>>());
+            Err(format!(
+                "{} vocab {vocab}: element {i} (row {row}, index {}) is {g:e}, the CPU gives {w:e}; plan {plan:?}",
+                T::DTYPE.name(),
+                i % layout.row_stride
+            ))
+        }
+    }
+}
+
+fn lifecycle_case<T: Logit>(seed: u64, vocab: usize) -> Result<(), String> {
+    let mut packed = PackedPlans::new();
+    lifecycle::<T>(
+        seed,
+        vocab,
+        4,
+        true,
+        |batch: &mut Batch, input: &[T], layout| {
+            let mut got = input.to_vec();
+            emulate_batch(&mut packed, batch, &mut got, layout, &mut |_, key, row| {
+                external_edit(key, row);
+                Ok(())
+            })
+            .unwrap();
+            got
+        },
+    )
+}
+
+/// `default` cases, or `default * LOGITS_PROCESSING_CASES_X` for a longer run.
+fn cases(default: u32) -> u32 {
+    let factor = std::env::var("LOGITS_PROCESSING_CASES_X")
+        .ok()
+        .and_then(|v| v.parse().ok());
+    default * factor.unwrap_or(1)
+}
+
+fn dtype_of(i: usize) -> DType {
+    dtypes()[i % 3]
+}
+
+proptest! {
+    #![proptest_config(ProptestConfig::with_cases(cases(48)))]
+
+    #[test]
+    fn emulated_kernel_equals_row_plan_apply_small_vocab(seed in any::<u64>(), d in 0usize..3, v in 2usize..4) {
+        // 32,001 and 7
+        let r = for_dtype!(dtype_of(d), plans_case(seed, VOCABS[v]));
+        prop_assert!(r.is_ok(), "{}", r.unwrap_err());
+    }
+
+    #[test]
+    fn emulated_batch_equals_cpu_batch_small_vocab(seed in any::<u64>(), d in 0usize..3, v in 2usize..4) {
+        let r = for_dtype!(dtype_of(d), lifecycle_case(seed, VOCABS[v]));
+        prop_assert!(r.is_ok(), "{}", r.unwrap_err());
+    }
+}
+
+proptest! {
+    // Full-size rows: fewer cases, each a few rows of 130k-150k logits.
+    #![proptest_config(ProptestConfig::with_cases(cases(6)))]
+
+    #[test]
+    fn emulated_kernel_equals_row_plan_apply_large_vocab(seed in any::<u64>(), d in 0usize..3, v in 0usize..2) {
+        // 151,936 and 129,280
+        let r = for_dtype!(dtype_of(d), plans_case(seed, VOCABS[v]));
+        prop_assert!(r.is_ok(), "{}", r.unwrap_err());
+    }
+
+    #[test]
+    fn emulated_batch_equals_cpu_batch_large_vocab(seed in any::<u64>(), d in 0usize..3, v in 0usize..2) {
+        let r = for_dtype!(dtype_of(d), lifecycle_case(seed, VOCABS[v]));
+        prop_assert!(r.is_ok(), "{}", r.unwrap_err());
+    }
+}
+
+#[test]
+fn forced_keep_turns_negative_zero_into_zero() {
+    let plan = plan_of(&[logits_processing::Edit::Force {
+        token: 1,
+        value: logits_processing::ForcedValue::Keep,
+    }]);
+    let mut packed = PackedPlans::new();
+    packed.pack(|| [(0usize, &plan)].into_iter(), 1, 3).unwrap();
+    let mut row = [3.0f32, -0.0, 2.0];
+    emulate(&packed, 3, 3, &mut row);
+    assert_eq!(row[1].to_bits(), 0.0f32.to_bits());
+    assert_eq!(row[0], f32::NEG_INFINITY);
+}
+
+#[test]
+fn bad_plans_and_rows_are_refused() {
+    let mut packed = PackedPlans::new();
+    let ok = plan_of(&[logits_processing::Edit::Ban { token: 2 }]);
+    let outside = plan_of(&[logits_processing::Edit::Ban { token: 3 }]);
+    assert!(matches!(
+        packed.pack(|| [(0usize, &outside)].into_iter(), 1, 3),
+        Err(CudaError::Core(_))
+    ));
+    assert!(matches!(
+        packed.pack(|| [(1usize, &ok)].into_iter(), 1, 3),
+        Err(CudaError::InvalidArgument(_))
+    ));
+    assert!(matches!(
+        packed.pack(|| [(0usize, &ok), (0, &ok)].into_iter(), 1, 3),
+        Err(CudaError::InvalidArgument(_))
+    ));
+    assert_eq!(packed.slots(), 0);
+}
+
+#[test]
+fn empty_plans_take_no_slot_and_sparse_rows_carry_no_scales() {
+    let mut packed = PackedPlans::new();
+    let empty = plan_of(&[]);
+    let sparse = plan_of(&[
+        logits_processing::Edit::Ban { token: 5 },
+        logits_processing::Edit::Bias {
+            token: 5,
+            bias: 1.0,
+        },
+        logits_processing::Edit::Ban { token: 2 },
+    ]);
+    packed
+        .pack(|| [(0usize, &empty), (1, &sparse)].into_iter(), 2, 10)
+        .unwrap();
+    assert_eq!(packed.slots(), 1);
+    let w = packed.words();
+    assert_eq!(w[0], 1); // row
+    assert_eq!(w[2], w[3]); // no scales
+    assert_eq!(&w[w[4] as usize..w[5] as usize], &[2, 5]); // sorted, distinct
+    assert_eq!(w[7] - w[6], 9); // 3 edits of 3 words
+}

@@ -1,0 +1,482 @@
+//! `Batch`: one pipeline per row of a `[rows, vocab]` logits block, one call per decode step.
+
+use std::collections::HashMap;
+use std::sync::Mutex;
+
+use logits_processing::spec::MAX_PIPELINE_LEN;
+use logits_processing::{
+    parse_pipeline, Batch, Error, Pipeline, ProcessorSpec, SpecContext, Step, ThinkingTokenConfig,
+    TokenHistory,
+};
+use pyo3::prelude::*;
+use pyo3::types::{PyDict, PyList, PyString, PyTuple};
+
+use crate::device::{apply_batch_host, unsupported};
+use crate::errors::{new_err, spec_error, to_py, IntoPyResult, Kind};
+use crate::history::PyIds;
+use crate::processors::builtin_processor;
+use crate::tensor::{Block, Device, TensorView};
+
+/// The engine's start-up knowledge that specs may rely on, from Python arguments.
+pub(crate) fn spec_context(
+    vocab_size: Option<usize>,
+    hello_world: Option<&Bound<'_, PyAny>>,
+    thinking_tokens: Option<&Bound<'_, PyAny>>,
+) -> PyResult<SpecContext> {
+    let hello_world = hello_world
+        .filter(|h| !h.is_none())
+        .map(|h| {
+            h.extract::<(Vec<u32>, u32)>().map_err(|_| {
+                new_err(
+                    Kind::Argument,
+                    "hello_world must be (token_ids, eos_token_id): the encoding of \"Hello world!\" and the EOS id",
+                )
+            })
+        })
+        .transpose()?;
+    let thinking_tokens = thinking_tokens
+        .filter(|t| !t.is_none())
+        .map(thinking_config_of)
+        .transpose()?;
+    Ok(SpecContext {
+        vocab_size,
+        hello_world,
+        thinking_tokens,
+    })
+}
+
+/// A `ThinkingTokenConfig` (anything with its three attributes) or a 3-tuple of ids.
+pub(crate) fn thinking_config_of(object: &Bound<'_, PyAny>) -> PyResult<ThinkingTokenConfig> {
+    let ids: (u32, u32, u32) = if object.hasattr("start_token_id")? {
+        (
+            object.getattr("start_token_id")?.extract()?,
+            object.getattr("end_token_id")?.extract()?,
+            object.getattr("newline_token_id")?.extract()?,
+        )
+    } else {
+        object.extract().map_err(|_| {
+            new_err(
+                Kind::Argument,
+                "thinking tokens must be a ThinkingTokenConfig or (start_token_id, end_token_id, newline_token_id)",
+            )
+        })?
+    };
+    Ok(ThinkingTokenConfig {
+        start_token_id: ids.0,
+        end_token_id: ids.1,
+        newline_token_id: ids.2,
+    })
+}
+
+/// The JSON text of a spec given as a string or as a dict (or list) of JSON values.
+fn json_of(object: &Bound<'_, PyAny>) -> PyResult<String> {
+    if let Ok(text) = object.cast::<PyString>() {
+        return text.extract::<String>();
+    }
+    let dumps = object.py().import("json")?.getattr("dumps")?;
+    match dumps.call1((object,)) {
+        Ok(text) => text.extract(),
+        Err(e) => Err(to_py(Error::InvalidSpec {
+            field: "spec".into(),
+            message: format!("not JSON data: {e}"),
+        })),
+    }
+}
+
+/// What one entry of a pipeline given from Python becomes.
+enum Entry {
+    Specs(Vec<ProcessorSpec>),
+    Processor(Box<dyn logits_processing::LogitsProcessor>),
+    External(Py<PyAny>),
+}
+
+fn entry_of(item: &Bound<'_, PyAny>, at: &str, allow_external: bool) -> PyResult<Entry> {
+    if item.is_instance_of::<PyString>() || item.is_instance_of::<PyDict>() {
+        let specs = parse_pipeline(&json_of(item)?).map_err(|e| to_py(spec_error(e, at)))?;
+        return Ok(Entry::Specs(specs));
+    }
+    if let Some(processor) = builtin_processor(item) {
+        return Ok(Entry::Processor(processor));
+    }
+    if allow_external && item.is_callable() {
+        return Ok(Entry::External(item.clone().unbind()));
+    }
+    let what = if allow_external {
+        "a spec (a dict or JSON text), a processor or a callable"
+    } else {
+        "a spec (a dict or JSON text)"
+    };
+    Err(to_py(Error::InvalidSpec {
+        field: if at.is_empty() {
+            "spec".into()
+        } else {
+            at.into()
+        },
+        message: format!("expected {what}, got {}", item.get_type().name()?),
+    }))
+}
+
+/// Parses a pipeline given as JSON text, a dict, a processor, a callable, or a list of these.
+fn entries_of(pipeline: &Bound<'_, PyAny>, allow_external: bool) -> PyResult<Vec<(String, Entry)>> {
+    if pipeline.is_instance_of::<PyList>() || pipeline.is_instance_of::<PyTuple>() {
+        let len = pipeline.len()?;
+        if len > MAX_PIPELINE_LEN {
+            return Err(to_py(Error::TooLarge {
+                field: "pipeline".into(),
+                len,
+                limit: MAX_PIPELINE_LEN,
+            }));
+        }
+        return pipeline
+            .try_iter()?
+            .enumerate()
+            .map(|(i, item)| {
+                let at = format!("[{i}]");
+                let entry = entry_of(&item?, &at, allow_external)?;
+                Ok((at, entry))
+            })
+            .collect();
+    }
+    // One JSON text may itself hold a list; its errors already name "[i]".
+    Ok(vec![(
+        String::new(),
+        entry_of(pipeline, "", allow_external)?,
+    )])
+}
+
+/// Realizes the specs of `entries` with `context`, in order.
+fn steps_of(
+    entries: Vec<(String, Entry)>,
+    context: &SpecContext,
+    prompt_len: usize,
+    mut external: impl FnMut(Py<PyAny>) -> u64,
+) -> PyResult<Vec<Step>> {
+    let mut steps = vec![];
+    for (at, entry) in entries {
+        match entry {
+            Entry::Specs(specs) => {
+                for spec in specs {
+                    let processor = spec
+                        .realize(context, prompt_len)
+                        .map_err(|e| to_py(spec_error(e, &at)))?;
+                    steps.push(Step::Processor(processor));
+                }
+            }
+            Entry::Processor(processor) => steps.push(Step::Processor(processor)),
+            Entry::External(callable) => steps.push(Step::External(external(callable))),
+        }
+    }
+    if steps.len() > MAX_PIPELINE_LEN {
+        return Err(to_py(Error::TooLarge {
+            field: "pipeline".into(),
+            len: steps.len(),
+            limit: MAX_PIPELINE_LEN,
+        }));
+    }
+    Ok(steps)
+}
+
+/// Checks request specs as a `Batch` would admit them, without building a batch.
+///
+/// Args:
+///     specs: JSON text (one spec object or a list), a dict, or a list of dicts / JSON texts.
+///     vocab_size (int | None): Keyword only. When given, every token id must be below it.
+///     hello_world (tuple[list[int], int] | None): Keyword only. The encoding of
+///         ``"Hello world!"`` and the EOS id, for ``hello_world`` specs.
+///     thinking_tokens (ThinkingTokenConfig | None): Keyword only. The model's thinking ids, for
+///         ``thinking_budget`` specs that do not name them.
+///
+/// Raises:
+///     SpecError: (a ValueError) whose ``field`` names the offending part, e.g. ``"[1].token_ids"``.
+///     TokenOutOfVocabError: (a SpecError) for a token id at or above ``vocab_size``.
+///
+/// Example:
+///     >>> from logits_processing import validate_specs, SpecError
+///     >>> validate_specs({"kind": "forced_sequence", "token_ids": [1, 2, 3], "eos_token_id": 2})
+///     >>> try:
+///     ...     validate_specs([{"kind": "temperature", "temperature": 0.7}, {"kind": "ban_tokens"}])
+///     ... except SpecError as e:
+///     ...     print(e.field)
+///     [1].token_ids
+#[pyfunction]
+#[pyo3(signature = (specs, *, vocab_size = None, hello_world = None, thinking_tokens = None))]
+pub(crate) fn validate_specs(
+    specs: &Bound<'_, PyAny>,
+    vocab_size: Option<usize>,
+    hello_world: Option<&Bound<'_, PyAny>>,
+    thinking_tokens: Option<&Bound<'_, PyAny>>,
+) -> PyResult<()> {
+    let context = spec_context(vocab_size, hello_world, thinking_tokens)?;
+    steps_of(entries_of(specs, false)?, &context, 0, |_| unreachable!()).map(drop)
+}
+
+/// One pipeline per row of a ``[rows, vocab_size]`` logits block, and one call per decode step that
+/// edits every row in place.
+///
+/// It follows an engine's row lifecycle: a request's pipeline is added at its row, removed when
+/// the request ends, moved or swapped when the engine compacts its batch. Each step,
+/// :meth:`apply` plans every row (cheap: each processor reads only its new ids) while holding the
+/// GIL, then releases it and edits the rows in parallel, one pass per row. A user's own Python
+/// processor may sit in a pipeline between built-ins: it runs in its place, on its row, with the
+/// GIL. Rows without a request are left untouched.
+///
+/// Args:
+///     vocab_size (int): Logits per row (the last dimension of the logits).
+///     hello_world (tuple[list[int], int] | None): Keyword only. The encoding of
+///         ``"Hello world!"`` and the EOS id, for ``hello_world`` specs.
+///     thinking_tokens (ThinkingTokenConfig | None): Keyword only. The model's thinking ids, for
+///         ``thinking_budget`` specs that do not name them.
+///
+/// Example:
+///     >>> import torch
+///     >>> from logits_processing import Batch
+///     >>> batch = Batch(4)
+///     >>> batch.add(0, {"kind": "temperature", "temperature": 0.5})
+///     >>> batch.add(1, '{"kind": "forced_sequence", "token_ids": [2], "eos_token_id": 0}')
+///     >>> logits = torch.ones(3, 4)
+///     >>> batch.apply(logits, [[5], [7], None])
+///     >>> logits
+///     tensor([[2., 2., 2., 2.],
+///             [-inf, -inf, 1., -inf],
+///             [1., 1., 1., 1.]])
+#[pyclass(module = "logits_processing", name = "Batch")]
+pub(crate) struct PyBatch {
+    // A Mutex only to make the class Sync; methods take `&mut self`, so it is never contended.
+    batch: Mutex<Batch>,
+    context: SpecContext,
+    externals: HashMap<u64, Py<PyAny>>,
+    next_key: u64,
+}
+
+impl PyBatch {
+    fn batch(&mut self) -> &mut Batch {
+        self.batch.get_mut().unwrap_or_else(|e| e.into_inner())
+    }
+
+    /// Drops the Python processors of a pipeline that left the batch.
+    fn forget(&mut self, pipeline: Option<Pipeline>) {
+        for step in pipeline.iter().flat_map(Pipeline::steps) {
+            if let Step::External(key) = step {
+                self.externals.remove(key);
+            }
+        }
+    }
+}
+
+#[pymethods]
+impl PyBatch {
+    #[new]
+    #[pyo3(signature = (vocab_size, *, hello_world = None, thinking_tokens = None))]
+    fn new(
+        vocab_size: usize,
+        hello_world: Option<&Bound<'_, PyAny>>,
+        thinking_tokens: Option<&Bound<'_, PyAny>>,
+    ) -> PyResult<Self> {
+        Ok(Self {
+            batch: Mutex::new(Batch::new(vocab_size)),
+            context: spec_context(Some(vocab_size), hello_world, thinking_tokens)?,
+            externals: HashMap::new(),
+            next_key: 0,
+        })
+    }
+
+    /// Puts a new request's pipeline at `row`, replacing what was there.
+    ///
+    /// Args:
+    ///     row (int): The request's row in the logits block.
+    ///     pipeline: JSON text (one spec or a list), a spec dict, or a list mixing spec dicts,
+    ///         this package's processor objects (their current state is copied) and any callable
+    ///         ``f(input_ids, logits_row) -> None`` that edits its row in place.
+    ///     prompt_len (int): Keyword only. Where generated ids start in this row's input_ids
+    ///         (for ``"position": "tokens"`` forced sequences).
+    ///
+    /// Raises:
+    ///     SpecError: naming the field of a bad spec; TokenOutOfVocabError for an id >= vocab_size.
+    #[pyo3(signature = (row, pipeline, *, prompt_len = 0))]
+    fn add(&mut self, row: usize, pipeline: &Bound<'_, PyAny>, prompt_len: usize) -> PyResult<()> {
+        let entries = entries_of(pipeline, true)?;
+        let mut callables = vec![];
+        let mut next_key = self.next_key;
+        let steps = steps_of(entries, &self.context, prompt_len, |callable| {
+            next_key += 1;
+            callables.push((next_key, callable));
+            next_key
+        })?;
+        let pipeline = Pipeline::new(steps);
+        let vocab = self.batch().vocab_size();
+        pipeline
+            .validate(vocab)
+            .map_err(|e| to_py(spec_error(e, "")))?;
+        let replaced = self.batch().add(row, pipeline).py()?;
+        self.forget(replaced);
+        self.next_key = next_key;
+        self.externals.extend(callables);
+        Ok(())
+    }
+
+    /// Takes the request at `row` out of the batch. Returns whether there was one.
+    fn remove(&mut self, row: usize) -> bool {
+        let removed = self.batch().remove(row);
+        let had = removed.is_some();
+        self.forget(removed);
+        had
+    }
+
+    /// Moves the request at `src` to `dst` (vLLM's unidirectional move): the request that was at
+    /// `dst`, if any, is dropped, and `src` is left empty.
+    #[pyo3(name = "move")]
+    fn move_row(&mut self, src: usize, dst: usize) {
+        let dropped = self.batch().move_row(src, dst);
+        self.forget(dropped);
+    }
+
+    /// Swaps the requests at rows `a` and `b` (either may be empty).
+    fn swap(&mut self, a: usize, b: usize) {
+        self.batch().swap_rows(a, b);
+    }
+
+    fn __contains__(&mut self, row: usize) -> bool {
+        self.batch().get(row).is_some()
+    }
+
+    /// The rows that hold a request, in order.
+    fn rows(&mut self) -> Vec<usize> {
+        self.batch().iter().map(|(row, _)| row).collect()
+    }
+
+    /// How many rows hold a request.
+    #[getter]
+    fn occupied(&mut self) -> usize {
+        self.batch().occupied()
+    }
+
+    /// Logits per row.
+    #[getter]
+    fn vocab_size(&mut self) -> usize {
+        self.batch().vocab_size()
+    }
+
+    /// Edits every row of `logits` that holds a request, in place.
+    ///
+    /// Args:
+    ///     logits: A 2-D ``[rows, vocab_size]`` torch tensor or numpy array, float32 / float16 /
+    ///         bfloat16, contiguous in its last dimension (rows may be further apart).
+    ///     input_ids: One entry per row: that request's ids so far (a list, tuple, numpy array or
+    ///         CPU torch tensor of ints), or None for a row without a request.
+    ///
+    /// Raises:
+    ///     ShapeError, DTypeError, ReadOnlyError, DeviceError: before anything is edited.
+    ///     ProcessorError: a user's processor raised (its exception is the ``__cause__``); rows
+    ///         before it in the batch may already be edited.
+    fn apply(
+        &mut self,
+        py: Python<'_>,
+        logits: &Bound<'_, PyAny>,
+        input_ids: &Bound<'_, PyAny>,
+    ) -> PyResult<()> {
+        let view = TensorView::of(logits)?;
+        let block = Block::from_view(&view, 2)?;
+        let vocab = self.batch().vocab_size();
+        if block.vocab != vocab {
+            return Err(new_err(
+                Kind::Shape,
+                format!(
+                    "logits have {} per row, the batch's vocab_size is {vocab}",
+                    block.vocab
+                ),
+            ));
+        }
+        self.batch()
+            .check_layout(block.len(), block.layout())
+            .py()?;
+        let rows: Vec<usize> = self.rows_list();
+        let given = input_ids.len()?;
+        if let Some(&row) = rows.last().filter(|&&row| row >= given) {
+            return Err(new_err(
+                Kind::Shape,
+                format!("row {row} holds a request but input_ids has only {given} entries"),
+            ));
+        }
+        crate::device::check_supported(block.device)?;
+        let mut histories: Vec<PyIds<'_>> = (0..rows.last().map_or(0, |r| r + 1))
+            .map(|_| PyIds::empty())
+            .collect();
+        for &row in &rows {
+            histories[row] = PyIds::new(&input_ids.get_item(row)?);
+        }
+        let refs: Vec<&dyn TokenHistory> =
+            histories.iter().map(|h| h as &dyn TokenHistory).collect();
+        let planned = self.batch().plan(&refs);
+        for (row, history) in histories.iter().enumerate() {
+            if let Some(error) = history.take_error() {
+                if let Some(pipeline) = self.batch().get_mut(row) {
+                    pipeline.reset();
+                }
+                return Err(error);
+            }
+        }
+        planned.py()?;
+        drop(refs);
+        drop(histories);
+
+        let PyBatch {
+            batch, externals, ..
+        } = self;
+        let batch = batch.get_mut().unwrap_or_else(|e| e.into_inner());
+        let logits_object = logits.clone().unbind();
+        let ids_object = input_ids.clone().unbind();
+        let mut failure: Option<(usize, PyErr)> = None;
+        let mut external = |row: usize, key: u64| -> logits_processing::Result<()> {
+            Python::attach(|py| {
+                let call = || -> PyResult<()> {
+                    let processor = externals
+                        .get(&key)
+                        .expect("every external step has its callable")
+                        .bind(py);
+                    let row_logits = logits_object.bind(py).get_item(row)?;
+                    let ids = ids_object.bind(py).get_item(row)?;
+                    processor.call1((ids, row_logits))?;
+                    Ok(())
+                };
+                call().map_err(|e| {
+                    let message = e.to_string();
+                    failure = Some((row, e));
+                    Error::External(message)
+                })
+            })
+        };
+        let result = match block.device {
+            Device::Cpu => apply_batch_host(py, batch, block, &mut external),
+            #[cfg(feature = "cuda")]
+            Device::Cuda(ordinal) => {
+                crate::device::cuda::apply_batch(py, ordinal, batch, block, &mut |row, key| {
+                    external(row, key).map_err(logits_processing_cuda::CudaError::from)
+                })
+            }
+            other => Err(unsupported(other)),
+        };
+        if let Some((row, cause)) = failure {
+            let error = new_err(
+                Kind::Processor,
+                format!(
+                    "row {row}: the processor raised {}",
+                    cause.value(py).repr()?
+                ),
+            );
+            error.set_cause(py, Some(cause));
+            return Err(error);
+        }
+        result
+    }
+
+    fn __repr__(&mut self) -> String {
+        let vocab = self.batch().vocab_size();
+        format!("Batch(vocab_size={vocab}, rows={:?})", self.rows_list())
+    }
+}
+
+impl PyBatch {
+    fn rows_list(&mut self) -> Vec<usize> {
+        self.batch().iter().map(|(row, _)| row).collect()
+    }
+}

@@ -1,0 +1,173 @@
+//! Where a plan is carried out: on the host in place (the GIL released), or on the GPU through the
+//! `logits-processing-cuda` crate (feature `cuda`). Without that feature a CUDA tensor is a
+//! `DeviceError` naming its device; logits are never copied to the host behind the caller's back.
+
+use logits_processing::{bf16, f16, Batch, DType, Logit, Result as CoreResult, RowPlan};
+use pyo3::prelude::*;
+
+use crate::errors::{new_err, IntoPyResult, Kind};
+use crate::tensor::{Block, Device};
+
+/// The error for logits on a device this build cannot edit.
+pub(crate) fn unsupported(device: Device) -> PyErr {
+    let why = match device {
+        Device::Cuda(_) if cfg!(feature = "cuda") => "no CUDA driver or device could be used",
+        Device::Cuda(_) => "this build of logits_processing has no CUDA support",
+        _ => "only host (CPU) and CUDA memory are supported",
+    };
+    new_err(
+        Kind::Device,
+        format!("logits are on {device}: {why} (they are edited in place and were not copied)"),
+    )
+}
+
+/// An error unless this build can edit logits on `device`.
+pub(crate) fn check_supported(device: Device) -> PyResult<()> {
+    match device {
+        Device::Cpu => Ok(()),
+        Device::Cuda(_) if cfg!(feature = "cuda") => Ok(()),
+        other => Err(unsupported(other)),
+    }
+}
+
+/// Applies a validated plan to the one row of `block`.
+pub(crate) fn apply_row(py: Python<'_>, plan: &mut RowPlan, block: Block) -> PyResult<()> {
+    if plan.is_empty() {
+        return Ok(());
+    }
+    match block.device {
+        Device::Cpu => {
+            // SAFETY: the dtype matches, the block is on the host, and this call has it alone.
+            py.detach(|| match block.dtype {
+                DType::F32 => plan.apply(unsafe { block.slice::<f32>() }),
+                DType::F16 => plan.apply(unsafe { block.slice::<f16>() }),
+                DType::BF16 => plan.apply(unsafe { block.slice::<bf16>() }),
+            })
+            .py()
+        }
+        #[cfg(feature = "cuda")]
+        Device::Cuda(ordinal) => cuda::apply_plans(py, ordinal, &[(0, &*plan)], block),
+        other => Err(unsupported(other)),
+    }
+}
+
+/// Applies a planned batch to `block` on the host: rows without external steps in parallel with the
+/// GIL released, then `external(row, key, logits_row)` for each external step in its place.
+pub(crate) fn apply_batch_host(
+    py: Python<'_>,
+    batch: &mut Batch,
+    block: Block,
+    external: &mut (dyn FnMut(usize, u64) -> CoreResult<()> + Send),
+) -> PyResult<()> {
+    fn run<T: Logit>(
+        batch: &mut Batch,
+        block: Block,
+        external: &mut (dyn FnMut(usize, u64) -> CoreResult<()> + Send),
+    ) -> CoreResult<()> {
+        // SAFETY: the dtype matches, the block is on the host, and this call has it alone. An
+        // external step writes the row through the caller's own tensor while the core lends us the
+        // row's slice; the core does not touch the row during that call.
+        let logits = unsafe { block.slice::<T>() };
+        batch.apply_planned(logits, block.layout(), &mut |row, key, _row_values| {
+            external(row, key)
+        })
+    }
+    py.detach(|| match block.dtype {
+        DType::F32 => run::<f32>(batch, block, external),
+        DType::F16 => run::<f16>(batch, block, external),
+        DType::BF16 => run::<bf16>(batch, block, external),
+    })
+    .py()
+}
+
+/// The GPU path, against the contract in `crates/cuda/src/lib.rs`.
+#[cfg(feature = "cuda")]
+pub(crate) mod cuda {
+    use std::collections::hash_map::Entry;
+    use std::collections::HashMap;
+    use std::sync::Mutex;
+
+    use logits_processing::{Batch, RowPlan};
+    use logits_processing_cuda::CudaBatchApplier;
+    use pyo3::prelude::*;
+
+    use super::unsupported;
+    use crate::errors::{new_err, Kind};
+    use crate::tensor::{Block, Device};
+
+    // One applier per device: kernels loaded once, buffers reused.
+    static APPLIERS: Mutex<Option<HashMap<i32, CudaBatchApplier>>> = Mutex::new(None);
+
+    fn with_applier<R>(
+        ordinal: i32,
+        f: impl FnOnce(&mut CudaBatchApplier) -> PyResult<R>,
+    ) -> PyResult<R> {
+        if !logits_processing_cuda::cuda_available() {
+            return Err(unsupported(Device::Cuda(ordinal)));
+        }
+        let mut guard = APPLIERS.lock().unwrap_or_else(|e| e.into_inner());
+        let appliers = guard.get_or_insert_with(HashMap::new);
+        let applier = match appliers.entry(ordinal) {
+            Entry::Occupied(entry) => entry.into_mut(),
+            Entry::Vacant(entry) => entry.insert(
+                CudaBatchApplier::new(ordinal as usize)
+                    .map_err(|e| new_err(Kind::Device, format!("cuda:{ordinal}: {e}")))?,
+            ),
+        };
+        f(applier)
+    }
+
+    /// One launch for the listed rows' plans, on the producer's current stream.
+    pub(crate) fn apply_plans(
+        py: Python<'_>,
+        ordinal: i32,
+        plans: &[(usize, &RowPlan)],
+        block: Block,
+    ) -> PyResult<()> {
+        let stream = block.stream.unwrap_or(0);
+        py.detach(|| {
+            with_applier(ordinal, |applier| {
+                // SAFETY: the block describes the caller's live CUDA tensor on `ordinal`.
+                unsafe {
+                    applier.apply_plans(
+                        plans,
+                        block.data as u64,
+                        block.dtype,
+                        block.layout(),
+                        block.vocab,
+                        stream,
+                    )
+                }
+                .map_err(|e| new_err(Kind::Device, format!("cuda:{ordinal}: {e}")))
+            })
+        })
+    }
+
+    /// A planned batch on the GPU; `external(row, key)` edits a row on the same stream.
+    pub(crate) fn apply_batch(
+        py: Python<'_>,
+        ordinal: i32,
+        batch: &mut Batch,
+        block: Block,
+        external: &mut (dyn FnMut(usize, u64) -> Result<(), logits_processing_cuda::CudaError>
+                  + Send),
+    ) -> PyResult<()> {
+        let stream = block.stream.unwrap_or(0);
+        py.detach(|| {
+            with_applier(ordinal, |applier| {
+                // SAFETY: the block describes the caller's live CUDA tensor on `ordinal`.
+                unsafe {
+                    applier.apply_batch(
+                        batch,
+                        block.data as u64,
+                        block.dtype,
+                        block.layout(),
+                        stream,
+                        external,
+                    )
+                }
+                .map_err(|e| new_err(Kind::Device, format!("cuda:{ordinal}: {e}")))
+            })
+        })
+    }
+}

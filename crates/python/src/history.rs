@@ -1,0 +1,147 @@
+//! The core's `TokenHistory` over Python token ids, read in place.
+//!
+//! A list or tuple is read item by item, a numpy array or CPU torch tensor of integers through
+//! DLPack, so a processor that reads only the ids new since its last call (the thinking budget)
+//! costs the same at 32,000 ids as at 1,000. Anything else iterable is converted once per call.
+
+use std::cell::{OnceCell, RefCell};
+
+use logits_processing::TokenHistory;
+use pyo3::prelude::*;
+use pyo3::types::{PyList, PyTuple};
+
+use crate::errors::{new_err, Kind};
+use crate::tensor::{IntArray, TensorView};
+
+enum Ids<'py> {
+    Empty,
+    List(Bound<'py, PyList>),
+    Tuple(Bound<'py, PyTuple>),
+    Array(IntArray),
+    Owned(Vec<u32>),
+}
+
+/// One request's ids, resolved from the Python object on first use. A bad id (negative, too
+/// large, not an int) is recorded and read as `u32::MAX`; the caller checks [`PyIds::take_error`]
+/// after planning and resets the processor.
+pub(crate) struct PyIds<'py> {
+    source: Option<Bound<'py, PyAny>>,
+    ids: OnceCell<Ids<'py>>,
+    error: RefCell<Option<PyErr>>,
+}
+
+impl<'py> PyIds<'py> {
+    /// `None` stands for no ids (an engine that passes no history).
+    pub fn new(source: &Bound<'py, PyAny>) -> Self {
+        Self {
+            source: (!source.is_none()).then(|| source.clone()),
+            ids: OnceCell::new(),
+            error: RefCell::new(None),
+        }
+    }
+
+    pub fn empty() -> Self {
+        Self {
+            source: None,
+            ids: OnceCell::new(),
+            error: RefCell::new(None),
+        }
+    }
+
+    /// The first error met reading the ids, if any.
+    pub fn take_error(&self) -> Option<PyErr> {
+        self.error.borrow_mut().take()
+    }
+
+    fn record(&self, error: PyErr) {
+        let mut slot = self.error.borrow_mut();
+        if slot.is_none() {
+            *slot = Some(error);
+        }
+    }
+
+    fn ids(&self) -> &Ids<'py> {
+        self.ids.get_or_init(|| match self.resolve() {
+            Ok(ids) => ids,
+            Err(error) => {
+                self.record(error);
+                Ids::Empty
+            }
+        })
+    }
+
+    fn resolve(&self) -> PyResult<Ids<'py>> {
+        let Some(source) = &self.source else {
+            return Ok(Ids::Empty);
+        };
+        if let Ok(list) = source.cast::<PyList>() {
+            return Ok(Ids::List(list.clone()));
+        }
+        if let Ok(tuple) = source.cast::<PyTuple>() {
+            return Ok(Ids::Tuple(tuple.clone()));
+        }
+        if source.hasattr(pyo3::intern!(source.py(), "__dlpack__"))? {
+            let view = TensorView::of(source)?;
+            let dtype = view.dtype_name();
+            return match IntArray::from_view(view)? {
+                Some(array) => Ok(Ids::Array(array)),
+                None => Err(new_err(
+                    Kind::DType,
+                    format!("input_ids must hold integers, got {dtype}"),
+                )),
+            };
+        }
+        // Any other iterable: converted whole, once per call.
+        let mut ids = vec![];
+        for item in source.try_iter()? {
+            ids.push(to_id(&item?)?);
+        }
+        Ok(Ids::Owned(ids))
+    }
+}
+
+fn to_id(item: &Bound<'_, PyAny>) -> PyResult<u32> {
+    item.extract::<u32>().map_err(|_| {
+        new_err(
+            Kind::Argument,
+            format!("input_ids must be token ids (integers from 0 to 2**32-1), found {item}"),
+        )
+    })
+}
+
+impl TokenHistory for PyIds<'_> {
+    fn token_count(&self) -> usize {
+        match self.ids() {
+            Ids::Empty => 0,
+            Ids::List(list) => list.len(),
+            Ids::Tuple(tuple) => tuple.len(),
+            Ids::Array(array) => array.len(),
+            Ids::Owned(ids) => ids.len(),
+        }
+    }
+
+    fn token_at(&self, index: usize) -> u32 {
+        let item = match self.ids() {
+            Ids::Empty => return u32::MAX,
+            Ids::Owned(ids) => return ids[index],
+            Ids::Array(array) => {
+                return array.get(index).unwrap_or_else(|| {
+                    self.record(new_err(
+                        Kind::Argument,
+                        format!("input_ids[{index}] is not a token id (from 0 to 2**32-1)"),
+                    ));
+                    u32::MAX
+                })
+            }
+            Ids::List(list) => list.get_item(index),
+            Ids::Tuple(tuple) => tuple.get_item(index),
+        };
+        match item.and_then(|item| to_id(&item)) {
+            Ok(id) => id,
+            Err(error) => {
+                self.record(error);
+                u32::MAX
+            }
+        }
+    }
+}

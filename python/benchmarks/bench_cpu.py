@@ -1,0 +1,213 @@
+"""CPU benchmark: logits_processing beside the reference (dynamo.logits_processing), one run.
+
+    python python/benchmarks/bench_cpu.py [--quick]
+
+Per call at vocab 151,936 (f32 and bf16), medians: temperature, forced sequence, the thinking
+budget at 1k / 8k / 32k ids of history, and a mixed Batch (a third each forced / temperature /
+thinking budget over its budget, 4,000-id histories) against the reference's per-request loop at
+B = 1, 64, 256; each beside a memcpy of the same bytes measured in the same run. The reference
+wheel (ai-dynamo-runtime 1.6.1) has no thinking budget, so its rule is written out below in plain
+Python + torch, as its later source has it (a full rescan of the ids per call).
+"""
+
+from __future__ import annotations
+
+import argparse
+import os
+import statistics
+import time
+
+import numpy as np
+import torch
+
+from logits_processing import Batch, ThinkingBudgetLogitsProcessor, ThinkingTokenConfig
+from logits_processing.examples import ForcedSequenceLogitsProcessor, TemperatureProcessor
+
+try:
+    from dynamo.logits_processing.examples import ForcedSequenceLogitsProcessor as RefForced
+    from dynamo.logits_processing.examples import TemperatureProcessor as RefTemperature
+except ImportError:  # pragma: no cover
+    raise SystemExit("the reference is needed: pip install --no-deps ai-dynamo-runtime==1.6.1") from None
+
+VOCAB = 151_936
+START, END, NEWLINE, WORD = 151_667, 151_668, 198, 1000
+
+
+class RefThinkingBudget:
+    """The reference's thinking budget rule (its later source), in plain Python and torch."""
+
+    def __init__(self, start, end, newline, max_thinking_tokens, overflow_percentage=0.1):
+        self.start, self.end, self.newline = start, end, newline
+        self.max = max_thinking_tokens
+        self.overflow = int(max_thinking_tokens * overflow_percentage)
+
+    def __call__(self, input_ids, logits):
+        if self.start == 0 or self.end == 0:
+            return
+        last_start = -1
+        for i in range(len(input_ids) - 1, -1, -1):
+            if input_ids[i] == self.start:
+                last_start = i
+                break
+        if last_start == -1:
+            return
+        for token in input_ids[last_start + 1 :]:
+            if token == self.end:
+                return
+        n = len(input_ids) - last_start - 1
+        if n < self.max:
+            return
+        if input_ids[-1] == self.newline or n >= self.max + self.overflow:
+            logits.fill_(float("-inf"))
+            logits[self.end] = 0.0
+
+
+def measure(fns, data, master, calls, rounds):
+    """Median time per call (us) of each of `fns`, measured in interleaved rounds so that all see
+    the same machine (it is shared): each round restores `data` from `master` and times `calls`
+    calls of each function in turn. `calls` may be a dict giving some functions fewer calls."""
+    times = {name: [] for name in fns}
+    for _ in range(rounds):
+        for name, fn in fns.items():
+            n = calls[name] if isinstance(calls, dict) else calls
+            data.copy_(master)
+            t0 = time.perf_counter()
+            for _ in range(n):
+                fn()
+            times[name].append((time.perf_counter() - t0) / n * 1e6)
+    return {name: statistics.median(t) for name, t in times.items()}
+
+
+def row_benchmarks(dtype, calls, rounds):
+    """One row: {name: (ours, reference, memcpy)} in us per call."""
+    master = (torch.randn(VOCAB) * 8).to(dtype)
+    data = master.clone()
+    dst = torch.empty_like(master)
+    ids = list(range(8))
+    cases = {
+        "temperature(0.7)": (TemperatureProcessor(0.7), RefTemperature(0.7), ids, calls),
+        "forced sequence": (
+            ForcedSequenceLogitsProcessor(list(range(100, 10_100)), 2),
+            RefForced(list(range(100, 10_100)), 2),
+            ids,
+            calls,
+        ),
+    }
+    for n in (1_000, 8_000, 32_000):
+        history = [START] + [WORD] * (n - 1)  # an open block, under its budget
+        cases[f"thinking budget, {n:,} ids"] = (
+            ThinkingBudgetLogitsProcessor(START, END, NEWLINE, 100_000),
+            RefThinkingBudget(START, END, NEWLINE, 100_000),
+            history,
+            max(3, calls * 1000 // n),
+        )
+
+    def side_by_side(ours, ref, history):
+        return {
+            "ours": lambda: ours(history, data),
+            "reference": lambda: ref(history, data),
+            "memcpy": lambda: dst.copy_(data),
+        }
+
+    results = {}
+    for name, (ours, ref, history, ref_calls) in cases.items():
+        counts = {"ours": calls, "reference": ref_calls, "memcpy": calls}
+        got = measure(side_by_side(ours, ref, history), data, master, counts, rounds)
+        results[name] = (got["ours"], got["reference"], got["memcpy"])
+    if dtype == torch.float32:
+        a, b = master.numpy().copy(), np.empty(VOCAB, dtype=np.float32)
+        nt = TemperatureProcessor(0.7)
+        got = measure(
+            {"ours": lambda: nt(ids, a), "memcpy": lambda: np.copyto(b, a)},
+            torch.from_numpy(a),
+            master,
+            calls,
+            rounds,
+        )
+        results["temperature(0.7), numpy"] = (got["ours"], None, got["memcpy"])
+    return results
+
+
+def batch_benchmarks(dtype, sizes, rounds):
+    """The mixed batch: {rows: (ours, reference loop, memcpy of the block)} in us per step."""
+    return {rows: mixed_batch(dtype, rows, rounds) for rows in sizes}
+
+
+def mixed_batch(dtype, rows, rounds):
+    """(ours, reference loop, memcpy of the block) in us per step, for `rows` rows."""
+    history = [START] + [WORD] * 3_999  # 4,000 ids, thinking past a budget of 100
+    master = (torch.randn(rows, VOCAB) * 8).to(dtype)
+    data = master.clone()
+    dst = torch.empty_like(master)
+    batch = Batch(VOCAB, thinking_tokens=ThinkingTokenConfig(START, END, NEWLINE))
+    refs = []
+    for row in range(rows):
+        kind = row % 3
+        if kind == 0:
+            batch.add(row, {"kind": "forced_sequence", "token_ids": list(range(100, 200)), "eos_token_id": 2})
+            refs.append(RefForced(list(range(100, 200)), 2))
+        elif kind == 1:
+            batch.add(row, {"kind": "temperature", "temperature": 0.7})
+            refs.append(RefTemperature(0.7))
+        else:
+            batch.add(row, {"kind": "thinking_budget", "max_thinking_tokens": 100})
+            refs.append(RefThinkingBudget(START, END, NEWLINE, 100))
+    ids = [history] * rows
+
+    def reference_loop():
+        for row in range(rows):
+            refs[row](ids[row], data[row])
+
+    got = measure(
+        {
+            "ours": lambda: batch.apply(data, ids),
+            "reference": reference_loop,
+            "memcpy": lambda: dst.copy_(data),
+        },
+        data,
+        master,
+        max(2, 64 // rows),
+        rounds,
+    )
+    return got["ours"], got["reference"], got["memcpy"]
+
+
+def main():
+    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser.add_argument("--quick", action="store_true", help="fewer repetitions")
+    parser.add_argument(
+        "--torch-threads",
+        type=int,
+        help="torch's intra-op threads (the reference and the memcpy); on a busy machine 1 is steadier",
+    )
+    args = parser.parse_args()
+    if args.torch_threads:
+        torch.set_num_threads(args.torch_threads)
+    calls, rounds = (20, 9) if args.quick else (50, 31)
+    load = " ".join(f"{x:.1f}" for x in os.getloadavg())
+    print(
+        f"torch {torch.__version__}, {torch.get_num_threads()} torch threads, vocab {VOCAB:,}, "
+        f"{os.cpu_count()} CPUs, load average {load}"
+    )
+    print("reference: dynamo.logits_processing (ai-dynamo-runtime 1.6.1); its thinking budget is the")
+    print("rule of its later source written out in plain Python + torch (the 1.6.1 wheel lacks it).")
+    print("memcpy: torch copy_ of the same bytes (numpy copyto for the numpy row), same rounds.\n")
+    for dtype in (torch.float32, torch.bfloat16):
+        name = str(dtype).replace("torch.", "")
+        print(f"== one row, {name}: median us per call")
+        for key, (ours, ref, memcpy) in row_benchmarks(dtype, calls, rounds).items():
+            versus = f"reference {ref:9.2f}   speed-up {ref / ours:7.1f}x" if ref else " " * 38
+            print(
+                f"  {key:<28} ours {ours:8.2f}   {versus}   memcpy {memcpy:6.2f}   ours/memcpy {ours / memcpy:5.2f}"
+            )
+        print(f"== mixed batch, {name}: median us per decode step")
+        for rows, (ours, ref, memcpy) in batch_benchmarks(dtype, (1, 64, 256), max(5, rounds // 3)).items():
+            print(
+                f"  B={rows:<4} ours {ours:10.1f}   reference loop {ref:10.1f}   speed-up {ref / ours:6.1f}x"
+                f"   memcpy {memcpy:10.1f}   ours/memcpy {ours / memcpy:5.2f}"
+            )
+        print()
+
+
+if __name__ == "__main__":
+    main()

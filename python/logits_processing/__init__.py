@@ -1,0 +1,55 @@
+"""Logits processors for LLM decoding, backed by Rust.
+
+A drop-in for NVIDIA Dynamo's ``dynamo.logits_processing``: the same names, arguments and
+results, edited in place with no copy (torch tensors and numpy arrays, float32 / float16 /
+bfloat16, through DLPack), plus a :class:`Batch` that edits a whole ``[rows, vocab]`` block per
+decode step in one call with the GIL released.
+
+``import logits_processing`` imports neither torch nor numpy.
+"""
+
+from . import _lib
+from ._lib import (
+    Batch,
+    DeviceError,
+    DTypeError,
+    InvalidArgumentError,
+    LogitsProcessingError,
+    ProcessorError,
+    ReadOnlyError,
+    ShapeError,
+    SpecError,
+    ThinkingBudgetLogitsProcessor,
+    TokenizerError,
+    TokenOutOfVocabError,
+    validate_specs,
+)
+from .base import BaseLogitsProcessor
+from .thinking import (
+    ThinkingTokenConfig,
+    get_thinking_token_config,
+    register_thinking_token_config,
+)
+
+__version__: str = _lib.__version__
+
+__all__ = [
+    "BaseLogitsProcessor",
+    "Batch",
+    "DTypeError",
+    "DeviceError",
+    "InvalidArgumentError",
+    "LogitsProcessingError",
+    "ProcessorError",
+    "ReadOnlyError",
+    "ShapeError",
+    "SpecError",
+    "ThinkingBudgetLogitsProcessor",
+    "ThinkingTokenConfig",
+    "TokenOutOfVocabError",
+    "TokenizerError",
+    "__version__",
+    "get_thinking_token_config",
+    "register_thinking_token_config",
+    "validate_specs",
+]

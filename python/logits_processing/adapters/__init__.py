@@ -1,0 +1,41 @@
+"""Engine adapters. Each lives in its own module and imports its engine only when that module is
+imported; importing this package imports no engine.
+
+- :mod:`logits_processing.adapters.hf`: ``HFLogitsProcessor`` for transformers ``generate()``.
+- :mod:`logits_processing.adapters.vllm`: ``VLLMLogitsProcessor``, a vLLM v1 batch-level logits
+  processor (``--logits-processors logits_processing.adapters.vllm:VLLMLogitsProcessor`` or the
+  ``vllm.logits_processors`` entry point).
+- :mod:`logits_processing.adapters.sglang`: ``SGLangLogitProcessor``, an SGLang
+  ``CustomLogitProcessor`` whose requests carry JSON specs.
+- :mod:`logits_processing.adapters.trtllm`: ``TRTLLMLogitsProcessor`` (per request) and
+  ``TRTLLMBatchedLogitsProcessor`` for TensorRT-LLM.
+
+A request opts in with a list of JSON specs under :data:`SPEC_KEY`. Processors run only on
+generation roles (aggregated, decode), never on a prefill worker (:func:`runs_processors`).
+"""
+
+from ._common import (
+    GENERATION_ROLES,
+    ROLES,
+    SPEC_KEY,
+    EngineContext,
+    KeyedBatch,
+    encode_specs,
+    normalize_role,
+    runs_processors,
+    thinking_tokens_for,
+    validate_structure,
+)
+
+__all__ = [
+    "GENERATION_ROLES",
+    "ROLES",
+    "SPEC_KEY",
+    "EngineContext",
+    "KeyedBatch",
+    "encode_specs",
+    "normalize_role",
+    "runs_processors",
+    "thinking_tokens_for",
+    "validate_structure",
+]

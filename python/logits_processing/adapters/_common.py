@@ -1,0 +1,323 @@
+"""What every engine adapter shares: the request key, the spec payload, the serving role and the
+engine context (vocab size, the tokenizer's "Hello world!" and thinking tokens).
+
+Nothing here imports an engine, torch or transformers.
+"""
+
+from __future__ import annotations
+
+import json
+import logging
+from dataclasses import dataclass
+from typing import Any, Mapping, Optional, Sequence, Tuple
+
+logger = logging.getLogger("logits_processing.adapters")
+
+#: The key a request's specs travel under: ``SamplingParams.extra_args`` (vLLM),
+#: ``sampling_params["custom_params"]`` (SGLang). Its value is a JSON text (or the decoded
+#: list / object) of specs: data only, never code.
+SPEC_KEY = "logits_processing"
+
+#: Serving roles that generate tokens, where processors run.
+GENERATION_ROLES = frozenset({"aggregated", "decode"})
+#: Every role we know. A prefill worker never runs processors.
+ROLES = GENERATION_ROLES | {"prefill"}
+_ROLE_ALIASES = {"agg": "aggregated", "both": "aggregated", "null": "aggregated", "none": "aggregated"}
+
+
+def normalize_role(role: Any) -> str:
+    """Returns ``"aggregated"``, ``"decode"`` or ``"prefill"`` for a role given as a string, an
+    enum (its name or value is read, so Dynamo's ``DisaggregationMode`` works) or ``None``
+    (aggregated). Anything else is a ``ValueError`` naming the role."""
+    if role is None:
+        return "aggregated"
+    for candidate in (role, getattr(role, "value", None), getattr(role, "name", None)):
+        if isinstance(candidate, str):
+            name = candidate.strip().lower()
+            name = _ROLE_ALIASES.get(name, name)
+            if name in ROLES:
+                return name
+    raise ValueError(f"unknown serving role {role!r}; expected one of {sorted(ROLES)}")
+
+
+def runs_processors(role: Any) -> bool:
+    """True on generation roles (aggregated, decode); False on a prefill worker."""
+    return normalize_role(role) in GENERATION_ROLES
+
+
+def decode_specs(payload: Any) -> Any:
+    """The specs in a request payload: a JSON text is parsed; a list or a dict is taken as is.
+
+    Raises ``SpecError`` (a ``ValueError``) for text that is not JSON and ``TypeError`` for
+    anything that is not data (a Python callable cannot cross a process boundary)."""
+    from logits_processing import SpecError
+
+    if isinstance(payload, (bytes, bytearray)):
+        payload = payload.decode("utf-8")
+    if isinstance(payload, str):
+        try:
+            return json.loads(payload)
+        except ValueError as e:
+            raise SpecError(f"spec: not JSON: {e}") from None
+    if isinstance(payload, Mapping):
+        return dict(payload)
+    if isinstance(payload, (list, tuple)):
+        for i, item in enumerate(payload):
+            if not isinstance(item, Mapping):
+                raise TypeError(
+                    f"spec [{i}]: only JSON specs ({{'kind': ...}}) travel with a request, found "
+                    f"{type(item).__name__}; run Python processors in-process (HF, TRT-LLM)"
+                )
+        return [dict(item) for item in payload]
+    raise TypeError(
+        f"specs must be a JSON text, a spec object or a list of them, found {type(payload).__name__}"
+    )
+
+
+def validate_structure(specs: Any) -> Any:
+    """Checks everything about specs that does not depend on the engine (kinds, fields, types,
+    values, size limits), where the engine is not known yet (a frontend, a client): ``hello_world``
+    and thinking budgets without ids are accepted, as they will get the engine's ids. Returns
+    the decoded specs; raises ``SpecError`` naming the field, ``TypeError`` for non-data."""
+    import logits_processing as lp
+
+    decoded = decode_specs(specs)
+    lp.validate_specs(decoded, hello_world=([], 0), thinking_tokens=lp.ThinkingTokenConfig(0, 0, 0))
+    return decoded
+
+
+def encode_specs(specs: Any) -> str:
+    """The JSON text carried by a request: compact, data only. Checks the structure (not the
+    vocab, which only the engine knows) so a bad spec fails where it is written."""
+    return json.dumps(validate_structure(specs), separators=(",", ":"))
+
+
+def with_position(specs: Any, position: str) -> list:
+    """The specs with every forced sequence (``forced_sequence``, ``hello_world``) positioned by
+    ``position`` unless it already says ``"tokens"``. Used where state is rebuilt from the
+    token ids (SGLang), so that a rebuilt pipeline picks up where the request is."""
+    decoded = decode_specs(specs)
+    items = decoded if isinstance(decoded, list) else [decoded]
+    out = []
+    for spec in items:
+        if spec.get("kind") in ("forced_sequence", "hello_world") and spec.get("position") != "tokens":
+            spec = {**spec, "position": position}
+        out.append(spec)
+    return out
+
+
+def hello_world_ids(tokenizer: Any) -> Optional[Tuple[list, int]]:
+    """``(ids of "Hello world!", eos id)`` from a transformers tokenizer, or None without EOS."""
+    if tokenizer is None:
+        return None
+    eos = getattr(tokenizer, "eos_token_id", None)
+    if eos is None:
+        return None
+    ids = tokenizer.encode("Hello world!", add_special_tokens=False)
+    return [int(i) for i in ids], int(eos)
+
+
+def _single_token(tokenizer: Any, text: str) -> Optional[int]:
+    try:
+        ids = tokenizer.encode(text, add_special_tokens=False)
+    except Exception:  # noqa: BLE001 - a tokenizer that cannot encode has no such token
+        return None
+    return int(ids[0]) if len(ids) == 1 else None
+
+
+def thinking_tokens_for(tokenizer: Any = None, model_name: Optional[str] = None):
+    """The model's thinking tokens: from the tokenizer when ``<think>``, ``</think>`` and ``\\n``
+    are each one token (the tokenizer is what the model was trained with, so it wins over a
+    name table), else ``get_thinking_token_config(model_name, tokenizer)``; None when neither
+    knows."""
+    import logits_processing as lp
+
+    if tokenizer is not None:
+        ids = [_single_token(tokenizer, t) for t in ("<think>", "</think>", "\n")]
+        if None not in ids:
+            return lp.ThinkingTokenConfig(*ids)
+    if model_name is None and tokenizer is None:
+        return None
+    config = lp.get_thinking_token_config(model_name or "", tokenizer)
+    if not config.start_token_id or not config.end_token_id:
+        return None
+    return config
+
+
+@dataclass
+class EngineContext:
+    """What an engine knows at start-up that specs may rely on."""
+
+    vocab_size: Optional[int] = None
+    hello_world: Optional[Tuple[list, int]] = None
+    thinking_tokens: Any = None
+
+    @classmethod
+    def resolve(
+        cls,
+        *,
+        tokenizer: Any = None,
+        model_name: Optional[str] = None,
+        vocab_size: Optional[int] = None,
+        hello_world: Optional[Tuple[Sequence[int], int]] = None,
+        thinking_tokens: Any = None,
+    ) -> "EngineContext":
+        """Explicit values win; the rest come from the tokenizer (and model name)."""
+        if hello_world is None:
+            hello_world = hello_world_ids(tokenizer)
+        else:
+            hello_world = ([int(i) for i in hello_world[0]], int(hello_world[1]))
+        if thinking_tokens is None:
+            thinking_tokens = thinking_tokens_for(tokenizer, model_name)
+        return cls(vocab_size=vocab_size, hello_world=hello_world, thinking_tokens=thinking_tokens)
+
+    def batch(self, vocab_size: Optional[int] = None):
+        """A new ``logits_processing.Batch`` for this engine."""
+        import logits_processing as lp
+
+        vocab = vocab_size if vocab_size is not None else self.vocab_size
+        if vocab is None:
+            raise ValueError("the vocab size is not known yet")
+        return lp.Batch(vocab, hello_world=self.hello_world, thinking_tokens=self.thinking_tokens)
+
+    def validate(self, specs: Any) -> None:
+        """Everything a request's specs can be checked for here (structure, values, and token
+        ids against the vocab when it is known). Raises ``SpecError``."""
+        import logits_processing as lp
+
+        lp.validate_specs(
+            decode_specs(specs) if isinstance(specs, (str, bytes)) else specs,
+            vocab_size=self.vocab_size,
+            hello_world=self.hello_world,
+            thinking_tokens=self.thinking_tokens,
+        )
+
+    def resolve_specs(self, specs: Any) -> list:
+        """The specs with everything engine-specific made explicit, so that a worker without the
+        tokenizer can realize them: ``hello_world`` becomes a ``forced_sequence`` of its ids and
+        a ``thinking_budget`` without ids gets the model's."""
+        decoded = decode_specs(specs)
+        items = decoded if isinstance(decoded, list) else [decoded]
+        out = []
+        for spec in items:
+            kind = spec.get("kind")
+            if kind == "hello_world" and self.hello_world is not None:
+                ids, eos = self.hello_world
+                resolved = {"kind": "forced_sequence", "token_ids": list(ids), "eos_token_id": eos}
+                if "position" in spec:
+                    resolved["position"] = spec["position"]
+                spec = resolved
+            elif (
+                kind == "thinking_budget"
+                and "start_token_id" not in spec
+                and self.thinking_tokens is not None
+            ):
+                t = self.thinking_tokens
+                spec = {
+                    **spec,
+                    "start_token_id": int(t.start_token_id),
+                    "end_token_id": int(t.end_token_id),
+                    "newline_token_id": int(t.newline_token_id),
+                }
+            out.append(spec)
+        return out
+
+
+def rows_of(logits: Any) -> Any:
+    """A ``[rows, vocab]`` view of logits shaped ``[vocab]``, ``[rows, vocab]`` or
+    ``[1, rows, vocab]`` (TRT-LLM's ``[batch, beam, vocab]`` with batch 1); no copy."""
+    if logits.dim() == 1:
+        return logits.unsqueeze(0)
+    if logits.dim() == 2:
+        return logits
+    return logits.reshape(-1, logits.shape[-1])
+
+
+class KeyedBatch:
+    """A ``Batch`` for engines that hand over, each call, a block whose rows are requests named by
+    a key (SGLang's request id, TRT-LLM's request id and beam) rather than telling us when rows
+    are added, moved or removed (as vLLM does).
+
+    It holds exactly the requests of the latest call, each at its row in that call: a request
+    absent from a call is dropped (so memory is bounded by the batch size however many requests
+    pass), a present one is swapped into its new row (no data moves), a new one is built from its
+    specs. A request that comes back after being dropped is rebuilt; pass
+    ``position="tokens"`` so its forced sequences pick up from its token ids.
+    """
+
+    def __init__(self, context: EngineContext, *, position: Optional[str] = None) -> None:
+        self.context = context
+        self.position = position
+        self.batch = None
+        self.rows: list = []  # batch row -> key
+        self.where: dict = {}  # key -> batch row
+        self.failed: dict = {}  # key -> why its specs were refused (kept while it stays)
+
+    def __len__(self) -> int:
+        return len(self.where)
+
+    def __contains__(self, key: Any) -> bool:
+        return key in self.where
+
+    def apply(self, logits: Any, requests: Sequence[Optional[tuple]]) -> list:
+        """Edits ``logits`` (``[len(requests), vocab]``) in one call. ``requests[i]`` is None
+        for a row to leave alone, else ``(key, specs, prompt_len, history)``; ``specs`` may be a
+        callable returning them (only called for a request not held yet). Returns the keys whose
+        specs were refused in this call (each logged once, its row left as it was)."""
+        vocab = logits.shape[-1]
+        if self.batch is None or self.batch.vocab_size != vocab:
+            self.batch = self.context.batch(self.context.vocab_size or vocab)
+            self.rows, self.where = [], {}
+        order: list = []
+        present: dict = {}
+        for i, r in enumerate(requests):
+            key = None if r is None else r[0]
+            if key in present:  # a key fills one row; later ones are left alone
+                key = None
+            if key is not None:
+                present[key] = i
+            order.append(key)
+        requests = [r if k is not None else None for r, k in zip(requests, order)]
+        for key in [k for k in self.where if k not in present]:
+            self.batch.remove(self.where.pop(key))
+        self.failed = {k: why for k, why in self.failed.items() if k in present}
+        self.rows = [k if k in self.where else None for k in self.rows]
+        if len(self.rows) < len(order):
+            self.rows.extend([None] * (len(order) - len(self.rows)))
+        for i, key in enumerate(order):
+            j = self.where.get(key) if key is not None else None
+            if j is None or j == i:
+                continue
+            self.batch.swap(i, j)
+            other = self.rows[i]
+            self.rows[i], self.rows[j] = key, other
+            self.where[key] = i
+            if other is not None:
+                self.where[other] = j
+        del self.rows[len(order) :]
+        histories: list = [None] * len(order)
+        refused = []
+        for i, request in enumerate(requests):
+            if request is None:
+                continue
+            key, specs, prompt_len, history = request
+            if key not in self.where:
+                if key in self.failed:
+                    continue
+                try:
+                    specs = specs() if callable(specs) else specs
+                    if self.position is not None:
+                        specs = with_position(specs, self.position)
+                    elif isinstance(specs, (str, bytes)):
+                        specs = decode_specs(specs)
+                    self.batch.add(i, specs, prompt_len=prompt_len)
+                except Exception as e:  # noqa: BLE001 - one bad request must not stop the step
+                    self.failed[key] = str(e)
+                    refused.append(key)
+                    logger.error("logits_processing: request %s runs unprocessed: %s", key, e)
+                    continue
+                self.rows[i], self.where[key] = key, i
+            histories[i] = history
+        if self.where:
+            self.batch.apply(logits, histories)
+        return refused

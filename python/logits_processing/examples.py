@@ -1,0 +1,89 @@
+"""The reference's example processors: ``TemperatureProcessor``, ``ForcedSequenceLogitsProcessor``
+and ``HelloWorldLogitsProcessor``, with the same names, arguments, attributes and results."""
+
+from __future__ import annotations
+
+import os
+from typing import Any, List, Optional, Tuple, Union
+
+from . import _lib
+from ._lib import ForcedSequenceLogitsProcessor, TemperatureProcessor
+
+__all__ = ["ForcedSequenceLogitsProcessor", "HelloWorldLogitsProcessor", "TemperatureProcessor"]
+
+RESPONSE = "Hello world!"
+_NO_EOS = "Tokenizer has no eos_token_id; HelloWorldLogitsProcessor requires one."
+
+
+def hello_world_ids(tokenizer: Any, eos_token_id: Optional[int] = None) -> Tuple[List[int], int]:
+    """The ids of ``"Hello world!"`` (no special tokens) and the EOS id, from a tokenizer.
+
+    Args:
+        tokenizer: A transformers tokenizer (anything with ``encode(text,
+            add_special_tokens=False)`` and ``eos_token_id``), a ``tokenizers.Tokenizer``, or the
+            path of a ``tokenizer.json``.
+        eos_token_id (int | None): The EOS id; by default the tokenizer's ``eos_token_id``, or for
+            a path the ``eos_token`` of the ``tokenizer_config.json`` beside it.
+
+    Returns:
+        tuple[list[int], int]: The ids and the EOS id.
+
+    Raises:
+        InvalidArgumentError: (a ValueError) when no EOS id can be found.
+    """
+    if isinstance(tokenizer, (str, os.PathLike)):
+        ids, eos = _lib.hello_world_ids_from_file(os.fspath(tokenizer), eos_token_id)
+        return list(ids), eos
+    encoded = tokenizer.encode(RESPONSE, add_special_tokens=False)
+    ids = list(getattr(encoded, "ids", encoded))  # tokenizers.Encoding has .ids
+    eos = eos_token_id if eos_token_id is not None else getattr(tokenizer, "eos_token_id", None)
+    if eos is None:
+        raise _lib.InvalidArgumentError(_NO_EOS)
+    return ids, int(eos)
+
+
+class HelloWorldLogitsProcessor(ForcedSequenceLogitsProcessor):
+    """Makes the model answer ``"Hello world!"``, whatever it was asked, then end.
+
+    A forced sequence of the tokenizer's encoding of ``"Hello world!"`` (no special tokens)
+    followed by its EOS id, as the reference's ``HelloWorldLogitsProcessor``; it has the same
+    ``token_ids``, ``eos_id`` and ``state`` attributes.
+
+    Args:
+        tokenizer: A transformers tokenizer (anything with ``encode(text,
+            add_special_tokens=False)`` and ``eos_token_id``), a ``tokenizers.Tokenizer``, or the
+            path of a ``tokenizer.json``.
+        eos_token_id (int | None): Keyword only. The EOS id, where the tokenizer does not say it
+            (a ``tokenizers.Tokenizer``; a path without a ``tokenizer_config.json`` beside it).
+        position (str), prompt_len (int): Keyword only; as for ForcedSequenceLogitsProcessor.
+
+    Raises:
+        InvalidArgumentError: (a ValueError) when the tokenizer has no EOS id.
+
+    Example:
+        >>> import torch
+        >>> from logits_processing.examples import HelloWorldLogitsProcessor
+        >>> class Letters:  # a toy tokenizer: one id per character
+        ...     eos_token_id = 0
+        ...     def encode(self, text, add_special_tokens=False):
+        ...         return [ord(c) for c in text]
+        >>> hello = HelloWorldLogitsProcessor(Letters())
+        >>> logits = torch.zeros(128)
+        >>> hello([], logits)
+        >>> int(logits.argmax()) == ord("H")
+        True
+    """
+
+    def __new__(
+        cls,
+        tokenizer: Any,
+        *,
+        eos_token_id: Optional[int] = None,
+        position: str = "calls",
+        prompt_len: int = 0,
+    ) -> "HelloWorldLogitsProcessor":
+        ids, eos = hello_world_ids(tokenizer, eos_token_id)
+        return super().__new__(cls, ids, eos, position=position, prompt_len=prompt_len)
+
+    def __init__(self, tokenizer: Union[Any, str, os.PathLike], **kwargs: Any) -> None:
+        pass  # everything happens in __new__ (the Rust base class has no __init__)

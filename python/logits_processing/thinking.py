@@ -1,0 +1,85 @@
+"""Which token ids open and close a model's thinking block."""
+
+from __future__ import annotations
+
+import logging
+from dataclasses import dataclass
+from typing import Any, Optional
+
+from . import _lib
+
+__all__ = ["ThinkingTokenConfig", "get_thinking_token_config", "register_thinking_token_config"]
+
+logger = logging.getLogger(__name__)
+
+
+@dataclass
+class ThinkingTokenConfig:
+    """The ids of ``<think>``, ``</think>`` and a newline for one model.
+
+    Start or end 0 means "not configured": a thinking budget built from it does nothing.
+
+    Args:
+        start_token_id (int): The id of ``<think>``.
+        end_token_id (int): The id of ``</think>``.
+        newline_token_id (int): The id of a line end.
+
+    Example:
+        >>> from logits_processing import ThinkingTokenConfig
+        >>> ThinkingTokenConfig(151667, 151668, 198) == ThinkingTokenConfig(151667, 151668, 198)
+        True
+    """
+
+    start_token_id: int
+    end_token_id: int
+    newline_token_id: int
+
+
+def get_thinking_token_config(model_name: str, tokenizer: Optional[Any] = None) -> ThinkingTokenConfig:
+    """The thinking token ids of `model_name`.
+
+    First the table (a case-insensitive substring of the name, first match in order: ``deepseek``,
+    ``qwen3``, ``glm4``, ``glm-4``, then keys added with :func:`register_thinking_token_config`);
+    then, with a tokenizer, the ids of ``"<think>"``, ``"</think>"`` and ``"\\n"``, each only if it
+    encodes to exactly one token (the reference takes the first piece of a longer encoding, which
+    budgets the wrong token); else a warning and ``ThinkingTokenConfig(0, 0, 10)``, which disables
+    the budget.
+
+    Args:
+        model_name (str): The model's name or path, e.g. ``"Qwen/Qwen3-8B"``.
+        tokenizer: Optional; anything with ``encode(text, add_special_tokens=False)`` (a
+            transformers tokenizer or a ``tokenizers.Tokenizer``).
+
+    Returns:
+        ThinkingTokenConfig: The ids.
+
+    Example:
+        >>> from logits_processing import get_thinking_token_config
+        >>> get_thinking_token_config("Qwen/Qwen3-8B")
+        ThinkingTokenConfig(start_token_id=151667, end_token_id=151668, newline_token_id=198)
+    """
+    start, end, newline = _lib.thinking_token_ids(model_name, tokenizer)
+    if start == 0 or end == 0:
+        logger.warning(
+            "%s: no single-token <think> / </think> ids known; the thinking budget is disabled",
+            model_name,
+        )
+    return ThinkingTokenConfig(start, end, newline)
+
+
+def register_thinking_token_config(model_key: str, config: ThinkingTokenConfig) -> None:
+    """Adds ``model_key.lower()`` to the table, or replaces its entry (keeping its place).
+
+    Args:
+        model_key (str): A substring of the model names it applies to.
+        config (ThinkingTokenConfig): Their ids.
+
+    Example:
+        >>> from logits_processing import ThinkingTokenConfig, get_thinking_token_config, register_thinking_token_config
+        >>> register_thinking_token_config("My-Model", ThinkingTokenConfig(11, 12, 13))
+        >>> get_thinking_token_config("org/my-model-7b").start_token_id
+        11
+    """
+    _lib.register_thinking_token_ids(
+        model_key, config.start_token_id, config.end_token_id, config.newline_token_id
+    )

@@ -1,0 +1,127 @@
+"""What the engine adapters share: roles, request payloads, the engine context and KeyedBatch."""
+
+import enum
+import json
+import random
+import subprocess
+import sys
+
+import pytest
+
+torch = pytest.importorskip("torch")
+
+import logits_processing as lp  # noqa: E402
+from logits_processing.adapters import _common as common  # noqa: E402
+
+
+def test_importing_the_adapters_package_imports_no_engine():
+    code = (
+        "import sys, logits_processing.adapters; "
+        "print([m for m in ('vllm', 'sglang', 'tensorrt_llm', 'transformers', 'torch') if m in sys.modules])"
+    )
+    out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, check=True)
+    assert out.stdout.strip() == "[]"
+
+
+class DisaggregationMode(enum.Enum):  # Dynamo's shape
+    AGGREGATED = "agg"
+    PREFILL = "prefill"
+    DECODE = "decode"
+
+
+@pytest.mark.parametrize(
+    "role, runs",
+    [
+        (None, True),
+        ("aggregated", True),
+        ("decode", True),
+        ("DECODE", True),
+        ("prefill", False),
+        (DisaggregationMode.AGGREGATED, True),
+        (DisaggregationMode.PREFILL, False),
+        (DisaggregationMode.DECODE, True),
+    ],
+)
+def test_processors_run_on_generation_roles_only(role, runs):
+    assert common.runs_processors(role) is runs
+
+
+def test_an_unknown_role_is_an_error():
+    with pytest.raises(ValueError, match="encode"):
+        common.normalize_role("encode")
+
+
+def test_payloads_are_json_data():
+    text = common.encode_specs([{"kind": "temperature", "temperature": 0.5}])
+    assert json.loads(text) == [{"kind": "temperature", "temperature": 0.5}]
+    assert common.decode_specs(text) == json.loads(text)
+    with pytest.raises(TypeError, match="JSON specs"):
+        common.encode_specs([print])
+    with pytest.raises(lp.SpecError, match="kind"):
+        common.encode_specs({"kind": "nope"})
+    with pytest.raises(lp.SpecError):
+        common.decode_specs("{not json")
+
+
+def test_resolve_specs_makes_engine_knowledge_explicit():
+    context = common.EngineContext.resolve(
+        hello_world=([7, 8], 1), thinking_tokens=lp.ThinkingTokenConfig(10, 11, 12)
+    )
+    resolved = context.resolve_specs(
+        [{"kind": "hello_world", "position": "tokens"}, {"kind": "thinking_budget", "max_thinking_tokens": 4}]
+    )
+    assert resolved == [
+        {"kind": "forced_sequence", "token_ids": [7, 8], "eos_token_id": 1, "position": "tokens"},
+        {
+            "kind": "thinking_budget",
+            "max_thinking_tokens": 4,
+            "start_token_id": 10,
+            "end_token_id": 11,
+            "newline_token_id": 12,
+        },
+    ]
+    lp.validate_specs(resolved)  # needs no tokenizer any more
+
+
+def test_with_position_only_touches_forced_sequences():
+    specs = [
+        {"kind": "forced_sequence", "token_ids": [1], "eos_token_id": 0},
+        {"kind": "temperature", "temperature": 2.0},
+    ]
+    assert common.with_position(specs, "tokens") == [
+        {"kind": "forced_sequence", "token_ids": [1], "eos_token_id": 0, "position": "tokens"},
+        {"kind": "temperature", "temperature": 2.0},
+    ]
+
+
+def test_keyed_batch_follows_any_order_of_requests():
+    """Random calls: requests join, leave, come back, change rows. Each row gets what its own
+    pipeline, fed the same ids, gives it; memory holds only the latest call's requests."""
+    V = 23
+    rng = random.Random(5)
+    keyed = common.KeyedBatch(common.EngineContext(), position="tokens")
+    specs = {
+        k: [
+            {"kind": "forced_sequence", "token_ids": [rng.randrange(V) for _ in range(4)], "eos_token_id": 0},
+            {"kind": "temperature", "temperature": 0.5 + k % 3},
+        ]
+        for k in range(12)
+    }
+    outputs = {k: [] for k in specs}
+    for _ in range(200):
+        keys = rng.sample(sorted(specs), rng.randrange(0, 7))
+        rows = [None] * rng.randrange(0, 2) + [(k, specs[k], 2, [1, 2] + outputs[k]) for k in keys]
+        rng.shuffle(rows)
+        logits = torch.randn(len(rows), V)
+        expected = logits.clone()
+        for i, r in enumerate(rows):
+            if r is not None:
+                alone = lp.Batch(V)
+                alone.add(0, common.with_position(r[1], "tokens"), prompt_len=2)
+                alone.apply(expected[i : i + 1], [r[3]])
+        keyed.apply(logits, rows)
+        assert torch.equal(logits, expected)
+        assert len(keyed) == sum(r is not None for r in rows)
+        for i, r in enumerate(rows):
+            if r is not None:
+                outputs[r[0]].append(int(logits[i].argmax()))

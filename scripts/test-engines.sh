@@ -1,0 +1,26 @@
+#!/usr/bin/env bash
+# Runs the engine adapter tests against the real vLLM and SGLang Python packages, each in its own
+# venv (scripts/engine-venv.sh creates or reuses it and installs this checkout's wheel):
+#
+#   scripts/test-engines.sh            # both
+#   scripts/test-engines.sh vllm       # one
+#
+# Cost measured on a 2-core CPU machine: first run ~5 minutes per engine (venv ~2 min with uv,
+# release wheel build ~2-3 min), ~1 minute per engine when cached (vLLM's import alone is ~20 s).
+# The adapters' engine-free tests (HF, TRT-LLM fake loop, shared logic) run in the main venv with
+# the rest of python/tests.
+set -euo pipefail
+root="$(cd "$(dirname "${BASH_SOURCE[0]}")/.." && pwd)"
+engines=("${@:-vllm sglang}")
+# shellcheck disable=SC2206
+engines=(${engines[*]})
+status=0
+for engine in "${engines[@]}"; do
+  venv="$("$root/scripts/engine-venv.sh" "$engine")"
+  echo "== $engine ($venv)" >&2
+  # From outside the checkout, so the installed wheel (with its entry points) is what is tested.
+  (cd "$root/python/tests" && "$venv/bin/python" -m pytest -q -p no:cacheprovider --noconftest \
+      -W ignore::DeprecationWarning -W ignore::UserWarning \
+      "test_engine_$engine.py" test_adapters_common.py test_adapters_trtllm.py) || status=1
+done
+exit $status
