@@ -5,7 +5,6 @@
 set -euo pipefail
 cd "$(dirname "${BASH_SOURCE[0]}")/.."
 source scripts/lib.sh
-export PYO3_PYTHON="$venv/bin/python"
 "$venv/bin/maturin" develop --release --quiet --manifest-path crates/python/Cargo.toml
 "$venv/bin/python" python/examples/demo_generate.py
 echo

