@@ -84,10 +84,10 @@ mod simd {
         let mut largest = _mm256_setzero_ps();
         for &x in xs.iter() {
             let magnitude = _mm256_and_ps(x, abs_mask);
-            // With NaN as the second operand, min and max return it, so it fails the check below.
-            // A NaN operand makes min/max return their second operand: with the running
-            // bound second, a NaN is skipped instead of erasing the bound (which would let a
-            // zero, an infinity or a subnormal in the same lane take the fused path).
+            // A NaN operand makes min/max return their second operand: with the running bound
+            // second, a NaN is skipped instead of erasing the bound (which would let a zero, an
+            // infinity or a subnormal in the same lane take the fused path). NaN itself comes out
+            // of the fused path as NaN.
             smallest = _mm256_min_ps(magnitude, smallest);
             largest = _mm256_max_ps(magnitude, largest);
         }
@@ -149,37 +149,36 @@ mod simd {
         }
     }
 
-    /// Rounds eight f32 to bf16 as `bf16::from_f32` does: add 0x7fff plus the lowest kept bit; a
-    /// NaN keeps its top half with the quiet bit set.
+    /// The bf16 nearest-even to each f32, in the low half of its lane: add 0x7fff plus the lowest
+    /// kept bit, keep the top half. Quotients of bf16 values have zero low halves when they are NaN
+    /// or infinite, so the add cannot carry into them, and the result is `bf16::from_f32`'s.
     #[inline]
     #[target_feature(enable = "avx2")]
-    fn narrow_bf16(q: __m256) -> __m128i {
+    fn round_to_bf16(q: __m256) -> __m256i {
         let bits = _mm256_castps_si256(q);
         let lowest_kept = _mm256_and_si256(_mm256_srli_epi32::<16>(bits), _mm256_set1_epi32(1));
         let bias = _mm256_add_epi32(lowest_kept, _mm256_set1_epi32(0x7fff));
-        let rounded = _mm256_add_epi32(bits, bias);
-        let quiet_nan = _mm256_or_si256(bits, _mm256_set1_epi32(0x0040_0000));
-        let is_nan = _mm256_castps_si256(_mm256_cmp_ps::<_CMP_UNORD_Q>(q, q));
-        let narrowed = _mm256_srli_epi32::<16>(_mm256_blendv_epi8(rounded, quiet_nan, is_nan));
-        // packus works within 128-bit halves; gather the two useful 64-bit lanes.
-        let packed = _mm256_packus_epi32(narrowed, narrowed);
-        _mm256_castsi256_si128(_mm256_permute4x64_epi64::<0b1000>(packed))
+        _mm256_srli_epi32::<16>(_mm256_add_epi32(bits, bias))
     }
 
     #[target_feature(enable = "avx2,fma")]
     pub(super) unsafe fn divide_bf16(row: &mut [bf16], divisor: f32) {
         let (d, r) = (_mm256_set1_ps(divisor), _mm256_set1_ps(1.0 / divisor));
+        let zero = _mm256_setzero_si256();
         let mut blocks = row.chunks_exact_mut(BLOCK);
         for block in &mut blocks {
-            let p = block.as_mut_ptr() as *mut __m128i;
+            let p = block.as_mut_ptr() as *mut __m256i;
             let mut xs = [_mm256_setzero_ps(); VECTORS];
-            for (i, x) in xs.iter_mut().enumerate() {
-                let wide = _mm256_cvtepu16_epi32(_mm_loadu_si128(p.add(i)));
-                *x = _mm256_castsi256_ps(_mm256_slli_epi32::<16>(wide));
+            for (i, pair) in xs.chunks_exact_mut(2).enumerate() {
+                // A zero below each bf16 widens it to f32, in a lane order that packus undoes.
+                let halves = _mm256_loadu_si256(p.add(i));
+                pair[0] = _mm256_castsi256_ps(_mm256_unpacklo_epi16(zero, halves));
+                pair[1] = _mm256_castsi256_ps(_mm256_unpackhi_epi16(zero, halves));
             }
             divide_block(&mut xs, d, r);
-            for (i, x) in xs.iter().enumerate() {
-                _mm_storeu_si128(p.add(i), narrow_bf16(*x));
+            for (i, pair) in xs.chunks_exact(2).enumerate() {
+                let narrowed = _mm256_packus_epi32(round_to_bf16(pair[0]), round_to_bf16(pair[1]));
+                _mm256_storeu_si256(p.add(i), narrowed);
             }
         }
         for x in blocks.into_remainder() {
