@@ -6,6 +6,11 @@ use crate::error::{Error, Result};
 use crate::history::TokenHistory;
 use crate::logit::Logit;
 use crate::pipeline::Pipeline;
+use crate::plan::Fill;
+
+/// Blocks at least this large have their forced rows filled with streaming stores: they cannot
+/// stay in cache anyway (see `Fill::Streaming`).
+const STREAMING_MIN_BYTES: usize = 16 << 20;
 
 /// The caller's hook for a pipeline's external steps: `(row, key, logits_row)`.
 pub type ExternalCall<'a, T> = dyn FnMut(usize, u64, &mut [T]) -> Result<()> + 'a;
@@ -193,13 +198,18 @@ impl Batch {
             return Ok(());
         }
         let block = &mut logits[..layout.required_len(vocab)];
+        let fill = if std::mem::size_of_val(block) >= STREAMING_MIN_BYTES {
+            Fill::Streaming
+        } else {
+            Fill::Cached
+        };
         block
             .par_chunks_mut(layout.row_stride)
             .zip(self.rows.par_iter_mut())
             .for_each(|(row, pipeline)| {
                 if let Some(pipeline) = pipeline.as_mut().filter(|p| !p.has_external()) {
                     // Built-in stages never fail once validated.
-                    let _ = pipeline.apply_planned(&mut row[..vocab], &mut |_, _| Ok(()));
+                    let _ = pipeline.apply_stages(&mut row[..vocab], fill, &mut |_, _| Ok(()));
                 }
             });
         for (index, (row, pipeline)) in block

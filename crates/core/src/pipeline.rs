@@ -3,7 +3,7 @@
 use crate::error::{check_token, Result};
 use crate::history::TokenHistory;
 use crate::logit::Logit;
-use crate::plan::RowPlan;
+use crate::plan::{Fill, RowPlan};
 use crate::processors::LogitsProcessor;
 use crate::spec::{ProcessorSpec, SpecContext};
 
@@ -152,9 +152,18 @@ impl Pipeline {
         row: &mut [T],
         external: &mut dyn FnMut(u64, &mut [T]) -> Result<()>,
     ) -> Result<()> {
+        self.apply_stages(row, Fill::Cached, external)
+    }
+
+    pub(crate) fn apply_stages<T: Logit>(
+        &mut self,
+        row: &mut [T],
+        fill: Fill,
+        external: &mut dyn FnMut(u64, &mut [T]) -> Result<()>,
+    ) -> Result<()> {
         for stage in &mut self.stages {
             match stage {
-                Stage::Plan(plan) => plan.apply_validated(row),
+                Stage::Plan(plan) => plan.apply_validated(row, fill),
                 Stage::External(key) => external(*key, row)?,
             }
         }

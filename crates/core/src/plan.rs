@@ -1,6 +1,7 @@
 //! A row's plan: the edits a step decided on, applied to the row in one pass.
 
 use crate::error::{check_token, Result};
+use crate::kernels;
 use crate::logit::Logit;
 
 /// What a forced token's logit becomes.
@@ -121,19 +122,24 @@ impl RowPlan {
     /// Applies the plan to `row` in place. On error (a token outside the row) the row is untouched.
     pub fn apply<T: Logit>(&mut self, row: &mut [T]) -> Result<()> {
         self.validate(row.len())?;
-        self.apply_validated(row);
+        self.apply_validated(row, Fill::Cached);
         Ok(())
     }
 
     /// [`RowPlan::apply`] for a plan already validated against `row.len()`.
-    pub(crate) fn apply_validated<T: Logit>(&mut self, row: &mut [T]) {
+    pub(crate) fn apply_validated<T: Logit>(&mut self, row: &mut [T], fill: Fill) {
         if self.edits.is_empty() {
             return;
         }
         if let Some(token) = self.forced_token() {
             let index = token as usize;
             let survivor = self.value_at(index, row[index]);
-            in_halves(row, |part| part.fill(T::NEG_INFINITY));
+            match fill {
+                Fill::Cached => in_halves(row, |part| part.fill(T::NEG_INFINITY)),
+                Fill::Streaming => {
+                    in_halves(row, |part| kernels::fill_streaming(part, T::NEG_INFINITY))
+                }
+            }
             row[index] = survivor;
             return;
         }
@@ -153,6 +159,17 @@ impl RowPlan {
             row[index] = self.value_at(index, T::from_f32(original));
         }
     }
+}
+
+/// How a forced row's `-inf` fill is written.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub(crate) enum Fill {
+    /// Ordinary stores: the row stays in cache for the sampler that reads it next.
+    Cached,
+    /// Streaming stores, for a block larger than the caches: no read of each line before it is
+    /// overwritten, half the memory traffic (measured: 1.38 -> 1.06 ms for the mixed batch at
+    /// B = 64), but a row that fits in cache is then read back from memory (14 -> 26 us a row).
+    Streaming,
 }
 
 /// Rows at least this long are split in two halves on two threads when the row is edited inside
