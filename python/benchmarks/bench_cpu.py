@@ -19,6 +19,7 @@ import time
 
 import numpy as np
 import torch
+from reference_rules import RefThinkingBudget  # beside this script
 
 from logits_processing import Batch, ThinkingBudgetLogitsProcessor, ThinkingTokenConfig
 from logits_processing.examples import ForcedSequenceLogitsProcessor, TemperatureProcessor
@@ -31,35 +32,6 @@ except ImportError:  # pragma: no cover
 
 VOCAB = 151_936
 START, END, NEWLINE, WORD = 151_667, 151_668, 198, 1000
-
-
-class RefThinkingBudget:
-    """The reference's thinking budget rule (its later source), in plain Python and torch."""
-
-    def __init__(self, start, end, newline, max_thinking_tokens, overflow_percentage=0.1):
-        self.start, self.end, self.newline = start, end, newline
-        self.max = max_thinking_tokens
-        self.overflow = int(max_thinking_tokens * overflow_percentage)
-
-    def __call__(self, input_ids, logits):
-        if self.start == 0 or self.end == 0:
-            return
-        last_start = -1
-        for i in range(len(input_ids) - 1, -1, -1):
-            if input_ids[i] == self.start:
-                last_start = i
-                break
-        if last_start == -1:
-            return
-        for token in input_ids[last_start + 1 :]:
-            if token == self.end:
-                return
-        n = len(input_ids) - last_start - 1
-        if n < self.max:
-            return
-        if input_ids[-1] == self.newline or n >= self.max + self.overflow:
-            logits.fill_(float("-inf"))
-            logits[self.end] = 0.0
 
 
 def measure(fns, data, master, calls, rounds):

@@ -10,7 +10,7 @@ host is the bottleneck):
 - ours: `logits_processing.Batch.apply` on the CUDA tensor (plans on the host, one kernel launch
   on torch's current stream);
 - the reference's per-request loop: dynamo.logits_processing's example processors, and its thinking
-  budget rule written out in torch (as in bench_cpu.py), one call per row;
+  budget rule written out in torch (reference_rules.py), one call per row;
 - hand-vectorized torch: the same edits as a few batched kernels (divide, fill, scatter), with the
   per-row decisions precomputed (not counted: a lower bound for that approach);
 - the floor: a device-to-device copy of the block (read + write every logit once).
@@ -27,6 +27,8 @@ import statistics
 import sys
 import time
 
+from reference_rules import RefThinkingBudget  # beside this script
+
 VOCAB = 151_936
 START, END, NEWLINE, WORD = 151_667, 151_668, 198, 1000
 FORCED = list(range(100, 200))
@@ -37,35 +39,6 @@ BUDGET = 100
 def no_gpu(message: str, require: bool) -> None:
     print(f"bench_cuda: SKIPPED: {message}")
     raise SystemExit(1 if require else 0)
-
-
-class RefThinkingBudget:
-    """The reference's thinking budget rule (its later source), in plain Python and torch."""
-
-    def __init__(self, start, end, newline, max_thinking_tokens, overflow_percentage=0.1):
-        self.start, self.end, self.newline = start, end, newline
-        self.max = max_thinking_tokens
-        self.overflow = int(max_thinking_tokens * overflow_percentage)
-
-    def __call__(self, input_ids, logits):
-        if self.start == 0 or self.end == 0:
-            return
-        last_start = -1
-        for i in range(len(input_ids) - 1, -1, -1):
-            if input_ids[i] == self.start:
-                last_start = i
-                break
-        if last_start == -1:
-            return
-        for token in input_ids[last_start + 1 :]:
-            if token == self.end:
-                return
-        n = len(input_ids) - last_start - 1
-        if n < self.max:
-            return
-        if input_ids[-1] == self.newline or n >= self.max + self.overflow:
-            logits.fill_(float("-inf"))
-            logits[self.end] = 0.0
 
 
 def reference():
