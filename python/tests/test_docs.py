@@ -1,4 +1,5 @@
-"""The documentation's examples run: every public docstring (Rust and Python) and docs/python.md."""
+"""The documentation's examples run: every public docstring (Rust and Python), docs/python.md and the
+README's Python example."""
 
 from __future__ import annotations
 
@@ -13,7 +14,8 @@ import logits_processing
 import logits_processing.examples
 import logits_processing.thinking
 
-DOCS = Path(__file__).resolve().parents[2] / "docs" / "python.md"
+ROOT = Path(__file__).resolve().parents[2]
+DOCS = ROOT / "docs" / "python.md"
 
 
 def documented():
@@ -47,12 +49,13 @@ def code_blocks(text):
     return re.findall(r"```python\n(.*?)```", text, flags=re.S)
 
 
-def test_docs_python_md_examples_run():
-    blocks = code_blocks(DOCS.read_text())
-    assert blocks, "docs/python.md has no python examples"
+@pytest.mark.parametrize("page", [DOCS, ROOT / "README.md"], ids=lambda p: p.name)
+def test_markdown_python_examples_run(page):
+    blocks = code_blocks(page.read_text())
+    assert blocks, f"{page.name} has no python examples"
     namespace: dict = {}
     for i, block in enumerate(blocks):
         try:
-            exec(compile(block, f"{DOCS.name}[block {i}]", "exec"), namespace)
+            exec(compile(block, f"{page.name}[block {i}]", "exec"), namespace)
         except Exception as e:  # pragma: no cover - the message is the point
-            raise AssertionError(f"docs/python.md block {i} failed: {e!r}\n{block}") from e
+            raise AssertionError(f"{page.name} block {i} failed: {e!r}\n{block}") from e
