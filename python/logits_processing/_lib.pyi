@@ -265,7 +265,9 @@ class Batch:
     @property
     def vocab_size(self) -> int:
         """Logits per row."""
-    def apply(self, logits: Logits, input_ids: Sequence[Optional[InputIds]]) -> None:
+    def apply(
+        self, logits: Logits, input_ids: Sequence[Optional[InputIds]], *, out: Optional[Logits] = None
+    ) -> None:
         """Edits every row of `logits` that holds a request, in place.
 
         Args:
@@ -273,6 +275,12 @@ class Batch:
                 bfloat16, contiguous in its last dimension (rows may be further apart).
             input_ids: One entry per row: that request's ids so far (a list, tuple, numpy array or
                 CPU torch tensor of ints), or None for a row without a request.
+            out: Where to write instead (host tensors): a tensor or array of the same shape,
+                dtype and row stride as `logits`, not overlapping it. `logits` is then only read
+                (it may be read-only), every row of `out` is written (rows without a request get a
+                copy), and each logit is read and written once, where a copy followed by an edit in
+                place would make two passes (HF transformers' rule that processors leave their
+                input alone).
 
         Raises:
             ShapeError, DTypeError, ReadOnlyError, DeviceError: before anything is edited.

@@ -281,3 +281,58 @@ def test_hello_world_objects_are_built_ins_and_overriding_subclasses_run_as_pyth
     batch.apply(logits, [[], []])
     assert int(logits[0].argmax()) == ord("H") % VOCAB
     assert logits[1, 1] == 99 and not torch.isinf(logits[1]).any()
+
+
+@pytest.mark.parametrize("dtype", TORCH_DTYPES)
+def test_out_equals_a_copy_edited_in_place_and_leaves_logits_alone(dtype):
+    def make():
+        batch = Batch(VOCAB, thinking_tokens=TOKENS)
+        for row, kind in enumerate([0, 1, 2, 3, 4]):
+            batch.add(row, spec(kind, 11 * row + 3))
+        return batch  # row 5 holds no request
+
+    logits = random_logits((6, VOCAB), dtype)
+    ids = [[1, 4, 4, 4]] * 6
+    before = logits.clone()
+    expected = logits.clone()
+    make().apply(expected, ids)
+    out = torch.full_like(logits, 9.0)
+    make().apply(logits, ids, out=out)
+    assert torch.equal(bits(out), bits(expected))
+    assert torch.equal(bits(logits), bits(before))
+
+
+def test_out_with_numpy_reads_a_read_only_source_and_runs_user_processors_on_out():
+    def user(input_ids, row):
+        row[0] = 100.0
+
+    batch = Batch(4)
+    batch.add(0, [{"kind": "temperature", "temperature": 2.0}, user])
+    source = np.full((2, 4), 8.0, dtype=np.float32)
+    source.flags.writeable = False
+    out = np.zeros((2, 4), dtype=np.float32)
+    batch.apply(source, [[1], None], out=out)
+    assert out.tolist() == [[100.0, 4.0, 4.0, 4.0], [8.0, 8.0, 8.0, 8.0]]
+    assert np.all(source == 8.0)
+
+
+def test_bad_out_raises_before_anything_is_written():
+    batch = Batch(VOCAB)
+    batch.add(0, [{"kind": "forced_sequence", "token_ids": [3], "eos_token_id": 0}])
+    logits = torch.ones(2, VOCAB)
+    cases = [
+        (torch.zeros(3, VOCAB), ShapeError),  # rows differ
+        (torch.zeros(2, VOCAB, dtype=torch.float16), ShapeError),  # dtype differs
+        (torch.zeros(2, VOCAB + 2)[:, :VOCAB], ShapeError),  # row stride differs
+        (logits, ShapeError),  # the same memory
+    ]
+    for out, error in cases:
+        snapshot = out.clone()
+        with pytest.raises(error):
+            batch.apply(logits, [[1], None], out=out)
+        assert torch.equal(out, snapshot)
+    assert torch.all(logits == 1)
+    # The forced sequence has not taken a step: its first token is still next.
+    out = torch.zeros(2, VOCAB)
+    batch.apply(logits, [[1], None], out=out)
+    assert int(torch.argmax(out[0])) == 3

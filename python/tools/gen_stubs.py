@@ -161,7 +161,9 @@ class Batch:
     @property
     def vocab_size(self) -> int:
         @doc(Batch.vocab_size)
-    def apply(self, logits: Logits, input_ids: Sequence[Optional[InputIds]]) -> None:
+    def apply(
+        self, logits: Logits, input_ids: Sequence[Optional[InputIds]], *, out: Optional[Logits] = None
+    ) -> None:
         @doc(Batch.apply)
 
 def validate_specs(

@@ -225,6 +225,68 @@ impl Batch {
         Ok(())
     }
 
+    /// [`Batch::apply_planned`] reading `src` and writing `dst`, two blocks of one layout, `src`
+    /// left as it is (HF transformers' rule for processors): each row is read and written once,
+    /// where a copy and an edit in place would make two passes. Rows without a request are
+    /// copied. On a shape error nothing is written.
+    pub fn apply_planned_into<T: Logit>(
+        &mut self,
+        src: &[T],
+        dst: &mut [T],
+        layout: BatchLayout,
+        external: &mut ExternalCall<'_, T>,
+    ) -> Result<()> {
+        self.check_layout(src.len(), layout)?;
+        self.check_layout(dst.len(), layout)?;
+        let vocab = self.vocab_size;
+        if layout.rows == 0 || vocab == 0 {
+            return Ok(());
+        }
+        let len = layout.required_len(vocab);
+        let (src, dst) = (&src[..len], &mut dst[..len]);
+        // One slot per row of the block, so that rows without a request are visited (and copied).
+        if self.rows.len() < layout.rows {
+            self.rows.resize_with(layout.rows, || None);
+        }
+        dst.par_chunks_mut(layout.row_stride)
+            .zip(src.par_chunks(layout.row_stride))
+            .zip(self.rows.par_iter_mut())
+            .for_each(|((to, from), pipeline)| match pipeline {
+                Some(pipeline) if pipeline.has_external() => {}
+                Some(pipeline) => {
+                    // Built-in stages never fail once validated.
+                    let _ = pipeline.apply_stages_into(
+                        &from[..vocab],
+                        &mut to[..vocab],
+                        &mut |_, _| Ok(()),
+                    );
+                }
+                None => to[..vocab].copy_from_slice(&from[..vocab]),
+            });
+        let mut result = Ok(());
+        for (index, ((to, from), pipeline)) in dst
+            .chunks_mut(layout.row_stride)
+            .zip(src.chunks(layout.row_stride))
+            .zip(self.rows.iter_mut())
+            .enumerate()
+        {
+            if let Some(pipeline) = pipeline.as_mut().filter(|p| p.has_external()) {
+                result = pipeline.apply_stages_into(
+                    &from[..vocab],
+                    &mut to[..vocab],
+                    &mut |key, row| external(index, key, row),
+                );
+                if result.is_err() {
+                    break;
+                }
+            }
+        }
+        while matches!(self.rows.last(), Some(None)) {
+            self.rows.pop();
+        }
+        result
+    }
+
     /// Edits every occupied row of `logits` with its pipeline, given each row's ids so far. On a
     /// shape error nothing is edited. A batch with no external steps cannot fail past the checks.
     pub fn apply<T: Logit>(
@@ -315,6 +377,7 @@ mod tests {
                     .map(|r| history.iter().copied().chain([r as u32 % 6; 3].into_iter().take(step)).collect())
                     .collect();
                 let refs: Vec<&dyn TokenHistory> = ids.iter().map(|v| v as &dyn TokenHistory).collect();
+                let logits_before = logits.clone();
                 batch.apply(&mut logits, layout, &refs).unwrap();
                 for r in 0..rows {
                     if let Some(p) = alone[r].as_mut() {
@@ -325,6 +388,18 @@ mod tests {
                     logits.iter().map(|x| x.to_bits()).collect::<Vec<_>>(),
                     expected.iter().map(|x| x.to_bits()).collect::<Vec<_>>()
                 );
+                // The same plans applied out of place, from the block as it was before the step.
+                let mut into = vec![0.0f32; logits_before.len()];
+                batch
+                    .apply_planned_into(&logits_before, &mut into, layout, &mut |_, _, _| Ok(()))
+                    .unwrap();
+                for r in 0..rows {
+                    let (from, to) = (r * stride, r * stride + VOCAB);
+                    prop_assert_eq!(
+                        into[from..to].iter().map(|x| x.to_bits()).collect::<Vec<_>>(),
+                        logits[from..to].iter().map(|x| x.to_bits()).collect::<Vec<_>>()
+                    );
+                }
             }
         }
     }

@@ -20,6 +20,48 @@ fn use_simd(divisor: f32) -> bool {
         && std::arch::is_x86_feature_detected!("f16c")
 }
 
+/// A pass over a row: read from `src`, write to `dst`, element by element. The two are the same row
+/// for an edit in place, or two rows of one length (`Pass::between`).
+#[doc(hidden)]
+pub struct Pass<T> {
+    src: *const T,
+    dst: *mut T,
+    len: usize,
+}
+
+impl<T> Pass<T> {
+    pub(crate) fn in_place(row: &mut [T]) -> Self {
+        let p = row.as_mut_ptr();
+        Self {
+            src: p,
+            dst: p,
+            len: row.len(),
+        }
+    }
+
+    /// Panics if the lengths differ (callers check them first).
+    pub(crate) fn between(src: &[T], dst: &mut [T]) -> Self {
+        assert_eq!(src.len(), dst.len(), "a pass needs rows of one length");
+        Self {
+            src: src.as_ptr(),
+            dst: dst.as_mut_ptr(),
+            len: dst.len(),
+        }
+    }
+
+    /// Writes `f(src[i])` to `dst[i]` for every `i`.
+    fn map(&self, f: impl Fn(T) -> T)
+    where
+        T: Copy,
+    {
+        for i in 0..self.len {
+            // SAFETY: both pointers cover `len` elements (the constructors take them from slices
+            // that outlive the pass, which is used within the call that made it).
+            unsafe { *self.dst.add(i) = f(*self.src.add(i)) };
+        }
+    }
+}
+
 /// `x / divisor` for every element, correctly rounded.
 ///
 /// Division is ~2.5x slower than a multiply on the CPUs we run on, enough to make a row pass
@@ -27,42 +69,36 @@ fn use_simd(divisor: f32) -> bool {
 /// `r = 1 / divisor`, then corrected once: `q + (x - q * divisor) * r` with fused multiply-adds.
 /// Markstein's theorem makes that the correctly rounded quotient when `r` is the correctly rounded
 /// reciprocal and nothing overflows or underflows; the tests compare it bit for bit with `/`.
-pub(crate) fn divide_f32(row: &mut [f32], divisor: f32) {
+pub(crate) fn divide_f32(pass: Pass<f32>, divisor: f32) {
     #[cfg(target_arch = "x86_64")]
     if use_simd(divisor) {
         // SAFETY: the CPU has the features the function is compiled for.
-        unsafe { simd::divide_f32(row, divisor) };
+        unsafe { simd::divide_f32(pass, divisor) };
         return;
     }
-    for x in row.iter_mut() {
-        *x /= divisor;
-    }
+    pass.map(|x| x / divisor);
 }
 
 /// Divides in f32 and rounds back to nearest-even, as torch does for f16.
-pub(crate) fn divide_f16(row: &mut [f16], divisor: f32) {
+pub(crate) fn divide_f16(pass: Pass<f16>, divisor: f32) {
     #[cfg(target_arch = "x86_64")]
     if use_simd(divisor) {
         // SAFETY: as above.
-        unsafe { simd::divide_f16(row, divisor) };
+        unsafe { simd::divide_f16(pass, divisor) };
         return;
     }
-    for x in row.iter_mut() {
-        *x = f16::from_f32(x.to_f32() / divisor);
-    }
+    pass.map(|x| f16::from_f32(x.to_f32() / divisor));
 }
 
 /// Divides in f32 and rounds back to nearest-even, as torch does for bf16.
-pub(crate) fn divide_bf16(row: &mut [bf16], divisor: f32) {
+pub(crate) fn divide_bf16(pass: Pass<bf16>, divisor: f32) {
     #[cfg(target_arch = "x86_64")]
     if use_simd(divisor) {
         // SAFETY: as above.
-        unsafe { simd::divide_bf16(row, divisor) };
+        unsafe { simd::divide_bf16(pass, divisor) };
         return;
     }
-    for x in row.iter_mut() {
-        *x = bf16::from_f32(x.to_f32() / divisor);
-    }
+    pass.map(|x| bf16::from_f32(x.to_f32() / divisor));
 }
 
 /// Sets every element to `value` with streaming (non-temporal) stores where AVX2 is present: a
@@ -80,7 +116,7 @@ pub(crate) fn fill_streaming<T: Copy>(row: &mut [T], value: T) {
 
 #[cfg(target_arch = "x86_64")]
 mod simd {
-    use super::{bf16, f16, FAST_DIVIDEND_MAX, FAST_DIVIDEND_MIN};
+    use super::{bf16, f16, Pass, FAST_DIVIDEND_MAX, FAST_DIVIDEND_MIN};
     use std::arch::x86_64::*;
 
     #[target_feature(enable = "avx2")]
@@ -144,43 +180,49 @@ mod simd {
         }
     }
 
+    /// Blocks of the pass, then the elements past the last whole block.
+    fn blocks<T>(pass: &Pass<T>) -> (usize, std::ops::Range<usize>) {
+        (pass.len / BLOCK, pass.len / BLOCK * BLOCK..pass.len)
+    }
+
     #[target_feature(enable = "avx2,fma")]
-    pub(super) unsafe fn divide_f32(row: &mut [f32], divisor: f32) {
+    pub(super) unsafe fn divide_f32(pass: Pass<f32>, divisor: f32) {
         let (d, r) = (_mm256_set1_ps(divisor), _mm256_set1_ps(1.0 / divisor));
-        let mut blocks = row.chunks_exact_mut(BLOCK);
-        for block in &mut blocks {
-            let p = block.as_mut_ptr();
+        let (whole, tail) = blocks(&pass);
+        for block in 0..whole {
+            let (src, dst) = (pass.src.add(block * BLOCK), pass.dst.add(block * BLOCK));
             let mut xs = [_mm256_setzero_ps(); VECTORS];
             for (i, x) in xs.iter_mut().enumerate() {
-                *x = _mm256_loadu_ps(p.add(8 * i));
+                *x = _mm256_loadu_ps(src.add(8 * i));
             }
             divide_block(&mut xs, d, r);
             for (i, x) in xs.iter().enumerate() {
-                _mm256_storeu_ps(p.add(8 * i), *x);
+                _mm256_storeu_ps(dst.add(8 * i), *x);
             }
         }
-        for x in blocks.into_remainder() {
-            *x /= divisor;
+        for i in tail {
+            *pass.dst.add(i) = *pass.src.add(i) / divisor;
         }
     }
 
     #[target_feature(enable = "avx2,fma,f16c")]
-    pub(super) unsafe fn divide_f16(row: &mut [f16], divisor: f32) {
+    pub(super) unsafe fn divide_f16(pass: Pass<f16>, divisor: f32) {
         let (d, r) = (_mm256_set1_ps(divisor), _mm256_set1_ps(1.0 / divisor));
-        let mut blocks = row.chunks_exact_mut(BLOCK);
-        for block in &mut blocks {
-            let p = block.as_mut_ptr() as *mut __m128i;
+        let (whole, tail) = blocks(&pass);
+        for block in 0..whole {
+            let src = pass.src.add(block * BLOCK) as *const __m128i;
+            let dst = pass.dst.add(block * BLOCK) as *mut __m128i;
             let mut xs = [_mm256_setzero_ps(); VECTORS];
             for (i, x) in xs.iter_mut().enumerate() {
-                *x = _mm256_cvtph_ps(_mm_loadu_si128(p.add(i)));
+                *x = _mm256_cvtph_ps(_mm_loadu_si128(src.add(i)));
             }
             divide_block(&mut xs, d, r);
             for (i, x) in xs.iter().enumerate() {
-                _mm_storeu_si128(p.add(i), _mm256_cvtps_ph::<_MM_FROUND_TO_NEAREST_INT>(*x));
+                _mm_storeu_si128(dst.add(i), _mm256_cvtps_ph::<_MM_FROUND_TO_NEAREST_INT>(*x));
             }
         }
-        for x in blocks.into_remainder() {
-            *x = f16::from_f32(x.to_f32() / divisor);
+        for i in tail {
+            *pass.dst.add(i) = f16::from_f32((*pass.src.add(i)).to_f32() / divisor);
         }
     }
 
@@ -197,27 +239,28 @@ mod simd {
     }
 
     #[target_feature(enable = "avx2,fma")]
-    pub(super) unsafe fn divide_bf16(row: &mut [bf16], divisor: f32) {
+    pub(super) unsafe fn divide_bf16(pass: Pass<bf16>, divisor: f32) {
         let (d, r) = (_mm256_set1_ps(divisor), _mm256_set1_ps(1.0 / divisor));
         let zero = _mm256_setzero_si256();
-        let mut blocks = row.chunks_exact_mut(BLOCK);
-        for block in &mut blocks {
-            let p = block.as_mut_ptr() as *mut __m256i;
+        let (whole, tail) = blocks(&pass);
+        for block in 0..whole {
+            let src = pass.src.add(block * BLOCK) as *const __m256i;
+            let dst = pass.dst.add(block * BLOCK) as *mut __m256i;
             let mut xs = [_mm256_setzero_ps(); VECTORS];
             for (i, pair) in xs.chunks_exact_mut(2).enumerate() {
                 // A zero below each bf16 widens it to f32, in a lane order that packus undoes.
-                let halves = _mm256_loadu_si256(p.add(i));
+                let halves = _mm256_loadu_si256(src.add(i));
                 pair[0] = _mm256_castsi256_ps(_mm256_unpacklo_epi16(zero, halves));
                 pair[1] = _mm256_castsi256_ps(_mm256_unpackhi_epi16(zero, halves));
             }
             divide_block(&mut xs, d, r);
             for (i, pair) in xs.chunks_exact(2).enumerate() {
                 let narrowed = _mm256_packus_epi32(round_to_bf16(pair[0]), round_to_bf16(pair[1]));
-                _mm256_storeu_si256(p.add(i), narrowed);
+                _mm256_storeu_si256(dst.add(i), narrowed);
             }
         }
-        for x in blocks.into_remainder() {
-            *x = bf16::from_f32(x.to_f32() / divisor);
+        for i in tail {
+            *pass.dst.add(i) = bf16::from_f32((*pass.src.add(i)).to_f32() / divisor);
         }
     }
 }
@@ -229,7 +272,7 @@ mod tests {
 
     fn check_exact(xs: &[f32], divisor: f32) {
         let mut fast = xs.to_vec();
-        divide_f32(&mut fast, divisor);
+        divide_f32(Pass::in_place(&mut fast), divisor);
         for (x, q) in xs.iter().zip(&fast) {
             let want = x / divisor;
             assert!(
@@ -311,8 +354,8 @@ mod tests {
         for divisor in [0.7f32, 0.3, 1.3, 3.0, 1e-3, 1e-35] {
             let mut h: Vec<f16> = all.iter().map(|&b| f16::from_bits(b)).collect();
             let mut b: Vec<bf16> = all.iter().map(|&b| bf16::from_bits(b)).collect();
-            divide_f16(&mut h, divisor);
-            divide_bf16(&mut b, divisor);
+            divide_f16(Pass::in_place(&mut h), divisor);
+            divide_bf16(Pass::in_place(&mut b), divisor);
             for (i, &bits) in all.iter().enumerate() {
                 let want_h = f16::from_f32(f16::from_bits(bits).to_f32() / divisor);
                 let want_b = bf16::from_f32(bf16::from_bits(bits).to_f32() / divisor);
@@ -343,8 +386,8 @@ mod tests {
             let mut b: Vec<bf16> = bits.iter().map(|&b| bf16::from_bits(b)).collect();
             let want_h: Vec<f16> = h.iter().map(|x| f16::from_f32(x.to_f32() / divisor)).collect();
             let want_b: Vec<bf16> = b.iter().map(|x| bf16::from_f32(x.to_f32() / divisor)).collect();
-            divide_f16(&mut h, divisor);
-            divide_bf16(&mut b, divisor);
+            divide_f16(Pass::in_place(&mut h), divisor);
+            divide_bf16(Pass::in_place(&mut b), divisor);
             for (got, want) in h.iter().zip(&want_h) {
                 prop_assert!(got.to_bits() == want.to_bits() || (got.is_nan() && want.is_nan()));
             }

@@ -2,7 +2,7 @@
 
 use half::{bf16, f16};
 
-use crate::kernels;
+use crate::kernels::{self, Pass};
 
 /// A logit element. Arithmetic is done in f32; f16 and bf16 results are rounded back to nearest-even,
 /// which is what torch does for these dtypes.
@@ -14,12 +14,22 @@ pub trait Logit: Copy + Send + Sync + PartialEq + std::fmt::Debug + 'static {
     fn from_f32(value: f32) -> Self;
     /// Divides every element by `divisor` in place, as IEEE division rounds it (f16 and bf16:
     /// divided in f32, rounded back to nearest-even), which is what torch's CPU `div_` gives.
-    fn divide_row(row: &mut [Self], divisor: f32);
+    fn divide_row(row: &mut [Self], divisor: f32) {
+        Self::divide(Pass::in_place(row), divisor)
+    }
+
+    /// [`Logit::divide_row`] from `src` into `dst` (of the same length).
+    fn divide_into(src: &[Self], dst: &mut [Self], divisor: f32) {
+        Self::divide(Pass::between(src, dst), divisor)
+    }
+
+    #[doc(hidden)]
+    fn divide(pass: Pass<Self>, divisor: f32);
 }
 
 impl Logit for f32 {
-    fn divide_row(row: &mut [Self], divisor: f32) {
-        kernels::divide_f32(row, divisor)
+    fn divide(pass: Pass<Self>, divisor: f32) {
+        kernels::divide_f32(pass, divisor)
     }
     const DTYPE: DType = DType::F32;
     const NEG_INFINITY: Self = f32::NEG_INFINITY;
@@ -34,8 +44,8 @@ impl Logit for f32 {
 }
 
 impl Logit for f16 {
-    fn divide_row(row: &mut [Self], divisor: f32) {
-        kernels::divide_f16(row, divisor)
+    fn divide(pass: Pass<Self>, divisor: f32) {
+        kernels::divide_f16(pass, divisor)
     }
     const DTYPE: DType = DType::F16;
     const NEG_INFINITY: Self = f16::NEG_INFINITY;
@@ -50,8 +60,8 @@ impl Logit for f16 {
 }
 
 impl Logit for bf16 {
-    fn divide_row(row: &mut [Self], divisor: f32) {
-        kernels::divide_bf16(row, divisor)
+    fn divide(pass: Pass<Self>, divisor: f32) {
+        kernels::divide_bf16(pass, divisor)
     }
     const DTYPE: DType = DType::BF16;
     const NEG_INFINITY: Self = bf16::NEG_INFINITY;

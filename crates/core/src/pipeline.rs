@@ -170,6 +170,33 @@ impl Pipeline {
         Ok(())
     }
 
+    /// [`Pipeline::apply_planned`] reading `src` and writing `dst` (of the same length), `src`
+    /// left as it is: when the first stage is built-ins, one pass does the copy and the edit.
+    pub(crate) fn apply_stages_into<T: Logit>(
+        &mut self,
+        src: &[T],
+        dst: &mut [T],
+        external: &mut dyn FnMut(u64, &mut [T]) -> Result<()>,
+    ) -> Result<()> {
+        let first_is_plan = match self.stages.first_mut() {
+            Some(Stage::Plan(plan)) => {
+                plan.apply_into_validated(src, dst);
+                true
+            }
+            _ => {
+                dst.copy_from_slice(src);
+                false
+            }
+        };
+        for stage in &mut self.stages[usize::from(first_is_plan)..] {
+            match stage {
+                Stage::Plan(plan) => plan.apply_validated(dst, Fill::Cached),
+                Stage::External(key) => external(*key, dst)?,
+            }
+        }
+        Ok(())
+    }
+
     /// Plans and applies in one call, for a pipeline with no external steps. On error the row is
     /// as it was.
     pub fn process<T: Logit>(&mut self, ids: &dyn TokenHistory, row: &mut [T]) -> Result<()> {

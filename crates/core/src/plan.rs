@@ -143,17 +143,52 @@ impl RowPlan {
             row[index] = survivor;
             return;
         }
+        self.keep_originals(row);
+        for edit in &self.edits {
+            if let Edit::Scale { temperature } = *edit {
+                in_halves(row, |part| T::divide_row(part, temperature));
+            }
+        }
+        self.write_sparse(row);
+    }
+
+    /// The plan applied to `src`, written to `dst` (of the same length), `src` left as it is: one
+    /// pass that reads and writes each logit once, where a copy and an edit in place would make
+    /// two. The plan must be validated against the length.
+    pub(crate) fn apply_into_validated<T: Logit>(&mut self, src: &[T], dst: &mut [T]) {
+        if let Some(token) = self.forced_token() {
+            let index = token as usize;
+            dst.fill(T::NEG_INFINITY);
+            dst[index] = self.value_at(index, src[index]);
+            return;
+        }
+        self.keep_originals(src);
+        let mut temperatures = self.edits.iter().filter_map(|edit| match *edit {
+            Edit::Scale { temperature } => Some(temperature),
+            _ => None,
+        });
+        match temperatures.next() {
+            Some(temperature) => T::divide_into(src, dst, temperature),
+            None => dst.copy_from_slice(src),
+        }
+        for temperature in temperatures {
+            T::divide_row(dst, temperature);
+        }
+        self.write_sparse(dst);
+    }
+
+    /// Remembers the values before the plan of the tokens that sparse edits touch.
+    fn keep_originals<T: Logit>(&mut self, row: &[T]) {
         self.originals.clear();
         for edit in &self.edits {
             if let Some(token) = edit.token() {
                 self.originals.push((token, row[token as usize].to_f32()));
             }
         }
-        for edit in &self.edits {
-            if let Edit::Scale { temperature } = *edit {
-                in_halves(row, |part| T::divide_row(part, temperature));
-            }
-        }
+    }
+
+    /// Writes the final value of each token a sparse edit touches, from its original.
+    fn write_sparse<T: Logit>(&self, row: &mut [T]) {
         for &(token, original) in &self.originals {
             let index = token as usize;
             row[index] = self.value_at(index, T::from_f32(original));
@@ -255,6 +290,30 @@ mod tests {
             plan.apply(&mut fused).unwrap();
             step_by_step(plan.edits(), &mut expected);
             prop_assert_eq!(bits(&fused), bits(&expected));
+        }
+
+        #[test]
+        fn applying_into_another_row_equals_a_copy_edited_in_place(
+            row in proptest::collection::vec(-30.0f32..30.0, 1..200),
+            edits in proptest::collection::vec(edit_strategy(200), 0..6),
+        ) {
+            let mut plan = RowPlan::new();
+            edits
+                .iter()
+                .filter(|e| e.token().is_none_or(|t| (t as usize) < row.len()))
+                .for_each(|e| plan.push(*e));
+            let mut in_place = row.clone();
+            plan.apply(&mut in_place).unwrap();
+            let mut into = vec![7.0f32; row.len()];
+            plan.apply_into_validated(&row, &mut into);
+            prop_assert_eq!(bits(&into), bits(&in_place));
+
+            let source: Vec<bf16> = row.iter().map(|&x| bf16::from_f32(x)).collect();
+            let mut in_place = source.clone();
+            plan.apply(&mut in_place).unwrap();
+            let mut into = vec![bf16::ONE; row.len()];
+            plan.apply_into_validated(&source, &mut into);
+            prop_assert_eq!(bits(&into), bits(&in_place));
         }
 
         #[test]

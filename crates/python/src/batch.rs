@@ -11,7 +11,7 @@ use logits_processing::{
 use pyo3::prelude::*;
 use pyo3::types::{PyDict, PyList, PyString, PyTuple};
 
-use crate::device::{apply_batch_host, unsupported};
+use crate::device::{apply_batch_host, apply_batch_host_into, unsupported};
 use crate::errors::{new_err, spec_error, to_py, IntoPyResult, Kind};
 use crate::history::PyIds;
 use crate::processors::builtin_processor;
@@ -174,6 +174,51 @@ fn steps_of(
         }));
     }
     Ok(steps)
+}
+
+/// The source block of an out-of-place apply: what `out` (`block`) will hold, read from `view`.
+fn source_block(view: &TensorView, block: &Block) -> PyResult<Block> {
+    let source = Block::source_from_view(view, 2)?;
+    if (source.dtype, source.rows, source.vocab) != (block.dtype, block.rows, block.vocab) {
+        return Err(new_err(
+            Kind::Shape,
+            format!(
+                "out must match logits: logits are {} x {} {}, out is {} x {} {}",
+                source.rows,
+                source.vocab,
+                source.dtype.name(),
+                block.rows,
+                block.vocab,
+                block.dtype.name()
+            ),
+        ));
+    }
+    if source.row_stride != block.row_stride {
+        return Err(new_err(
+            Kind::Shape,
+            format!(
+                "out must have the row stride of logits ({}), got {}",
+                source.row_stride, block.row_stride
+            ),
+        ));
+    }
+    if source.device != Device::Cpu || block.device != Device::Cpu {
+        return Err(new_err(
+            Kind::Device,
+            format!(
+                "out= takes host tensors (logits on {}, out on {}); for GPU logits clone them and \
+                 apply in place",
+                source.device, block.device
+            ),
+        ));
+    }
+    if source.overlaps(block) {
+        return Err(new_err(
+            Kind::Shape,
+            "out overlaps logits; leave out None to edit logits in place",
+        ));
+    }
+    Ok(source)
 }
 
 /// Checks request specs as a `Batch` would admit them, without building a batch.
@@ -363,19 +408,34 @@ impl PyBatch {
     ///         bfloat16, contiguous in its last dimension (rows may be further apart).
     ///     input_ids: One entry per row: that request's ids so far (a list, tuple, numpy array or
     ///         CPU torch tensor of ints), or None for a row without a request.
+    ///     out: Where to write instead (host tensors): a tensor or array of the same shape,
+    ///         dtype and row stride as `logits`, not overlapping it. `logits` is then only read
+    ///         (it may be read-only), every row of `out` is written (rows without a request get a
+    ///         copy), and each logit is read and written once, where a copy followed by an edit in
+    ///         place would make two passes (HF transformers' rule that processors leave their
+    ///         input alone).
     ///
     /// Raises:
     ///     ShapeError, DTypeError, ReadOnlyError, DeviceError: before anything is edited.
     ///     ProcessorError: a user's processor raised (its exception is the ``__cause__``); rows
     ///         before it in the batch may already be edited.
+    #[pyo3(signature = (logits, input_ids, *, out = None))]
     fn apply(
         &mut self,
         py: Python<'_>,
         logits: &Bound<'_, PyAny>,
         input_ids: &Bound<'_, PyAny>,
+        out: Option<&Bound<'_, PyAny>>,
     ) -> PyResult<()> {
         let view = TensorView::of(logits)?;
-        let block = Block::from_view(&view, 2)?;
+        let out_view = out.map(TensorView::of).transpose()?;
+        let (source, block) = match &out_view {
+            None => (None, Block::from_view(&view, 2)?),
+            Some(out_view) => {
+                let block = Block::from_view(out_view, 2)?;
+                (Some(source_block(&view, &block)?), block)
+            }
+        };
         let vocab = self.batch().vocab_size();
         if block.vocab != vocab {
             return Err(new_err(
@@ -423,7 +483,8 @@ impl PyBatch {
             batch, externals, ..
         } = self;
         let batch = batch.get_mut().unwrap_or_else(|e| e.into_inner());
-        let logits_object = logits.clone().unbind();
+        // A user's processor edits the row where the result goes.
+        let logits_object = out.unwrap_or(logits).clone().unbind();
         let ids_object = input_ids.clone().unbind();
         let mut failure: Option<(usize, PyErr)> = None;
         let mut external = |row: usize, key: u64| -> logits_processing::Result<()> {
@@ -445,15 +506,18 @@ impl PyBatch {
                 })
             })
         };
-        let result = match block.device {
-            Device::Cpu => apply_batch_host(py, batch, block, &mut external),
+        let result = match (block.device, source) {
+            (Device::Cpu, Some(source)) => {
+                apply_batch_host_into(py, batch, source, block, &mut external)
+            }
+            (Device::Cpu, None) => apply_batch_host(py, batch, block, &mut external),
             #[cfg(feature = "cuda")]
-            Device::Cuda(ordinal) => {
+            (Device::Cuda(ordinal), _) => {
                 crate::device::cuda::apply_batch(py, ordinal, batch, block, &mut |row, key| {
                     external(row, key).map_err(logits_processing_cuda::CudaError::from)
                 })
             }
-            other => Err(unsupported(other)),
+            (other, _) => Err(unsupported(other)),
         };
         if let Some((row, cause)) = failure {
             let error = new_err(

@@ -80,6 +80,36 @@ pub(crate) fn apply_batch_host(
     .py()
 }
 
+/// [`apply_batch_host`] reading `source` and writing `block` (one layout, no overlap, checked by
+/// the caller): each row read and written once, `source` left as it is.
+pub(crate) fn apply_batch_host_into(
+    py: Python<'_>,
+    batch: &mut Batch,
+    source: Block,
+    block: Block,
+    external: &mut (dyn FnMut(usize, u64) -> CoreResult<()> + Send),
+) -> PyResult<()> {
+    fn run<T: Logit>(
+        batch: &mut Batch,
+        source: Block,
+        block: Block,
+        external: &mut (dyn FnMut(usize, u64) -> CoreResult<()> + Send),
+    ) -> CoreResult<()> {
+        // SAFETY: as in `apply_batch_host`; the caller checked that the blocks do not overlap, so
+        // the shared and the exclusive slice never alias.
+        let (from, to) = unsafe { (source.slice_ref::<T>(), block.slice::<T>()) };
+        batch.apply_planned_into(from, to, block.layout(), &mut |row, key, _row_values| {
+            external(row, key)
+        })
+    }
+    py.detach(|| match block.dtype {
+        DType::F32 => run::<f32>(batch, source, block, external),
+        DType::F16 => run::<f16>(batch, source, block, external),
+        DType::BF16 => run::<bf16>(batch, source, block, external),
+    })
+    .py()
+}
+
 /// The GPU path, against the contract in `crates/cuda/src/lib.rs`.
 #[cfg(feature = "cuda")]
 pub(crate) mod cuda {

@@ -280,6 +280,16 @@ impl Block {
     /// Checks that `view` is logits of rank `rank` (1 for one row, 2 for a batch) that can be
     /// edited in place.
     pub fn from_view(view: &TensorView, rank: usize) -> PyResult<Self> {
+        Self::checked(view, rank, true)
+    }
+
+    /// [`Block::from_view`] for logits that are only read (the source of an out-of-place apply):
+    /// they may be read-only.
+    pub fn source_from_view(view: &TensorView, rank: usize) -> PyResult<Self> {
+        Self::checked(view, rank, false)
+    }
+
+    fn checked(view: &TensorView, rank: usize, written: bool) -> PyResult<Self> {
         let dtype = match (view.dtype.code, view.dtype.bits, view.dtype.lanes) {
             (DLDataTypeCode::FLOAT, 32, 1) => DType::F32,
             (DLDataTypeCode::FLOAT, 16, 1) => DType::F16,
@@ -305,7 +315,7 @@ impl Block {
                 format!("logits must be {expected}, got shape {}", view.shape_text()),
             ));
         }
-        if view.read_only {
+        if written && view.read_only {
             return Err(new_err(
                 Kind::ReadOnly,
                 "logits are read-only; they are edited in place",
@@ -362,6 +372,28 @@ impl Block {
     /// Elements from the first to one past the last that the block covers.
     pub fn len(&self) -> usize {
         self.layout().required_len(self.vocab)
+    }
+
+    /// Whether the bytes the two blocks cover share any address.
+    pub fn overlaps(&self, other: &Block) -> bool {
+        let span = |b: &Block| {
+            let start = b.data as usize;
+            start..start + b.len() * b.dtype.size()
+        };
+        let (a, b) = (span(self), span(other));
+        a.start < b.end && b.start < a.end
+    }
+
+    /// The block as a shared slice of `T`, for reading only.
+    ///
+    /// # Safety
+    /// As for [`Block::slice`], except that others may read the memory meanwhile.
+    pub unsafe fn slice_ref<'a, T>(&self) -> &'a [T] {
+        let len = self.len();
+        if len == 0 {
+            return &[];
+        }
+        std::slice::from_raw_parts(self.data as *const T, len)
     }
 
     /// The block as a slice of `T`.

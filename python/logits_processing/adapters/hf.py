@@ -107,8 +107,13 @@ class HFLogitsProcessor(LogitsProcessor):
         if self._batch is None or rows != self._rows or length <= self._last_len:
             self._start(rows, length, scores.shape[-1])
         self._last_len = length
-        processed = scores.clone()
-        self._batch.apply(processed, input_ids)
+        processed = torch.empty_like(scores)
+        if scores.is_cuda or processed.stride() != scores.stride():
+            processed.copy_(scores)
+            self._batch.apply(processed, input_ids)
+        else:
+            # One pass: each logit is read from `scores` and written to `processed` once.
+            self._batch.apply(scores, input_ids, out=processed)
         return processed
 
 
