@@ -13,8 +13,10 @@ const WORD_LEVEL: &str = r#"{
             "vocab": {"</s>": 0, "Hello": 1, "world": 2, "!": 3, "<think>": 4, "</think>": 5, "[UNK]": 6}}
 }"#;
 
-fn word_level_dir() -> std::path::PathBuf {
-    let dir = std::env::temp_dir().join(format!("lp-tokenizer-{}", std::process::id()));
+/// A directory of its own per test (tests run in parallel and would read each other's half-written
+/// files otherwise).
+fn word_level_dir(test: &str) -> std::path::PathBuf {
+    let dir = std::env::temp_dir().join(format!("lp-tokenizer-{}-{test}", std::process::id()));
     std::fs::create_dir_all(&dir).unwrap();
     std::fs::write(dir.join("tokenizer.json"), WORD_LEVEL).unwrap();
     std::fs::write(
@@ -27,7 +29,7 @@ fn word_level_dir() -> std::path::PathBuf {
 
 #[test]
 fn hello_world_forces_the_encoding_then_eos() {
-    let path = word_level_dir().join("tokenizer.json");
+    let path = word_level_dir("hello").join("tokenizer.json");
     let tokenizer = load(&path).unwrap();
     let eos = eos_token_id_from_config(&tokenizer, &path);
     assert_eq!(eos, Some(0));
@@ -45,7 +47,7 @@ fn hello_world_forces_the_encoding_then_eos() {
 
 #[test]
 fn lookup_declines_a_newline_that_is_not_one_token() {
-    let tokenizer = load(word_level_dir().join("tokenizer.json")).unwrap();
+    let tokenizer = load(word_level_dir("lookup").join("tokenizer.json")).unwrap();
     // The whitespace pre-tokenizer drops "\n", so it encodes to no token at all.
     assert_eq!(
         get_thinking_token_config("word-level-test", Some(&tokenizer)),
