@@ -105,12 +105,17 @@ impl Batch {
         Ok(self.rows[row].replace(pipeline))
     }
 
-    /// Takes the request at `row` out of the batch.
-    pub fn remove(&mut self, row: usize) -> Option<Pipeline> {
-        let removed = self.rows.get_mut(row)?.take();
+    /// Drops the empty slots past the last request.
+    fn trim(&mut self) {
         while matches!(self.rows.last(), Some(None)) {
             self.rows.pop();
         }
+    }
+
+    /// Takes the request at `row` out of the batch.
+    pub fn remove(&mut self, row: usize) -> Option<Pipeline> {
+        let removed = self.rows.get_mut(row)?.take();
+        self.trim();
         removed
     }
 
@@ -136,9 +141,7 @@ impl Batch {
         let len = self.rows.len().max(a + 1).max(b + 1);
         self.rows.resize_with(len, || None);
         self.rows.swap(a, b);
-        while matches!(self.rows.last(), Some(None)) {
-            self.rows.pop();
-        }
+        self.trim();
     }
 
     /// Checks the block's shape: every row holding a request must lie in it.
@@ -281,9 +284,7 @@ impl Batch {
                 }
             }
         }
-        while matches!(self.rows.last(), Some(None)) {
-            self.rows.pop();
-        }
+        self.trim();
         result
     }
 
