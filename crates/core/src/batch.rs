@@ -1,5 +1,7 @@
 //! The engine-facing object: one pipeline per row of a `[rows, vocab]` block, edited in one call.
 
+use std::collections::BTreeMap;
+
 use rayon::prelude::*;
 
 use crate::error::{Error, Result};
@@ -7,6 +9,7 @@ use crate::history::TokenHistory;
 use crate::logit::Logit;
 use crate::pipeline::Pipeline;
 use crate::plan::Fill;
+use crate::raw::RawRow;
 
 /// Blocks at least this large have their forced rows filled with streaming stores: they cannot
 /// stay in cache anyway (see `Fill::Streaming`).
@@ -46,6 +49,12 @@ impl BatchLayout {
 /// removed, moved, two rows swapped), and one call per step that edits every row: rows in
 /// parallel, each row in one pass. Rows with no request are left untouched.
 ///
+/// A step is all or nothing: when [`Batch::plan`] or [`Batch::apply_planned`] fails in any row
+/// (an id that is not a token id, a plan naming a token outside the vocab, a failing external
+/// step), every row's logits and every processor's state are as they were before the step, and
+/// the error says which row failed ([`Error::InRow`]). Row indices are keys, not positions in a
+/// vector: any `usize` is a valid row, and nothing is allocated in proportion to one.
+///
 /// ```
 /// use logits_processing::{parse_pipeline, Batch, BatchLayout, Pipeline, SpecContext, TokenHistory};
 /// let vocab = 4;
@@ -64,14 +73,14 @@ impl BatchLayout {
 #[derive(Debug)]
 pub struct Batch {
     vocab_size: usize,
-    rows: Vec<Option<Pipeline>>,
+    rows: BTreeMap<usize, Pipeline>,
 }
 
 impl Batch {
     pub fn new(vocab_size: usize) -> Self {
         Self {
             vocab_size,
-            rows: vec![],
+            rows: BTreeMap::new(),
         }
     }
 
@@ -81,42 +90,29 @@ impl Batch {
 
     /// How many rows hold a request.
     pub fn occupied(&self) -> usize {
-        self.rows.iter().flatten().count()
+        self.rows.len()
     }
 
     pub fn get(&self, row: usize) -> Option<&Pipeline> {
-        self.rows.get(row)?.as_ref()
+        self.rows.get(&row)
     }
 
     pub fn get_mut(&mut self, row: usize) -> Option<&mut Pipeline> {
-        self.rows.get_mut(row)?.as_mut()
+        self.rows.get_mut(&row)
     }
 
     /// Puts a new request's pipeline at `row`, replacing (and returning) what was there. Every
     /// token id the pipeline can name is checked against the vocab first.
     pub fn add(&mut self, row: usize, pipeline: Pipeline) -> Result<Option<Pipeline>> {
-        pipeline.validate(self.vocab_size).map_err(|e| Error::Row {
-            row,
-            message: e.to_string(),
-        })?;
-        if self.rows.len() <= row {
-            self.rows.resize_with(row + 1, || None);
-        }
-        Ok(self.rows[row].replace(pipeline))
-    }
-
-    /// Drops the empty slots past the last request.
-    fn trim(&mut self) {
-        while matches!(self.rows.last(), Some(None)) {
-            self.rows.pop();
-        }
+        pipeline
+            .validate(self.vocab_size)
+            .map_err(|e| e.in_row(row))?;
+        Ok(self.rows.insert(row, pipeline))
     }
 
     /// Takes the request at `row` out of the batch.
     pub fn remove(&mut self, row: usize) -> Option<Pipeline> {
-        let removed = self.rows.get_mut(row)?.take();
-        self.trim();
-        removed
+        self.rows.remove(&row)
     }
 
     /// Moves the request at `from` to `to` (vLLM's unidirectional move); what was at `to` is
@@ -125,23 +121,22 @@ impl Batch {
         if from == to {
             return None;
         }
-        let moving = self.remove(from);
-        let replaced = self.remove(to);
-        if let Some(pipeline) = moving {
-            if self.rows.len() <= to {
-                self.rows.resize_with(to + 1, || None);
-            }
-            self.rows[to] = Some(pipeline);
+        match self.rows.remove(&from) {
+            Some(pipeline) => self.rows.insert(to, pipeline),
+            None => self.rows.remove(&to),
         }
-        replaced
     }
 
     /// Swaps the requests at `a` and `b`.
     pub fn swap_rows(&mut self, a: usize, b: usize) {
-        let len = self.rows.len().max(a + 1).max(b + 1);
-        self.rows.resize_with(len, || None);
-        self.rows.swap(a, b);
-        self.trim();
+        let at_a = self.rows.remove(&a);
+        let at_b = self.rows.remove(&b);
+        if let Some(p) = at_a {
+            self.rows.insert(b, p);
+        }
+        if let Some(p) = at_b {
+            self.rows.insert(a, p);
+        }
     }
 
     /// Checks the block's shape: every row holding a request must lie in it.
@@ -152,14 +147,26 @@ impl Batch {
                 layout.row_stride, self.vocab_size
             )));
         }
-        let required = layout.required_len(self.vocab_size);
+        let required = layout
+            .rows
+            .checked_sub(1)
+            .map_or(Some(0), |last| {
+                last.checked_mul(layout.row_stride)?
+                    .checked_add(self.vocab_size)
+            })
+            .ok_or_else(|| {
+                Error::Shape(format!(
+                    "{} rows of stride {} overflow",
+                    layout.rows, layout.row_stride
+                ))
+            })?;
         if len < required {
             return Err(Error::Shape(format!(
                 "{} rows of stride {} and vocab {} need {required} elements, the buffer has {len}",
                 layout.rows, layout.row_stride, self.vocab_size
             )));
         }
-        if let Some(row) = (layout.rows..self.rows.len()).find(|&r| self.rows[r].is_some()) {
+        if let Some((&row, _)) = self.rows.range(layout.rows..).next() {
             return Err(Error::Row {
                 row,
                 message: format!(
@@ -172,66 +179,103 @@ impl Batch {
     }
 
     /// Plans every occupied row from its ids (`histories[row]`); the first phase of
-    /// [`Batch::apply`]. Cheap: each processor reads only the ids new since its last step.
+    /// [`Batch::apply`]. Cheap: each processor reads only the ids new since its last step. Every
+    /// plan is then checked against the vocab. On error no processor's state has changed.
     pub fn plan(&mut self, histories: &[&dyn TokenHistory]) -> Result<()> {
-        for (row, pipeline) in self.rows.iter_mut().enumerate() {
-            if let Some(pipeline) = pipeline {
-                let ids = histories.get(row).ok_or_else(|| Error::Row {
+        let vocab = self.vocab_size;
+        let mut failed = None;
+        for (&row, pipeline) in self.rows.iter_mut() {
+            let planned = match histories.get(row) {
+                Some(ids) => pipeline.plan(*ids),
+                None => Err(Error::Row {
                     row,
                     message: format!("no token ids given ({} histories)", histories.len()),
-                })?;
-                pipeline.plan(*ids)?;
+                }),
+            };
+            if let Err(error) = planned {
+                failed = Some((row, error));
+                break;
             }
         }
-        Ok(())
+        if failed.is_none() {
+            failed = self
+                .rows
+                .iter()
+                .find_map(|(&row, p)| p.validate_plans(vocab).err().map(|e| (row, e)));
+            if failed.is_some() {
+                self.undo_rows(usize::MAX);
+            }
+        } else if let Some((row, _)) = failed {
+            self.undo_rows(row);
+        }
+        match failed {
+            Some((row, error)) => Err(error.in_row(row)),
+            None => Ok(()),
+        }
     }
 
-    /// Applies the last plans to the block; the second phase of [`Batch::apply`]. Rows without
-    /// external steps run in parallel; rows with them run after, on this thread, calling
-    /// `external(row, key, logits_row)` for each external step in its place.
+    /// Takes back the last successful [`Batch::plan`] (for a caller that will not apply it):
+    /// every processor's state is again what it was before.
+    pub fn undo_plan(&mut self) {
+        self.undo_rows(usize::MAX);
+    }
+
+    /// Undoes the plans of the rows before `end`.
+    fn undo_rows(&mut self, end: usize) {
+        for pipeline in self.rows.range_mut(..end).map(|(_, p)| p) {
+            pipeline.undo();
+        }
+    }
+
+    /// Applies the last plans to the block; the second phase of [`Batch::apply`]. Rows with
+    /// external steps run first, on this thread, calling `external(row, key, logits_row)` for
+    /// each external step in its place; then the other rows in parallel. When an external step
+    /// fails, the rows it and the steps before it edited are restored and every plan is undone.
     pub fn apply_planned<T: Logit>(
         &mut self,
         logits: &mut [T],
         layout: BatchLayout,
         external: &mut ExternalCall<'_, T>,
     ) -> Result<()> {
-        self.check_layout(logits.len(), layout)?;
+        let stride = layout.row_stride;
         let vocab = self.vocab_size;
-        if layout.rows == 0 || vocab == 0 {
-            return Ok(());
+        let base = logits.as_mut_ptr();
+        // SAFETY: the block is borrowed for the whole call; each external step's row slice is made
+        // while no other reference to that row is alive.
+        unsafe {
+            self.apply_planned_raw(base, logits.len(), layout, &mut |row, key| {
+                let start = row * stride;
+                external(
+                    row,
+                    key,
+                    std::slice::from_raw_parts_mut(base.add(start), vocab),
+                )
+            })
         }
-        let block = &mut logits[..layout.required_len(vocab)];
-        let fill = if std::mem::size_of_val(block) >= STREAMING_MIN_BYTES {
-            Fill::Streaming
-        } else {
-            Fill::Cached
-        };
-        block
-            .par_chunks_mut(layout.row_stride)
-            .zip(self.rows.par_iter_mut())
-            .for_each(|(row, pipeline)| {
-                if let Some(pipeline) = pipeline.as_mut().filter(|p| !p.has_external()) {
-                    // Built-in stages never fail once validated.
-                    let _ = pipeline.apply_stages(&mut row[..vocab], fill, &mut |_, _| Ok(()));
-                }
-            });
-        for (index, (row, pipeline)) in block
-            .chunks_mut(layout.row_stride)
-            .zip(self.rows.iter_mut())
-            .enumerate()
-        {
-            if let Some(pipeline) = pipeline.as_mut().filter(|p| p.has_external()) {
-                pipeline
-                    .apply_planned(&mut row[..vocab], &mut |key, row| external(index, key, row))?;
-            }
-        }
-        Ok(())
+    }
+
+    /// [`Batch::apply_planned`] on a block given by address, for callers whose external steps
+    /// write the rows through pointers of their own (a Python processor writing its tensor): no
+    /// Rust reference to a row is alive while `external(row, key)` runs.
+    ///
+    /// # Safety
+    /// `logits` must be valid for reads and writes of `len` elements for the whole call, and
+    /// nothing but `external` (during its calls) may access them meanwhile.
+    pub unsafe fn apply_planned_raw<T: Logit>(
+        &mut self,
+        logits: *mut T,
+        len: usize,
+        layout: BatchLayout,
+        external: &mut dyn FnMut(usize, u64) -> Result<()>,
+    ) -> Result<()> {
+        self.check_layout(len, layout)?;
+        self.run(None, logits, len, layout, external)
     }
 
     /// [`Batch::apply_planned`] reading `src` and writing `dst`, two blocks of one layout, `src`
     /// left as it is (HF transformers' rule for processors): each row is read and written once,
     /// where a copy and an edit in place would make two passes. Rows without a request are
-    /// copied. On a shape error nothing is written.
+    /// copied. On error nothing is written.
     pub fn apply_planned_into<T: Logit>(
         &mut self,
         src: &[T],
@@ -239,57 +283,136 @@ impl Batch {
         layout: BatchLayout,
         external: &mut ExternalCall<'_, T>,
     ) -> Result<()> {
-        self.check_layout(src.len(), layout)?;
-        self.check_layout(dst.len(), layout)?;
+        let (stride, vocab) = (layout.row_stride, self.vocab_size);
+        let base = dst.as_mut_ptr();
+        // SAFETY: as in `apply_planned`; `src` and `dst` are two borrows, so they do not overlap.
+        unsafe {
+            self.apply_planned_into_raw(
+                src.as_ptr(),
+                src.len(),
+                base,
+                dst.len(),
+                layout,
+                &mut |row, key| {
+                    external(
+                        row,
+                        key,
+                        std::slice::from_raw_parts_mut(base.add(row * stride), vocab),
+                    )
+                },
+            )
+        }
+    }
+
+    /// [`Batch::apply_planned_into`] on blocks given by address (see
+    /// [`Batch::apply_planned_raw`]).
+    ///
+    /// # Safety
+    /// As for [`Batch::apply_planned_raw`], for `dst`; `src` must be valid for reads of
+    /// `src_len` elements and must not overlap `dst`.
+    pub unsafe fn apply_planned_into_raw<T: Logit>(
+        &mut self,
+        src: *const T,
+        src_len: usize,
+        dst: *mut T,
+        dst_len: usize,
+        layout: BatchLayout,
+        external: &mut dyn FnMut(usize, u64) -> Result<()>,
+    ) -> Result<()> {
+        self.check_layout(src_len, layout)?;
+        self.check_layout(dst_len, layout)?;
+        self.run(Some(src), dst, dst_len, layout, external)
+    }
+
+    /// The shared body of the applies: external rows first (restorable), then the rest in
+    /// parallel (they cannot fail once planned and validated).
+    unsafe fn run<T: Logit>(
+        &mut self,
+        src: Option<*const T>,
+        dst: *mut T,
+        len: usize,
+        layout: BatchLayout,
+        external: &mut dyn FnMut(usize, u64) -> Result<()>,
+    ) -> Result<()> {
         let vocab = self.vocab_size;
         if layout.rows == 0 || vocab == 0 {
             return Ok(());
         }
-        let len = layout.required_len(vocab);
-        let (src, dst) = (&src[..len], &mut dst[..len]);
-        // One slot per row of the block, so that rows without a request are visited (and copied).
-        if self.rows.len() < layout.rows {
-            self.rows.resize_with(layout.rows, || None);
-        }
-        dst.par_chunks_mut(layout.row_stride)
-            .zip(src.par_chunks(layout.row_stride))
-            .zip(self.rows.par_iter_mut())
-            .for_each(|((to, from), pipeline)| match pipeline {
-                Some(pipeline) if pipeline.has_external() => {}
-                Some(pipeline) => {
-                    // Built-in stages never fail once validated.
-                    let _ = pipeline.apply_stages_into(
-                        &from[..vocab],
-                        &mut to[..vocab],
-                        &mut |_, _| Ok(()),
-                    );
-                }
-                None => to[..vocab].copy_from_slice(&from[..vocab]),
-            });
-        let mut result = Ok(());
-        for (index, ((to, from), pipeline)) in dst
-            .chunks_mut(layout.row_stride)
-            .zip(src.chunks(layout.row_stride))
-            .zip(self.rows.iter_mut())
-            .enumerate()
-        {
-            if let Some(pipeline) = pipeline.as_mut().filter(|p| p.has_external()) {
-                result = pipeline.apply_stages_into(
-                    &from[..vocab],
-                    &mut to[..vocab],
-                    &mut |key, row| external(index, key, row),
-                );
-                if result.is_err() {
-                    break;
-                }
+        let fill = if len.saturating_mul(std::mem::size_of::<T>()) >= STREAMING_MIN_BYTES {
+            Fill::Streaming
+        } else {
+            Fill::Cached
+        };
+        let (dst, src) = (
+            RawRow::new(dst, len),
+            src.map(|s| RawRow::new(s as *mut T, len)),
+        );
+        let row_at = |row: usize| dst.part(row * layout.row_stride, vocab);
+        let source_at = |row: usize| src.map(|s| s.part(row * layout.row_stride, vocab));
+
+        // Rows with external steps: each saved before it is touched, so a failure can restore it.
+        let mut saved: Vec<(usize, Vec<T>)> = vec![];
+        let mut failure = None;
+        for (&row, pipeline) in self.rows.iter_mut().filter(|(_, p)| p.has_external()) {
+            saved.push((row, row_at(row).slice().to_vec()));
+            let result =
+                pipeline.apply_raw(source_at(row), row_at(row), Fill::Cached, &mut |key| {
+                    external(row, key)
+                });
+            if let Err(error) = result {
+                failure = Some(error.in_row(row));
+                break;
             }
         }
-        self.trim();
-        result
+        if let Some(error) = failure {
+            for (row, values) in saved {
+                row_at(row).slice().copy_from_slice(&values);
+            }
+            self.undo_plan();
+            return Err(error);
+        }
+
+        let mut work: Vec<(usize, Option<&mut Pipeline>)> = match src {
+            // Out of place, every row of the block is written: rows without a request copied.
+            Some(_) => {
+                let mut pipelines = self.rows.iter_mut().peekable();
+                let mut work = Vec::with_capacity(layout.rows);
+                for row in 0..layout.rows {
+                    match pipelines.next_if(|(&r, _)| r == row) {
+                        Some((_, p)) if p.has_external() => {}
+                        Some((_, p)) => work.push((row, Some(p))),
+                        None => work.push((row, None)),
+                    }
+                }
+                work
+            }
+            None => self
+                .rows
+                .iter_mut()
+                .filter(|(_, p)| !p.has_external() && !p.is_empty())
+                .map(|(&row, p)| (row, Some(p)))
+                .collect(),
+        };
+        work.par_iter_mut().for_each(|(row, pipeline)| {
+            let (to, from) = (row_at(*row), source_at(*row));
+            match pipeline {
+                // SAFETY (for the whole closure): rows of the block are disjoint and each is
+                // handled by one task; built-in stages never fail once validated.
+                Some(pipeline) => {
+                    let _ = pipeline.apply_raw(from, to, fill, &mut |_| Ok(()));
+                }
+                None => {
+                    if let Some(from) = from {
+                        to.slice().copy_from_slice(from.slice());
+                    }
+                }
+            }
+        });
+        Ok(())
     }
 
-    /// Edits every occupied row of `logits` with its pipeline, given each row's ids so far. On a
-    /// shape error nothing is edited. A batch with no external steps cannot fail past the checks.
+    /// Edits every occupied row of `logits` with its pipeline, given each row's ids so far. On
+    /// any error nothing is edited and no processor's state changes.
     pub fn apply<T: Logit>(
         &mut self,
         logits: &mut [T],
@@ -297,21 +420,20 @@ impl Batch {
         histories: &[&dyn TokenHistory],
     ) -> Result<()> {
         self.check_layout(logits.len(), layout)?;
-        self.plan(histories)?;
-        self.apply_planned(logits, layout, &mut |row, key, _| {
-            Err(Error::Row {
+        if let Some((&row, _)) = self.rows.iter().find(|(_, p)| p.has_external()) {
+            return Err(Error::Row {
                 row,
-                message: format!("external step {key} needs a callback; use apply_planned"),
-            })
-        })
+                message: "has external steps, which need a callback; use plan and apply_planned"
+                    .into(),
+            });
+        }
+        self.plan(histories)?;
+        self.apply_planned(logits, layout, &mut |_, _, _| Ok(()))
     }
 
-    /// Every row index holding a request, with its pipeline.
+    /// Every row index holding a request, with its pipeline, in row order.
     pub fn iter(&self) -> impl Iterator<Item = (usize, &Pipeline)> {
-        self.rows
-            .iter()
-            .enumerate()
-            .filter_map(|(i, p)| Some((i, p.as_ref()?)))
+        self.rows.iter().map(|(&row, p)| (row, p))
     }
 }
 
@@ -433,7 +555,7 @@ mod tests {
         ))]);
         assert!(matches!(
             batch.add(0, too_big),
-            Err(Error::Row { row: 0, .. })
+            Err(Error::InRow { row: 0, .. })
         ));
         batch.add(2, pipeline_of(1, 3)).unwrap();
         let ids: [&dyn TokenHistory; 3] = [&[0u32; 0], &[0u32; 0], &[0u32; 0]];
@@ -484,5 +606,146 @@ mod tests {
             .unwrap();
         assert_eq!(seen, [(0, 7, 4.0)]);
         assert_eq!(logits, [25.0, 1.0, 1.0, 1.0]);
+    }
+
+    /// A processor that fails when it sees a given id, or plans a token outside the vocab (and
+    /// does not say so in `max_token_id`).
+    #[derive(Debug)]
+    struct Faulty {
+        fail_on: u32,
+        out_of_vocab_on: u32,
+    }
+
+    impl crate::LogitsProcessor for Faulty {
+        fn plan(&mut self, ids: &dyn TokenHistory, plan: &mut crate::RowPlan) -> Result<()> {
+            match ids.last_token() {
+                Some(id) if id == self.fail_on => Err(Error::External("faulty".into())),
+                Some(id) if id == self.out_of_vocab_on => {
+                    plan.push(crate::Edit::Ban {
+                        token: VOCAB as u32 + 3,
+                    });
+                    Ok(())
+                }
+                _ => Ok(()),
+            }
+        }
+        fn undo(&mut self) {}
+    }
+
+    fn with_faulty(kind: u8, seed: u32) -> Pipeline {
+        let mut steps = vec![];
+        steps.push(Step::Processor(Box::new(Faulty {
+            fail_on: 100,
+            out_of_vocab_on: 101,
+        })
+            as Box<dyn crate::LogitsProcessor>));
+        steps.extend(pipeline_of(kind, seed).into_steps());
+        steps.push(Step::Processor(Box::new(
+            ForcedSequence::new(vec![seed % 5, 3, 4], Some(0)).unwrap(),
+        )));
+        Pipeline::new(steps)
+    }
+
+    fn bits(values: &[f32]) -> Vec<u32> {
+        values.iter().map(|x| x.to_bits()).collect()
+    }
+
+    proptest! {
+        /// A step that fails in any row (a processor error, a plan outside the vocab, a failing
+        /// external step) leaves every row's logits as they were, and the following steps behave
+        /// as if it never happened (compared with a twin batch that never saw it).
+        #[test]
+        fn a_failed_step_changes_nothing(
+            kinds in proptest::collection::vec((0u8..8, 0u32..1000), 1..7),
+            failing_row in 0usize..7,
+            failure in 0u8..3,
+            steps_before in 0usize..3,
+        ) {
+            let rows = kinds.len();
+            let failing_row = failing_row % rows;
+            let layout = BatchLayout::contiguous(rows, VOCAB);
+            let make = || {
+                let mut batch = Batch::new(VOCAB);
+                for (r, &(kind, seed)) in kinds.iter().enumerate() {
+                    let mut pipeline = with_faulty(kind, seed);
+                    if r == failing_row {
+                        let mut steps = pipeline.into_steps();
+                        steps.insert(1, Step::External(7));
+                        pipeline = Pipeline::new(steps);
+                    }
+                    batch.add(r, pipeline).unwrap();
+                }
+                batch
+            };
+            let (mut batch, mut twin) = (make(), make());
+            let start: Vec<f32> = (0..rows * VOCAB).map(|i| (i % 23) as f32 - 11.0).collect();
+            let mut history: Vec<Vec<u32>> = vec![vec![9]; rows];
+            let mut external_fails = false;
+            let step = |batch: &mut Batch, history: &[Vec<u32>], fail: bool| {
+                let refs: Vec<&dyn TokenHistory> = history.iter().map(|h| h as &dyn TokenHistory).collect();
+                let mut logits = start.clone();
+                let result = batch.plan(&refs).and_then(|_| {
+                    batch.apply_planned(&mut logits, layout, &mut |_, _, row: &mut [f32]| {
+                        row[0] = 1234.0;
+                        if fail { Err(Error::External("user step".into())) } else { Ok(()) }
+                    })
+                });
+                (result, logits)
+            };
+            for s in 0..steps_before {
+                for h in history.iter_mut() { h.push(s as u32 % 5 + 5); }
+                let (a, la) = step(&mut batch, &history, false);
+                let (b, lb) = step(&mut twin, &history, false);
+                prop_assert!(a.is_ok() && b.is_ok());
+                prop_assert_eq!(bits(&la), bits(&lb));
+            }
+            // The failing step: only `batch` sees it.
+            let mut failing = history.clone();
+            match failure {
+                0 => failing[failing_row].push(100),
+                1 => failing[failing_row].push(101),
+                _ => external_fails = true,
+            }
+            let (result, logits) = step(&mut batch, &failing, external_fails);
+            match result {
+                Err(Error::InRow { row, .. }) => prop_assert_eq!(row, failing_row),
+                other => prop_assert!(false, "expected a row error, got {:?}", other),
+            }
+            prop_assert_eq!(bits(&logits), bits(&start));
+            // Then both go on from the same history: the same answers.
+            for s in 0..3 {
+                for h in history.iter_mut() { h.push(s as u32 + 5); }
+                let (a, la) = step(&mut batch, &history, false);
+                let (b, lb) = step(&mut twin, &history, false);
+                prop_assert!(a.is_ok() && b.is_ok());
+                prop_assert_eq!(bits(&la), bits(&lb));
+            }
+        }
+    }
+
+    #[test]
+    fn any_row_index_is_a_key_and_allocates_nothing_in_proportion() {
+        let mut batch = Batch::new(VOCAB);
+        batch.add(usize::MAX, pipeline_of(0, 1)).unwrap();
+        batch.add(1 << 40, pipeline_of(1, 1)).unwrap();
+        batch.swap_rows(usize::MAX, 3);
+        assert!(batch.get(3).is_some() && batch.get(usize::MAX).is_none());
+        assert!(batch.move_row(1 << 40, usize::MAX - 1).is_none());
+        assert_eq!(
+            batch.iter().map(|(r, _)| r).collect::<Vec<_>>(),
+            [3, usize::MAX - 1]
+        );
+        let mut logits = vec![1.0f32; 4 * VOCAB];
+        let ids: [&dyn TokenHistory; 4] = [&[0u32], &[0u32], &[0u32], &[0u32]];
+        let error = batch
+            .apply(&mut logits, BatchLayout::contiguous(4, VOCAB), &ids)
+            .unwrap_err();
+        assert!(matches!(error, Error::Row { row, .. } if row == usize::MAX - 1));
+        assert!(logits.iter().all(|&x| x == 1.0));
+        let huge = BatchLayout {
+            rows: usize::MAX,
+            row_stride: VOCAB,
+        };
+        assert!(matches!(batch.check_layout(10, huge), Err(Error::Shape(_))));
     }
 }

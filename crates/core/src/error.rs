@@ -51,6 +51,10 @@ pub enum Error {
     #[error("tokenizer: {0}")]
     Tokenizer(String),
 
+    /// A step of one batch row failed; `error` says how. The whole step was taken back.
+    #[error("row {row}: {error}")]
+    InRow { row: usize, error: Box<Error> },
+
     /// A user-supplied processor (outside this crate) failed.
     #[error("processor failed: {0}")]
     External(String),
@@ -64,6 +68,25 @@ impl Error {
         Error::InvalidSpec {
             field: field.into(),
             message: message.into(),
+        }
+    }
+
+    /// This error, as the failure of batch row `row` (kept as it is when it already names one).
+    pub fn in_row(self, row: usize) -> Self {
+        match self {
+            Error::InRow { .. } | Error::Row { .. } => self,
+            error => Error::InRow {
+                row,
+                error: Box::new(error),
+            },
+        }
+    }
+
+    /// The error without the row it happened in.
+    pub fn root(&self) -> &Error {
+        match self {
+            Error::InRow { error, .. } => error.root(),
+            error => error,
         }
     }
 

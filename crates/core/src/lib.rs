@@ -26,16 +26,18 @@ mod logit;
 mod pipeline;
 mod plan;
 pub mod processors;
+mod raw;
 pub mod spec;
 #[cfg(feature = "tokenizers")]
 pub mod tokenizer;
+mod truncation;
 
 pub use batch::{Batch, BatchLayout, ExternalCall};
 pub use error::{Error, Result};
 pub use history::TokenHistory;
 pub use logit::{DType, Logit};
 pub use pipeline::{Pipeline, Stage, Step};
-pub use plan::{Edit, ForcedValue, RowPlan};
+pub use plan::{Band, Bitmask, Edit, ForcedValue, MaskId, RowPlan, Truncation};
 pub use processors::{
     get_thinking_token_config, hello_world, process_row, register_thinking_token_config, BanTokens,
     ForcedSequence, LogitBias, LogitsProcessor, Position, Temperature, TextEncoder, ThinkingBudget,

@@ -5,6 +5,7 @@ use crate::history::TokenHistory;
 use crate::logit::Logit;
 use crate::plan::{Fill, RowPlan};
 use crate::processors::LogitsProcessor;
+use crate::raw::RawRow;
 use crate::spec::{ProcessorSpec, SpecContext};
 
 /// One step of a pipeline.
@@ -85,6 +86,10 @@ impl Pipeline {
         &self.steps
     }
 
+    pub fn into_steps(self) -> Vec<Step> {
+        self.steps
+    }
+
     pub fn len(&self) -> usize {
         self.steps.len()
     }
@@ -124,20 +129,49 @@ impl Pipeline {
         }
     }
 
-    /// Decides this step's edits from the ids, into [`Pipeline::stages`].
+    /// Decides this step's edits from the ids, into [`Pipeline::stages`]. On error every
+    /// processor's state is as it was before the call.
     pub fn plan(&mut self, ids: &dyn TokenHistory) -> Result<()> {
         for stage in &mut self.stages {
             if let Stage::Plan(plan) = stage {
                 plan.clear();
             }
         }
-        for (step, &stage) in self.steps.iter_mut().zip(&self.stage_of) {
-            if let (Step::Processor(processor), Stage::Plan(plan)) = (step, &mut self.stages[stage])
-            {
-                processor.plan(ids, plan)?;
+        for j in 0..self.steps.len() {
+            let (Step::Processor(processor), Stage::Plan(plan)) =
+                (&mut self.steps[j], &mut self.stages[self.stage_of[j]])
+            else {
+                continue;
+            };
+            if let Err(error) = processor.plan(ids, plan) {
+                self.undo_steps(j);
+                return Err(error);
             }
         }
         Ok(())
+    }
+
+    /// Takes back the last successful [`Pipeline::plan`]: every processor's state is again what
+    /// it was before it.
+    pub fn undo(&mut self) {
+        self.undo_steps(self.steps.len());
+    }
+
+    fn undo_steps(&mut self, planned: usize) {
+        for step in self.steps[..planned].iter_mut().rev() {
+            if let Step::Processor(processor) = step {
+                processor.undo();
+            }
+        }
+    }
+
+    /// Checks every token the last plan names against `vocab_size`, whatever the processors'
+    /// [`LogitsProcessor::max_token_id`] said.
+    pub fn validate_plans(&self, vocab_size: usize) -> Result<()> {
+        self.stages.iter().try_for_each(|stage| match stage {
+            Stage::Plan(plan) => plan.validate(vocab_size),
+            Stage::External(_) => Ok(()),
+        })
     }
 
     /// The stages as last planned.
@@ -146,52 +180,53 @@ impl Pipeline {
     }
 
     /// Applies the last plan to `row`, calling `external` for each external step in its place.
-    /// The plan must have been validated against the row's length ([`Pipeline::validate`]).
+    /// The plan must have been validated against the row's length
+    /// ([`Pipeline::validate_plans`]).
     pub fn apply_planned<T: Logit>(
         &mut self,
         row: &mut [T],
         external: &mut dyn FnMut(u64, &mut [T]) -> Result<()>,
     ) -> Result<()> {
-        self.apply_stages(row, Fill::Cached, external)
+        let raw = RawRow::of(row);
+        // SAFETY: `raw` comes from a slice borrowed for the whole call, and the external step's
+        // slice is made from it only while no other reference to the row is alive.
+        unsafe {
+            self.apply_raw(None, raw, Fill::Cached, &mut |key| {
+                external(key, raw.slice())
+            })
+        }
     }
 
-    pub(crate) fn apply_stages<T: Logit>(
+    /// The stages applied to the row at `dst`, reading `src` first when given (an out-of-place
+    /// apply: when the first stage is built-ins, one pass does the copy and the edit). No
+    /// reference to the row is alive while `external` runs.
+    ///
+    /// # Safety
+    /// `dst` (and `src`) must be valid for their length for the whole call, `src` must not overlap
+    /// `dst`, and nothing but `external` may access them meanwhile.
+    pub(crate) unsafe fn apply_raw<T: Logit>(
         &mut self,
-        row: &mut [T],
+        src: Option<RawRow<T>>,
+        dst: RawRow<T>,
         fill: Fill,
-        external: &mut dyn FnMut(u64, &mut [T]) -> Result<()>,
+        external: &mut dyn FnMut(u64) -> Result<()>,
     ) -> Result<()> {
-        for stage in &mut self.stages {
-            match stage {
-                Stage::Plan(plan) => plan.apply_validated(row, fill),
-                Stage::External(key) => external(*key, row)?,
+        let mut stages = self.stages.iter_mut();
+        if let Some(src) = src {
+            match stages.as_slice().first() {
+                Some(Stage::Plan(_)) => {
+                    let Some(Stage::Plan(plan)) = stages.next() else {
+                        unreachable!()
+                    };
+                    plan.apply_into_validated(src.slice(), dst.slice());
+                }
+                _ => dst.slice().copy_from_slice(src.slice()),
             }
         }
-        Ok(())
-    }
-
-    /// [`Pipeline::apply_planned`] reading `src` and writing `dst` (of the same length), `src`
-    /// left as it is: when the first stage is built-ins, one pass does the copy and the edit.
-    pub(crate) fn apply_stages_into<T: Logit>(
-        &mut self,
-        src: &[T],
-        dst: &mut [T],
-        external: &mut dyn FnMut(u64, &mut [T]) -> Result<()>,
-    ) -> Result<()> {
-        let first_is_plan = match self.stages.first_mut() {
-            Some(Stage::Plan(plan)) => {
-                plan.apply_into_validated(src, dst);
-                true
-            }
-            _ => {
-                dst.copy_from_slice(src);
-                false
-            }
-        };
-        for stage in &mut self.stages[usize::from(first_is_plan)..] {
+        for stage in stages {
             match stage {
-                Stage::Plan(plan) => plan.apply_validated(dst, Fill::Cached),
-                Stage::External(key) => external(*key, dst)?,
+                Stage::Plan(plan) => plan.apply_validated(dst.slice(), fill),
+                Stage::External(key) => external(*key)?,
             }
         }
         Ok(())
@@ -200,8 +235,17 @@ impl Pipeline {
     /// Plans and applies in one call, for a pipeline with no external steps. On error the row is
     /// as it was.
     pub fn process<T: Logit>(&mut self, ids: &dyn TokenHistory, row: &mut [T]) -> Result<()> {
+        if self.has_external() {
+            return Err(crate::Error::External(
+                "a pipeline with external steps needs a callback; use apply_planned".into(),
+            ));
+        }
         self.validate(row.len())?;
         self.plan(ids)?;
+        if let Err(error) = self.validate_plans(row.len()) {
+            self.undo();
+            return Err(error);
+        }
         self.apply_planned(row, &mut |key, _| {
             Err(crate::Error::External(format!(
                 "external step {key} needs a callback; use apply_planned"

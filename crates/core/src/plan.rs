@@ -1,8 +1,26 @@
 //! A row's plan: the edits a step decided on, applied to the row in one pass.
+//!
+//! Edits come in three shapes, and the pass treats each at its own cost:
+//! - *dense* edits change every logit the same way: [`Edit::Scale`] (temperature), [`Edit::Mask`]
+//!   (a packed bitmask of allowed tokens) and [`Edit::Truncate`] (top-k, top-p, ...; resolved to a
+//!   band of kept values by one extra read of the row). They run over the row in cache-sized
+//!   chunks, all of them on a chunk before the next, so each logit is read and written once.
+//! - *sparse* edits name one token: [`Edit::Ban`], [`Edit::Bias`], [`Edit::Penalty`]. They are
+//!   sorted by token once (`O(e log e)`, linear for the sorted runs processors push), and each
+//!   touched token's final value is computed once from its original, with the dense edits
+//!   between them in their order.
+//! - [`Edit::Force`] keeps one token: the row is filled with `-inf` unread and the one survivor
+//!   computed on its own.
+//!
+//! The result is bit for bit that of applying each edit to the whole row in turn, in the row's
+//! element type (a property test checks every mix and order).
+
+use std::any::Any;
 
 use crate::error::{check_token, Result};
 use crate::kernels;
 use crate::logit::Logit;
+pub use crate::truncation::{Band, Truncation};
 
 /// What a forced token's logit becomes.
 #[derive(Debug, Clone, Copy, PartialEq)]
@@ -13,7 +31,12 @@ pub enum ForcedValue {
     Set(f32),
 }
 
-/// One edit of a row. A plan applies its edits in order, each with the meaning it has alone.
+/// A bitmask held by a plan ([`RowPlan::push_mask`]).
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct MaskId(u32);
+
+/// One edit of a row. A plan applies its edits in order, each with the meaning it has alone; the
+/// meaning of each is [`Edit::value`].
 #[derive(Debug, Clone, Copy, PartialEq)]
 pub enum Edit {
     /// Every logit becomes `logit / temperature`.
@@ -24,52 +47,138 @@ pub enum Edit {
     Ban { token: u32 },
     /// `bias` is added to `token`'s logit.
     Bias { token: u32, bias: f32 },
+    /// `token`'s logit is divided by `penalty` when it is positive (or zero) and multiplied by it
+    /// when negative: transformers' repetition penalty.
+    Penalty { token: u32, penalty: f32 },
+    /// Every logit whose bit is clear in the mask becomes `-inf`.
+    Mask(MaskId),
+    /// Every logit outside the band the rule keeps (computed over the row as it stands here)
+    /// becomes `-inf`.
+    Truncate(Truncation),
 }
 
 impl Edit {
-    /// The token a sparse edit names, `None` for an edit of the whole row.
+    /// The token an edit names, `None` for an edit of the whole row.
     pub fn token(&self) -> Option<u32> {
         match *self {
-            Edit::Scale { .. } => None,
-            Edit::Force { token, .. } | Edit::Ban { token } | Edit::Bias { token, .. } => {
-                Some(token)
-            }
+            Edit::Force { token, .. }
+            | Edit::Ban { token }
+            | Edit::Bias { token, .. }
+            | Edit::Penalty { token, .. } => Some(token),
+            Edit::Scale { .. } | Edit::Mask(_) | Edit::Truncate(_) => None,
         }
     }
 
-    /// This edit applied to the logit at `index` whose value is `value`.
+    /// Whether the edit names one token and leaves the others alone.
+    pub fn is_sparse(&self) -> bool {
+        matches!(
+            self,
+            Edit::Ban { .. } | Edit::Bias { .. } | Edit::Penalty { .. }
+        )
+    }
+
+    /// The value the logit at `index`, of value `x`, takes under this edit, before rounding to
+    /// the row's element type. `allowed` says whether a mask allows `index`; `band` is a
+    /// truncation's resolved band. The one definition of each edit's meaning: the fused pass,
+    /// the GPU kernel's host emulation and the tests all use it.
     #[inline]
-    fn apply_at<T: Logit>(&self, index: usize, value: T) -> T {
+    pub fn value(&self, index: usize, x: f32, allowed: impl Fn(MaskId) -> bool, band: Band) -> f32 {
         let here = |token: u32| token as usize == index;
         match *self {
-            Edit::Scale { temperature } => T::from_f32(value.to_f32() / temperature),
-            Edit::Force { token, value: kept } if here(token) => match kept {
-                ForcedValue::Keep => T::from_f32(value.to_f32() + 0.0),
-                ForcedValue::Set(v) => T::from_f32(v),
+            Edit::Scale { temperature } => x / temperature,
+            Edit::Force { token, value } if here(token) => match value {
+                ForcedValue::Keep => x + 0.0,
+                ForcedValue::Set(v) => v,
             },
-            Edit::Force { .. } => T::NEG_INFINITY,
-            Edit::Ban { token } if here(token) => T::NEG_INFINITY,
-            Edit::Bias { token, bias } if here(token) => T::from_f32(value.to_f32() + bias),
-            Edit::Ban { .. } | Edit::Bias { .. } => value,
+            Edit::Force { .. } => f32::NEG_INFINITY,
+            Edit::Ban { token } if here(token) => f32::NEG_INFINITY,
+            Edit::Bias { token, bias } if here(token) => x + bias,
+            Edit::Penalty { token, penalty } if here(token) => {
+                if x < 0.0 {
+                    x * penalty
+                } else {
+                    x / penalty
+                }
+            }
+            Edit::Ban { .. } | Edit::Bias { .. } | Edit::Penalty { .. } => x,
+            Edit::Mask(mask) if allowed(mask) => x,
+            Edit::Mask(_) => f32::NEG_INFINITY,
+            Edit::Truncate(_) if band.removes(x) => f32::NEG_INFINITY,
+            Edit::Truncate(_) => x,
         }
     }
 }
 
+/// A packed bitmask: bit `i % 32` of word `i / 32` set means token `i` is allowed (the layout
+/// llguidance and xgrammar use). Tokens past the last word are allowed when `beyond_allowed`.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct Bitmask<'a> {
+    pub words: &'a [u32],
+    pub beyond_allowed: bool,
+}
+
+impl Bitmask<'_> {
+    #[inline]
+    pub fn allows(&self, index: usize) -> bool {
+        match self.words.get(index / 32) {
+            Some(word) => word >> (index % 32) & 1 == 1,
+            None => self.beyond_allowed,
+        }
+    }
+}
+
+#[derive(Debug, Clone, Copy, PartialEq)]
+struct MaskSpan {
+    start: usize,
+    len: usize,
+    beyond_allowed: bool,
+}
+
 /// The edits one row gets in one step, in order. Processors add to it; [`RowPlan::apply`] carries
-/// it out in one pass over the row:
-/// - with a `Force` anywhere, the row is filled with `-inf` (write only) and the one surviving
-///   logit is computed on its own;
-/// - otherwise each `Scale` is one pass (usually there is one), and the sparse edits (`Ban`,
-///   `Bias`) touch only their tokens.
+/// it out in one pass over the row (see the module's documentation for the cost of each edit).
 ///
-/// The result equals applying each edit to the whole row in turn (a property test checks it).
 /// Non-finite inputs are the one deliberate difference from the reference: a forced row's other
 /// logits become `-inf` even where they were NaN or `+inf` (the reference's mask add leaves NaN).
-#[derive(Debug, Clone, Default, PartialEq)]
+#[derive(Default)]
 pub struct RowPlan {
     edits: Vec<Edit>,
-    // Reused between steps: the original values of the tokens that sparse edits touch.
-    originals: Vec<(u32, f32)>,
+    mask_words: Vec<u32>,
+    masks: Vec<MaskSpan>,
+    // Work space, reused between steps: the truncations' bands (by edit index), the sparse edits
+    // sorted by token, the touched tokens' original values, and a copy of the row for truncation.
+    bands: Vec<(usize, Band)>,
+    touched: Vec<(u32, u32)>,
+    originals: Vec<f32>,
+    dense: Vec<usize>,
+    scratch: Option<Box<dyn Any + Send + Sync>>,
+    values: Vec<f32>,
+    selection: Vec<(f32, f32)>,
+}
+
+impl Clone for RowPlan {
+    fn clone(&self) -> Self {
+        Self {
+            edits: self.edits.clone(),
+            mask_words: self.mask_words.clone(),
+            masks: self.masks.clone(),
+            ..Self::default()
+        }
+    }
+}
+
+impl PartialEq for RowPlan {
+    fn eq(&self, other: &Self) -> bool {
+        self.edits == other.edits && self.masks().eq(other.masks())
+    }
+}
+
+impl std::fmt::Debug for RowPlan {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_struct("RowPlan")
+            .field("edits", &self.edits)
+            .field("masks", &self.masks.len())
+            .finish()
+    }
 }
 
 impl RowPlan {
@@ -77,17 +186,59 @@ impl RowPlan {
         Self::default()
     }
 
-    /// Forgets all edits, keeping the allocation.
+    /// Forgets all edits and masks, keeping the allocations.
     pub fn clear(&mut self) {
         self.edits.clear();
+        self.masks.clear();
+        self.mask_words.clear();
     }
 
+    /// Adds an edit. A [`Edit::Mask`] must name a mask of this plan ([`RowPlan::push_mask`]).
     pub fn push(&mut self, edit: Edit) {
+        if let Edit::Mask(MaskId(id)) = edit {
+            assert!((id as usize) < self.masks.len(), "a mask of another plan");
+        }
         self.edits.push(edit);
+    }
+
+    /// Adds a mask edit from packed words (see [`Bitmask`]).
+    pub fn push_mask(&mut self, words: &[u32], beyond_allowed: bool) {
+        self.push_mask_with(words.len(), beyond_allowed, |w| w.copy_from_slice(words));
+    }
+
+    /// Adds a mask edit of `len` words that `fill` writes (they start all clear: nothing allowed).
+    pub fn push_mask_with(
+        &mut self,
+        len: usize,
+        beyond_allowed: bool,
+        fill: impl FnOnce(&mut [u32]),
+    ) {
+        let start = self.mask_words.len();
+        self.mask_words.resize(start + len, 0);
+        fill(&mut self.mask_words[start..]);
+        self.masks.push(MaskSpan {
+            start,
+            len,
+            beyond_allowed,
+        });
+        self.edits
+            .push(Edit::Mask(MaskId(self.masks.len() as u32 - 1)));
     }
 
     pub fn edits(&self) -> &[Edit] {
         &self.edits
+    }
+
+    pub fn bitmask(&self, id: MaskId) -> Bitmask<'_> {
+        let span = self.masks[id.0 as usize];
+        Bitmask {
+            words: &self.mask_words[span.start..span.start + span.len],
+            beyond_allowed: span.beyond_allowed,
+        }
+    }
+
+    fn masks(&self) -> impl Iterator<Item = Bitmask<'_>> {
+        (0..self.masks.len()).map(|i| self.bitmask(MaskId(i as u32)))
     }
 
     pub fn is_empty(&self) -> bool {
@@ -103,7 +254,7 @@ impl RowPlan {
     }
 
     /// The token whose logit survives when the plan forces one: the last force's. Every other logit
-    /// is `-inf` after it, and later edits keep `-inf` at `-inf`.
+    /// is `-inf` after it, and no later edit turns `-inf` into anything else.
     pub fn forced_token(&self) -> Option<u32> {
         self.edits.iter().rev().find_map(|e| match *e {
             Edit::Force { token, .. } => Some(token),
@@ -111,12 +262,35 @@ impl RowPlan {
         })
     }
 
-    /// The value the logit at `index` ends with, from its value before the plan.
+    /// Whether the plan needs a reduction over the row before its pass.
+    pub fn truncates(&self) -> bool {
+        self.edits.iter().any(|e| matches!(e, Edit::Truncate(_)))
+    }
+
+    /// The band of the truncation at `edit` as last resolved ([`RowPlan::resolve_truncations`]).
+    pub fn band(&self, edit: usize) -> Band {
+        self.bands
+            .iter()
+            .find(|(at, _)| *at == edit)
+            .map_or(Band::ALL, |&(_, band)| band)
+    }
+
+    /// The value the logit at `index` ends with, from its value before the plan (truncations
+    /// resolved). Costs O(edits).
     #[inline]
     pub fn value_at<T: Logit>(&self, index: usize, original: T) -> T {
-        self.edits
-            .iter()
-            .fold(original, |value, edit| edit.apply_at(index, value))
+        self.fold(0..self.edits.len(), index, original)
+    }
+
+    /// The edits `range` folded over one logit, rounding to `T` after each as a row pass would.
+    fn fold<T: Logit>(&self, range: std::ops::Range<usize>, index: usize, value: T) -> T {
+        range.fold(value, |v, i| self.step(i, index, v))
+    }
+
+    #[inline]
+    fn step<T: Logit>(&self, edit: usize, index: usize, value: T) -> T {
+        let allowed = |id| self.bitmask(id).allows(index);
+        T::from_f32(self.edits[edit].value(index, value.to_f32(), allowed, self.band(edit)))
     }
 
     /// Applies the plan to `row` in place. On error (a token outside the row) the row is untouched.
@@ -126,29 +300,70 @@ impl RowPlan {
         Ok(())
     }
 
+    /// Resolves every truncation's band from `row` (the values before the plan): one copy of the
+    /// row, with the edits before each truncation applied to it. Nothing to do without one.
+    pub fn resolve_truncations<T: Logit>(&mut self, row: &[T]) {
+        self.bands.clear();
+        if !self.truncates() {
+            return;
+        }
+        let mut scratch = match self.scratch.take() {
+            Some(any) => any.downcast::<Vec<T>>().unwrap_or_default(),
+            None => Box::default(),
+        };
+        scratch.clear();
+        scratch.extend_from_slice(row);
+        let mut done = 0;
+        for at in 0..self.edits.len() {
+            if let Edit::Truncate(rule) = self.edits[at] {
+                self.run(done..at, &mut scratch, Fill::Cached);
+                done = at;
+                self.values.clear();
+                self.values.extend(scratch.iter().map(|x| x.to_f32()));
+                let band = rule.band(&self.values, &mut self.selection);
+                self.bands.push((at, band));
+            }
+        }
+        self.scratch = Some(scratch);
+    }
+
     /// [`RowPlan::apply`] for a plan already validated against `row.len()`.
     pub(crate) fn apply_validated<T: Logit>(&mut self, row: &mut [T], fill: Fill) {
         if self.edits.is_empty() {
             return;
         }
-        if let Some(token) = self.forced_token() {
+        self.resolve_truncations(row);
+        self.run(0..self.edits.len(), row, fill);
+    }
+
+    /// Carries out the edits `range` (truncations in it resolved) on `row`, in one pass.
+    fn run<T: Logit>(&mut self, range: std::ops::Range<usize>, row: &mut [T], fill: Fill) {
+        let edits = &self.edits[range.clone()];
+        if let Some(last) = edits.iter().rposition(|e| matches!(e, Edit::Force { .. })) {
+            let Edit::Force { token, .. } = edits[last] else {
+                unreachable!()
+            };
             let index = token as usize;
-            let survivor = self.value_at(index, row[index]);
+            let survivor = self.fold(range, index, row[index]);
             match fill {
-                Fill::Cached => in_halves(row, |part| part.fill(T::NEG_INFINITY)),
-                Fill::Streaming => {
-                    in_halves(row, |part| kernels::fill_streaming(part, T::NEG_INFINITY))
-                }
+                Fill::Cached => in_halves(row, |_, part| part.fill(T::NEG_INFINITY)),
+                Fill::Streaming => in_halves(row, |_, part| {
+                    kernels::fill_streaming(part, T::NEG_INFINITY)
+                }),
             }
             row[index] = survivor;
             return;
         }
-        self.keep_originals(row);
-        for edit in &self.edits {
-            if let Edit::Scale { temperature } = *edit {
-                in_halves(row, |part| T::divide_row(part, temperature));
+        self.sort_sparse(range.clone());
+        self.originals.clear();
+        let mut previous = None;
+        for &(token, _) in &self.touched {
+            if previous != Some(token) {
+                self.originals.push(row[token as usize].to_f32());
+                previous = Some(token);
             }
         }
+        self.dense_pass(row, None);
         self.write_sparse(row);
     }
 
@@ -156,42 +371,139 @@ impl RowPlan {
     /// pass that reads and writes each logit once, where a copy and an edit in place would make
     /// two. The plan must be validated against the length.
     pub(crate) fn apply_into_validated<T: Logit>(&mut self, src: &[T], dst: &mut [T]) {
+        self.resolve_truncations(src);
         if let Some(token) = self.forced_token() {
             let index = token as usize;
             dst.fill(T::NEG_INFINITY);
             dst[index] = self.value_at(index, src[index]);
             return;
         }
-        self.keep_originals(src);
-        let mut temperatures = self.edits.iter().filter_map(|edit| match *edit {
-            Edit::Scale { temperature } => Some(temperature),
-            _ => None,
-        });
-        match temperatures.next() {
-            Some(temperature) => T::divide_into(src, dst, temperature),
-            None => dst.copy_from_slice(src),
+        self.sort_sparse(0..self.edits.len());
+        self.originals.clear();
+        let mut previous = None;
+        for &(token, _) in &self.touched {
+            if previous != Some(token) {
+                self.originals.push(src[token as usize].to_f32());
+                previous = Some(token);
+            }
         }
-        for temperature in temperatures {
-            T::divide_row(dst, temperature);
-        }
+        self.dense_pass(dst, Some(src));
         self.write_sparse(dst);
     }
 
-    /// Remembers the values before the plan of the tokens that sparse edits touch.
-    fn keep_originals<T: Logit>(&mut self, row: &[T]) {
-        self.originals.clear();
-        for edit in &self.edits {
-            if let Some(token) = edit.token() {
-                self.originals.push((token, row[token as usize].to_f32()));
+    /// Collects the sparse edits of `range` by token (stable: each token's edits stay in order)
+    /// and the dense edits' indices.
+    fn sort_sparse(&mut self, range: std::ops::Range<usize>) {
+        self.touched.clear();
+        self.dense.clear();
+        for i in range {
+            let edit = &self.edits[i];
+            match edit.token() {
+                Some(token) if edit.is_sparse() => self.touched.push((token, i as u32)),
+                _ => self.dense.push(i),
             }
         }
+        // A stable sort merges the sorted runs processors push in linear time per run.
+        self.touched.sort_by_key(|&(token, _)| token);
     }
 
-    /// Writes the final value of each token a sparse edit touches, from its original.
+    /// The dense edits over the whole row (reading `src` instead of `row` when given): a chain of
+    /// scales alone runs as whole-row divisions; anything else chunk by chunk, every edit on a
+    /// chunk while it is in cache.
+    fn dense_pass<T: Logit>(&self, row: &mut [T], src: Option<&[T]>) {
+        let scales_only = self
+            .dense
+            .iter()
+            .all(|&i| matches!(self.edits[i], Edit::Scale { .. }));
+        if scales_only {
+            let mut temperatures = self.dense.iter().map(|&i| match self.edits[i] {
+                Edit::Scale { temperature } => temperature,
+                _ => unreachable!(),
+            });
+            if let Some(src) = src {
+                match temperatures.next() {
+                    Some(t) => T::divide_into(src, row, t),
+                    None => row.copy_from_slice(src),
+                }
+            }
+            for t in temperatures {
+                in_halves(row, |_, part| T::divide_row(part, t));
+            }
+            return;
+        }
+        in_halves(row, |offset, part| {
+            for (c, chunk) in part.chunks_mut(CHUNK).enumerate() {
+                let start = offset + c * CHUNK;
+                if let Some(src) = src {
+                    chunk.copy_from_slice(&src[start..start + chunk.len()]);
+                }
+                for &i in &self.dense {
+                    match self.edits[i] {
+                        Edit::Scale { temperature } => T::divide_row(chunk, temperature),
+                        Edit::Mask(id) => mask_chunk(chunk, start, self.bitmask(id)),
+                        Edit::Truncate(_) => {
+                            let band = self.band(i);
+                            for x in chunk.iter_mut() {
+                                if band.removes(x.to_f32()) {
+                                    *x = T::NEG_INFINITY;
+                                }
+                            }
+                        }
+                        _ => unreachable!("only dense edits are listed"),
+                    }
+                }
+            }
+        });
+    }
+
+    /// Writes each touched token's final value: its original, through its own edits and the dense
+    /// edits, merged in plan order.
     fn write_sparse<T: Logit>(&self, row: &mut [T]) {
-        for &(token, original) in &self.originals {
+        let mut at = 0;
+        for &original in &self.originals {
+            let token = self.touched[at].0;
+            let end = at
+                + self.touched[at..]
+                    .iter()
+                    .take_while(|(t, _)| *t == token)
+                    .count();
             let index = token as usize;
-            row[index] = self.value_at(index, T::from_f32(original));
+            let mut value = T::from_f32(original);
+            let mut dense = self.dense.iter().peekable();
+            for &(_, edit) in &self.touched[at..end] {
+                while let Some(&&d) = dense.peek().filter(|&&&d| d < edit as usize) {
+                    value = self.step(d, index, value);
+                    dense.next();
+                }
+                value = self.step(edit as usize, index, value);
+            }
+            for &d in dense {
+                value = self.step(d, index, value);
+            }
+            row[index] = value;
+            at = end;
+        }
+    }
+}
+
+/// Logits per chunk of the chunked dense pass: 16 KiB of f32, well inside L1 with its mask words.
+const CHUNK: usize = 4096;
+
+/// Sets the logits of `chunk` (starting at token `start`, a multiple of 32) that `mask` does not
+/// allow to `-inf`. Whole words of allowed tokens are skipped unread.
+fn mask_chunk<T: Logit>(chunk: &mut [T], start: usize, mask: Bitmask<'_>) {
+    debug_assert_eq!(start % 32, 0);
+    for (w, group) in chunk.chunks_mut(32).enumerate() {
+        let word = start / 32 + w;
+        let allowed = match mask.words.get(word) {
+            Some(&bits) => bits,
+            None if mask.beyond_allowed => u32::MAX,
+            None => 0,
+        };
+        let mut banned = !allowed & (u32::MAX >> (32 - group.len()));
+        while banned != 0 {
+            group[banned.trailing_zeros() as usize] = T::NEG_INFINITY;
+            banned &= banned - 1;
         }
     }
 }
@@ -211,7 +523,8 @@ pub(crate) enum Fill {
 /// the core's thread pool (a batch's rows), where a join is a cheap push onto the worker's deque.
 const SPLIT_LEN: usize = 1 << 16;
 
-/// Runs `edit` over `row` (an element-wise edit, so any split gives the same result).
+/// Runs `edit(offset, part)` over `row` (an element-wise edit, so any split gives the same
+/// result; `offset` is where `part` starts in the row, a multiple of 64).
 ///
 /// A row edited from outside the pool (a single-row call from Python) stays on the calling thread:
 /// handing it to pool threads costs thread wake-ups (cross-CPU interrupts, expensive in a VM) that
@@ -219,32 +532,47 @@ const SPLIT_LEN: usize = 1 << 16;
 /// `rayon::join` from outside the pool, and still 18 against 12 with the caller sharing chunks with
 /// one woken helper. A spinning helper (as OpenMP keeps) would win on an idle machine; see
 /// docs/python.md.
-fn in_halves<T: Send>(row: &mut [T], edit: impl Fn(&mut [T]) + Sync) {
+fn in_halves<T: Send>(row: &mut [T], edit: impl Fn(usize, &mut [T]) + Sync) {
     if row.len() >= SPLIT_LEN
         && rayon::current_thread_index().is_some()
         && rayon::current_num_threads() > 1
     {
-        // A multiple of 64 keeps both halves on whole SIMD blocks and cache lines.
-        let (first, second) = row.split_at_mut(row.len() / 2 / 64 * 64);
-        rayon::join(|| edit(first), || edit(second));
+        // A multiple of 64 keeps both halves on whole SIMD blocks, mask words and cache lines.
+        let half = row.len() / 2 / 64 * 64;
+        let (first, second) = row.split_at_mut(half);
+        rayon::join(|| edit(0, first), || edit(half, second));
     } else {
-        edit(row);
+        edit(0, row);
     }
 }
 
 #[cfg(test)]
 mod tests {
     use super::*;
-    use half::bf16;
+    use half::{bf16, f16};
     use proptest::prelude::*;
 
-    /// Each edit applied to the whole row in turn: the meaning a plan must keep.
-    fn step_by_step<T: Logit>(edits: &[Edit], row: &mut [T]) {
-        for edit in edits {
-            for (i, x) in row.iter_mut().enumerate() {
-                *x = edit.apply_at(i, *x);
+    /// Each edit applied to the whole row in turn, a truncation from a full sort of the row: the
+    /// meaning a plan must keep.
+    pub(crate) fn step_by_step<T: Logit>(plan: &RowPlan, row: &mut [T]) {
+        for (i, edit) in plan.edits().iter().enumerate() {
+            let band = match edit {
+                Edit::Truncate(rule) => sorted_band(rule, row),
+                _ => Band::ALL,
+            };
+            for (index, x) in row.iter_mut().enumerate() {
+                let allowed = |id| plan.bitmask(id).allows(index);
+                *x = T::from_f32(plan.edits()[i].value(index, x.to_f32(), allowed, band));
             }
         }
+    }
+
+    /// The band of a rule computed as transformers does, from a whole sorted row.
+    fn sorted_band<T: Logit>(rule: &Truncation, row: &[T]) -> Band {
+        let values: Vec<f32> = row.iter().map(|x| x.to_f32()).collect();
+        // The rule's own resolution, checked separately against sorts in `truncation`'s tests;
+        // here the point is the plan's composition.
+        rule.band(&values, &mut vec![])
     }
 
     fn edit_strategy(vocab: u32) -> impl Strategy<Value = Edit> {
@@ -252,6 +580,7 @@ mod tests {
             (0.05f32..20.0).prop_map(|temperature| Edit::Scale { temperature }),
             (0..vocab).prop_map(|token| Edit::Ban { token }),
             (0..vocab, -5.0f32..5.0).prop_map(|(token, bias)| Edit::Bias { token, bias }),
+            (0..vocab, 0.2f32..3.0).prop_map(|(token, penalty)| Edit::Penalty { token, penalty }),
             (0..vocab).prop_map(|token| Edit::Force {
                 token,
                 value: ForcedValue::Keep
@@ -260,60 +589,79 @@ mod tests {
                 token,
                 value: ForcedValue::Set(v)
             }),
+            // A mask: marked by a placeholder, filled in by `plan_of`.
+            any::<u64>().prop_map(|seed| Edit::Mask(MaskId(seed as u32))),
+            (1u32..6).prop_map(|k| Edit::Truncate(Truncation::TopK { k, min_keep: 1 })),
+            (0.05f32..1.0).prop_map(|p| Edit::Truncate(Truncation::TopP { p, min_keep: 1 })),
+            (0.0f32..1.0).prop_map(|p| Edit::Truncate(Truncation::MinP { p, min_keep: 2 })),
+            (0.05f32..0.95)
+                .prop_map(|mass| Edit::Truncate(Truncation::Typical { mass, min_keep: 1 })),
         ]
+    }
+
+    /// A plan of `edits` for a row of `len`: out-of-row tokens dropped, masks made from their seed.
+    fn plan_of(edits: &[Edit], len: usize) -> RowPlan {
+        let mut plan = RowPlan::new();
+        for edit in edits {
+            match *edit {
+                Edit::Mask(MaskId(seed)) => {
+                    let words: Vec<u32> = (0..len.div_ceil(32) as u32)
+                        .map(|w| (seed ^ w.wrapping_mul(0x9e37_79b9)).rotate_left(w) | 1)
+                        .collect();
+                    let short = seed % 3 == 0;
+                    let words = if short {
+                        &words[..words.len() / 2]
+                    } else {
+                        &words[..]
+                    };
+                    plan.push_mask(words, seed % 2 == 0);
+                }
+                e if e.token().is_none_or(|t| (t as usize) < len) => plan.push(e),
+                _ => {}
+            }
+        }
+        plan
     }
 
     fn bits<T: Logit>(row: &[T]) -> Vec<u32> {
         row.iter().map(|x| x.to_f32().to_bits()).collect()
     }
 
+    fn check_fused<T: Logit>(
+        plan: &mut RowPlan,
+        row: &[f32],
+    ) -> std::result::Result<(), TestCaseError> {
+        let source: Vec<T> = row.iter().map(|&x| T::from_f32(x)).collect();
+        let mut fused = source.clone();
+        let mut expected = source.clone();
+        plan.apply(&mut fused).unwrap();
+        step_by_step(plan, &mut expected);
+        prop_assert_eq!(bits(&fused), bits(&expected));
+        let mut into = vec![T::from_f32(7.0); row.len()];
+        plan.apply_into_validated(&source, &mut into);
+        prop_assert_eq!(bits(&into), bits(&expected));
+        Ok(())
+    }
+
     proptest! {
         #[test]
         fn fused_pass_equals_step_by_step(
-            row in proptest::collection::vec(-30.0f32..30.0, 1..64),
-            edits in proptest::collection::vec(edit_strategy(64), 0..6),
+            row in proptest::collection::vec(-30.0f32..30.0, 1..300),
+            edits in proptest::collection::vec(edit_strategy(300), 0..8),
         ) {
-            let mut plan = RowPlan::new();
-            edits
-                .iter()
-                .filter(|e| e.token().is_none_or(|t| (t as usize) < row.len()))
-                .for_each(|e| plan.push(*e));
-
-            let mut fused = row.clone();
-            let mut expected = row.clone();
-            plan.apply(&mut fused).unwrap();
-            step_by_step(plan.edits(), &mut expected);
-            prop_assert_eq!(bits(&fused), bits(&expected));
-
-            let mut fused: Vec<bf16> = row.iter().map(|&x| bf16::from_f32(x)).collect();
-            let mut expected = fused.clone();
-            plan.apply(&mut fused).unwrap();
-            step_by_step(plan.edits(), &mut expected);
-            prop_assert_eq!(bits(&fused), bits(&expected));
+            let mut plan = plan_of(&edits, row.len());
+            check_fused::<f32>(&mut plan, &row)?;
+            check_fused::<bf16>(&mut plan, &row)?;
+            check_fused::<f16>(&mut plan, &row)?;
         }
 
         #[test]
-        fn applying_into_another_row_equals_a_copy_edited_in_place(
-            row in proptest::collection::vec(-30.0f32..30.0, 1..200),
-            edits in proptest::collection::vec(edit_strategy(200), 0..6),
+        fn many_sparse_edits_on_few_tokens_equal_step_by_step(
+            row in proptest::collection::vec(-30.0f32..30.0, 8..40),
+            edits in proptest::collection::vec(edit_strategy(8), 0..60),
         ) {
-            let mut plan = RowPlan::new();
-            edits
-                .iter()
-                .filter(|e| e.token().is_none_or(|t| (t as usize) < row.len()))
-                .for_each(|e| plan.push(*e));
-            let mut in_place = row.clone();
-            plan.apply(&mut in_place).unwrap();
-            let mut into = vec![7.0f32; row.len()];
-            plan.apply_into_validated(&row, &mut into);
-            prop_assert_eq!(bits(&into), bits(&in_place));
-
-            let source: Vec<bf16> = row.iter().map(|&x| bf16::from_f32(x)).collect();
-            let mut in_place = source.clone();
-            plan.apply(&mut in_place).unwrap();
-            let mut into = vec![bf16::ONE; row.len()];
-            plan.apply_into_validated(&source, &mut into);
-            prop_assert_eq!(bits(&into), bits(&in_place));
+            let mut plan = plan_of(&edits, row.len());
+            check_fused::<f32>(&mut plan, &row)?;
         }
 
         #[test]
@@ -323,13 +671,14 @@ mod tests {
             after in proptest::collection::vec(edit_strategy(8), 0..3),
             banned in 0u32..8,
         ) {
-            let mut plan = RowPlan::new();
-            before
+            let edits: Vec<Edit> = before
                 .iter()
                 .chain(&[Edit::Ban { token: banned }])
                 .chain(&after)
                 .filter(|e| !matches!(e, Edit::Force { value: ForcedValue::Set(_), .. }))
-                .for_each(|e| plan.push(*e));
+                .copied()
+                .collect();
+            let mut plan = plan_of(&edits, row.len());
             let mut row = row;
             plan.apply(&mut row).unwrap();
             prop_assert_eq!(row[banned as usize], f32::NEG_INFINITY);
@@ -341,6 +690,7 @@ mod tests {
         let row: Vec<f32> = (0..200_003)
             .map(|i| (i % 1013) as f32 / 7.0 - 50.0)
             .collect();
+        let mask: Vec<u32> = (0..3000u32).map(|w| w.wrapping_mul(0x9e37_79b9)).collect();
         let plans = [
             vec![Edit::Scale { temperature: 0.7 }],
             vec![Edit::Force {
@@ -354,13 +704,23 @@ mod tests {
                     token: 7,
                     bias: 1.5,
                 },
+                Edit::Mask(MaskId(0)),
+                Edit::Truncate(Truncation::TopK {
+                    k: 5000,
+                    min_keep: 1,
+                }),
             ],
         ];
         for edits in plans {
             let mut plan = RowPlan::new();
-            edits.iter().for_each(|e| plan.push(*e));
+            for e in &edits {
+                match e {
+                    Edit::Mask(_) => plan.push_mask(&mask, true),
+                    e => plan.push(*e),
+                }
+            }
             let mut expected = row.clone();
-            step_by_step(&edits, &mut expected);
+            step_by_step(&plan, &mut expected);
             // From outside the pool (one thread) and from inside it (two halves joined).
             let mut outside = row.clone();
             plan.apply(&mut outside).unwrap();
@@ -395,5 +755,36 @@ mod tests {
         plan.apply(&mut row).unwrap();
         assert_eq!(row[1].to_bits(), 0.0f32.to_bits());
         assert_eq!(row[0], f32::NEG_INFINITY);
+    }
+
+    #[test]
+    fn a_mask_allows_only_its_set_bits_and_past_its_words_as_told() {
+        let mut row = vec![1.0f32; 70];
+        let mut plan = RowPlan::new();
+        plan.push_mask(&[0b101, 0], false);
+        plan.apply(&mut row).unwrap();
+        let kept: Vec<usize> = (0..70).filter(|&i| row[i] == 1.0).collect();
+        assert_eq!(kept, [0, 2]);
+
+        let mut row = vec![1.0f32; 70];
+        let mut plan = RowPlan::new();
+        plan.push_mask(&[u32::MAX, 0], true);
+        plan.apply(&mut row).unwrap();
+        let kept = (0..70).filter(|&i| row[i] == 1.0).count();
+        assert_eq!(kept, 32 + 6);
+    }
+
+    #[test]
+    fn repetition_penalty_divides_positives_and_multiplies_negatives() {
+        let mut plan = RowPlan::new();
+        for token in 0..3 {
+            plan.push(Edit::Penalty {
+                token,
+                penalty: 2.0,
+            });
+        }
+        let mut row = [4.0f32, -4.0, 0.0, 4.0];
+        plan.apply(&mut row).unwrap();
+        assert_eq!(row, [2.0, -8.0, 0.0, 4.0]);
     }
 }

@@ -36,6 +36,8 @@ pub struct ForcedSequence {
     eos_token_id: u32,
     position: Position,
     state: usize,
+    // The state before the last plan, for `undo`.
+    previous: usize,
 }
 
 impl ForcedSequence {
@@ -49,6 +51,7 @@ impl ForcedSequence {
             eos_token_id,
             position: Position::Calls,
             state: 0,
+            previous: 0,
         })
     }
 
@@ -98,8 +101,13 @@ impl LogitsProcessor for ForcedSequence {
             token: self.target(k),
             value: ForcedValue::Keep,
         });
-        self.state = k + 1;
+        self.previous = self.state;
+        self.state = k.saturating_add(1);
         Ok(())
+    }
+
+    fn undo(&mut self) {
+        self.state = self.previous;
     }
 
     fn max_token_id(&self) -> Option<u32> {

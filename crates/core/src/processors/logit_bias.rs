@@ -34,6 +34,8 @@ impl LogitsProcessor for LogitBias {
         Ok(())
     }
 
+    fn undo(&mut self) {}
+
     fn max_token_id(&self) -> Option<u32> {
         self.biases.iter().map(|&(token, _)| token).max()
     }

@@ -30,8 +30,13 @@ use crate::plan::RowPlan;
 /// Call order: once per decode step, with the ids so far (each call's ids usually extend the
 /// previous call's by one).
 pub trait LogitsProcessor: Send + std::fmt::Debug {
-    /// Adds this step's edits to `plan`. On error the processor's state is unchanged.
+    /// Adds this step's edits to `plan` and advances the state. On error the state is unchanged.
     fn plan(&mut self, ids: &dyn TokenHistory, plan: &mut RowPlan) -> Result<()>;
+
+    /// Takes back the last successful [`LogitsProcessor::plan`]: the state is again what it was
+    /// before that call. A batch calls it when another step of the same call failed, so a failed
+    /// step never loses or repeats a token. Called at most once after each `plan`.
+    fn undo(&mut self);
 
     /// The largest token id this processor can name, so a vocab can be checked at admission.
     fn max_token_id(&self) -> Option<u32> {
@@ -54,5 +59,9 @@ pub fn process_row<T: Logit>(
     }
     let mut plan = RowPlan::new();
     processor.plan(ids, &mut plan)?;
+    if let Err(error) = plan.validate(row.len()) {
+        processor.undo();
+        return Err(error);
+    }
     plan.apply(row)
 }

@@ -50,6 +50,8 @@ impl LogitsProcessor for Temperature {
         }
         Ok(())
     }
+
+    fn undo(&mut self) {}
 }
 
 #[cfg(test)]

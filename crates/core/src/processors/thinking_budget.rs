@@ -39,6 +39,8 @@ pub struct ThinkingBudget {
     overflow_percentage: f64,
     overflow_budget: usize,
     scan: Scan,
+    // The scan before the last plan, for `undo`.
+    previous: Scan,
 }
 
 /// How many of the previous call's last ids must reappear at their positions for new ids to count
@@ -75,6 +77,7 @@ impl ThinkingBudget {
             overflow_percentage,
             overflow_budget,
             scan: Scan::default(),
+            previous: Scan::default(),
         })
     }
 
@@ -154,6 +157,7 @@ impl ThinkingBudget {
 
 impl LogitsProcessor for ThinkingBudget {
     fn plan(&mut self, ids: &dyn TokenHistory, plan: &mut RowPlan) -> Result<()> {
+        self.previous = self.scan;
         if self.must_end(ids) {
             plan.push(Edit::Force {
                 token: self.tokens.end_token_id,
@@ -165,6 +169,10 @@ impl LogitsProcessor for ThinkingBudget {
 
     fn max_token_id(&self) -> Option<u32> {
         self.enabled().then_some(self.tokens.end_token_id)
+    }
+
+    fn undo(&mut self) {
+        self.scan = self.previous;
     }
 
     fn reset(&mut self) {
