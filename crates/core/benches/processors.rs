@@ -7,8 +7,9 @@ use std::time::{Duration, Instant};
 
 use criterion::{criterion_group, criterion_main, BenchmarkId, Criterion, Throughput};
 use logits_processing::{
-    bf16, f16, process_row, Batch, BatchLayout, ForcedSequence, Logit, LogitsProcessor, Pipeline,
-    Step, Temperature, ThinkingBudget, ThinkingTokenConfig, TokenHistory,
+    bf16, f16, process_row, BanTokens, Batch, BatchLayout, Edit, ForcedSequence, Logit,
+    LogitsProcessor, Pipeline, RowPlan, Step, Temperature, ThinkingBudget, ThinkingTokenConfig,
+    TokenHistory,
 };
 
 const VOCAB: usize = 151_936;
@@ -71,6 +72,74 @@ fn rows(c: &mut Criterion) {
     single_row::<f32>(c, "f32");
     single_row::<bf16>(c, "bf16");
     single_row::<f16>(c, "f16");
+}
+
+/// Sparse and dense edits on one f32 row, beside the row's memcpy: bans of growing lists, plans
+/// with growing numbers of sparse edits (biases and repetition penalties after a temperature),
+/// and bitmask rows (a grammar's dense mask, and one that allows a few tokens).
+fn sparse_and_masks(c: &mut Criterion) {
+    let mut group = c.benchmark_group("edits_f32");
+    group.throughput(Throughput::Bytes((VOCAB * 4) as u64));
+    let source = logits::<f32>(VOCAB);
+    let mut row = source.clone();
+    let ids = history(100);
+    let spread = |n: usize| -> Vec<u32> {
+        (0..n as u64)
+            .map(|i| ((i * 2_654_435_761) % VOCAB as u64) as u32)
+            .collect()
+    };
+    group.bench_function("memcpy", |b| {
+        b.iter(|| row.copy_from_slice(black_box(&source)))
+    });
+    for n in [1_000usize, 4_000, 16_000, 65_536] {
+        let mut ban = BanTokens::new(spread(n));
+        group.bench_function(BenchmarkId::new("ban_tokens", n), |b| {
+            b.iter(|| process_row(&mut ban, &ids, black_box(&mut row)).unwrap())
+        });
+    }
+    for n in [1usize, 16, 256, 4_096] {
+        let tokens = spread(n);
+        let mut plan = RowPlan::new();
+        group.bench_function(BenchmarkId::new("sparse_edits", n), |b| {
+            b.iter(|| {
+                plan.clear();
+                plan.push(Edit::Scale { temperature: 1.0 });
+                for (i, &token) in tokens.iter().enumerate() {
+                    plan.push(match i % 2 {
+                        0 => Edit::Bias { token, bias: 0.0 },
+                        _ => Edit::Penalty {
+                            token,
+                            penalty: 1.0,
+                        },
+                    });
+                }
+                plan.apply(black_box(&mut row)).unwrap()
+            })
+        });
+    }
+    let words = VOCAB.div_ceil(32);
+    let dense: Vec<u32> = (0..words as u32)
+        .map(|w| w.wrapping_mul(0x9e37_79b9) ^ 0x5555_5555)
+        .collect();
+    let mut few = vec![0u32; words];
+    for token in spread(64) {
+        few[token as usize / 32] |= 1 << (token % 32);
+    }
+    let mut plan = RowPlan::new();
+    for (name, mask) in [("bitmask_half", &dense), ("bitmask_few", &few)] {
+        group.bench_function(name, |b| {
+            b.iter(|| {
+                row.copy_from_slice(&source);
+                plan.clear();
+                plan.push_mask(mask, false);
+                plan.apply(black_box(&mut row)).unwrap()
+            })
+        });
+    }
+    group.bench_function("memcpy_then_nothing", |b| {
+        b.iter(|| row.copy_from_slice(black_box(&source)))
+    });
+    group.finish();
 }
 
 /// One decode step of the thinking budget (plan, and the forced row when over budget), with the
@@ -157,6 +226,6 @@ criterion_group! {
     config = Criterion::default()
         .warm_up_time(Duration::from_millis(500))
         .measurement_time(Duration::from_secs(2));
-    targets = rows, thinking_budget, batch
+    targets = rows, sparse_and_masks, thinking_budget, batch
 }
 criterion_main!(benches);

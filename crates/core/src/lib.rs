@@ -43,7 +43,7 @@ pub use processors::{
     ForcedSequence, LogitBias, LogitsProcessor, Position, Temperature, TextEncoder, ThinkingBudget,
     ThinkingTokenConfig,
 };
-pub use spec::{parse_pipeline, ProcessorSpec, SpecContext};
+pub use spec::{parse_pipeline, KindSpec, ProcessorSpec, SpecContext};
 
 pub use half::{bf16, f16};
 

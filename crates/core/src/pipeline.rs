@@ -20,6 +20,8 @@ pub enum Step {
 }
 
 /// What a planned pipeline does to its row: runs of fused built-ins and the external steps between.
+// A pipeline holds a handful of stages; boxing the plan would add an indirection per step.
+#[allow(clippy::large_enum_variant)]
 #[derive(Debug, Clone, PartialEq)]
 pub enum Stage {
     Plan(RowPlan),

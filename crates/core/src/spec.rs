@@ -1,27 +1,22 @@
-//! Request specs: each built-in processor as JSON data, validated when a request is admitted and
-//! realized into fresh per-request state.
+//! Request specs: each processor as JSON data (`{"kind": ..., ...}`), validated when a request is
+//! admitted and realized into fresh per-request state.
 //!
-//! | kind | fields |
-//! | --- | --- |
-//! | `temperature` | `temperature` (number, finite, > 0) |
-//! | `forced_sequence` | `token_ids` (list of ids), `eos_token_id` (id), `position` (`"calls"`, the default, or `"tokens"`) |
-//! | `hello_world` | `position` (optional); the ids come from the engine's tokenizer ([`SpecContext::hello_world`]) |
-//! | `thinking_budget` | `max_thinking_tokens` (int >= 0), `overflow_percentage` (number >= 0, default 0.1), `start_token_id` / `end_token_id` / `newline_token_id` (ids; optional where [`SpecContext::thinking_tokens`] is set) |
-//! | `ban_tokens` | `token_ids` (list of ids) |
-//! | `logit_bias` | `bias` (object from id, as a string, to a finite number) |
+//! Each kind's spec is a serde struct in its processor's file, registered once in
+//! [`crate::processors::KINDS`]; this module only dispatches on `"kind"` and turns serde's errors
+//! into errors that name the field (`[1].token_ids[3]`). The kinds and their fields are listed in
+//! docs/core.md.
 //!
 //! The reference's one form, `{"kind": "forced_sequence", "token_ids": [1, 2, 3], "eos_token_id": 2}`,
 //! is accepted unchanged. Specs are data only: nothing in them is ever evaluated. A field that is
 //! missing, of the wrong type, unknown (a typo), or a token id outside the vocab is an error that
 //! names it, as is a spec over the size limits below.
 
+use serde::de::DeserializeOwned;
+use serde::Serialize;
 use serde_json::{Map, Value};
 
 use crate::error::{check_token, Error, Result};
-use crate::processors::{
-    BanTokens, ForcedSequence, LogitBias, LogitsProcessor, Position, Temperature, ThinkingBudget,
-    ThinkingTokenConfig,
-};
+use crate::processors::{LogitsProcessor, ThinkingTokenConfig, KINDS};
 
 /// The largest JSON text [`parse_pipeline`] accepts, in bytes.
 pub const MAX_SPEC_BYTES: usize = 1 << 20;
@@ -29,42 +24,6 @@ pub const MAX_SPEC_BYTES: usize = 1 << 20;
 pub const MAX_TOKEN_IDS: usize = 65_536;
 /// The most processors one pipeline may hold.
 pub const MAX_PIPELINE_LEN: usize = 64;
-
-/// One built-in processor, as data.
-#[derive(Debug, Clone, PartialEq)]
-pub enum ProcessorSpec {
-    Temperature {
-        temperature: f64,
-    },
-    ForcedSequence {
-        token_ids: Vec<u32>,
-        eos_token_id: u32,
-        position: PositionSpec,
-    },
-    HelloWorld {
-        position: PositionSpec,
-    },
-    ThinkingBudget {
-        tokens: Option<ThinkingTokenConfig>,
-        max_thinking_tokens: usize,
-        overflow_percentage: f64,
-    },
-    BanTokens {
-        token_ids: Vec<u32>,
-    },
-    LogitBias {
-        bias: Vec<(u32, f32)>,
-    },
-}
-
-/// How a forced sequence finds its position: by counting calls (the reference) or from the number
-/// of generated tokens (robust to preemption and prefill/decode splits).
-#[derive(Debug, Clone, Copy, PartialEq, Eq, Default)]
-pub enum PositionSpec {
-    #[default]
-    Calls,
-    Tokens,
-}
 
 /// What an engine knows at start-up that specs may rely on.
 #[derive(Debug, Clone, Default, PartialEq)]
@@ -75,6 +34,115 @@ pub struct SpecContext {
     pub hello_world: Option<(Vec<u32>, u32)>,
     /// The model's thinking tokens, for `thinking_budget` specs that do not name them.
     pub thinking_tokens: Option<ThinkingTokenConfig>,
+}
+
+impl SpecContext {
+    /// Checks the ids of the list `field` against the vocab, when it is known; the error names
+    /// the entry (`token_ids[3]`).
+    pub fn check_ids(&self, field: &str, ids: impl IntoIterator<Item = u32>) -> Result<()> {
+        let Some(vocab) = self.vocab_size else {
+            return Ok(());
+        };
+        ids.into_iter()
+            .enumerate()
+            .try_for_each(|(i, id)| check_token(&format!("{field}[{i}]"), id, vocab))
+    }
+
+    /// Checks one id against the vocab, when it is known.
+    pub fn check_id(&self, field: &str, id: u32) -> Result<()> {
+        match self.vocab_size {
+            Some(vocab) => check_token(field, id, vocab),
+            None => Ok(()),
+        }
+    }
+}
+
+/// What each kind's spec struct provides (besides serde, with unknown fields denied).
+pub trait KindSpec: std::fmt::Debug + Send + Sync + 'static {
+    /// Checks what does not depend on the engine (value ranges, list sizes). Errors name the
+    /// field relative to the spec (`"temperature"`, `"token_ids"`).
+    fn check(&self) -> Result<()> {
+        Ok(())
+    }
+
+    /// Fresh per-request state. `prompt_len` is where generated ids start in the ids the engine
+    /// will pass. Ids must be checked against `context` here, naming the field.
+    fn realize(&self, context: &SpecContext, prompt_len: usize)
+        -> Result<Box<dyn LogitsProcessor>>;
+
+    /// The spec with what it takes from the engine made explicit (e.g. `hello_world` as the
+    /// forced sequence of the tokenizer's ids), for a worker that does not have the engine's
+    /// tokenizer. `None`: the spec is already explicit.
+    fn resolve(&self, _context: &SpecContext) -> Result<Option<Value>> {
+        Ok(None)
+    }
+}
+
+/// A [`KindSpec`] that can also be written back as JSON and copied.
+trait AnySpec: KindSpec {
+    fn to_value(&self) -> Value;
+    fn clone_box(&self) -> Box<dyn AnySpec>;
+}
+
+impl<S: KindSpec + Serialize + Clone> AnySpec for S {
+    fn to_value(&self) -> Value {
+        serde_json::to_value(self).expect("specs are plain data")
+    }
+    fn clone_box(&self) -> Box<dyn AnySpec> {
+        Box::new(self.clone())
+    }
+}
+
+type ParseResult =
+    std::result::Result<Box<dyn AnySpec>, serde_path_to_error::Error<serde_json::Error>>;
+
+/// One registered kind: its name and how its spec is read.
+pub struct Kind {
+    pub name: &'static str,
+    parse: fn(Value) -> ParseResult,
+}
+
+impl Kind {
+    /// The kind `name`, whose spec is `S`.
+    pub const fn new<S: KindSpec + Serialize + DeserializeOwned + Clone>(
+        name: &'static str,
+    ) -> Self {
+        Self {
+            name,
+            parse: parse_as::<S>,
+        }
+    }
+}
+
+fn parse_as<S: KindSpec + Serialize + DeserializeOwned + Clone>(value: Value) -> ParseResult {
+    serde_path_to_error::deserialize::<_, S>(value).map(|spec| Box::new(spec) as Box<dyn AnySpec>)
+}
+
+/// One processor, as data: a registered kind and its fields.
+pub struct ProcessorSpec {
+    kind: &'static str,
+    spec: Box<dyn AnySpec>,
+}
+
+impl Clone for ProcessorSpec {
+    fn clone(&self) -> Self {
+        Self {
+            kind: self.kind,
+            spec: self.spec.clone_box(),
+        }
+    }
+}
+
+impl PartialEq for ProcessorSpec {
+    fn eq(&self, other: &Self) -> bool {
+        self.to_value() == other.to_value()
+    }
+}
+
+impl std::fmt::Debug for ProcessorSpec {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        write!(f, "ProcessorSpec({})", self.to_value())
+    }
 }
 
 /// Parses a pipeline: a JSON list of specs, or one spec object.
@@ -112,6 +180,58 @@ pub fn pipeline_from_value(value: &Value) -> Result<Vec<ProcessorSpec>> {
     }
 }
 
+/// `name` inside the spec at `at` (`"[1]"`, or `""` for a spec alone).
+fn field_at(at: &str, name: &str) -> String {
+    match (at.is_empty(), name.is_empty()) {
+        (true, _) => name.to_string(),
+        (false, true) => at.to_string(),
+        (false, false) if name.starts_with('[') => format!("{at}{name}"),
+        (false, false) => format!("{at}.{name}"),
+    }
+}
+
+/// Re-roots an error about a spec's field at `at`.
+fn error_at(error: Error, at: &str) -> Error {
+    match error {
+        Error::InvalidArgument { field, message } | Error::InvalidSpec { field, message } => {
+            Error::spec(field_at(at, &field), message)
+        }
+        Error::TooLarge { field, len, limit } => Error::TooLarge {
+            field: field_at(at, &field),
+            len,
+            limit,
+        },
+        Error::TokenOutOfVocab {
+            field,
+            token_id,
+            vocab_size,
+        } => Error::TokenOutOfVocab {
+            field: field_at(at, &field),
+            token_id,
+            vocab_size,
+        },
+        other => other,
+    }
+}
+
+/// The field a serde error is about: its path, or for a missing or unknown field (reported at
+/// the object) the field serde's message names.
+fn serde_field(error: &serde_path_to_error::Error<serde_json::Error>) -> String {
+    // A map key that failed to parse is "?" in the path: name the map.
+    let path = error.path().to_string().replace(".?", "");
+    let message = error.inner().to_string();
+    let named = ["missing field `", "unknown field `"]
+        .iter()
+        .find_map(|prefix| message.strip_prefix(prefix)?.split('`').next());
+    match (path.as_str(), named) {
+        (".", Some(name)) => name.to_string(),
+        (".", None) => String::new(),
+        // An unknown field's path already ends with it; a missing one's is the object holding it.
+        (_, Some(name)) if !path.ends_with(name) => format!("{path}.{name}"),
+        _ => path,
+    }
+}
+
 impl ProcessorSpec {
     /// Parses one spec object.
     pub fn parse(json: &str) -> Result<Self> {
@@ -136,161 +256,55 @@ impl ProcessorSpec {
                 ),
             ));
         };
-        let fields = Fields { object, at };
-        let kind = fields.string("kind")?;
-        let spec = match kind {
-            "temperature" => {
-                fields.only(&["temperature"])?;
-                ProcessorSpec::Temperature {
-                    temperature: fields.number("temperature")?,
-                }
-            }
-            "forced_sequence" => {
-                fields.only(&["token_ids", "eos_token_id", "position"])?;
-                ProcessorSpec::ForcedSequence {
-                    token_ids: fields.token_ids("token_ids")?,
-                    eos_token_id: fields.token_id("eos_token_id")?,
-                    position: fields.position()?,
-                }
-            }
-            "hello_world" => {
-                fields.only(&["position"])?;
-                ProcessorSpec::HelloWorld {
-                    position: fields.position()?,
-                }
-            }
-            "thinking_budget" => {
-                const IDS: [&str; 3] = ["start_token_id", "end_token_id", "newline_token_id"];
-                fields.only(&[
-                    "max_thinking_tokens",
-                    "overflow_percentage",
-                    IDS[0],
-                    IDS[1],
-                    IDS[2],
-                ])?;
-                let given = IDS.iter().filter(|f| object.contains_key(**f)).count();
-                let tokens = match given {
-                    0 => None,
-                    3 => Some(ThinkingTokenConfig {
-                        start_token_id: fields.token_id(IDS[0])?,
-                        end_token_id: fields.token_id(IDS[1])?,
-                        newline_token_id: fields.token_id(IDS[2])?,
-                    }),
-                    _ => {
-                        return Err(Error::spec(
-                            fields.path(IDS.iter().find(|f| !object.contains_key(**f)).unwrap()),
-                            "give all three thinking token ids or none",
-                        ))
-                    }
-                };
-                let overflow_percentage = match object.get("overflow_percentage") {
-                    None => 0.1,
-                    Some(_) => fields.number("overflow_percentage")?,
-                };
-                ProcessorSpec::ThinkingBudget {
-                    tokens,
-                    max_thinking_tokens: fields.count("max_thinking_tokens")?,
-                    overflow_percentage,
-                }
-            }
-            "ban_tokens" => {
-                fields.only(&["token_ids"])?;
-                ProcessorSpec::BanTokens {
-                    token_ids: fields.token_ids("token_ids")?,
-                }
-            }
-            "logit_bias" => {
-                fields.only(&["bias"])?;
-                ProcessorSpec::LogitBias {
-                    bias: fields.bias("bias")?,
-                }
-            }
-            other => {
+        let kind_field = field_at(at, "kind");
+        let name = match object.get("kind") {
+            Some(Value::String(name)) => name.as_str(),
+            Some(other) => {
                 return Err(Error::spec(
-                    fields.path("kind"),
-                    format!(
-                        "unknown kind {other:?}; expected one of temperature, forced_sequence, \
-                         hello_world, thinking_budget, ban_tokens, logit_bias"
-                    ),
+                    kind_field,
+                    format!("expected a string, found {}", type_name(other)),
                 ))
             }
+            None => return Err(Error::spec(kind_field, "missing")),
         };
-        spec.validate_values(at)?;
-        Ok(spec)
-    }
-
-    /// Checks what does not depend on the engine: value ranges.
-    fn validate_values(&self, at: &str) -> Result<()> {
-        let field = |name: &str| format!("{at}{}{name}", if at.is_empty() { "" } else { "." });
-        match self {
-            ProcessorSpec::Temperature { temperature } => Temperature::new(*temperature)
-                .map(drop)
-                .map_err(|e| Error::spec(field("temperature"), e.to_string())),
-            ProcessorSpec::ThinkingBudget {
-                overflow_percentage,
-                ..
-            } => ThinkingBudget::new(ThinkingTokenConfig::DISABLED, 0, *overflow_percentage)
-                .map(drop)
-                .map_err(|e| Error::spec(field("overflow_percentage"), e.to_string())),
-            ProcessorSpec::LogitBias { bias } => LogitBias::new(bias.clone())
-                .map(drop)
-                .map_err(|e| Error::spec(field("bias"), e.to_string())),
-            _ => Ok(()),
-        }
+        let Some(kind) = KINDS.iter().find(|k| k.name == name) else {
+            let known: Vec<&str> = KINDS.iter().map(|k| k.name).collect();
+            return Err(Error::spec(
+                kind_field,
+                format!(
+                    "unknown kind {name:?}; expected one of {}",
+                    known.join(", ")
+                ),
+            ));
+        };
+        let fields: Map<String, Value> = object
+            .iter()
+            .filter(|(key, _)| *key != "kind")
+            .map(|(key, value)| (key.clone(), value.clone()))
+            .collect();
+        let spec = (kind.parse)(Value::Object(fields)).map_err(|e| {
+            let message = e.inner().to_string();
+            let message = message.split(" at line ").next().unwrap_or(&message);
+            Error::spec(field_at(at, &serde_field(&e)), message.to_string())
+        })?;
+        spec.check().map_err(|e| error_at(e, at))?;
+        Ok(Self {
+            kind: kind.name,
+            spec,
+        })
     }
 
     /// Builds fresh per-request state. `prompt_len` is where generated tokens start in the ids the
-    /// engine will pass (for forced sequences positioned by tokens).
+    /// engine will pass (for processors that count output tokens).
     pub fn realize(
         &self,
         context: &SpecContext,
         prompt_len: usize,
     ) -> Result<Box<dyn LogitsProcessor>> {
-        let position = |p: PositionSpec| match p {
-            PositionSpec::Calls => Position::Calls,
-            PositionSpec::Tokens => Position::GeneratedTokens { prompt_len },
-        };
-        let processor: Box<dyn LogitsProcessor> = match self {
-            ProcessorSpec::Temperature { temperature } => Box::new(Temperature::new(*temperature)?),
-            ProcessorSpec::ForcedSequence {
-                token_ids,
-                eos_token_id,
-                position: p,
-            } => Box::new(
-                ForcedSequence::new(token_ids.clone(), Some(*eos_token_id))?
-                    .with_position(position(*p)),
-            ),
-            ProcessorSpec::HelloWorld { position: p } => {
-                let (ids, eos) = context.hello_world.clone().ok_or_else(|| {
-                    Error::spec(
-                        "kind",
-                        "hello_world needs the engine's tokenizer (SpecContext::hello_world)",
-                    )
-                })?;
-                Box::new(ForcedSequence::new(ids, Some(eos))?.with_position(position(*p)))
-            }
-            ProcessorSpec::ThinkingBudget {
-                tokens,
-                max_thinking_tokens,
-                overflow_percentage,
-            } => {
-                let tokens = tokens.or(context.thinking_tokens).ok_or_else(|| {
-                    Error::spec(
-                        "start_token_id",
-                        "thinking_budget needs its token ids, in the spec or from the model",
-                    )
-                })?;
-                Box::new(ThinkingBudget::new(
-                    tokens,
-                    *max_thinking_tokens,
-                    *overflow_percentage,
-                )?)
-            }
-            ProcessorSpec::BanTokens { token_ids } => Box::new(BanTokens::new(token_ids.clone())),
-            ProcessorSpec::LogitBias { bias } => Box::new(LogitBias::new(bias.clone())?),
-        };
+        let processor = self.spec.realize(context, prompt_len)?;
+        // A backstop for a kind that forgot to check one of its ids.
         if let (Some(vocab_size), Some(token)) = (context.vocab_size, processor.max_token_id()) {
-            check_token(self.kind(), token, vocab_size)?;
+            check_token(self.kind, token, vocab_size)?;
         }
         Ok(processor)
     }
@@ -300,16 +314,45 @@ impl ProcessorSpec {
         self.realize(context, 0).map(drop)
     }
 
-    pub fn kind(&self) -> &'static str {
-        match self {
-            ProcessorSpec::Temperature { .. } => "temperature",
-            ProcessorSpec::ForcedSequence { .. } => "forced_sequence",
-            ProcessorSpec::HelloWorld { .. } => "hello_world",
-            ProcessorSpec::ThinkingBudget { .. } => "thinking_budget",
-            ProcessorSpec::BanTokens { .. } => "ban_tokens",
-            ProcessorSpec::LogitBias { .. } => "logit_bias",
+    /// The spec as JSON, with what it takes from `context` made explicit (see
+    /// [`KindSpec::resolve`]).
+    pub fn resolve(&self, context: &SpecContext) -> Result<Value> {
+        match self.spec.resolve(context)? {
+            Some(value) => Ok(value),
+            None => Ok(self.to_value()),
         }
     }
+
+    /// The spec as JSON, `"kind"` first.
+    pub fn to_value(&self) -> Value {
+        let mut object = Map::new();
+        object.insert("kind".into(), Value::String(self.kind.into()));
+        if let Value::Object(fields) = self.spec.to_value() {
+            object.extend(fields);
+        }
+        Value::Object(object)
+    }
+
+    pub fn kind(&self) -> &'static str {
+        self.kind
+    }
+}
+
+/// The names of the registered kinds, in registration order.
+pub fn kinds() -> impl Iterator<Item = &'static str> {
+    KINDS.iter().map(|k| k.name)
+}
+
+/// Checks the length of an id list against [`MAX_TOKEN_IDS`].
+pub(crate) fn check_len(field: &str, len: usize) -> Result<()> {
+    if len > MAX_TOKEN_IDS {
+        return Err(Error::TooLarge {
+            field: field.into(),
+            len,
+            limit: MAX_TOKEN_IDS,
+        });
+    }
+    Ok(())
 }
 
 fn type_name(value: &Value) -> &'static str {
@@ -323,145 +366,10 @@ fn type_name(value: &Value) -> &'static str {
     }
 }
 
-/// Typed access to a spec object's fields, with errors that name the field.
-struct Fields<'a> {
-    object: &'a Map<String, Value>,
-    at: &'a str,
-}
-
-impl<'a> Fields<'a> {
-    fn path(&self, name: &str) -> String {
-        if self.at.is_empty() {
-            name.to_string()
-        } else {
-            format!("{}.{name}", self.at)
-        }
-    }
-
-    fn only(&self, allowed: &[&str]) -> Result<()> {
-        match self
-            .object
-            .keys()
-            .find(|k| *k != "kind" && !allowed.contains(&k.as_str()))
-        {
-            Some(unknown) => Err(Error::spec(
-                self.path(unknown),
-                format!("unknown field; expected {}", allowed.join(", ")),
-            )),
-            None => Ok(()),
-        }
-    }
-
-    fn get(&self, name: &str) -> Result<&'a Value> {
-        self.object
-            .get(name)
-            .ok_or_else(|| Error::spec(self.path(name), "missing"))
-    }
-
-    fn wrong(&self, name: &str, expected: &str, found: &Value) -> Error {
-        Error::spec(
-            self.path(name),
-            format!("expected {expected}, found {}", type_name(found)),
-        )
-    }
-
-    fn string(&self, name: &str) -> Result<&'a str> {
-        let value = self.get(name)?;
-        value
-            .as_str()
-            .ok_or_else(|| self.wrong(name, "a string", value))
-    }
-
-    fn number(&self, name: &str) -> Result<f64> {
-        let value = self.get(name)?;
-        value
-            .as_f64()
-            .ok_or_else(|| self.wrong(name, "a number", value))
-    }
-
-    fn count(&self, name: &str) -> Result<usize> {
-        let value = self.get(name)?;
-        value
-            .as_u64()
-            .and_then(|n| usize::try_from(n).ok())
-            .ok_or_else(|| self.wrong(name, "a non-negative integer", value))
-    }
-
-    fn id_of(&self, name: &str, value: &Value) -> Result<u32> {
-        value
-            .as_u64()
-            .and_then(|n| u32::try_from(n).ok())
-            .ok_or_else(|| self.wrong(name, "a token id (an integer from 0 to 2^32-1)", value))
-    }
-
-    fn token_id(&self, name: &str) -> Result<u32> {
-        self.id_of(name, self.get(name)?)
-    }
-
-    fn token_ids(&self, name: &str) -> Result<Vec<u32>> {
-        let value = self.get(name)?;
-        let items = value
-            .as_array()
-            .ok_or_else(|| self.wrong(name, "a list of token ids", value))?;
-        if items.len() > MAX_TOKEN_IDS {
-            return Err(Error::TooLarge {
-                field: self.path(name),
-                len: items.len(),
-                limit: MAX_TOKEN_IDS,
-            });
-        }
-        items
-            .iter()
-            .enumerate()
-            .map(|(i, item)| self.id_of(&format!("{name}[{i}]"), item))
-            .collect()
-    }
-
-    fn bias(&self, name: &str) -> Result<Vec<(u32, f32)>> {
-        let value = self.get(name)?;
-        let entries = value
-            .as_object()
-            .ok_or_else(|| self.wrong(name, "an object from token id to bias", value))?;
-        if entries.len() > MAX_TOKEN_IDS {
-            return Err(Error::TooLarge {
-                field: self.path(name),
-                len: entries.len(),
-                limit: MAX_TOKEN_IDS,
-            });
-        }
-        entries
-            .iter()
-            .map(|(key, bias)| {
-                let field = format!("{name}[{key:?}]");
-                let token = key.parse::<u32>().map_err(|_| {
-                    Error::spec(self.path(&field), "keys must be token ids (\"123\")")
-                })?;
-                let bias = bias
-                    .as_f64()
-                    .ok_or_else(|| self.wrong(&field, "a number", bias))?;
-                Ok((token, bias as f32))
-            })
-            .collect()
-    }
-
-    fn position(&self) -> Result<PositionSpec> {
-        match self.object.get("position") {
-            None => Ok(PositionSpec::Calls),
-            Some(_) => match self.string("position")? {
-                "calls" => Ok(PositionSpec::Calls),
-                "tokens" => Ok(PositionSpec::Tokens),
-                other => Err(Error::spec(
-                    self.path("position"),
-                    format!("expected \"calls\" or \"tokens\", found {other:?}"),
-                )),
-            },
-        }
-    }
-}
-
 #[cfg(test)]
 mod tests {
     use super::*;
+    use serde_json::json;
 
     fn field_of(err: Error) -> String {
         match err {
@@ -477,18 +385,15 @@ mod tests {
             r#"{"kind": "forced_sequence", "token_ids": [1, 2, 3], "eos_token_id": 2}"#,
         )
         .unwrap();
+        assert_eq!(spec.kind(), "forced_sequence");
         assert_eq!(
-            spec,
-            ProcessorSpec::ForcedSequence {
-                token_ids: vec![1, 2, 3],
-                eos_token_id: 2,
-                position: PositionSpec::Calls
-            }
+            spec.to_value(),
+            json!({"kind": "forced_sequence", "token_ids": [1, 2, 3], "eos_token_id": 2, "position": "calls"})
         );
     }
 
     #[test]
-    fn every_kind_parses() {
+    fn every_kind_parses_and_writes_back_what_it_read() {
         let specs = parse_pipeline(
             r#"[{"kind": "temperature", "temperature": 0.7},
                 {"kind": "hello_world", "position": "tokens"},
@@ -511,6 +416,10 @@ mod tests {
                 "logit_bias"
             ]
         );
+        for spec in &specs {
+            assert_eq!(&ProcessorSpec::from_value(&spec.to_value()).unwrap(), spec);
+        }
+        assert!(kinds.iter().all(|k| super::kinds().any(|r| r == *k)));
     }
 
     #[test]
@@ -550,10 +459,15 @@ mod tests {
                 r#"{"kind": "thinking_budget", "max_thinking_tokens": 1, "start_token_id": 4}"#,
                 "end_token_id",
             ),
-            (r#"{"kind": "logit_bias", "bias": {"x": 1}}"#, "bias[\"x\"]"),
+            (r#"{"kind": "logit_bias", "bias": {"x": 1}}"#, "bias"),
+            (r#"{"kind": "logit_bias", "bias": {"3": 1e300}}"#, "bias.3"),
             (
                 r#"[{"kind": "temperature", "temperature": 1}, {"kind": "ban_tokens"}]"#,
                 "[1].token_ids",
+            ),
+            (
+                r#"[{"kind": "temperature", "temperature": 1}, {"kind": "temperature", "temperature": -1}]"#,
+                "[1].temperature",
             ),
         ];
         for (json, field) in cases {
@@ -578,7 +492,7 @@ mod tests {
     }
 
     #[test]
-    fn realize_checks_the_vocab_and_context() {
+    fn realize_checks_the_vocab_naming_the_id_and_the_context() {
         let context = SpecContext {
             vocab_size: Some(10),
             ..Default::default()
@@ -589,7 +503,24 @@ mod tests {
         .unwrap();
         assert_eq!(
             field_of(spec.validate(&context).unwrap_err()),
-            "forced_sequence"
+            "token_ids[1]"
+        );
+        let eos = ProcessorSpec::parse(
+            r#"{"kind": "forced_sequence", "token_ids": [3], "eos_token_id": 12}"#,
+        )
+        .unwrap();
+        assert_eq!(
+            field_of(eos.validate(&context).unwrap_err()),
+            "eos_token_id"
+        );
+        let budget = ProcessorSpec::parse(
+            r#"{"kind": "thinking_budget", "max_thinking_tokens": 3, "start_token_id": 1,
+                "end_token_id": 99, "newline_token_id": 3}"#,
+        )
+        .unwrap();
+        assert_eq!(
+            field_of(budget.validate(&context).unwrap_err()),
+            "end_token_id"
         );
         let hello = ProcessorSpec::parse(r#"{"kind": "hello_world"}"#).unwrap();
         assert!(hello.validate(&context).is_err());
@@ -598,5 +529,9 @@ mod tests {
             ..context
         };
         assert!(hello.validate(&with_tokenizer).is_ok());
+        assert_eq!(
+            hello.resolve(&with_tokenizer).unwrap(),
+            json!({"kind": "forced_sequence", "token_ids": [4, 5], "eos_token_id": 1, "position": "calls"})
+        );
     }
 }

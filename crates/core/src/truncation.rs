@@ -160,7 +160,7 @@ impl Softmax {
             .iter()
             .filter(|x| !x.is_nan())
             .fold(f32::NEG_INFINITY, |m, &x| m.max(x));
-        let sum = if max == f32::NEG_INFINITY || max == f32::INFINITY {
+        let sum = if max.is_infinite() {
             0.0
         } else {
             values
@@ -172,8 +172,13 @@ impl Softmax {
         Self { max, sum }
     }
 
+    /// Whether the row has a distribution: some finite value, none `+inf`.
+    fn is_defined(&self) -> bool {
+        self.sum > 0.0
+    }
+
     fn probability(&self, x: f32) -> f32 {
-        if self.sum > 0.0 {
+        if self.is_defined() {
             (x - self.max).exp() / self.sum
         } else {
             f32::NAN
@@ -183,7 +188,7 @@ impl Softmax {
     /// The band of values whose probability is at least `threshold`: probability is monotone in
     /// the value, so it starts at the smallest such value.
     fn keep_from(&self, values: &[f32], threshold: f32) -> Band {
-        if !(self.sum > 0.0) {
+        if !self.is_defined() {
             return Band::ALL;
         }
         let lo = values
@@ -198,7 +203,7 @@ impl Softmax {
 
     /// `-sum(p * log p)`, the entropy of the row's distribution.
     fn entropy(&self, values: &[f32]) -> f32 {
-        if !(self.sum > 0.0) {
+        if !self.is_defined() {
             return 0.0;
         }
         let log_sum = (self.sum as f64).ln();
@@ -230,7 +235,7 @@ const CANDIDATES: [usize; 3] = [256, 4096, 32768];
 
 fn top_p(values: &[f32], p: f32, min_keep: usize, work: &mut Vec<(f32, f32)>) -> Band {
     let softmax = Softmax::of(values);
-    if !(softmax.sum > 0.0) {
+    if !softmax.is_defined() {
         return Band::ALL;
     }
     work.clear();
@@ -259,7 +264,7 @@ fn top_p(values: &[f32], p: f32, min_keep: usize, work: &mut Vec<(f32, f32)>) ->
 
 fn typical(values: &[f32], mass: f32, min_keep: usize, work: &mut Vec<(f32, f32)>) -> Band {
     let softmax = Softmax::of(values);
-    if !(softmax.sum > 0.0) {
+    if !softmax.is_defined() {
         return Band::ALL;
     }
     let entropy = softmax.entropy(values) as f64;
@@ -306,4 +311,163 @@ fn typical(values: &[f32], mass: f32, min_keep: usize, work: &mut Vec<(f32, f32)
         return Band { lo, hi };
     }
     Band::ALL
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use proptest::prelude::*;
+
+    /// transformers' warpers, as written there: a whole-row sort and a softmax in f64.
+    fn reference(rule: &Truncation, x: &[f32]) -> Vec<bool> {
+        let n = x.len();
+        let max = x.iter().fold(f32::NEG_INFINITY, |m, &v| m.max(v)) as f64;
+        let sum: f64 = x.iter().map(|&v| (v as f64 - max).exp()).sum();
+        let p: Vec<f64> = x.iter().map(|&v| (v as f64 - max).exp() / sum).collect();
+        let mut order: Vec<usize> = (0..n).collect();
+        order.sort_by(|&a, &b| x[b].total_cmp(&x[a])); // largest first
+        let min_keep = rule.min_keep() as usize;
+        let mut keep = vec![false; n];
+        for &i in order.iter().take(min_keep) {
+            keep[i] = true;
+        }
+        match *rule {
+            Truncation::TopK { k, min_keep } => {
+                let kth = x[order[(k.max(min_keep) as usize).min(n) - 1]];
+                (0..n).for_each(|i| keep[i] = x[i] >= kth);
+            }
+            Truncation::TopP { p: top_p, .. } => {
+                // Ascending cumulative mass; remove where it is <= 1 - p.
+                let mut cumulative = 0.0;
+                for &i in order.iter().rev() {
+                    cumulative += p[i];
+                    keep[i] |= cumulative > 1.0 - top_p as f64;
+                }
+            }
+            Truncation::MinP { p: min_p, .. } => {
+                let top = p.iter().cloned().fold(0.0, f64::max);
+                (0..n).for_each(|i| keep[i] |= p[i] >= min_p as f64 * top);
+            }
+            Truncation::Epsilon { epsilon, .. } => {
+                (0..n).for_each(|i| keep[i] |= p[i] >= epsilon as f64);
+            }
+            Truncation::Eta { epsilon, .. } => {
+                let entropy: f64 = -p
+                    .iter()
+                    .map(|&q| if q > 0.0 { q * q.ln() } else { 0.0 })
+                    .sum::<f64>();
+                let eta = (epsilon as f64).min((epsilon as f64).sqrt() * (-entropy).exp());
+                (0..n).for_each(|i| keep[i] |= p[i] >= eta);
+            }
+            Truncation::Typical { mass, .. } => {
+                let entropy: f64 = -p
+                    .iter()
+                    .map(|&q| if q > 0.0 { q * q.ln() } else { 0.0 })
+                    .sum::<f64>();
+                let shifted: Vec<f64> = p.iter().map(|&q| (-q.ln() - entropy).abs()).collect();
+                let mut by_shift: Vec<usize> = (0..n).collect();
+                by_shift.sort_by(|&a, &b| shifted[a].total_cmp(&shifted[b]));
+                let mut cumulative = 0.0;
+                let mut last = n - 1;
+                for (rank, &i) in by_shift.iter().enumerate() {
+                    cumulative += p[i];
+                    if cumulative >= mass as f64 {
+                        last = rank;
+                        break;
+                    }
+                }
+                let cut = shifted[by_shift[last.max(min_keep.min(n) - 1)]];
+                keep = (0..n).map(|i| shifted[i] <= cut).collect();
+            }
+        }
+        keep
+    }
+
+    fn rule() -> impl Strategy<Value = Truncation> {
+        let min_keep = 1u32..4;
+        prop_oneof![
+            (1u32..40, min_keep.clone()).prop_map(|(k, min_keep)| Truncation::TopK { k, min_keep }),
+            (0.05f32..1.0, min_keep.clone())
+                .prop_map(|(p, min_keep)| Truncation::TopP { p, min_keep }),
+            (0.0f32..1.0, min_keep.clone())
+                .prop_map(|(p, min_keep)| Truncation::MinP { p, min_keep }),
+            (0.05f32..0.95, min_keep.clone())
+                .prop_map(|(mass, min_keep)| Truncation::Typical { mass, min_keep }),
+            (0.0001f32..0.2, min_keep.clone())
+                .prop_map(|(epsilon, min_keep)| Truncation::Epsilon { epsilon, min_keep }),
+            (0.0001f32..0.2, min_keep)
+                .prop_map(|(epsilon, min_keep)| Truncation::Eta { epsilon, min_keep }),
+        ]
+    }
+
+    proptest! {
+        /// On rows of distinct values the band keeps exactly what the sorted reference keeps,
+        /// unless a probability sits within rounding of the rule's threshold.
+        #[test]
+        fn bands_keep_what_a_full_sort_keeps(
+            row in proptest::collection::hash_set(-2000i32..2000, 1..600),
+            scale in 0.001f32..0.05,
+            rule in rule(),
+        ) {
+            let x: Vec<f32> = row.into_iter().map(|v| v as f32 * scale).collect();
+            let band = rule.band(&x, &mut vec![]);
+            let want = reference(&rule, &x);
+            let got: Vec<bool> = x.iter().map(|&v| !band.removes(v)).collect();
+            let differ = (0..x.len()).filter(|&i| got[i] != want[i]).count();
+            // Rounding (f32 probabilities here, f64 in the reference) may move one boundary token.
+            prop_assert!(differ <= 1, "{rule:?}: {differ} of {} differ", x.len());
+        }
+    }
+
+    #[test]
+    fn top_k_keeps_ties_and_everything_when_k_exceeds_the_row() {
+        let x = [1.0f32, 3.0, 3.0, 2.0, f32::NEG_INFINITY];
+        let band = Truncation::TopK { k: 2, min_keep: 1 }.band(&x, &mut vec![]);
+        let kept: Vec<bool> = x.iter().map(|&v| !band.removes(v)).collect();
+        assert_eq!(kept, [false, true, true, false, false]);
+        let all = Truncation::TopK { k: 50, min_keep: 1 }.band(&x, &mut vec![]);
+        assert_eq!(all.lo, f32::NEG_INFINITY);
+    }
+
+    #[test]
+    fn parameters_out_of_range_are_refused_naming_the_field() {
+        let bad = [
+            (Truncation::TopK { k: 0, min_keep: 1 }, "k"),
+            (
+                Truncation::TopP {
+                    p: 0.0,
+                    min_keep: 1,
+                },
+                "p",
+            ),
+            (
+                Truncation::MinP {
+                    p: 1.5,
+                    min_keep: 1,
+                },
+                "p",
+            ),
+            (
+                Truncation::Typical {
+                    mass: 1.0,
+                    min_keep: 1,
+                },
+                "mass",
+            ),
+            (
+                Truncation::Eta {
+                    epsilon: 0.0,
+                    min_keep: 1,
+                },
+                "epsilon",
+            ),
+            (Truncation::TopK { k: 3, min_keep: 0 }, "min_tokens_to_keep"),
+        ];
+        for (rule, field) in bad {
+            match rule.validate() {
+                Err(Error::InvalidArgument { field: f, .. }) => assert_eq!(f, field),
+                other => panic!("{rule:?}: {other:?}"),
+            }
+        }
+    }
 }

@@ -1,7 +1,28 @@
+use serde::{Deserialize, Serialize};
+
 use crate::error::Result;
 use crate::history::TokenHistory;
 use crate::plan::{Edit, RowPlan};
 use crate::processors::LogitsProcessor;
+use crate::spec::{check_len, KindSpec, SpecContext};
+
+/// `{"kind": "ban_tokens", "token_ids": [..]}`.
+#[derive(Debug, Clone, Serialize, Deserialize)]
+#[serde(deny_unknown_fields)]
+pub struct BanTokensSpec {
+    pub token_ids: Vec<u32>,
+}
+
+impl KindSpec for BanTokensSpec {
+    fn check(&self) -> Result<()> {
+        check_len("token_ids", self.token_ids.len())
+    }
+
+    fn realize(&self, context: &SpecContext, _: usize) -> Result<Box<dyn LogitsProcessor>> {
+        context.check_ids("token_ids", self.token_ids.iter().copied())?;
+        Ok(Box::new(BanTokens::new(self.token_ids.clone())))
+    }
+}
 
 /// Bans lists longer than this as a bitmask: one bit per token up to the largest id, applied
 /// word by word in the row's pass, instead of one sparse edit per token.

@@ -1,7 +1,59 @@
+use serde::{Deserialize, Serialize};
+
 use crate::error::{Error, Result};
 use crate::history::TokenHistory;
 use crate::plan::{Edit, ForcedValue, RowPlan};
 use crate::processors::LogitsProcessor;
+use crate::spec::{check_len, KindSpec, SpecContext};
+
+/// How a spec's forced sequence finds its position: by counting calls (`"calls"`, the reference's
+/// way and the default) or from the number of generated tokens (`"tokens"`: robust to
+/// preemption, prefill/decode splits and migration).
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Default, Serialize, Deserialize)]
+#[serde(rename_all = "lowercase")]
+pub enum PositionSpec {
+    #[default]
+    Calls,
+    Tokens,
+}
+
+impl PositionSpec {
+    pub(crate) fn position(self, prompt_len: usize) -> Position {
+        match self {
+            PositionSpec::Calls => Position::Calls,
+            PositionSpec::Tokens => Position::GeneratedTokens { prompt_len },
+        }
+    }
+}
+
+/// `{"kind": "forced_sequence", "token_ids": [..], "eos_token_id": 2, "position": "calls"}`.
+#[derive(Debug, Clone, Serialize, Deserialize)]
+#[serde(deny_unknown_fields)]
+pub struct ForcedSequenceSpec {
+    pub token_ids: Vec<u32>,
+    pub eos_token_id: u32,
+    #[serde(default)]
+    pub position: PositionSpec,
+}
+
+impl KindSpec for ForcedSequenceSpec {
+    fn check(&self) -> Result<()> {
+        check_len("token_ids", self.token_ids.len())
+    }
+
+    fn realize(
+        &self,
+        context: &SpecContext,
+        prompt_len: usize,
+    ) -> Result<Box<dyn LogitsProcessor>> {
+        context.check_ids("token_ids", self.token_ids.iter().copied())?;
+        context.check_id("eos_token_id", self.eos_token_id)?;
+        Ok(Box::new(
+            ForcedSequence::new(self.token_ids.clone(), Some(self.eos_token_id))?
+                .with_position(self.position.position(prompt_len)),
+        ))
+    }
+}
 
 /// Where a forced sequence takes its position from.
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Default)]

@@ -1,5 +1,50 @@
+use serde::{Deserialize, Serialize};
+
 use crate::error::{Error, Result};
-use crate::processors::ForcedSequence;
+use crate::processors::forced_sequence::{ForcedSequenceSpec, PositionSpec};
+use crate::processors::{ForcedSequence, LogitsProcessor};
+use crate::spec::{KindSpec, SpecContext};
+
+/// `{"kind": "hello_world", "position": "calls"}`: the ids come from the engine's tokenizer
+/// ([`SpecContext::hello_world`]).
+#[derive(Debug, Clone, Serialize, Deserialize)]
+#[serde(deny_unknown_fields)]
+pub struct HelloWorldSpec {
+    #[serde(default)]
+    pub position: PositionSpec,
+}
+
+impl HelloWorldSpec {
+    fn forced(&self, context: &SpecContext) -> Result<ForcedSequenceSpec> {
+        let (token_ids, eos_token_id) = context.hello_world.clone().ok_or_else(|| {
+            Error::spec(
+                "kind",
+                "hello_world needs the engine's tokenizer (SpecContext::hello_world)",
+            )
+        })?;
+        Ok(ForcedSequenceSpec {
+            token_ids,
+            eos_token_id,
+            position: self.position,
+        })
+    }
+}
+
+impl KindSpec for HelloWorldSpec {
+    fn realize(
+        &self,
+        context: &SpecContext,
+        prompt_len: usize,
+    ) -> Result<Box<dyn LogitsProcessor>> {
+        self.forced(context)?.realize(context, prompt_len)
+    }
+
+    fn resolve(&self, context: &SpecContext) -> Result<Option<serde_json::Value>> {
+        let mut value = serde_json::to_value(self.forced(context)?).expect("plain data");
+        value["kind"] = "forced_sequence".into();
+        Ok(Some(value))
+    }
+}
 
 /// The reply [`hello_world`] forces.
 pub const HELLO_WORLD_TEXT: &str = "Hello world!";

@@ -1,7 +1,42 @@
+use std::collections::BTreeMap;
+
+use serde::{Deserialize, Serialize};
+
 use crate::error::{Error, Result};
 use crate::history::TokenHistory;
 use crate::plan::{Edit, RowPlan};
 use crate::processors::LogitsProcessor;
+use crate::spec::{check_len, KindSpec, SpecContext};
+
+/// `{"kind": "logit_bias", "bias": {"123": -1.5}}`: an object from token id (a string, as JSON
+/// keys are) to a finite bias (OpenAI's form).
+#[derive(Debug, Clone, Serialize, Deserialize)]
+#[serde(deny_unknown_fields)]
+pub struct LogitBiasSpec {
+    pub bias: BTreeMap<u32, f32>,
+}
+
+impl KindSpec for LogitBiasSpec {
+    fn check(&self) -> Result<()> {
+        check_len("bias", self.bias.len())?;
+        match self.bias.iter().find(|(_, b)| !b.is_finite()) {
+            Some((token, bias)) => Err(Error::argument(
+                format!("bias.{token}"),
+                format!("must be finite (in f32), got {bias}"),
+            )),
+            None => Ok(()),
+        }
+    }
+
+    fn realize(&self, context: &SpecContext, _: usize) -> Result<Box<dyn LogitsProcessor>> {
+        for &token in self.bias.keys() {
+            context.check_id(&format!("bias.{token}"), token)?;
+        }
+        Ok(Box::new(LogitBias::new(
+            self.bias.iter().map(|(&t, &b)| (t, b)).collect(),
+        )?))
+    }
+}
 
 /// Adds a fixed bias to some tokens' logits at every step (OpenAI's `logit_bias`). Biases must be
 /// finite, so a bias never turns a banned (`-inf`) token back on.

@@ -8,18 +8,30 @@ mod temperature;
 mod thinking_budget;
 mod thinking_config;
 
-pub use ban_tokens::BanTokens;
-pub use forced_sequence::{ForcedSequence, Position};
-pub use hello_world::{hello_world, TextEncoder, HELLO_WORLD_TEXT};
-pub use logit_bias::LogitBias;
-pub use temperature::Temperature;
-pub use thinking_budget::{ThinkingBudget, CHECKED_TAIL};
+pub use ban_tokens::{BanTokens, BanTokensSpec};
+pub use forced_sequence::{ForcedSequence, ForcedSequenceSpec, Position, PositionSpec};
+pub use hello_world::{hello_world, HelloWorldSpec, TextEncoder, HELLO_WORLD_TEXT};
+pub use logit_bias::{LogitBias, LogitBiasSpec};
+pub use temperature::{Temperature, TemperatureSpec};
+pub use thinking_budget::{ThinkingBudget, ThinkingBudgetSpec, CHECKED_TAIL};
 pub use thinking_config::{
     get_thinking_token_config, register_thinking_token_config, ThinkingTokenConfig,
 };
 
 use crate::error::Result;
 use crate::history::TokenHistory;
+use crate::spec::Kind;
+
+/// Every spec kind, by its `"kind"` name. Adding a processor: its file (the processor, its spec
+/// struct and `KindSpec`), one line here, its docs and its tests (docs/core.md).
+pub(crate) static KINDS: &[Kind] = &[
+    Kind::new::<TemperatureSpec>("temperature"),
+    Kind::new::<ForcedSequenceSpec>("forced_sequence"),
+    Kind::new::<HelloWorldSpec>("hello_world"),
+    Kind::new::<ThinkingBudgetSpec>("thinking_budget"),
+    Kind::new::<BanTokensSpec>("ban_tokens"),
+    Kind::new::<LogitBiasSpec>("logit_bias"),
+];
 use crate::logit::Logit;
 use crate::plan::RowPlan;
 

@@ -1,7 +1,29 @@
+use serde::{Deserialize, Serialize};
+
 use crate::error::{Error, Result};
 use crate::history::TokenHistory;
 use crate::plan::{Edit, RowPlan};
 use crate::processors::LogitsProcessor;
+use crate::spec::{KindSpec, SpecContext};
+
+/// `{"kind": "temperature", "temperature": 0.7}`: the temperature, finite and > 0.
+#[derive(Debug, Clone, Serialize, Deserialize)]
+#[serde(deny_unknown_fields)]
+pub struct TemperatureSpec {
+    pub temperature: f64,
+}
+
+impl KindSpec for TemperatureSpec {
+    fn check(&self) -> Result<()> {
+        Temperature::new(self.temperature)
+            .map(drop)
+            .map_err(|e| Error::argument("temperature", e.to_string()))
+    }
+
+    fn realize(&self, _: &SpecContext, _: usize) -> Result<Box<dyn LogitsProcessor>> {
+        Ok(Box::new(Temperature::new(self.temperature)?))
+    }
+}
 
 /// Divides every logit by a temperature: above 1 flattens the distribution, below 1 sharpens it.
 ///

@@ -1,7 +1,99 @@
+use serde::{Deserialize, Serialize};
+
 use crate::error::{Error, Result};
 use crate::history::TokenHistory;
 use crate::plan::{Edit, ForcedValue, RowPlan};
 use crate::processors::{LogitsProcessor, ThinkingTokenConfig};
+use crate::spec::{KindSpec, SpecContext};
+
+/// `{"kind": "thinking_budget", "max_thinking_tokens": 100, "overflow_percentage": 0.1}`, plus
+/// `start_token_id` / `end_token_id` / `newline_token_id` (all three, or none to take the
+/// model's from [`SpecContext::thinking_tokens`]).
+#[derive(Debug, Clone, Serialize, Deserialize)]
+#[serde(deny_unknown_fields)]
+pub struct ThinkingBudgetSpec {
+    pub max_thinking_tokens: usize,
+    #[serde(default = "default_overflow")]
+    pub overflow_percentage: f64,
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub start_token_id: Option<u32>,
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub end_token_id: Option<u32>,
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub newline_token_id: Option<u32>,
+}
+
+fn default_overflow() -> f64 {
+    0.1
+}
+
+impl ThinkingBudgetSpec {
+    fn tokens(&self, context: &SpecContext) -> Result<ThinkingTokenConfig> {
+        match (
+            self.start_token_id,
+            self.end_token_id,
+            self.newline_token_id,
+        ) {
+            (Some(start), Some(end), Some(newline)) => Ok(ThinkingTokenConfig {
+                start_token_id: start,
+                end_token_id: end,
+                newline_token_id: newline,
+            }),
+            _ => context.thinking_tokens.ok_or_else(|| {
+                Error::spec(
+                    "start_token_id",
+                    "thinking_budget needs its token ids, in the spec or from the model",
+                )
+            }),
+        }
+    }
+}
+
+impl KindSpec for ThinkingBudgetSpec {
+    fn check(&self) -> Result<()> {
+        let ids = [
+            ("start_token_id", self.start_token_id),
+            ("end_token_id", self.end_token_id),
+            ("newline_token_id", self.newline_token_id),
+        ];
+        let given = ids.iter().filter(|(_, id)| id.is_some()).count();
+        if given != 0 && given != 3 {
+            let missing = ids.iter().find(|(_, id)| id.is_none()).unwrap().0;
+            return Err(Error::spec(
+                missing,
+                "give all three thinking token ids or none",
+            ));
+        }
+        ThinkingBudget::new(ThinkingTokenConfig::DISABLED, 0, self.overflow_percentage)
+            .map(drop)
+            .map_err(|e| Error::spec("overflow_percentage", e.to_string()))
+    }
+
+    fn realize(&self, context: &SpecContext, _: usize) -> Result<Box<dyn LogitsProcessor>> {
+        let tokens = self.tokens(context)?;
+        let budget =
+            ThinkingBudget::new(tokens, self.max_thinking_tokens, self.overflow_percentage)?;
+        if budget.enabled() {
+            context.check_id("start_token_id", tokens.start_token_id)?;
+            context.check_id("end_token_id", tokens.end_token_id)?;
+            context.check_id("newline_token_id", tokens.newline_token_id)?;
+        }
+        Ok(Box::new(budget))
+    }
+
+    fn resolve(&self, context: &SpecContext) -> Result<Option<serde_json::Value>> {
+        let tokens = self.tokens(context)?;
+        let explicit = ThinkingBudgetSpec {
+            start_token_id: Some(tokens.start_token_id),
+            end_token_id: Some(tokens.end_token_id),
+            newline_token_id: Some(tokens.newline_token_id),
+            ..self.clone()
+        };
+        let mut value = serde_json::to_value(explicit).expect("plain data");
+        value["kind"] = "thinking_budget".into();
+        Ok(Some(value))
+    }
+}
 
 /// Ends a `<think>` block once it has used its budget of tokens, by forcing the end token.
 ///
@@ -98,7 +190,7 @@ impl ThinkingBudget {
         self.overflow_budget
     }
 
-    fn enabled(&self) -> bool {
+    pub(crate) fn enabled(&self) -> bool {
         self.tokens.start_token_id != 0 && self.tokens.end_token_id != 0
     }
 

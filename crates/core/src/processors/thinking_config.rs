@@ -66,23 +66,27 @@ pub fn register_thinking_token_config(model_key: &str, config: ThinkingTokenConf
     })
 }
 
-/// The thinking tokens of `model_name`: the first table key that is a substring of the lower-cased
-/// name; else, with a tokenizer, the ids of `<think>`, `</think>` and `\n`, each only if it encodes
-/// to exactly one token (the reference takes the first piece of a longer encoding, which silently
-/// budgets the wrong token); else [`ThinkingTokenConfig::DISABLED`], with a warning.
+/// The thinking tokens of `model_name`. With a tokenizer whose `<think>`, `</think>` and `\n`
+/// each encode to exactly one token, those ids: the tokenizer is what the model was trained
+/// with, and one family's name on another's tokenizer (or one version's table entry on another
+/// version's tokenizer: DeepSeek's ids moved) must not budget the wrong token. Else the first
+/// table key that is a substring of the lower-cased name. Else
+/// [`ThinkingTokenConfig::DISABLED`], with a warning.
+///
+/// The reference looks at the table first and takes the first piece of a longer encoding; both
+/// differ here on purpose. Every caller (the Python functions, every engine adapter) uses this
+/// one rule.
 pub fn get_thinking_token_config(
     model_name: &str,
     tokenizer: Option<&dyn TextEncoder>,
 ) -> ThinkingTokenConfig {
     let name = model_name.to_lowercase();
-    if let Some(config) = with_table(|table| {
+    let from_table = with_table(|table| {
         table
             .iter()
             .find(|(key, _)| name.contains(key.as_str()))
             .map(|(_, c)| *c)
-    }) {
-        return config;
-    }
+    });
     if let Some(tokenizer) = tokenizer {
         let single = |text: &str| match tokenizer.encode_plain(text) {
             Ok(ids) if ids.len() == 1 => Some(ids[0]),
@@ -91,16 +95,23 @@ pub fn get_thinking_token_config(
         if let (Some(start), Some(end), Some(newline)) =
             (single("<think>"), single("</think>"), single("\n"))
         {
-            return ThinkingTokenConfig::new(start, end, newline);
+            let found = ThinkingTokenConfig::new(start, end, newline);
+            if from_table.is_some_and(|c| c != found) {
+                log::warn!(
+                    "{model_name}: the tokenizer's thinking ids {found:?} differ from the table's \
+                     {from_table:?}; using the tokenizer's"
+                );
+            }
+            return found;
         }
-        log::warn!(
-            "{model_name}: <think>, </think> or a newline is not a single token; thinking budget disabled"
-        );
-    } else {
-        log::warn!(
-            "{model_name}: no thinking tokens known for this model; thinking budget disabled"
-        );
     }
+    if let Some(config) = from_table {
+        return config;
+    }
+    log::warn!(
+        "{model_name}: no single-token <think>, </think> and newline known for this model; \
+         thinking budget disabled"
+    );
     ThinkingTokenConfig::DISABLED
 }
 
@@ -161,6 +172,20 @@ mod tests {
         assert_eq!(
             get_thinking_token_config("unknown-c", None),
             ThinkingTokenConfig::DISABLED
+        );
+    }
+
+    #[test]
+    fn the_tokenizer_wins_over_the_table_and_the_table_over_pieces() {
+        // A Qwen3-named model with another tokenizer: the tokenizer's single tokens.
+        assert_eq!(
+            get_thinking_token_config("qwen3-finetune", Some(&Single)),
+            ThinkingTokenConfig::new(700, 800, 100)
+        );
+        // A tokenizer that splits </think>: the table's entry.
+        assert_eq!(
+            get_thinking_token_config("qwen3-finetune", Some(&Pieces)),
+            ThinkingTokenConfig::new(151667, 151668, 198)
         );
     }
 }
