@@ -403,8 +403,11 @@ impl RowPlan {
                 _ => self.dense.push(i),
             }
         }
-        // A stable sort merges the sorted runs processors push in linear time per run.
-        self.touched.sort_by_key(|&(token, _)| token);
+        // By token, then plan order (edit indices are unique): each token's edits stay in order.
+        // One processor's edits usually come sorted already.
+        if !self.touched.is_sorted() {
+            self.touched.sort_unstable();
+        }
     }
 
     /// The dense edits over the whole row (reading `src` instead of `row` when given): a chain of
@@ -491,7 +494,8 @@ const CHUNK: usize = 4096;
 
 /// Sets the logits of `chunk` (starting at token `start`, a multiple of 32) that `mask` does not
 /// allow to `-inf`. Whole words of allowed tokens are skipped unread; words with many banned
-/// tokens are written whole, branch-free (a select the compiler vectorizes).
+/// tokens are written whole, as a branch-free select on the logits' bits (random bits would
+/// mispredict a branch per token).
 fn mask_chunk<T: Logit>(chunk: &mut [T], start: usize, mask: Bitmask<'_>) {
     debug_assert_eq!(start % 32, 0);
     for (w, group) in chunk.chunks_mut(32).enumerate() {
@@ -501,18 +505,36 @@ fn mask_chunk<T: Logit>(chunk: &mut [T], start: usize, mask: Bitmask<'_>) {
             None => 0,
         };
         let mut banned = !allowed & (u32::MAX >> (32 - group.len()));
-        if banned.count_ones() > 4 {
-            for (j, x) in group.iter_mut().enumerate() {
-                if banned >> j & 1 == 1 {
-                    *x = T::NEG_INFINITY;
-                }
-            }
+        if banned.count_ones() > 4 && group.len() == 32 {
+            select_word(group, allowed);
             continue;
         }
         while banned != 0 {
             group[banned.trailing_zeros() as usize] = T::NEG_INFINITY;
             banned &= banned - 1;
         }
+    }
+}
+
+/// `group[j]` kept where bit `j` of `allowed` is set, `-inf` elsewhere, computed on the bits of
+/// each logit (an and, an and-not and an or per lane, which the compiler vectorizes).
+fn select_word<T: Logit>(group: &mut [T], allowed: u32) {
+    macro_rules! select {
+        ($bits:ty) => {{
+            // SAFETY: T is a float type of exactly this size and alignment (checked by DTYPE).
+            let lanes: &mut [$bits; 32] = unsafe { &mut *(group.as_mut_ptr() as *mut [$bits; 32]) };
+            let neg_inf: $bits = unsafe { std::mem::transmute_copy(&T::NEG_INFINITY) };
+            for (j, x) in lanes.iter_mut().enumerate() {
+                let keep: $bits = if allowed & (1 << j) != 0 { !0 } else { 0 };
+                *x = (*x & keep) | (neg_inf & !keep);
+            }
+        }};
+    }
+    debug_assert_eq!(group.len(), 32);
+    match T::DTYPE.size() {
+        4 => select!(u32),
+        2 => select!(u16),
+        _ => unreachable!("logits are 2 or 4 bytes"),
     }
 }
 
