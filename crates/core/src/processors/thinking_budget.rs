@@ -161,7 +161,8 @@ impl ThinkingBudget {
                 format!("must be finite and >= 0, got {overflow_percentage}"),
             ));
         }
-        // Python's int(max * pct): truncation, which is floor for these non-negative values.
+        // Python's int(max * pct): truncation, which is floor for these non-negative values; a
+        // product past usize saturates (the hard limit is then never reached, as in Python).
         let overflow_budget = (max_thinking_tokens as f64 * overflow_percentage) as usize;
         Ok(Self {
             tokens,
@@ -243,7 +244,7 @@ impl ThinkingBudget {
         let thought = ids.token_count() - start - 1;
         thought >= self.max_thinking_tokens
             && (ids.last_token() == Some(self.tokens.newline_token_id)
-                || thought >= self.max_thinking_tokens + self.overflow_budget)
+                || thought >= self.max_thinking_tokens.saturating_add(self.overflow_budget))
     }
 }
 
@@ -382,6 +383,16 @@ mod tests {
     fn no_start_means_nothing_and_budget_zero_ends_right_after_the_start() {
         assert!(!budget(0).must_end(&[WORD, WORD]));
         assert!(budget(0).must_end(&[WORD, START]));
+    }
+
+    #[test]
+    fn a_huge_overflow_never_reaches_the_hard_limit() {
+        let mut b = ThinkingBudget::new(IDS, 10, 1e300).unwrap();
+        assert_eq!(b.overflow_budget(), usize::MAX);
+        assert!(!b.must_end(&thinking(1000)));
+        let mut at_newline = thinking(20);
+        at_newline.push(NEWLINE);
+        assert!(b.must_end(&at_newline));
     }
 
     #[test]
