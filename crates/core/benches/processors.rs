@@ -221,11 +221,66 @@ fn batch(c: &mut Criterion) {
     group.finish();
 }
 
+/// A batch step on a quiet machine and with every core busy with another thread (2x
+/// oversubscription), as in an engine whose tokenizers and scheduler share the cores.
+fn contention(c: &mut Criterion) {
+    let mut group = c.benchmark_group("contention");
+    group.sample_size(30);
+    const VOCAB_DS: usize = 129_280;
+    let ids = history(1_000);
+    for rows in [4usize, 64] {
+        let source = logits::<f32>(rows * VOCAB_DS);
+        let mut block = source.clone();
+        let mut batch = Batch::new(VOCAB_DS);
+        for row in 0..rows {
+            let processor: Box<dyn LogitsProcessor> = match row % 2 {
+                0 => Box::new(ForcedSequence::new(vec![17, 42, 99], Some(2)).unwrap()),
+                _ => Box::new(Temperature::new(0.7).unwrap()),
+            };
+            batch
+                .add(row, Pipeline::new(vec![Step::Processor(processor)]))
+                .unwrap();
+        }
+        let histories: Vec<&dyn TokenHistory> = (0..rows).map(|_| &ids as _).collect();
+        let layout = BatchLayout::contiguous(rows, VOCAB_DS);
+        for busy in [
+            0,
+            std::thread::available_parallelism().map_or(2, |n| n.get()),
+        ] {
+            let stop = std::sync::Arc::new(std::sync::atomic::AtomicBool::new(false));
+            let spinners: Vec<_> = (0..busy)
+                .map(|_| {
+                    let stop = stop.clone();
+                    std::thread::spawn(move || {
+                        let mut x = 0u64;
+                        while !stop.load(std::sync::atomic::Ordering::Relaxed) {
+                            x = black_box(x.wrapping_mul(6364136223846793005).wrapping_add(1));
+                        }
+                    })
+                })
+                .collect();
+            group.bench_function(
+                BenchmarkId::new(format!("rows_{rows}_busy_threads"), busy),
+                |b| {
+                    b.iter(|| {
+                        batch
+                            .apply(black_box(&mut block), layout, &histories)
+                            .unwrap()
+                    })
+                },
+            );
+            stop.store(true, std::sync::atomic::Ordering::Relaxed);
+            spinners.into_iter().for_each(|t| t.join().unwrap());
+        }
+    }
+    group.finish();
+}
+
 criterion_group! {
     name = benches;
     config = Criterion::default()
         .warm_up_time(Duration::from_millis(500))
         .measurement_time(Duration::from_secs(2));
-    targets = rows, sparse_and_masks, thinking_budget, batch
+    targets = rows, sparse_and_masks, thinking_budget, batch, contention
 }
 criterion_main!(benches);

@@ -15,6 +15,11 @@ use crate::raw::RawRow;
 /// stay in cache anyway (see `Fill::Streaming`).
 const STREAMING_MIN_BYTES: usize = 16 << 20;
 
+/// Steps that edit less than this run on the calling thread: handing them to the pool costs thread
+/// wake-ups, and on a machine whose cores are busy with other work (an engine's tokenizers,
+/// scheduler, HTTP) the caller then waits for pool threads that cannot run.
+const PARALLEL_MIN_BYTES: usize = 4 << 20;
+
 /// The caller's hook for a pipeline's external steps: `(row, key, logits_row)`.
 pub type ExternalCall<'a, T> = dyn FnMut(usize, u64, &mut [T]) -> Result<()> + 'a;
 
@@ -393,7 +398,7 @@ impl Batch {
                 .map(|(&row, p)| (row, Some(p)))
                 .collect(),
         };
-        work.par_iter_mut().for_each(|(row, pipeline)| {
+        let edit_row = |(row, pipeline): &mut (usize, Option<&mut Pipeline>)| {
             let (to, from) = (row_at(*row), source_at(*row));
             match pipeline {
                 // SAFETY (for the whole closure): rows of the block are disjoint and each is
@@ -407,7 +412,13 @@ impl Batch {
                     }
                 }
             }
-        });
+        };
+        let bytes = work.len() * vocab * std::mem::size_of::<T>();
+        if bytes < PARALLEL_MIN_BYTES || rayon::current_num_threads() < 2 {
+            work.iter_mut().for_each(edit_row);
+        } else {
+            work.par_iter_mut().for_each(edit_row);
+        }
         Ok(())
     }
 

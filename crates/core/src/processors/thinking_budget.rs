@@ -244,7 +244,10 @@ impl ThinkingBudget {
         let thought = ids.token_count() - start - 1;
         thought >= self.max_thinking_tokens
             && (ids.last_token() == Some(self.tokens.newline_token_id)
-                || thought >= self.max_thinking_tokens.saturating_add(self.overflow_budget))
+                || thought
+                    >= self
+                        .max_thinking_tokens
+                        .saturating_add(self.overflow_budget))
     }
 }
 
