@@ -11,6 +11,7 @@ mod errors;
 mod history;
 mod processors;
 mod tensor;
+mod watch;
 
 use logits_processing::{
     get_thinking_token_config, register_thinking_token_config, Error, Result as CoreResult,
@@ -123,5 +124,6 @@ fn _lib(m: &Bound<'_, PyModule>) -> PyResult<()> {
     m.add_function(wrap_pyfunction!(register_thinking_token_ids, m)?)?;
     m.add_function(wrap_pyfunction!(hello_world_ids_from_file, m)?)?;
     m.add_function(wrap_pyfunction!(_panic_for_tests, m)?)?;
+    m.add_class::<processors::PyOutOfVocabForTests>()?;
     Ok(())
 }
