@@ -10,6 +10,7 @@ mod device;
 mod errors;
 mod history;
 mod processors;
+mod spec_processor;
 mod tensor;
 mod watch;
 
@@ -119,6 +120,7 @@ fn _lib(m: &Bound<'_, PyModule>) -> PyResult<()> {
     m.add_class::<processors::PyForcedSequence>()?;
     m.add_class::<processors::PyThinkingBudget>()?;
     m.add_class::<batch::PyBatch>()?;
+    m.add_class::<spec_processor::PyProcessor>()?;
     m.add_function(wrap_pyfunction!(batch::validate_specs, m)?)?;
     m.add_function(wrap_pyfunction!(thinking_token_ids, m)?)?;
     m.add_function(wrap_pyfunction!(register_thinking_token_ids, m)?)?;
