@@ -500,17 +500,23 @@ impl PyBatch {
             return Err(in_row(py, error, row, &format!("input_ids[{row}]")));
         }
         planned.py()?;
+        // Reading input_ids may have run Python code (a sequence type, an iterator, `__index__`),
+        // which may have moved the logits; a list or tuple of lists of ints runs none.
+        let ran_python = !(input_ids.is_exact_instance_of::<PyList>()
+            || input_ids.is_exact_instance_of::<PyTuple>())
+            || histories.iter().any(PyIds::ran_python);
         drop(refs);
         drop(histories);
-        // Reading input_ids may have run Python code (a sequence type, an iterator, `__index__`).
-        let unmoved =
-            check_unmoved("logits", logits, &view).and_then(|()| match (out, &out_view) {
-                (Some(out), Some(out_view)) => check_unmoved("out", out, out_view),
-                _ => Ok(()),
-            });
-        if let Err(error) = unmoved {
-            self.batch().undo_plan();
-            return Err(error);
+        if ran_python {
+            let unmoved =
+                check_unmoved("logits", logits, &view).and_then(|()| match (out, &out_view) {
+                    (Some(out), Some(out_view)) => check_unmoved("out", out, out_view),
+                    _ => Ok(()),
+                });
+            if let Err(error) = unmoved {
+                self.batch().undo_plan();
+                return Err(error);
+            }
         }
 
         let PyBatch {
