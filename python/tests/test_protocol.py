@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import ast
+import inspect
 from pathlib import Path
 
 import logits_processing
@@ -107,3 +108,53 @@ def test_stubs_and_py_typed_cover_the_extension():
     tool = PACKAGE.parent / "tools" / "gen_stubs.py"
     out = subprocess.run([sys.executable, str(tool), "--check"], capture_output=True, text=True)
     assert out.returncode == 0, out.stderr
+
+
+def _stub_signature(node: ast.FunctionDef) -> list[tuple[str, str, object]]:
+    """(name, kind, default) of each parameter of a stub function, `self` left out."""
+    args = node.args
+    out = []
+    positional = args.posonlyargs + args.args
+    defaults = [None] * (len(positional) - len(args.defaults)) + list(args.defaults)
+    for i, (arg, default) in enumerate(zip(positional, defaults)):
+        kind = "POSITIONAL_ONLY" if i < len(args.posonlyargs) else "POSITIONAL_OR_KEYWORD"
+        out.append((arg.arg, kind, default))
+    for arg, default in zip(args.kwonlyargs, args.kw_defaults):
+        out.append((arg.arg, "KEYWORD_ONLY", default))
+    return [
+        (name, kind, ast.literal_eval(default) if default is not None else inspect.Parameter.empty)
+        for name, kind, default in out
+        if name != "self"
+    ]
+
+
+def _runtime_signature(obj) -> list[tuple[str, str, object]]:
+    return [
+        (p.name, p.kind.name, p.default)
+        for p in inspect.signature(obj).parameters.values()
+        if p.name != "self"
+    ]
+
+
+def test_the_stub_signatures_are_the_extensions():
+    stub = ast.parse((PACKAGE / "_lib.pyi").read_text())
+    lib = logits_processing._lib
+    checked = 0
+    for node in stub.body:
+        if isinstance(node, ast.FunctionDef):
+            assert _stub_signature(node) == _runtime_signature(getattr(lib, node.name)), node.name
+            checked += 1
+        elif isinstance(node, ast.ClassDef) and not issubclass(getattr(lib, node.name), BaseException):
+            cls = getattr(lib, node.name)
+            for member in node.body:
+                if not isinstance(member, ast.FunctionDef) or member.decorator_list:
+                    continue  # properties
+                if member.name == "__init__":
+                    runtime = _runtime_signature(cls)
+                elif member.name in ("__call__", "__contains__"):
+                    continue  # slots: CPython shows no signature
+                else:
+                    runtime = _runtime_signature(getattr(cls, member.name))
+                assert _stub_signature(member) == runtime, f"{node.name}.{member.name}"
+                checked += 1
+    assert checked >= 15

@@ -235,7 +235,8 @@ impl Batch {
     /// Applies the last plans to the block; the second phase of [`Batch::apply`]. Rows with
     /// external steps run first, on this thread, calling `external(row, key, logits_row)` for
     /// each external step in its place; then the other rows in parallel. When an external step
-    /// fails, the rows it and the steps before it edited are restored and every plan is undone.
+    /// fails, the rows it and the steps before it edited are restored and every plan is undone
+    /// (with [`Error::LogitsMoved`], the plans are undone and the block is not written again).
     pub fn apply_planned<T: Logit>(
         &mut self,
         logits: &mut [T],
@@ -265,7 +266,9 @@ impl Batch {
     ///
     /// # Safety
     /// `logits` must be valid for reads and writes of `len` elements for the whole call, and
-    /// nothing but `external` (during its calls) may access them meanwhile.
+    /// nothing but `external` (during its calls) may access them meanwhile. The one exception: a
+    /// call of `external` that returns [`Error::LogitsMoved`] may leave them invalid, since
+    /// nothing reads or writes them after it.
     pub unsafe fn apply_planned_raw<T: Logit>(
         &mut self,
         logits: *mut T,
@@ -314,7 +317,7 @@ impl Batch {
     ///
     /// # Safety
     /// As for [`Batch::apply_planned_raw`], for `dst`; `src` must be valid for reads of
-    /// `src_len` elements and must not overlap `dst`.
+    /// `src_len` elements (with the same exception) and must not overlap `dst`.
     pub unsafe fn apply_planned_into_raw<T: Logit>(
         &mut self,
         src: *const T,
@@ -370,8 +373,11 @@ impl Batch {
             }
         }
         if let Some(error) = failure {
-            for (row, values) in saved {
-                row_at(row).slice().copy_from_slice(&values);
+            // Memory the failed step freed is never written, not even to restore it.
+            if !matches!(error.root(), Error::LogitsMoved(_)) {
+                for (row, values) in saved {
+                    row_at(row).slice().copy_from_slice(&values);
+                }
             }
             self.undo_plan();
             return Err(error);
@@ -617,6 +623,47 @@ mod tests {
             .unwrap();
         assert_eq!(seen, [(0, 7, 4.0)]);
         assert_eq!(logits, [25.0, 1.0, 1.0, 1.0]);
+    }
+
+    #[test]
+    fn a_step_that_moved_the_logits_is_undone_without_writing_them() {
+        let mut batch = Batch::new(4);
+        for row in 0..2 {
+            batch
+                .add(
+                    row,
+                    Pipeline::new(vec![
+                        Step::Processor(Box::new(
+                            ForcedSequence::new(vec![1, 2], Some(0)).unwrap(),
+                        )),
+                        Step::External(row as u64),
+                    ]),
+                )
+                .unwrap();
+        }
+        let layout = BatchLayout::contiguous(2, 4);
+        let ids: [&dyn TokenHistory; 2] = [&[0u32; 0], &[0u32; 0]];
+        let mut logits = vec![8.0f32; 8];
+        batch.plan(&ids).unwrap();
+        let error = batch
+            .apply_planned(&mut logits, layout, &mut |row, _, _| match row {
+                0 => Ok(()),
+                _ => Err(Error::LogitsMoved("gone".into())),
+            })
+            .unwrap_err();
+        assert!(matches!(error, Error::InRow { row: 1, .. }));
+        // Not restored: the rows keep what the steps wrote (here, where the memory is still alive).
+        assert_eq!(logits[1], 8.0);
+        assert_eq!(logits[0], f32::NEG_INFINITY);
+        // The plans were undone: the next step forces the first token again.
+        let mut logits = vec![8.0f32; 8];
+        batch.plan(&ids).unwrap();
+        batch
+            .apply_planned(&mut logits, layout, &mut |_, _, _| Ok(()))
+            .unwrap();
+        assert_eq!(logits[1], 8.0);
+        assert_eq!(logits[5], 8.0);
+        assert_eq!(logits[0], f32::NEG_INFINITY);
     }
 
     /// A processor that fails when it sees a given id, or plans a token outside the vocab (and

@@ -58,6 +58,12 @@ pub enum Error {
     /// A user-supplied processor (outside this crate) failed.
     #[error("processor failed: {0}")]
     External(String),
+
+    /// A user-supplied processor failed after the logits it was given moved: their memory was
+    /// replaced or freed during its step. Nothing is written to the logits after it, not even to
+    /// restore them; every processor's state is still taken back.
+    #[error("processor failed: {0}")]
+    LogitsMoved(String),
 }
 
 /// Short for `std::result::Result<T, Error>`.

@@ -8,14 +8,18 @@ use logits_processing::{
     parse_pipeline, Batch, Error, Pipeline, ProcessorSpec, SpecContext, Step, ThinkingTokenConfig,
     TokenHistory,
 };
+use pyo3::exceptions::PyException;
 use pyo3::prelude::*;
 use pyo3::types::{PyDict, PyList, PyString, PyTuple};
 
 use crate::device::{apply_batch_host, apply_batch_host_into, unsupported};
-use crate::errors::{new_err, spec_error, to_py, IntoPyResult, Kind};
+use crate::errors::{
+    describe_exception, in_row, new_err, new_err_with, spec_error, to_py, Attr, IntoPyResult, Kind,
+};
 use crate::history::PyIds;
 use crate::processors::builtin_processor;
 use crate::tensor::{Block, Device, TensorView};
+use crate::watch::{check_unmoved, row_moved, Moved, Watched};
 
 /// The engine's start-up knowledge that specs may rely on, from Python arguments.
 pub(crate) fn spec_context(
@@ -84,7 +88,7 @@ fn json_of(object: &Bound<'_, PyAny>) -> PyResult<String> {
 }
 
 /// What one entry of a pipeline given from Python becomes.
-enum Entry {
+pub(crate) enum Entry {
     Specs(Vec<ProcessorSpec>),
     Processor(Box<dyn logits_processing::LogitsProcessor>),
     External(Py<PyAny>),
@@ -117,7 +121,10 @@ fn entry_of(item: &Bound<'_, PyAny>, at: &str, allow_external: bool) -> PyResult
 }
 
 /// Parses a pipeline given as JSON text, a dict, a processor, a callable, or a list of these.
-fn entries_of(pipeline: &Bound<'_, PyAny>, allow_external: bool) -> PyResult<Vec<(String, Entry)>> {
+pub(crate) fn entries_of(
+    pipeline: &Bound<'_, PyAny>,
+    allow_external: bool,
+) -> PyResult<Vec<(String, Entry)>> {
     if pipeline.is_instance_of::<PyList>() || pipeline.is_instance_of::<PyTuple>() {
         let len = pipeline.len()?;
         if len > MAX_PIPELINE_LEN {
@@ -145,7 +152,7 @@ fn entries_of(pipeline: &Bound<'_, PyAny>, allow_external: bool) -> PyResult<Vec
 }
 
 /// Realizes the specs of `entries` with `context`, in order.
-fn steps_of(
+pub(crate) fn steps_of(
     entries: Vec<(String, Entry)>,
     context: &SpecContext,
     prompt_len: usize,
@@ -403,6 +410,11 @@ impl PyBatch {
 
     /// Edits every row of `logits` that holds a request, in place.
     ///
+    /// A step is all or nothing: when anything fails in any row (an id that is not a token id, a
+    /// user's processor raising, a plan naming a token outside the vocab), every row's logits and
+    /// every processor's state are as they were before the call, and the error's ``row`` says
+    /// which row failed. The next call behaves as if the failed one never happened.
+    ///
     /// Args:
     ///     logits: A 2-D ``[rows, vocab_size]`` torch tensor or numpy array, float32 / float16 /
     ///         bfloat16, contiguous in its last dimension (rows may be further apart).
@@ -417,8 +429,13 @@ impl PyBatch {
     ///
     /// Raises:
     ///     ShapeError, DTypeError, ReadOnlyError, DeviceError: before anything is edited.
-    ///     ProcessorError: a user's processor raised (its exception is the ``__cause__``); rows
-    ///         before it in the batch may already be edited.
+    ///     InvalidArgumentError, DTypeError: a row's ids that are not token ids (``row`` set).
+    ///     TokenOutOfVocabError: a row planned a token outside the vocab (``row`` set).
+    ///     ProcessorError: a user's processor raised (its exception is the ``__cause__``), or
+    ///         moved the logits' memory during its step (``resize_``, ``set_``): the step is
+    ///         taken back, and where the memory the logits had is gone, it is not written to
+    ///         (the message says so). ``KeyboardInterrupt``, ``SystemExit`` and other exceptions
+    ///         that are not an ``Exception`` propagate unchanged, after the step is taken back.
     #[pyo3(signature = (logits, input_ids, *, out = None))]
     fn apply(
         &mut self,
@@ -462,48 +479,113 @@ impl PyBatch {
             .map(|_| PyIds::empty())
             .collect();
         for &row in &rows {
-            histories[row] = PyIds::new(&input_ids.get_item(row)?);
+            let ids = input_ids
+                .get_item(row)
+                .map_err(|e| in_row(py, e, row, &format!("input_ids[{row}]")))?;
+            histories[row] = PyIds::new(&ids);
         }
         let refs: Vec<&dyn TokenHistory> =
             histories.iter().map(|h| h as &dyn TokenHistory).collect();
         let planned = self.batch().plan(&refs);
-        for (row, history) in histories.iter().enumerate() {
-            if let Some(error) = history.take_error() {
-                if let Some(pipeline) = self.batch().get_mut(row) {
-                    pipeline.reset();
-                }
+        // An id that could not be read was planned as `u32::MAX`: whatever the plan made of it,
+        // the step is taken back (a failed plan already took back every row).
+        let unreadable = histories
+            .iter()
+            .enumerate()
+            .find_map(|(row, history)| history.take_error().map(|error| (row, error)));
+        if let Some((row, error)) = unreadable {
+            if planned.is_ok() {
+                self.batch().undo_plan();
+            }
+            return Err(in_row(py, error, row, &format!("input_ids[{row}]")));
+        }
+        planned.py()?;
+        // Reading input_ids may have run Python code (a sequence type, an iterator, `__index__`),
+        // which may have moved the logits; a list or tuple of lists of ints runs none.
+        let ran_python = !(input_ids.is_exact_instance_of::<PyList>()
+            || input_ids.is_exact_instance_of::<PyTuple>())
+            || histories.iter().any(PyIds::ran_python);
+        drop(refs);
+        drop(histories);
+        if ran_python {
+            let unmoved =
+                check_unmoved("logits", logits, &view).and_then(|()| match (out, &out_view) {
+                    (Some(out), Some(out_view)) => check_unmoved("out", out, out_view),
+                    _ => Ok(()),
+                });
+            if let Err(error) = unmoved {
+                self.batch().undo_plan();
                 return Err(error);
             }
         }
-        planned.py()?;
-        drop(refs);
-        drop(histories);
 
         let PyBatch {
             batch, externals, ..
         } = self;
         let batch = batch.get_mut().unwrap_or_else(|e| e.into_inner());
-        // A user's processor edits the row where the result goes.
-        let logits_object = out.unwrap_or(logits).clone().unbind();
+        // User steps edit the rows where the result goes. They may move that memory, or the
+        // source's (a tensor they hold on to): both are checked after each user step.
+        let target = out.unwrap_or(logits);
+        let watched: Vec<Watched> = if batch.iter().any(|(_, p)| p.has_external()) {
+            let mut watched = vec![Watched::new(
+                if out.is_some() { "out" } else { "logits" },
+                target,
+                out_view.as_ref().unwrap_or(&view),
+            )];
+            if out.is_some() {
+                watched.push(Watched::new("logits", logits, &view));
+            }
+            watched
+        } else {
+            vec![]
+        };
+        let target = target.clone().unbind();
         let ids_object = input_ids.clone().unbind();
-        let mut failure: Option<(usize, PyErr)> = None;
+        // Plain numbers: the closure must be Send, and a raw pointer is not.
+        let (base, row_bytes, vocab) = (
+            block.data as usize,
+            block.row_stride * block.dtype.size(),
+            block.vocab,
+        );
+        let mut failure: Option<(usize, Failure)> = None;
         let mut external = |row: usize, key: u64| -> logits_processing::Result<()> {
             Python::attach(|py| {
-                let call = || -> PyResult<()> {
-                    let processor = externals
-                        .get(&key)
-                        .expect("every external step has its callable")
-                        .bind(py);
-                    let row_logits = logits_object.bind(py).get_item(row)?;
+                let processor = externals
+                    .get(&key)
+                    .expect("every external step has its callable")
+                    .bind(py);
+                let called = target.bind(py).get_item(row).and_then(|row_logits| {
                     let ids = ids_object.bind(py).get_item(row)?;
-                    processor.call1((ids, row_logits))?;
-                    Ok(())
-                };
-                call().map_err(|e| {
-                    let message = e.to_string();
-                    failure = Some((row, e));
-                    Error::External(message)
-                })
+                    processor.call1((ids, &row_logits))?;
+                    Ok(row_logits)
+                });
+                // Before anything more is written to the block: is it still where it was?
+                let moved = watched.iter().find_map(|w| w.check(py)).or_else(|| {
+                    let start = base.wrapping_add(row.wrapping_mul(row_bytes));
+                    called
+                        .as_ref()
+                        .ok()
+                        .and_then(|row_logits| row_moved(row_logits, start, vocab))
+                });
+                let cause = called.err();
+                match moved {
+                    Some(moved) => {
+                        let error = if moved.memory_alive {
+                            Error::External(moved.what.clone())
+                        } else {
+                            Error::LogitsMoved(moved.what.clone())
+                        };
+                        failure = Some((row, Failure::Moved { moved, cause }));
+                        Err(error)
+                    }
+                    None => match cause {
+                        Some(cause) => {
+                            failure = Some((row, Failure::Raised(cause)));
+                            Err(Error::External("a user's processor raised".into()))
+                        }
+                        None => Ok(()),
+                    },
+                }
             })
         };
         let result = match (block.device, source) {
@@ -519,18 +601,10 @@ impl PyBatch {
             }
             (other, _) => Err(unsupported(other)),
         };
-        if let Some((row, cause)) = failure {
-            let error = new_err(
-                Kind::Processor,
-                format!(
-                    "row {row}: the processor raised {}",
-                    cause.value(py).repr()?
-                ),
-            );
-            error.set_cause(py, Some(cause));
-            return Err(error);
+        match failure {
+            Some((row, failure)) => Err(failure.into_py_err(py, row)),
+            None => result,
         }
-        result
     }
 
     fn __repr__(&mut self) -> String {
@@ -542,5 +616,56 @@ impl PyBatch {
 impl PyBatch {
     fn rows_list(&mut self) -> Vec<usize> {
         self.batch().iter().map(|(row, _)| row).collect()
+    }
+}
+
+/// How a user's step failed.
+enum Failure {
+    /// It raised.
+    Raised(PyErr),
+    /// It moved the logits (and may have raised too).
+    Moved { moved: Moved, cause: Option<PyErr> },
+}
+
+impl Failure {
+    /// The exception for the caller, the step having been taken back. An exception that is not
+    /// an `Exception` (`KeyboardInterrupt`, `SystemExit`) is raised unchanged.
+    fn into_py_err(self, py: Python<'_>, row: usize) -> PyErr {
+        let (message, cause) = match self {
+            Failure::Raised(cause) => {
+                if !cause.is_instance_of::<PyException>(py) {
+                    return cause;
+                }
+                let message = format!(
+                    "row {row}: the processor raised {}",
+                    describe_exception(cause.value(py))
+                );
+                (message, Some(cause))
+            }
+            Failure::Moved { moved, cause } => {
+                if let Some(cause) = cause
+                    .as_ref()
+                    .filter(|c| !c.is_instance_of::<PyException>(py))
+                {
+                    return cause.clone_ref(py);
+                }
+                let outcome = if moved.memory_alive {
+                    "the step was taken back and the memory the logits had was restored"
+                } else {
+                    "the step was taken back, but the logits were not restored: the memory they \
+                     had may have been freed, so nothing was written to it"
+                };
+                (
+                    format!(
+                        "row {row}: the processor moved the logits: {}; {outcome}",
+                        moved.what
+                    ),
+                    cause,
+                )
+            }
+        };
+        let error = new_err_with(Kind::Processor, message, &[("row", Attr::Int(row as u64))]);
+        error.set_cause(py, cause);
+        error
     }
 }

@@ -2,7 +2,9 @@
 //! `logits-processing-cuda` crate (feature `cuda`). Without that feature a CUDA tensor is a
 //! `DeviceError` naming its device; logits are never copied to the host behind the caller's back.
 
-use logits_processing::{bf16, f16, Batch, DType, Logit, Result as CoreResult, RowPlan};
+use logits_processing::{
+    bf16, f16, Batch, DType, Error, Logit, Pipeline, Result as CoreResult, RowPlan,
+};
 use pyo3::prelude::*;
 
 use crate::errors::{new_err, IntoPyResult, Kind};
@@ -51,8 +53,48 @@ pub(crate) fn apply_row(py: Python<'_>, plan: &mut RowPlan, block: Block) -> PyR
     }
 }
 
-/// Applies a planned batch to `block` on the host: rows without external steps in parallel with the
-/// GIL released, then `external(row, key, logits_row)` for each external step in its place.
+/// Applies a pipeline's last (validated) plan, which has no external steps, to the one row of
+/// `block`.
+pub(crate) fn apply_pipeline_row(
+    py: Python<'_>,
+    pipeline: &mut Pipeline,
+    block: Block,
+) -> PyResult<()> {
+    match block.device {
+        Device::Cpu => {
+            fn run<T: Logit>(pipeline: &mut Pipeline, block: Block) -> CoreResult<()> {
+                // SAFETY: the dtype matches, the block is on the host, and this call has it alone.
+                let row = unsafe { block.slice::<T>() };
+                pipeline.apply_planned(row, &mut |key, _| {
+                    Err(Error::External(format!(
+                        "no callable for external step {key}"
+                    )))
+                })
+            }
+            py.detach(|| match block.dtype {
+                DType::F32 => run::<f32>(pipeline, block),
+                DType::F16 => run::<f16>(pipeline, block),
+                DType::BF16 => run::<bf16>(pipeline, block),
+            })
+            .py()
+        }
+        #[cfg(feature = "cuda")]
+        Device::Cuda(ordinal) => {
+            for stage in pipeline.stages() {
+                if let logits_processing::Stage::Plan(plan) = stage {
+                    cuda::apply_plans(py, ordinal, &[(0, plan)], block)?;
+                }
+            }
+            Ok(())
+        }
+        other => Err(unsupported(other)),
+    }
+}
+
+/// Applies a planned batch to `block` on the host: rows with external steps first, on this
+/// thread, calling `external(row, key)` for each external step in its place (it takes the GIL and
+/// writes the row through the caller's own tensor); then the other rows in parallel, with the GIL
+/// released.
 pub(crate) fn apply_batch_host(
     py: Python<'_>,
     batch: &mut Batch,
@@ -64,13 +106,13 @@ pub(crate) fn apply_batch_host(
         block: Block,
         external: &mut (dyn FnMut(usize, u64) -> CoreResult<()> + Send),
     ) -> CoreResult<()> {
-        // SAFETY: the dtype matches, the block is on the host, and this call has it alone. An
-        // external step writes the row through the caller's own tensor while the core lends us the
-        // row's slice; the core does not touch the row during that call.
-        let logits = unsafe { block.slice::<T>() };
-        batch.apply_planned(logits, block.layout(), &mut |row, key, _row_values| {
-            external(row, key)
-        })
+        // SAFETY: the dtype matches and the block is host memory that the caller's tensor keeps
+        // alive for this call. No Rust reference to it is alive while an external step writes it
+        // through the tensor; a step after which the memory may be gone returns
+        // `Error::LogitsMoved`, and the core then touches the block no more.
+        unsafe {
+            batch.apply_planned_raw(block.data as *mut T, block.len(), block.layout(), external)
+        }
     }
     py.detach(|| match block.dtype {
         DType::F32 => run::<f32>(batch, block, external),
@@ -95,12 +137,18 @@ pub(crate) fn apply_batch_host_into(
         block: Block,
         external: &mut (dyn FnMut(usize, u64) -> CoreResult<()> + Send),
     ) -> CoreResult<()> {
-        // SAFETY: as in `apply_batch_host`; the caller checked that the blocks do not overlap, so
-        // the shared and the exclusive slice never alias.
-        let (from, to) = unsafe { (source.slice_ref::<T>(), block.slice::<T>()) };
-        batch.apply_planned_into(from, to, block.layout(), &mut |row, key, _row_values| {
-            external(row, key)
-        })
+        // SAFETY: as in `apply_batch_host`, for both blocks; the caller checked that they do
+        // not overlap.
+        unsafe {
+            batch.apply_planned_into_raw(
+                source.data as *const T,
+                source.len(),
+                block.data as *mut T,
+                block.len(),
+                block.layout(),
+                external,
+            )
+        }
     }
     py.detach(|| match block.dtype {
         DType::F32 => run::<f32>(batch, source, block, external),

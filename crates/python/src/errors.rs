@@ -28,7 +28,8 @@ pub(crate) enum Kind {
 /// Name, base classes (earlier entries of this table or builtins) and docstring of each class.
 const CLASSES: &[(Kind, &str, &[Parent], &str)] = &[
     (Kind::Base, "LogitsProcessingError", &[Parent::Builtin(Builtin::Exception)],
-     "Base class of every error this package raises."),
+     "Base class of every error this package raises. `row` is the batch row an error of one row \
+      happened in (else None)."),
     (Kind::Argument, "InvalidArgumentError", &[Parent::Ours(Kind::Base), Parent::Builtin(Builtin::Value)],
      "A constructor or function argument out of range (a temperature <= 0, a missing EOS id, ...)."),
     (Kind::Spec, "SpecError", &[Parent::Ours(Kind::Base), Parent::Builtin(Builtin::Value)],
@@ -46,7 +47,8 @@ const CLASSES: &[(Kind, &str, &[Parent], &str)] = &[
     (Kind::Tokenizer, "TokenizerError", &[Parent::Ours(Kind::Base), Parent::Builtin(Builtin::Value)],
      "A tokenizer that could not be loaded or used."),
     (Kind::Processor, "ProcessorError", &[Parent::Ours(Kind::Base), Parent::Builtin(Builtin::Runtime)],
-     "A user's processor failed inside a batch; `__cause__` is its exception."),
+     "A user's processor failed inside a batch, or moved the logits' memory; `__cause__` is its \
+      exception, `row` its row."),
 ];
 
 #[derive(Clone, Copy)]
@@ -92,6 +94,10 @@ fn types(py: Python<'_>) -> &Vec<(Kind, Py<PyType>)> {
                 .set_item("__module__", "logits_processing")
                 .unwrap();
             namespace.set_item("__doc__", doc).unwrap();
+            if kind == Kind::Base {
+                // Set on the errors of one batch row; None on the others.
+                namespace.set_item("row", py.None()).unwrap();
+            }
             let class = py
                 .get_type::<PyType>()
                 .call1((name, PyTuple::new(py, bases).unwrap(), namespace))
@@ -155,46 +161,120 @@ pub(crate) fn new_err(kind: Kind, message: impl Into<String>) -> PyErr {
     new_err_with(kind, message, &[])
 }
 
-/// The Python exception for a core error: every variant has its class.
+/// The Python exception for a core error: every variant has its class. An error of one batch
+/// row ([`Error::InRow`]) is its inner error's class, with the row in the message and as the
+/// attribute `row`.
 pub(crate) fn to_py(error: Error) -> PyErr {
+    let (kind, message, attrs) = describe(&error);
+    new_err_with(kind, message, &attrs)
+}
+
+/// The class, message and attributes of a core error's exception.
+fn describe(error: &Error) -> (Kind, String, Vec<(&'static str, Attr)>) {
     let message = error.to_string();
     let field = |f: &str| ("field", Attr::Str(f.to_string()));
-    match &error {
+    match error {
         Error::InvalidTemperature { value } => {
             let message = if *value > 0.0 {
                 format!("Temperature must be finite and positive, got {value}")
             } else {
                 format!("Temperature must be positive, got {value}")
             };
-            new_err_with(Kind::Argument, message, &[field("temperature")])
+            (Kind::Argument, message, vec![field("temperature")])
         }
-        Error::MissingEosToken { .. } => {
-            new_err_with(Kind::Argument, message, &[field("eos_token_id")])
-        }
-        Error::InvalidArgument { field: f, .. } => {
-            new_err_with(Kind::Argument, message, &[field(f)])
-        }
+        Error::MissingEosToken { .. } => (Kind::Argument, message, vec![field("eos_token_id")]),
+        Error::InvalidArgument { field: f, .. } => (Kind::Argument, message, vec![field(f)]),
         Error::TokenOutOfVocab {
             field: f,
             token_id,
             vocab_size,
-        } => new_err_with(
+        } => (
             Kind::TokenOutOfVocab,
             message,
-            &[
+            vec![
                 field(f),
                 ("token_id", Attr::Int(*token_id)),
                 ("vocab_size", Attr::Int(*vocab_size as u64)),
             ],
         ),
         Error::InvalidSpec { field: f, .. } | Error::TooLarge { field: f, .. } => {
-            new_err_with(Kind::Spec, message, &[field(f)])
+            (Kind::Spec, message, vec![field(f)])
         }
-        Error::Shape(_) | Error::Row { .. } => new_err(Kind::Shape, message),
-        Error::Tokenizer(_) => new_err(Kind::Tokenizer, message),
-        Error::External(_) => new_err(Kind::Processor, message),
+        Error::Shape(_) => (Kind::Shape, message, vec![]),
+        Error::Row { row, .. } => (Kind::Shape, message, vec![("row", Attr::Int(*row as u64))]),
+        Error::Tokenizer(_) => (Kind::Tokenizer, message, vec![]),
+        Error::External(_) => (Kind::Processor, message, vec![]),
+        Error::InRow { row, error } => {
+            let (kind, inner, mut attrs) = describe(error);
+            attrs.retain(|(name, _)| *name != "row");
+            attrs.push(("row", Attr::Int(*row as u64)));
+            (kind, format!("row {row}: {inner}"), attrs)
+        }
         // The enum is non-exhaustive; a variant added later still reaches Python as our base class.
-        _ => new_err(Kind::Base, message),
+        _ => (Kind::Base, message, vec![]),
+    }
+}
+
+/// `error`, raised while reading batch row `row`'s input, as an error of that row: ours get the
+/// row in their message and as `row`; another `Exception` becomes ours (a `DTypeError` for a
+/// `TypeError`, else an `InvalidArgumentError` naming `field`) with it as the cause. Anything
+/// that is not an `Exception` (`KeyboardInterrupt`, `SystemExit`) is returned unchanged.
+pub(crate) fn in_row(py: Python<'_>, error: PyErr, row: usize, field: &str) -> PyErr {
+    if !error.is_instance_of::<PyException>(py) {
+        return error;
+    }
+    let value = error.value(py);
+    if value.is_instance(&class(py, Kind::Base)).unwrap_or(false) {
+        let message = format!("row {row}: {}", text_of(value));
+        let tagged = value
+            .setattr("args", (message,))
+            .and_then(|_| value.setattr("row", row));
+        return match tagged {
+            Ok(()) => error,
+            Err(other) => other,
+        };
+    }
+    let kind = if error.is_instance_of::<PyTypeError>(py) {
+        Kind::DType
+    } else {
+        Kind::Argument
+    };
+    let ours = new_err_with(
+        kind,
+        format!(
+            "row {row}: {field} could not be read: {}",
+            describe_exception(value)
+        ),
+        &[
+            ("field", Attr::Str(field.to_string())),
+            ("row", Attr::Int(row as u64)),
+        ],
+    );
+    ours.set_cause(py, Some(error));
+    ours
+}
+
+/// `str(value)`, or a placeholder when that raises.
+fn text_of(value: &Bound<'_, pyo3::exceptions::PyBaseException>) -> String {
+    value
+        .str()
+        .map(|s| s.to_string())
+        .unwrap_or_else(|_| "(str() of the error raised)".into())
+}
+
+/// `repr(value)` for a message, never failing: an exception whose `repr()` raises is named by its
+/// type, so that the user's error (kept as the cause) is what the caller sees.
+pub(crate) fn describe_exception(value: &Bound<'_, pyo3::exceptions::PyBaseException>) -> String {
+    match value.repr() {
+        Ok(repr) => repr.to_string(),
+        Err(_) => {
+            let name = value
+                .get_type()
+                .name()
+                .map(|n| n.to_string())
+                .unwrap_or_else(|_| "an exception".into());
+            format!("{name} (whose repr() raised)")
+        }
     }
 }
 

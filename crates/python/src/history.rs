@@ -4,11 +4,11 @@
 //! DLPack, so a processor that reads only the ids new since its last call (the thinking budget)
 //! costs the same at 32,000 ids as at 1,000. Anything else iterable is converted once per call.
 
-use std::cell::{OnceCell, RefCell};
+use std::cell::{Cell, OnceCell, RefCell};
 
 use logits_processing::TokenHistory;
 use pyo3::prelude::*;
-use pyo3::types::{PyList, PyTuple};
+use pyo3::types::{PyInt, PyList, PyTuple};
 
 use crate::errors::{new_err, Kind};
 use crate::tensor::{IntArray, TensorView};
@@ -23,11 +23,13 @@ enum Ids<'py> {
 
 /// One request's ids, resolved from the Python object on first use. A bad id (negative, too
 /// large, not an int) is recorded and read as `u32::MAX`; the caller checks [`PyIds::take_error`]
-/// after planning and resets the processor.
+/// after planning and takes the plan back.
 pub(crate) struct PyIds<'py> {
     source: Option<Bound<'py, PyAny>>,
     ids: OnceCell<Ids<'py>>,
     error: RefCell<Option<PyErr>>,
+    // Whether reading the ids may have run Python code (an iterator, `__dlpack__`, `__index__`).
+    ran_python: Cell<bool>,
 }
 
 impl<'py> PyIds<'py> {
@@ -37,6 +39,7 @@ impl<'py> PyIds<'py> {
             source: (!source.is_none()).then(|| source.clone()),
             ids: OnceCell::new(),
             error: RefCell::new(None),
+            ran_python: Cell::new(false),
         }
     }
 
@@ -45,7 +48,14 @@ impl<'py> PyIds<'py> {
             source: None,
             ids: OnceCell::new(),
             error: RefCell::new(None),
+            ran_python: Cell::new(false),
         }
+    }
+
+    /// Whether reading the ids so far may have run Python code, which could have moved the
+    /// logits: a list or tuple of plain ints runs none.
+    pub fn ran_python(&self) -> bool {
+        self.ran_python.get()
     }
 
     /// The first error met reading the ids, if any.
@@ -80,6 +90,7 @@ impl<'py> PyIds<'py> {
         if let Ok(tuple) = source.cast::<PyTuple>() {
             return Ok(Ids::Tuple(tuple.clone()));
         }
+        self.ran_python.set(true);
         if source.hasattr(pyo3::intern!(source.py(), "__dlpack__"))? {
             let view = TensorView::of(source)?;
             let dtype = view.dtype_name();
@@ -136,6 +147,12 @@ impl TokenHistory for PyIds<'_> {
             Ids::List(list) => list.get_item(index),
             Ids::Tuple(tuple) => tuple.get_item(index),
         };
+        if item
+            .as_ref()
+            .map_or(true, |item| !item.is_exact_instance_of::<PyInt>())
+        {
+            self.ran_python.set(true);
+        }
         match item.and_then(|item| to_id(&item)) {
             Ok(id) => id,
             Err(error) => {

@@ -10,7 +10,9 @@ mod device;
 mod errors;
 mod history;
 mod processors;
+mod spec_processor;
 mod tensor;
+mod watch;
 
 use logits_processing::{
     get_thinking_token_config, register_thinking_token_config, Error, Result as CoreResult,
@@ -118,10 +120,12 @@ fn _lib(m: &Bound<'_, PyModule>) -> PyResult<()> {
     m.add_class::<processors::PyForcedSequence>()?;
     m.add_class::<processors::PyThinkingBudget>()?;
     m.add_class::<batch::PyBatch>()?;
+    m.add_class::<spec_processor::PyProcessor>()?;
     m.add_function(wrap_pyfunction!(batch::validate_specs, m)?)?;
     m.add_function(wrap_pyfunction!(thinking_token_ids, m)?)?;
     m.add_function(wrap_pyfunction!(register_thinking_token_ids, m)?)?;
     m.add_function(wrap_pyfunction!(hello_world_ids_from_file, m)?)?;
     m.add_function(wrap_pyfunction!(_panic_for_tests, m)?)?;
+    m.add_class::<processors::PyOutOfVocabForTests>()?;
     Ok(())
 }

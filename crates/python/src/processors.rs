@@ -4,19 +4,102 @@
 //! with the GIL released. On any error the logits and the processor's state are as they were.
 
 use logits_processing::{
-    ForcedSequence, LogitsProcessor, Position, RowPlan, Temperature, ThinkingBudget,
-    ThinkingTokenConfig,
+    ForcedSequence, LogitsProcessor, Position, Result as CoreResult, RowPlan, Temperature,
+    ThinkingBudget, ThinkingTokenConfig, TokenHistory,
 };
 use pyo3::prelude::*;
 use pyo3::types::PyList;
 
 use crate::device::apply_row;
-use crate::errors::{new_err, IntoPyResult, Kind};
+use crate::errors::{new_err, to_py, IntoPyResult, Kind};
 use crate::history::PyIds;
 use crate::tensor::{Block, TensorView};
+use crate::watch::check_unmoved;
 
-/// Runs `processor` on one row: the shared body of every `__call__`. `max_token` is the
-/// processor's `max_token_id()`, which callers cache (a forced sequence's is O(its length)).
+/// What one `__call__` plans and applies: one processor with its plan, or a pipeline.
+pub(crate) trait RowSteps {
+    /// Plans this step; on error the state is unchanged.
+    fn plan(&mut self, ids: &dyn TokenHistory) -> CoreResult<()>;
+    /// Takes back the last successful `plan`.
+    fn undo(&mut self);
+    /// Checks every token the last plan names against the row's length.
+    fn validate(&self, vocab: usize) -> CoreResult<()>;
+    /// Applies the last (validated) plan to the one row of `block`.
+    fn apply(&mut self, py: Python<'_>, block: Block) -> PyResult<()>;
+}
+
+/// One built-in processor and the plan it fills.
+pub(crate) struct Single<'a> {
+    pub processor: &'a mut dyn LogitsProcessor,
+    pub plan: &'a mut RowPlan,
+}
+
+impl RowSteps for Single<'_> {
+    fn plan(&mut self, ids: &dyn TokenHistory) -> CoreResult<()> {
+        self.plan.clear();
+        self.processor.plan(ids, self.plan)
+    }
+
+    fn undo(&mut self) {
+        self.processor.undo();
+    }
+
+    fn validate(&self, vocab: usize) -> CoreResult<()> {
+        self.plan.validate(vocab)
+    }
+
+    fn apply(&mut self, py: Python<'_>, block: Block) -> PyResult<()> {
+        apply_row(py, self.plan, block)
+    }
+}
+
+/// Runs `steps` on one row: the shared body of every `__call__`. `max_token` is the largest id
+/// the steps can name, which callers cache (a forced sequence's is O(its length)). All or
+/// nothing: on any error the logits and the state are as they were.
+pub(crate) fn call_row(
+    py: Python<'_>,
+    steps: &mut dyn RowSteps,
+    max_token: Option<u32>,
+    input_ids: &Bound<'_, PyAny>,
+    logits: &Bound<'_, PyAny>,
+) -> PyResult<()> {
+    let view = TensorView::of(logits)?;
+    let block = Block::from_view(&view, 1)?;
+    crate::device::check_supported(block.device)?;
+    if let Some(token) = max_token.filter(|&t| t as usize >= block.vocab) {
+        return Err(to_py(logits_processing::Error::TokenOutOfVocab {
+            field: "token id".into(),
+            token_id: token.into(),
+            vocab_size: block.vocab,
+        }));
+    }
+    let ids = PyIds::new(input_ids);
+    let planned = steps.plan(&ids);
+    if let Some(error) = ids.take_error() {
+        // Planned from an id read as `u32::MAX`: taken back, so the next call starts from here.
+        if planned.is_ok() {
+            steps.undo();
+        }
+        return Err(error);
+    }
+    planned.py()?;
+    if ids.ran_python() {
+        if let Err(error) = check_unmoved("logits", logits, &view) {
+            steps.undo();
+            return Err(error);
+        }
+    }
+    let applied = steps
+        .validate(block.vocab)
+        .py()
+        .and_then(|()| steps.apply(py, block));
+    if applied.is_err() {
+        steps.undo();
+    }
+    applied
+}
+
+/// Runs `processor` on one row (see [`call_row`]).
 pub(crate) fn call_processor(
     py: Python<'_>,
     processor: &mut dyn LogitsProcessor,
@@ -25,30 +108,8 @@ pub(crate) fn call_processor(
     input_ids: &Bound<'_, PyAny>,
     logits: &Bound<'_, PyAny>,
 ) -> PyResult<()> {
-    let view = TensorView::of(logits)?;
-    let block = Block::from_view(&view, 1)?;
-    crate::device::check_supported(block.device)?;
-    if let Some(token) = max_token {
-        if token as usize >= block.vocab {
-            return Err(crate::errors::to_py(
-                logits_processing::Error::TokenOutOfVocab {
-                    field: "token id".into(),
-                    token_id: token.into(),
-                    vocab_size: block.vocab,
-                },
-            ));
-        }
-    }
-    let ids = PyIds::new(input_ids);
-    plan.clear();
-    let planned = processor.plan(&ids, plan);
-    if let Some(error) = ids.take_error() {
-        // The state may rest on a misread id: start again from the ids next time.
-        processor.reset();
-        return Err(error);
-    }
-    planned.py()?;
-    apply_row(py, plan, block)
+    let mut single = Single { processor, plan };
+    call_row(py, &mut single, max_token, input_ids, logits)
 }
 
 /// A token id given from Python, as the core's `u32`.
@@ -468,5 +529,44 @@ pub(crate) fn builtin_processor(object: &Bound<'_, PyAny>) -> Option<Box<dyn Log
     if let Ok(p) = object.cast::<PyThinkingBudget>() {
         return Some(p.borrow().processor());
     }
+    if let Ok(p) = object.cast::<PyOutOfVocabForTests>() {
+        return Some(Box::new(OutOfVocab {
+            on_id: p.borrow().on_id,
+        }));
+    }
     None
+}
+
+/// For the tests of a batch's plan validation: a pipeline step that, when the last id is
+/// `on_id`, plans a token outside any vocab without saying so in `max_token_id` (no built-in
+/// does; a processor added later might).
+#[pyclass(module = "logits_processing._lib", name = "_OutOfVocabForTests")]
+pub(crate) struct PyOutOfVocabForTests {
+    on_id: u32,
+}
+
+#[pymethods]
+impl PyOutOfVocabForTests {
+    #[new]
+    fn new(on_id: u32) -> Self {
+        Self { on_id }
+    }
+}
+
+#[derive(Debug)]
+struct OutOfVocab {
+    on_id: u32,
+}
+
+impl LogitsProcessor for OutOfVocab {
+    fn plan(&mut self, ids: &dyn TokenHistory, plan: &mut RowPlan) -> CoreResult<()> {
+        if ids.last_token() == Some(self.on_id) {
+            plan.push(logits_processing::Edit::Ban {
+                token: u32::MAX - 1,
+            });
+        }
+        Ok(())
+    }
+
+    fn undo(&mut self) {}
 }

@@ -384,18 +384,6 @@ impl Block {
         a.start < b.end && b.start < a.end
     }
 
-    /// The block as a shared slice of `T`, for reading only.
-    ///
-    /// # Safety
-    /// As for [`Block::slice`], except that others may read the memory meanwhile.
-    pub unsafe fn slice_ref<'a, T>(&self) -> &'a [T] {
-        let len = self.len();
-        if len == 0 {
-            return &[];
-        }
-        std::slice::from_raw_parts(self.data as *const T, len)
-    }
-
     /// The block as a slice of `T`.
     ///
     /// # Safety

@@ -1,0 +1,151 @@
+//! `Processor`: any spec kind as a processor of one row, with no binding code per kind.
+
+use std::sync::Mutex;
+
+use logits_processing::{Pipeline, Result as CoreResult, TokenHistory};
+use pyo3::prelude::*;
+
+use crate::batch::{entries_of, spec_context, steps_of, Entry};
+use crate::device::apply_pipeline_row;
+use crate::errors::to_py;
+use crate::processors::{call_row, RowSteps};
+use crate::tensor::Block;
+
+/// A processor made from a request spec: every kind a ``Batch`` accepts, for one row.
+///
+/// Called like the reference's processors, ``processor(input_ids, logits)``, it edits the 1-D
+/// row in place (torch or numpy, float32 / float16 / bfloat16, no copy) and keeps its own state
+/// from call to call; a list of specs is a pipeline, applied in order in one pass over the row.
+/// Token ids are checked against the row's length at each call, so no vocab size is needed. On any
+/// error the logits and the state are as they were.
+///
+/// Args:
+///     spec: A spec dict, JSON text (one spec object or a list), or a list of dicts / JSON texts.
+///     prompt_len (int): Keyword only. Where generated ids start in ``input_ids`` (for
+///         ``"position": "tokens"`` forced sequences).
+///     hello_world (tuple[list[int], int] | None): Keyword only. The encoding of
+///         ``"Hello world!"`` and the EOS id, for ``hello_world`` specs.
+///     thinking_tokens (ThinkingTokenConfig | None): Keyword only. The model's thinking ids, for
+///         ``thinking_budget`` specs that do not name them.
+///
+/// Raises:
+///     SpecError: (a ValueError) naming the field of a bad spec, e.g. ``"[1].token_ids"``.
+///     TokenOutOfVocabError: at a call, for a spec naming a token outside the row.
+///
+/// Example:
+///     >>> import torch
+///     >>> from logits_processing import Processor
+///     >>> ban = Processor([{"kind": "ban_tokens", "token_ids": [0]},
+///     ...                  {"kind": "temperature", "temperature": 0.5}])
+///     >>> logits = torch.tensor([1.0, 2.0, -4.0])
+///     >>> ban([7, 8], logits)
+///     >>> logits
+///     tensor([-inf,  4., -8.])
+///     >>> ban.kinds
+///     ['ban_tokens', 'temperature']
+#[pyclass(module = "logits_processing", name = "Processor")]
+pub(crate) struct PyProcessor {
+    // A Mutex only to make the class Sync (a pipeline's processors are Send, not Sync).
+    pipeline: Mutex<Pipeline>,
+    kinds: Vec<&'static str>,
+    max_token: Option<u32>,
+}
+
+/// A pipeline of specs as the steps of one `__call__`.
+struct Steps<'a>(&'a mut Pipeline);
+
+impl RowSteps for Steps<'_> {
+    fn plan(&mut self, ids: &dyn TokenHistory) -> CoreResult<()> {
+        self.0.plan(ids)
+    }
+
+    fn undo(&mut self) {
+        self.0.undo();
+    }
+
+    fn validate(&self, vocab: usize) -> CoreResult<()> {
+        self.0.validate_plans(vocab)
+    }
+
+    fn apply(&mut self, py: Python<'_>, block: Block) -> PyResult<()> {
+        apply_pipeline_row(py, self.0, block)
+    }
+}
+
+#[pymethods]
+impl PyProcessor {
+    #[new]
+    #[pyo3(signature = (spec, *, prompt_len = 0, hello_world = None, thinking_tokens = None))]
+    fn new(
+        spec: &Bound<'_, PyAny>,
+        prompt_len: usize,
+        hello_world: Option<&Bound<'_, PyAny>>,
+        thinking_tokens: Option<&Bound<'_, PyAny>>,
+    ) -> PyResult<Self> {
+        let context = spec_context(None, hello_world, thinking_tokens)?;
+        let entries = entries_of(spec, false)?;
+        let mut kinds = vec![];
+        for (at, entry) in &entries {
+            match entry {
+                Entry::Specs(specs) => kinds.extend(specs.iter().map(|s| s.kind())),
+                _ => {
+                    return Err(to_py(logits_processing::Error::InvalidSpec {
+                        field: if at.is_empty() {
+                            "spec".into()
+                        } else {
+                            at.clone()
+                        },
+                        message: "expected a spec (a dict or JSON text)".into(),
+                    }))
+                }
+            }
+        }
+        let pipeline = Pipeline::new(steps_of(entries, &context, prompt_len, |_| {
+            unreachable!("no callables among specs")
+        })?);
+        Ok(Self {
+            max_token: pipeline.max_token_id(),
+            pipeline: Mutex::new(pipeline),
+            kinds,
+        })
+    }
+
+    /// The kind of each spec, in pipeline order.
+    #[getter]
+    fn kinds(&self) -> Vec<&'static str> {
+        self.kinds.clone()
+    }
+
+    /// Back to the state of a new request (a forced sequence starts again).
+    fn reset(&mut self) {
+        self.pipeline().reset();
+    }
+
+    /// Edits `logits` (1-D, float32/float16/bfloat16, torch or numpy) in place.
+    fn __call__(
+        &mut self,
+        py: Python<'_>,
+        input_ids: &Bound<'_, PyAny>,
+        logits: &Bound<'_, PyAny>,
+    ) -> PyResult<()> {
+        let max_token = self.max_token;
+        call_row(
+            py,
+            &mut Steps(self.pipeline()),
+            max_token,
+            input_ids,
+            logits,
+        )
+    }
+
+    fn __repr__(&self) -> String {
+        let kinds: Vec<String> = self.kinds.iter().map(|k| format!("'{k}'")).collect();
+        format!("Processor(kinds=[{}])", kinds.join(", "))
+    }
+}
+
+impl PyProcessor {
+    fn pipeline(&mut self) -> &mut Pipeline {
+        self.pipeline.get_mut().unwrap_or_else(|e| e.into_inner())
+    }
+}

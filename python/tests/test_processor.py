@@ -1,0 +1,117 @@
+"""Processor(spec): every spec kind as a processor of one row, equal to a Batch row of the same
+specs, with the zero-copy tensor handling of the other processors."""
+
+from __future__ import annotations
+
+import json
+
+import numpy as np
+import pytest
+import torch
+from conftest import TORCH_DTYPES, bits, random_logits
+from hypothesis import given, settings
+from hypothesis import strategies as st
+
+from logits_processing import (
+    Batch,
+    DTypeError,
+    Processor,
+    ReadOnlyError,
+    ShapeError,
+    SpecError,
+    ThinkingTokenConfig,
+    TokenOutOfVocabError,
+)
+
+VOCAB = 30
+TOKENS = ThinkingTokenConfig(1, 2, 3)
+
+SPECS = st.one_of(
+    st.builds(lambda t: {"kind": "temperature", "temperature": t}, st.floats(0.1, 4.0)),
+    st.builds(
+        lambda ids, eos, pos: {"kind": "forced_sequence", "token_ids": ids, "eos_token_id": eos, "position": pos},
+        st.lists(st.integers(0, VOCAB - 1), max_size=3),
+        st.integers(0, VOCAB - 1),
+        st.sampled_from(["calls", "tokens"]),
+    ),
+    st.builds(lambda pos: {"kind": "hello_world", "position": pos}, st.sampled_from(["calls", "tokens"])),
+    st.builds(
+        lambda n, pct: {"kind": "thinking_budget", "max_thinking_tokens": n, "overflow_percentage": pct},
+        st.integers(0, 4),
+        st.floats(0.0, 1.0),
+    ),
+    st.builds(lambda ids: {"kind": "ban_tokens", "token_ids": ids}, st.lists(st.integers(0, VOCAB - 1), max_size=5)),
+    st.builds(
+        lambda bias: {"kind": "logit_bias", "bias": {str(k): v for k, v in bias.items()}},
+        st.dictionaries(st.integers(0, VOCAB - 1), st.floats(-5, 5), max_size=4),
+    ),
+)
+CONTEXT = {"hello_world": ([7, 8, 9], 0), "thinking_tokens": TOKENS}
+
+
+@settings(max_examples=60, deadline=None)
+@given(
+    specs=st.lists(SPECS, min_size=1, max_size=4),
+    steps=st.lists(st.sampled_from([1, 3, 4, 5]), min_size=1, max_size=6),
+    prompt_len=st.integers(0, 2),
+    dtype=st.sampled_from(TORCH_DTYPES),
+)
+def test_a_processor_equals_a_batch_row_of_the_same_specs(specs, steps, prompt_len, dtype):
+    processor = Processor(specs, prompt_len=prompt_len, **CONTEXT)
+    batch = Batch(VOCAB, **CONTEXT)
+    batch.add(0, specs, prompt_len=prompt_len)
+    assert processor.kinds == [s["kind"] for s in specs]
+    ids = [1, 4]
+    for i, token in enumerate(steps):
+        ids.append(token)
+        row = random_logits((VOCAB,), dtype, seed=i)
+        block = row.clone().unsqueeze(0)
+        processor(ids, row)
+        batch.apply(block, [ids])
+        assert torch.equal(bits(row), bits(block[0]))
+
+
+def test_json_text_numpy_and_reset():
+    p = Processor(json.dumps([{"kind": "forced_sequence", "token_ids": [4, 5], "eos_token_id": 0}]))
+    row = np.zeros(VOCAB, dtype=np.float32)
+    p([], row)
+    assert int(row.argmax()) == 4 and np.isinf(row[0])
+    p.reset()  # a new request: the sequence starts again
+    row = np.zeros(VOCAB, dtype=np.float16)
+    p([], row)
+    assert int(row.argmax()) == 4
+    assert repr(p) == "Processor(kinds=['forced_sequence'])"
+
+
+def test_bad_specs_name_the_field():
+    cases = [
+        ({"kind": "nope"}, "kind"),
+        ([{"kind": "temperature", "temperature": 1}, {"kind": "ban_tokens"}], "[1].token_ids"),
+        ({"kind": "hello_world"}, "kind"),  # no hello_world= given
+        ({"kind": "thinking_budget", "max_thinking_tokens": 2}, "start_token_id"),
+        ([lambda ids, logits: None], "[0]"),
+        (42, "spec"),
+    ]
+    for spec, field in cases:
+        with pytest.raises(SpecError) as info:
+            Processor(spec)
+        assert info.value.field == field, (spec, info.value)
+
+
+def test_bad_logits_and_out_of_vocab_change_nothing():
+    p = Processor([{"kind": "forced_sequence", "token_ids": [3, 20], "eos_token_id": 0}])
+    read_only = np.ones(VOCAB, dtype=np.float32)
+    read_only.flags.writeable = False
+    for logits, error in [
+        (torch.ones(2, VOCAB), ShapeError),
+        (torch.ones(VOCAB, dtype=torch.float64), DTypeError),
+        (read_only, ReadOnlyError),
+        (torch.ones(10), TokenOutOfVocabError),  # 20 is outside a row of 10
+    ]:
+        before = np.array(np.asarray(logits), copy=True)
+        with pytest.raises(error):
+            p([], logits)
+        assert np.array_equal(np.asarray(before), np.asarray(logits))
+    row = torch.zeros(VOCAB)
+    p([], row)  # still the first step
+    assert int(row.argmax()) == 3
