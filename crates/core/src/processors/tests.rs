@@ -460,3 +460,17 @@ fn bad_values_are_refused_naming_the_field() {
         );
     }
 }
+
+#[test]
+fn spec_numbers_are_read_correctly_rounded() {
+    // Halfway between two f32 values to 17 digits: a parser off by one f64 ulp rounds a bias to
+    // the wrong f32, where Python and torch read the same text exactly.
+    let text = "1.8639519810676575";
+    let spec = ProcessorSpec::parse(&format!(
+        r#"{{"kind": "temperature", "temperature": {text}}}"#
+    ))
+    .unwrap();
+    let read = spec.to_value()["temperature"].as_f64().unwrap();
+    assert_eq!(read.to_bits(), text.parse::<f64>().unwrap().to_bits());
+    assert_eq!(read as f32, 1.863_951_9_f32);
+}
