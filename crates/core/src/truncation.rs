@@ -12,8 +12,8 @@
 //! - the softmax's sum and entropy take one pass, the exponentials computed in f32 a block at a
 //!   time (vectorized; within two units in the last place of `exp`) and summed in f64;
 //! - a probability threshold (min-p, epsilon, eta) becomes a cut in logit space,
-//!   `max + ln(threshold * sum)`: only values within a small margin of it have their probability
-//!   computed, the others' side of the threshold is certain.
+//!   `max + ln(threshold * sum)` (`max + ln(p)` for min-p, which needs no sum): only values within
+//!   a small margin of it have their probability computed, the others' side is certain.
 //!
 //! Semantics are transformers' warpers (`TopKLogitsWarper`, `TopPLogitsWarper`, `MinPLogitsWarper`,
 //! `TypicalLogitsWarper`, `EpsilonLogitsWarper`, `EtaLogitsWarper`) with two documented choices:
@@ -121,9 +121,21 @@ impl Truncation {
                 hi: f32::INFINITY,
             },
             Truncation::MinP { p, .. } => {
-                let softmax = Softmax::of(values);
-                let threshold = p * softmax.probability(softmax.max);
-                floor(softmax.keep_from(values, threshold), work)
+                // `p_i >= p * p_max` is `exp(x_i - max) >= p`: the softmax's sum cancels, so
+                // min-p needs only the maximum.
+                let max = max_of(values);
+                if !max.is_finite() {
+                    return Band::ALL;
+                }
+                let cut = max as f64 + (p as f64).ln();
+                let lo = smallest_passing(values, cut, |x| (x - max).exp() >= p);
+                floor(
+                    Band {
+                        lo,
+                        hi: f32::INFINITY,
+                    },
+                    work,
+                )
             }
             Truncation::Epsilon { epsilon, .. } => {
                 let softmax = Softmax::of(values);
@@ -338,47 +350,9 @@ impl Softmax {
         if !self.is_defined() {
             return Band::ALL;
         }
-        let passes = |x: f32| self.probability(x) >= threshold;
-        let cut = (threshold as f64 * self.sum as f64).ln();
-        let lo = if cut.is_finite() {
-            let margin = 1e-3 + 1e-6 * cut.abs() + 1e-6 * (self.max as f64).abs();
-            let certain = (self.max as f64 + cut + margin) as f32;
-            let near = (self.max as f64 + cut - margin) as f32;
-            let mut lanes = [f32::INFINITY; 8];
-            let chunks = values.chunks_exact(8);
-            let rest = chunks.remainder();
-            for chunk in chunks {
-                for (m, &x) in lanes.iter_mut().zip(chunk) {
-                    *m = if x >= certain && x < *m { x } else { *m };
-                }
-            }
-            let mut lo = rest
-                .iter()
-                .filter(|&&x| x >= certain)
-                .chain(&lanes)
-                .fold(f32::INFINITY, |m, &x| m.min(x));
-            for chunk in values.chunks(64) {
-                let hits: u32 = chunk
-                    .iter()
-                    .map(|&x| (x >= near && x < certain) as u32)
-                    .sum();
-                if hits > 0 {
-                    for &x in chunk.iter().filter(|&&x| x >= near && x < certain) {
-                        if x < lo && passes(x) {
-                            lo = x;
-                        }
-                    }
-                }
-            }
-            lo
-        } else {
-            values
-                .iter()
-                .filter(|&&x| passes(x))
-                .fold(f32::INFINITY, |m, &x| m.min(x))
-        };
+        let cut = self.max as f64 + (threshold as f64 * self.sum as f64).ln();
         Band {
-            lo,
+            lo: smallest_passing(values, cut, |x| self.probability(x) >= threshold),
             hi: f32::INFINITY,
         }
     }
@@ -391,6 +365,49 @@ impl Softmax {
             0.0
         }
     }
+}
+
+/// The smallest value for which `passes` holds (`+inf` when none does), for a `passes` that is
+/// monotone in the value and changes near `cut` (a value in logit units): values further from
+/// the cut than the margin (a thousand times the error of an f32 subtraction and exponential)
+/// are decided by comparison alone, the few near it by `passes`.
+fn smallest_passing(values: &[f32], cut: f64, passes: impl Fn(f32) -> bool) -> f32 {
+    if !cut.is_finite() {
+        return values
+            .iter()
+            .filter(|&&x| passes(x))
+            .fold(f32::INFINITY, |m, &x| m.min(x));
+    }
+    let margin = 1e-3 + 2e-6 * cut.abs();
+    let certain = (cut + margin) as f32;
+    let near = (cut - margin) as f32;
+    let mut lanes = [f32::INFINITY; 8];
+    let chunks = values.chunks_exact(8);
+    let rest = chunks.remainder();
+    for chunk in chunks {
+        for (m, &x) in lanes.iter_mut().zip(chunk) {
+            *m = if x >= certain && x < *m { x } else { *m };
+        }
+    }
+    let mut lo = rest
+        .iter()
+        .filter(|&&x| x >= certain)
+        .chain(&lanes)
+        .fold(f32::INFINITY, |m, &x| m.min(x));
+    for chunk in values.chunks(64) {
+        let hits: u32 = chunk
+            .iter()
+            .map(|&x| (x >= near && x < certain) as u32)
+            .sum();
+        if hits > 0 {
+            for &x in chunk.iter().filter(|&&x| x >= near && x < certain) {
+                if x < lo && passes(x) {
+                    lo = x;
+                }
+            }
+        }
+    }
+    lo
 }
 
 /// Candidate counts tried in turn before a whole-row sort: most rows put their mass on a few
@@ -656,6 +673,15 @@ mod tests {
                     .filter(|&&v| softmax.probability(v) >= threshold)
                     .fold(f32::INFINITY, |m, &v| m.min(v));
                 assert_eq!(got.lo.to_bits(), lo.to_bits(), "threshold {threshold}");
+            }
+            let max = max_of(&x);
+            for p in [0.0f32, 1e-7, 1e-3, 0.05, 0.5, 1.0] {
+                let got = Truncation::MinP { p, min_keep: 1 }.band(&x, &mut vec![]);
+                let lo = x
+                    .iter()
+                    .filter(|&&v| (v - max).exp() >= p)
+                    .fold(f32::INFINITY, |m, &v| m.min(v));
+                assert_eq!(got.lo.to_bits(), lo.to_bits(), "min_p {p}");
             }
         }
     }
