@@ -71,14 +71,16 @@ def one_row(rounds):
         results = measure(
             {
                 "memcpy": lambda: out.copy_(scores),
-                "ours": lambda: batch.apply(scores, history, out=out),
-                "transformers": lambda: warper(ids, scores),
+                "ours": lambda batch=batch, history=history: batch.apply(scores, history, out=out),
+                "transformers": lambda warper=warper: warper(ids, scores),
             },
             rounds,
             calls=3,
         )
         report(f"one row, {name}", results)
-        print(f"  speed-up over transformers (medians): {results['transformers'][1] / results['ours'][1]:.1f}x")
+        print(
+            f"  speed-up over transformers (medians): {results['transformers'][1] / results['ours'][1]:.1f}x"
+        )
 
 
 def sampling_batch(rounds, rows=64):

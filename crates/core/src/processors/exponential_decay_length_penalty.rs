@@ -48,7 +48,7 @@ impl KindSpec for ExponentialDecayLengthPenaltySpec {
 /// rest in f32, as transformers computes it on an f32 row: bit for bit its result there. On f16
 /// and bf16 rows transformers rounds `|x| * (decay_factor^i - 1)` to the row's type before the
 /// addition, and here the result is rounded once: the two can differ by one unit in the last
-/// place.
+/// place of the added value plus one of the result.
 ///
 /// ```
 /// use logits_processing::{process_row, processors::ExponentialDecayLengthPenalty};

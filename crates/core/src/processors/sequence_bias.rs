@@ -40,7 +40,8 @@ impl KindSpec for SequenceBiasSpec {
 /// first, then the longer sequences grouped by length in order of first appearance) before one
 /// addition to the logit: bit for bit transformers' result on f32 rows. On f16 and bf16 rows
 /// transformers rounds the summed bias to the row's type before adding it, and here the f32 sum
-/// is added and the result rounded once: the two can differ by one unit in the last place.
+/// is added and the result rounded once: the two can differ by one unit in the last place of
+/// the summed bias plus one of the result.
 /// (transformers also adds `0.0` to every other logit, turning `-0.0` into `0.0`; here untouched
 /// logits keep their bits.)
 ///
