@@ -21,6 +21,10 @@ pub enum CudaError {
     /// A plan or a batch the core refuses (a token outside the vocab, a bad layout).
     #[error(transparent)]
     Core(#[from] logits_processing::Error),
+    /// A plan the CUDA path cannot carry out yet (a truncation rule the GPU does not resolve);
+    /// the CPU path can.
+    #[error("not supported on the GPU: {0}")]
+    Unsupported(String),
     /// An external step's callback failed (its own message).
     #[error("external step failed: {0}")]
     External(String),
