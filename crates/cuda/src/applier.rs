@@ -69,6 +69,7 @@ impl CudaBatchApplier {
     /// ([`CudaError::NoDevice`]).
     pub fn new(device_ordinal: usize) -> Result<Self, CudaError> {
         let kernels = driver::kernels(device_ordinal)?;
+        crate::self_check::ensure(&kernels, device_ordinal)?;
         Ok(Self::with_kernels(kernels, device_ordinal))
     }
 

@@ -96,6 +96,8 @@ pub(crate) struct Kernels {
     pub bands_bf16: cu::CUfunction,
     /// Where the code came from: the embedded PTX or NVRTC.
     pub origin: &'static str,
+    /// The outcome of the device's self-check, run once by the first applier.
+    pub checked: OnceLock<Result<(), String>>,
 }
 
 // SAFETY: contexts and functions are process-wide driver handles, usable from any thread.
@@ -174,6 +176,7 @@ fn load(ordinal: usize) -> Result<Kernels, CudaError> {
         bands_f16: function(c"lp_bands_f16")?,
         bands_bf16: function(c"lp_bands_bf16")?,
         origin,
+        checked: OnceLock::new(),
     })
 }
 

@@ -1,5 +1,14 @@
 //! CUDA path: a whole batch's plans applied on the GPU, on the caller's stream.
 //!
+//! **The kernels have never run on a GPU.** No GPU has been lent to this project yet, and the
+//! machines it is developed on have none: the kernels are compiled (NVRTC, for several
+//! architectures) and their algorithm is checked on the host ([`packed::emulate`] against the CPU
+//! path, bit for bit), but nothing has executed them. So the first [`CudaBatchApplier`] on each
+//! device in a process runs a self-check first: a small batch covering every kind of edit, on
+//! that device, compared bit for bit with the CPU path; on any difference every applier for that
+//! device fails with [`CudaError::SelfCheck`], naming the first differing row and token, rather
+//! than ever giving wrong logits.
+//!
 //! Design (docs/cuda.md has the whole of it): the batch plans on the host as on the CPU path; each
 //! step the plans are packed ([`packed`]) into a few words per row plus each mask's words, copied
 //! asynchronously from pinned memory to the device on the caller's stream; for rows that truncate,
@@ -16,6 +25,7 @@ mod driver;
 mod error;
 pub mod nvrtc;
 pub mod packed;
+mod self_check;
 
 pub use applier::CudaBatchApplier;
 pub use error::CudaError;
