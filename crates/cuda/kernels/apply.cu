@@ -30,6 +30,8 @@
 
 #define TILE (THREADS * PER_THREAD)
 #define RADIX_BINS (1u << RADIX_BITS)
+// The band kernel's radix select gives each histogram bin a thread.
+static_assert(THREADS >= RADIX_BINS, "fewer threads than radix bins");
 
 typedef unsigned int u32;
 typedef unsigned short u16;
