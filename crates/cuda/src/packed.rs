@@ -23,7 +23,7 @@
 //! [`Op::ForceSet`] `a` = token, `b` = value bits; [`Op::Mask`] `a` = word offset of the mask's
 //! words, `b` = their count, `c` = 1 when tokens past them are allowed; [`Op::Truncate`] `a` = word
 //! offset of its band record, `b` = the last force's token before it since the previous truncation
-//! (or [`NO_TOKEN`]: see [`eval`]).
+//! (or [`NO_TOKEN`]): as a truncation sees the row, a logit that force did not name is `-inf`.
 //!
 //! Sparse op: `[op | dense_before << OP_BITS, value bits]` for [`Op::Ban`], [`Op::Bias`] (the bias),
 //! [`Op::Penalty`] (the penalty).
