@@ -140,24 +140,118 @@ fn bad_plans_and_rows_are_refused() {
 }
 
 #[test]
-fn empty_plans_take_no_slot_and_sparse_rows_carry_no_scales() {
+fn empty_plans_take_no_slot_and_sparse_ops_are_grouped_by_token() {
+    use logits_processing::Edit;
+    use logits_processing_cuda::packed::{Op, DESC_WORDS, OP_BITS, SPARSE_WORDS};
     let mut packed = PackedPlans::new();
     let empty = plan_of(&[]);
     let sparse = plan_of(&[
-        logits_processing::Edit::Ban { token: 5 },
-        logits_processing::Edit::Bias {
+        Edit::Ban { token: 5 },
+        Edit::Scale { temperature: 0.5 },
+        Edit::Bias {
             token: 5,
             bias: 1.0,
         },
-        logits_processing::Edit::Ban { token: 2 },
+        Edit::Ban { token: 2 },
     ]);
     packed
         .pack(|| [(0usize, &empty), (1, &sparse)].into_iter(), 2, 10)
         .unwrap();
     assert_eq!(packed.slots(), 1);
     let w = packed.words();
-    assert_eq!(w[0], 1); // row
-    assert_eq!(w[2], w[3]); // no scales
-    assert_eq!(&w[w[4] as usize..w[5] as usize], &[2, 5]); // sorted, distinct
-    assert_eq!(w[7] - w[6], 9); // 3 edits of 3 words
+    let d = &w[..DESC_WORDS];
+    assert_eq!(d[0], 1); // row
+    assert_eq!(d[3], 1); // one dense op: the scale
+    assert_eq!(&w[d[4] as usize..(d[4] + d[5]) as usize], &[2, 5]); // sorted, distinct
+    let bounds = &w[d[6] as usize..d[6] as usize + 3];
+    // Token 2: one op; token 5: two, in plan order, before and after the scale.
+    assert_eq!(bounds[1] - bounds[0], SPARSE_WORDS as u32);
+    assert_eq!(bounds[2] - bounds[1], 2 * SPARSE_WORDS as u32);
+    let five = &w[bounds[1] as usize..bounds[2] as usize];
+    assert_eq!(five[0], Op::Ban as u32);
+    assert_eq!(five[2], Op::Bias as u32 | 1 << OP_BITS);
+    assert_eq!(packed.truncating(), (w.len(), 0));
+}
+
+#[test]
+fn softmax_truncations_are_refused_as_unsupported() {
+    use logits_processing::{Edit, Truncation};
+    let rules = [
+        Truncation::TopP {
+            p: 0.9,
+            min_keep: 1,
+        },
+        Truncation::MinP {
+            p: 0.1,
+            min_keep: 1,
+        },
+        Truncation::Typical {
+            mass: 0.9,
+            min_keep: 1,
+        },
+        Truncation::Epsilon {
+            epsilon: 0.01,
+            min_keep: 1,
+        },
+        Truncation::Eta {
+            epsilon: 0.01,
+            min_keep: 1,
+        },
+    ];
+    let mut packed = PackedPlans::new();
+    for rule in rules {
+        let plan = plan_of(&[Edit::Scale { temperature: 0.5 }, Edit::Truncate(rule)]);
+        match packed.pack(|| [(0usize, &plan)].into_iter(), 1, 10) {
+            Err(CudaError::Unsupported(message)) => {
+                assert!(
+                    message.contains("not supported by the CUDA path yet"),
+                    "{message}"
+                )
+            }
+            other => panic!("{rule:?}: {other:?}"),
+        }
+        assert_eq!(packed.slots(), 0);
+    }
+}
+
+/// Thousands of sparse edits of one token between dense ops, against the CPU: the token's
+/// program is merged with the dense chain in plan order.
+#[test]
+fn many_edits_of_one_token_equal_the_cpu() {
+    use logits_processing::{Edit, Truncation};
+    let vocab = 3000;
+    let mut edits = vec![];
+    for i in 0..4000u32 {
+        edits.push(match i % 7 {
+            0 => Edit::Bias {
+                token: 1234,
+                bias: 0.001 * i as f32,
+            },
+            1 => Edit::Penalty {
+                token: 1234,
+                penalty: 1.0 + (i % 5) as f32 * 0.01,
+            },
+            2 if i % 500 == 2 => Edit::Scale { temperature: 1.01 },
+            3 if i == 3003 => Edit::Truncate(Truncation::TopK {
+                k: 100,
+                min_keep: 1,
+            }),
+            _ => Edit::Bias {
+                token: 1234 + i % 3,
+                bias: -0.0005,
+            },
+        });
+    }
+    let mut plan = plan_of(&edits);
+    let input: Vec<f32> = (0..vocab).map(|i| (i % 101) as f32 * 0.1 - 5.0).collect();
+    let mut want = input.clone();
+    plan.apply(&mut want).unwrap();
+    let mut packed = PackedPlans::new();
+    packed
+        .pack(|| [(0usize, &plan)].into_iter(), 1, vocab)
+        .unwrap();
+    let mut got = input.clone();
+    emulate(&packed, vocab, vocab, &mut got);
+    assert_eq!(first_difference(&got, &want), None);
+    assert_ne!(want, input);
 }
