@@ -23,6 +23,7 @@ from ._lib import (
     ThinkingBudgetLogitsProcessor,
     TokenizerError,
     TokenOutOfVocabError,
+    resolve_specs,
     validate_specs,
 )
 from .base import BaseLogitsProcessor
@@ -53,5 +54,6 @@ __all__ = [
     "__version__",
     "get_thinking_token_config",
     "register_thinking_token_config",
+    "resolve_specs",
     "validate_specs",
 ]

@@ -81,6 +81,7 @@ RETURNS = {
     "Batch.remove": "bool",
     "Batch.rows": "list[int]",
     "hello_world_ids_from_file": "Tuple[list[int], int]",
+    "resolve_specs": "list[dict]",
     "thinking_token_ids": "Tuple[int, int, int]",
 }
 
