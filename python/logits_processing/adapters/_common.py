@@ -18,6 +18,14 @@ logger = logging.getLogger("logits_processing.adapters")
 #: list / object) of specs: data only, never code.
 SPEC_KEY = "logits_processing"
 
+#: The key Dynamo's own adapters read (``extra_args["dynamo_logits"]`` for vLLM,
+#: ``custom_params["dynamo_logits"]`` for SGLang): a list of entries such as
+#: ``{"kind": "forced_sequence", "token_ids": [...], "eos_token_id": 2}``. Accepted beside
+#: :data:`SPEC_KEY` so a Dynamo frontend's requests run unchanged.
+DYNAMO_SPEC_KEY = "dynamo_logits"
+#: The request id Dynamo's SGLang adapter puts beside its entries.
+DYNAMO_UID_KEY = "dynamo_uid"
+
 #: Serving roles that generate tokens, where processors run.
 GENERATION_ROLES = frozenset({"aggregated", "decode"})
 #: Every role we know. A prefill worker never runs processors.
@@ -72,6 +80,38 @@ def decode_specs(payload: Any) -> Any:
     raise TypeError(
         f"specs must be a JSON text, a spec object or a list of them, found {type(payload).__name__}"
     )
+
+
+def _dynamo_entries(payload: Any) -> list:
+    """Dynamo's entries as our specs: a list of entries, or its ``LogitsProcessorSpec`` written
+    out as ``{"entries": [...], "generation_only": ...}``; the ``generation_only`` marking is
+    dropped from each entry (processors here never run on a prefill worker, whatever it says)."""
+    decoded = decode_specs(payload)
+    if isinstance(decoded, dict) and "entries" in decoded and "kind" not in decoded:
+        extra = set(decoded) - {"entries", "generation_only"}
+        if extra:
+            raise TypeError(f"{DYNAMO_SPEC_KEY}: unknown field(s) {sorted(extra)}")
+        decoded = decode_specs(decoded["entries"])
+    items = decoded if isinstance(decoded, list) else [decoded]
+    return [{k: v for k, v in item.items() if k != "generation_only"} for item in items]
+
+
+def request_payload(container: Any) -> Any:
+    """The specs a request carries in ``container`` (vLLM's ``extra_args``, SGLang's
+    ``custom_params``), or None when it did not opt in: ours under :data:`SPEC_KEY` as given
+    (a JSON text, a spec object or a list), Dynamo's under :data:`DYNAMO_SPEC_KEY` as a list of
+    specs; both present: ours first, then Dynamo's."""
+    if not container:
+        return None
+    ours = container.get(SPEC_KEY)
+    theirs = container.get(DYNAMO_SPEC_KEY)
+    if not theirs:  # Dynamo sends nothing (or clears it) when a request has no entries
+        return ours
+    theirs = _dynamo_entries(theirs)
+    if ours is None:
+        return theirs
+    ours = decode_specs(ours)
+    return (ours if isinstance(ours, list) else [ours]) + theirs
 
 
 def validate_structure(specs: Any) -> Any:
@@ -224,13 +264,18 @@ class EngineContext:
 
 
 def rows_of(logits: Any) -> Any:
-    """A ``[rows, vocab]`` view of logits shaped ``[vocab]``, ``[rows, vocab]`` or
-    ``[1, rows, vocab]`` (TRT-LLM's ``[batch, beam, vocab]`` with batch 1); no copy."""
+    """A ``[rows, vocab]`` view of logits shaped ``[vocab]``, ``[rows, vocab]``, ``[1, rows,
+    vocab]`` (TRT-LLM's C++ runtime: batch 1, beams) or ``[rows, 1, vocab]`` (TRT-LLM's PyTorch
+    backend: beams, one token); never a copy, so edits land in the engine's tensor."""
     if logits.dim() == 1:
         return logits.unsqueeze(0)
     if logits.dim() == 2:
         return logits
-    return logits.reshape(-1, logits.shape[-1])
+    if logits.dim() == 3 and logits.shape[1] == 1:
+        return logits[:, 0]
+    if logits.dim() == 3 and logits.shape[0] == 1:
+        return logits[0]
+    return logits.view(-1, logits.shape[-1])  # raises rather than copying
 
 
 class KeyedBatch:
