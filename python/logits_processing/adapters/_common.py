@@ -96,15 +96,16 @@ def _dynamo_entries(payload: Any) -> list:
     return [{k: v for k, v in item.items() if k != "generation_only"} for item in items]
 
 
-def request_payload(container: Any) -> Any:
+def request_payload(container: Any, *, dynamo: bool = True) -> Any:
     """The specs a request carries in ``container`` (vLLM's ``extra_args``, SGLang's
     ``custom_params``), or None when it did not opt in: ours under :data:`SPEC_KEY` as given
     (a JSON text, a spec object or a list), Dynamo's under :data:`DYNAMO_SPEC_KEY` as a list of
-    specs; both present: ours first, then Dynamo's."""
+    specs (unless ``dynamo`` is False: Dynamo's own adapter is in the engine and realizes them);
+    both present: ours first, then Dynamo's."""
     if not container:
         return None
     ours = container.get(SPEC_KEY)
-    theirs = container.get(DYNAMO_SPEC_KEY)
+    theirs = container.get(DYNAMO_SPEC_KEY) if dynamo else None
     if not theirs:  # Dynamo sends nothing (or clears it) when a request has no entries
         return ours
     theirs = _dynamo_entries(theirs)
@@ -222,11 +223,15 @@ class EngineContext:
 
     def validate(self, specs: Any) -> None:
         """Everything a request's specs can be checked for here (structure, values, and token
-        ids against the vocab when it is known). Raises ``SpecError``."""
+        ids against the vocab when it is known). Raises ``SpecError``; an id beyond the vocab is
+        a ``TokenOutOfVocabError`` naming its field (``[1].eos_token_id``)."""
         import logits_processing as lp
 
+        specs = decode_specs(specs) if isinstance(specs, (str, bytes)) else specs
+        if self.vocab_size is not None:
+            _check_ids(specs, self.vocab_size)
         lp.validate_specs(
-            decode_specs(specs) if isinstance(specs, (str, bytes)) else specs,
+            specs,
             vocab_size=self.vocab_size,
             hello_world=self.hello_world,
             thinking_tokens=self.thinking_tokens,
@@ -261,6 +266,39 @@ class EngineContext:
                 }
             out.append(spec)
         return out
+
+
+_ID_FIELDS = ("eos_token_id", "start_token_id", "end_token_id", "newline_token_id")
+
+
+def _check_ids(specs: Any, vocab_size: int) -> None:
+    """Names the exact field of the first token id at or beyond ``vocab_size`` (the core's check
+    names the spec); what is not a well-formed id is left to the core's own check."""
+    import logits_processing as lp
+
+    def refuse(path: str, token: int) -> None:
+        raise lp.TokenOutOfVocabError(f"{path}: token id {token} is outside the vocab of {vocab_size}")
+
+    def big(value: Any) -> bool:
+        return isinstance(value, int) and not isinstance(value, bool) and value >= vocab_size
+
+    items = specs if isinstance(specs, list) else [specs]
+    for i, spec in enumerate(items):
+        if not isinstance(spec, Mapping):
+            continue
+        ids = spec.get("token_ids")
+        if isinstance(ids, list):
+            for k, token in enumerate(ids):
+                if big(token):
+                    refuse(f"[{i}].token_ids[{k}]", token)
+        for name in _ID_FIELDS:
+            if big(spec.get(name)):
+                refuse(f"[{i}].{name}", spec[name])
+        bias = spec.get("bias")
+        if isinstance(bias, Mapping):
+            for key in bias:
+                if isinstance(key, str) and key.isdigit() and int(key) >= vocab_size:
+                    refuse(f"[{i}].bias[{key!r}]", int(key))
 
 
 def rows_of(logits: Any) -> Any:
