@@ -218,9 +218,9 @@ class VLLMLogitsProcessor(LogitsProcessor):
 
     ``is_argmax_invariant`` is False: forced tokens and budgets change greedy picks, so vLLM
     calls it for greedy requests too. ``needs_output_token_ids`` is True: histories must be real
-    ids, not async scheduling's ``-1`` placeholders (vLLM versions without that method keep real
-    ids when the class is named in ``logits_processors=``; placeholders that still arrive count
-    as tokens, see :data:`PLACEHOLDER_ID`). ``validate_params`` refuses bad specs at admission,
+    ids, not async scheduling's ``-1`` placeholders (on vLLM versions without that method
+    ``update_state`` sets the persistent batch's flag itself; placeholders that still arrive
+    count as tokens, see :data:`PLACEHOLDER_ID`). ``validate_params`` refuses bad specs at admission,
     token ids beyond the model's vocab included. Only the first instance in an engine processes;
     a second one (entry point plus the class named in ``logits_processors=``) does nothing.
     """
