@@ -18,6 +18,14 @@ logger = logging.getLogger("logits_processing.adapters")
 #: list / object) of specs: data only, never code.
 SPEC_KEY = "logits_processing"
 
+#: The key Dynamo's own adapters read (``extra_args["dynamo_logits"]`` for vLLM,
+#: ``custom_params["dynamo_logits"]`` for SGLang): a list of entries such as
+#: ``{"kind": "forced_sequence", "token_ids": [...], "eos_token_id": 2}``. Accepted beside
+#: :data:`SPEC_KEY` so a Dynamo frontend's requests run unchanged.
+DYNAMO_SPEC_KEY = "dynamo_logits"
+#: The request id Dynamo's SGLang adapter puts beside its entries.
+DYNAMO_UID_KEY = "dynamo_uid"
+
 #: Serving roles that generate tokens, where processors run.
 GENERATION_ROLES = frozenset({"aggregated", "decode"})
 #: Every role we know. A prefill worker never runs processors.
@@ -72,6 +80,39 @@ def decode_specs(payload: Any) -> Any:
     raise TypeError(
         f"specs must be a JSON text, a spec object or a list of them, found {type(payload).__name__}"
     )
+
+
+def _dynamo_entries(payload: Any) -> list:
+    """Dynamo's entries as our specs: a list of entries, or its ``LogitsProcessorSpec`` written
+    out as ``{"entries": [...], "generation_only": ...}``; the ``generation_only`` marking is
+    dropped from each entry (processors here never run on a prefill worker, whatever it says)."""
+    decoded = decode_specs(payload)
+    if isinstance(decoded, dict) and "entries" in decoded and "kind" not in decoded:
+        extra = set(decoded) - {"entries", "generation_only"}
+        if extra:
+            raise TypeError(f"{DYNAMO_SPEC_KEY}: unknown field(s) {sorted(extra)}")
+        decoded = decode_specs(decoded["entries"])
+    items = decoded if isinstance(decoded, list) else [decoded]
+    return [{k: v for k, v in item.items() if k != "generation_only"} for item in items]
+
+
+def request_payload(container: Any, *, dynamo: bool = True) -> Any:
+    """The specs a request carries in ``container`` (vLLM's ``extra_args``, SGLang's
+    ``custom_params``), or None when it did not opt in: ours under :data:`SPEC_KEY` as given
+    (a JSON text, a spec object or a list), Dynamo's under :data:`DYNAMO_SPEC_KEY` as a list of
+    specs (unless ``dynamo`` is False: Dynamo's own adapter is in the engine and realizes them);
+    both present: ours first, then Dynamo's."""
+    if not container:
+        return None
+    ours = container.get(SPEC_KEY)
+    theirs = container.get(DYNAMO_SPEC_KEY) if dynamo else None
+    if not theirs:  # Dynamo sends nothing (or clears it) when a request has no entries
+        return ours
+    theirs = _dynamo_entries(theirs)
+    if ours is None:
+        return theirs
+    ours = decode_specs(ours)
+    return (ours if isinstance(ours, list) else [ours]) + theirs
 
 
 def validate_structure(specs: Any) -> Any:
@@ -182,11 +223,15 @@ class EngineContext:
 
     def validate(self, specs: Any) -> None:
         """Everything a request's specs can be checked for here (structure, values, and token
-        ids against the vocab when it is known). Raises ``SpecError``."""
+        ids against the vocab when it is known). Raises ``SpecError``; an id beyond the vocab is
+        a ``TokenOutOfVocabError`` naming its field (``[1].eos_token_id``)."""
         import logits_processing as lp
 
+        specs = decode_specs(specs) if isinstance(specs, (str, bytes)) else specs
+        if self.vocab_size is not None:
+            _check_ids(specs, self.vocab_size)
         lp.validate_specs(
-            decode_specs(specs) if isinstance(specs, (str, bytes)) else specs,
+            specs,
             vocab_size=self.vocab_size,
             hello_world=self.hello_world,
             thinking_tokens=self.thinking_tokens,
@@ -223,14 +268,52 @@ class EngineContext:
         return out
 
 
+_ID_FIELDS = ("eos_token_id", "start_token_id", "end_token_id", "newline_token_id")
+
+
+def _check_ids(specs: Any, vocab_size: int) -> None:
+    """Names the exact field of the first token id at or beyond ``vocab_size`` (the core's check
+    names the spec); what is not a well-formed id is left to the core's own check."""
+    import logits_processing as lp
+
+    def refuse(path: str, token: int) -> None:
+        raise lp.TokenOutOfVocabError(f"{path}: token id {token} is outside the vocab of {vocab_size}")
+
+    def big(value: Any) -> bool:
+        return isinstance(value, int) and not isinstance(value, bool) and value >= vocab_size
+
+    items = specs if isinstance(specs, list) else [specs]
+    for i, spec in enumerate(items):
+        if not isinstance(spec, Mapping):
+            continue
+        ids = spec.get("token_ids")
+        if isinstance(ids, list):
+            for k, token in enumerate(ids):
+                if big(token):
+                    refuse(f"[{i}].token_ids[{k}]", token)
+        for name in _ID_FIELDS:
+            if big(spec.get(name)):
+                refuse(f"[{i}].{name}", spec[name])
+        bias = spec.get("bias")
+        if isinstance(bias, Mapping):
+            for key in bias:
+                if isinstance(key, str) and key.isdigit() and int(key) >= vocab_size:
+                    refuse(f"[{i}].bias[{key!r}]", int(key))
+
+
 def rows_of(logits: Any) -> Any:
-    """A ``[rows, vocab]`` view of logits shaped ``[vocab]``, ``[rows, vocab]`` or
-    ``[1, rows, vocab]`` (TRT-LLM's ``[batch, beam, vocab]`` with batch 1); no copy."""
+    """A ``[rows, vocab]`` view of logits shaped ``[vocab]``, ``[rows, vocab]``, ``[1, rows,
+    vocab]`` (TRT-LLM's C++ runtime: batch 1, beams) or ``[rows, 1, vocab]`` (TRT-LLM's PyTorch
+    backend: beams, one token); never a copy, so edits land in the engine's tensor."""
     if logits.dim() == 1:
         return logits.unsqueeze(0)
     if logits.dim() == 2:
         return logits
-    return logits.reshape(-1, logits.shape[-1])
+    if logits.dim() == 3 and logits.shape[1] == 1:
+        return logits[:, 0]
+    if logits.dim() == 3 and logits.shape[0] == 1:
+        return logits[0]
+    return logits.view(-1, logits.shape[-1])  # raises rather than copying
 
 
 class KeyedBatch:
