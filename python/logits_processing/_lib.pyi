@@ -404,7 +404,7 @@ def resolve_specs(
         list[dict]: One explicit spec per spec given, in order.
 
     Raises:
-        SpecError: as :func:`validate_specs`.
+        SpecError: for a spec that does not parse, naming the field.
 
     Example:
         >>> from logits_processing import resolve_specs

@@ -75,12 +75,15 @@ THINKING_TOKEN_CONFIGS: "dict[str, ThinkingTokenConfig]" = _ConfigTable(
 def get_thinking_token_config(model_name: str, tokenizer: Optional[Any] = None) -> ThinkingTokenConfig:
     """The thinking token ids of `model_name`.
 
-    First ``THINKING_TOKEN_CONFIGS`` (a case-insensitive substring of the name, first match in
-    order: ``deepseek``, ``qwen3``, ``glm4``, ``glm-4``, then keys added with
-    :func:`register_thinking_token_config`); then, with a tokenizer, the ids of ``"<think>"``,
-    ``"</think>"`` and ``"\\n"``, each only if it encodes to exactly one token (the reference
-    takes the first piece of a longer encoding, which budgets the wrong token); else a warning
-    and ``ThinkingTokenConfig(0, 0, 10)``, which disables the budget.
+    The core's one rule, which every engine adapter uses too: with a tokenizer whose
+    ``"<think>"``, ``"</think>"`` and ``"\\n"`` each encode to exactly one token, those ids (the
+    tokenizer is what the model was trained with; the reference looks at the table first, and
+    DeepSeek's ids differ between its tokenizer versions); else ``THINKING_TOKEN_CONFIGS``, a
+    case-insensitive substring of the name, first match in order (``deepseek``, ``qwen3``,
+    ``glm4``, ``glm-4``, then keys added with :func:`register_thinking_token_config`); else a
+    warning and ``ThinkingTokenConfig(0, 0, 10)``, which disables the budget. Markers that
+    encode to several pieces are never used (the reference takes the first piece, which budgets
+    the wrong token).
 
     Args:
         model_name (str): The model's name or path, e.g. ``"Qwen/Qwen3-8B"``.
@@ -96,20 +99,19 @@ def get_thinking_token_config(model_name: str, tokenizer: Optional[Any] = None) 
         >>> get_thinking_token_config("Qwen/Qwen3-8B")
         ThinkingTokenConfig(start_token_id=151667, end_token_id=151668, newline_token_id=198)
     """
+    ids = _lib.thinking_token_ids(model_name, tokenizer)
     model_lower = model_name.lower()
     for key, config in THINKING_TOKEN_CONFIGS.items():
         if key in model_lower:
-            return config
-    start, end, newline = (0, 0, 10)
-    if tokenizer is not None:
-        # The core's tokenizer path only: the table was searched above ("" matches no key).
-        start, end, newline = _lib.thinking_token_ids("", tokenizer)
-    if start == 0 or end == 0:
+            if (config.start_token_id, config.end_token_id, config.newline_token_id) == ids:
+                return config  # the table's own object, as the reference returns it
+            break
+    if ids[0] == 0 or ids[1] == 0:
         logger.warning(
             "%s: no single-token <think> / </think> ids known; the thinking budget is disabled",
             model_name,
         )
-    return ThinkingTokenConfig(start, end, newline)
+    return ThinkingTokenConfig(*ids)
 
 
 def register_thinking_token_config(model_key: str, config: ThinkingTokenConfig) -> None:

@@ -72,7 +72,8 @@ pub trait KindSpec: std::fmt::Debug + Send + Sync + 'static {
 
     /// The spec with what it takes from the engine made explicit (e.g. `hello_world` as the
     /// forced sequence of the tokenizer's ids), for a worker that does not have the engine's
-    /// tokenizer. `None`: the spec is already explicit.
+    /// tokenizer. `None`: the spec is already explicit, or `context` does not know what it needs
+    /// (then the engine resolves it).
     fn resolve(&self, _context: &SpecContext) -> Result<Option<Value>> {
         Ok(None)
     }
@@ -122,6 +123,9 @@ fn parse_as<S: KindSpec + Serialize + DeserializeOwned + Clone>(value: Value) ->
 pub struct ProcessorSpec {
     kind: &'static str,
     spec: Box<dyn AnySpec>,
+    // Where the spec stood in the pipeline it was read from ("[1]"), so that errors found when it
+    // is realized name the field as parse errors do.
+    at: String,
 }
 
 impl Clone for ProcessorSpec {
@@ -129,6 +133,7 @@ impl Clone for ProcessorSpec {
         Self {
             kind: self.kind,
             spec: self.spec.clone_box(),
+            at: self.at.clone(),
         }
     }
 }
@@ -291,6 +296,7 @@ impl ProcessorSpec {
         Ok(Self {
             kind: kind.name,
             spec,
+            at: at.to_string(),
         })
     }
 
@@ -301,10 +307,13 @@ impl ProcessorSpec {
         context: &SpecContext,
         prompt_len: usize,
     ) -> Result<Box<dyn LogitsProcessor>> {
-        let processor = self.spec.realize(context, prompt_len)?;
+        let processor = self
+            .spec
+            .realize(context, prompt_len)
+            .map_err(|e| error_at(e, &self.at))?;
         // A backstop for a kind that forgot to check one of its ids.
         if let (Some(vocab_size), Some(token)) = (context.vocab_size, processor.max_token_id()) {
-            check_token(self.kind, token, vocab_size)?;
+            check_token(&field_at(&self.at, self.kind), token, vocab_size)?;
         }
         Ok(processor)
     }
@@ -314,10 +323,10 @@ impl ProcessorSpec {
         self.realize(context, 0).map(drop)
     }
 
-    /// The spec as JSON, with what it takes from `context` made explicit (see
-    /// [`KindSpec::resolve`]).
+    /// The spec as JSON, with what it takes from `context` made explicit where `context` has it
+    /// (see [`KindSpec::resolve`]); as it is otherwise.
     pub fn resolve(&self, context: &SpecContext) -> Result<Value> {
-        match self.spec.resolve(context)? {
+        match self.spec.resolve(context).map_err(|e| error_at(e, &self.at))? {
             Some(value) => Ok(value),
             None => Ok(self.to_value()),
         }

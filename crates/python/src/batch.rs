@@ -278,7 +278,7 @@ pub(crate) fn validate_specs(
 ///     list[dict]: One explicit spec per spec given, in order.
 ///
 /// Raises:
-///     SpecError: as :func:`validate_specs`.
+///     SpecError: for a spec that does not parse, naming the field.
 ///
 /// Example:
 ///     >>> from logits_processing import resolve_specs
@@ -300,8 +300,7 @@ pub(crate) fn resolve_specs<'py>(
         };
         for spec in specs {
             let value = spec
-                .validate(&context)
-                .and_then(|()| spec.resolve(&context))
+                .resolve(&context)
                 .map_err(|e| to_py(spec_error(e, &at)))?;
             resolved.push(value);
         }

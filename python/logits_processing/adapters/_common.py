@@ -158,25 +158,11 @@ def hello_world_ids(tokenizer: Any) -> Optional[Tuple[list, int]]:
     return [int(i) for i in ids], int(eos)
 
 
-def _single_token(tokenizer: Any, text: str) -> Optional[int]:
-    try:
-        ids = tokenizer.encode(text, add_special_tokens=False)
-    except Exception:  # noqa: BLE001 - a tokenizer that cannot encode has no such token
-        return None
-    return int(ids[0]) if len(ids) == 1 else None
-
-
 def thinking_tokens_for(tokenizer: Any = None, model_name: Optional[str] = None):
-    """The model's thinking tokens: from the tokenizer when ``<think>``, ``</think>`` and ``\\n``
-    are each one token (the tokenizer is what the model was trained with, so it wins over a
-    name table), else ``get_thinking_token_config(model_name, tokenizer)``; None when neither
-    knows."""
+    """The model's thinking tokens by the core's one rule (``get_thinking_token_config``: the
+    tokenizer's single tokens, else the name table); None when neither knows."""
     import logits_processing as lp
 
-    if tokenizer is not None:
-        ids = [_single_token(tokenizer, t) for t in ("<think>", "</think>", "\n")]
-        if None not in ids:
-            return lp.ThinkingTokenConfig(*ids)
     if model_name is None and tokenizer is None:
         return None
     config = lp.get_thinking_token_config(model_name or "", tokenizer)
@@ -228,8 +214,6 @@ class EngineContext:
         import logits_processing as lp
 
         specs = decode_specs(specs) if isinstance(specs, (str, bytes)) else specs
-        if self.vocab_size is not None:
-            _check_ids(specs, self.vocab_size)
         lp.validate_specs(
             specs,
             vocab_size=self.vocab_size,
@@ -239,66 +223,13 @@ class EngineContext:
 
     def resolve_specs(self, specs: Any) -> list:
         """The specs with everything engine-specific made explicit, so that a worker without the
-        tokenizer can realize them: ``hello_world`` becomes a ``forced_sequence`` of its ids and
-        a ``thinking_budget`` without ids gets the model's."""
-        decoded = decode_specs(specs)
-        items = decoded if isinstance(decoded, list) else [decoded]
-        out = []
-        for spec in items:
-            kind = spec.get("kind")
-            if kind == "hello_world" and self.hello_world is not None:
-                ids, eos = self.hello_world
-                resolved = {"kind": "forced_sequence", "token_ids": list(ids), "eos_token_id": eos}
-                if "position" in spec:
-                    resolved["position"] = spec["position"]
-                spec = resolved
-            elif (
-                kind == "thinking_budget"
-                and "start_token_id" not in spec
-                and self.thinking_tokens is not None
-            ):
-                t = self.thinking_tokens
-                spec = {
-                    **spec,
-                    "start_token_id": int(t.start_token_id),
-                    "end_token_id": int(t.end_token_id),
-                    "newline_token_id": int(t.newline_token_id),
-                }
-            out.append(spec)
-        return out
+        tokenizer can realize them (the core's ``resolve_specs``): ``hello_world`` becomes a
+        ``forced_sequence`` of its ids and a ``thinking_budget`` without ids gets the model's."""
+        import logits_processing as lp
 
-
-_ID_FIELDS = ("eos_token_id", "start_token_id", "end_token_id", "newline_token_id")
-
-
-def _check_ids(specs: Any, vocab_size: int) -> None:
-    """Names the exact field of the first token id at or beyond ``vocab_size`` (the core's check
-    names the spec); what is not a well-formed id is left to the core's own check."""
-    import logits_processing as lp
-
-    def refuse(path: str, token: int) -> None:
-        raise lp.TokenOutOfVocabError(f"{path}: token id {token} is outside the vocab of {vocab_size}")
-
-    def big(value: Any) -> bool:
-        return isinstance(value, int) and not isinstance(value, bool) and value >= vocab_size
-
-    items = specs if isinstance(specs, list) else [specs]
-    for i, spec in enumerate(items):
-        if not isinstance(spec, Mapping):
-            continue
-        ids = spec.get("token_ids")
-        if isinstance(ids, list):
-            for k, token in enumerate(ids):
-                if big(token):
-                    refuse(f"[{i}].token_ids[{k}]", token)
-        for name in _ID_FIELDS:
-            if big(spec.get(name)):
-                refuse(f"[{i}].{name}", spec[name])
-        bias = spec.get("bias")
-        if isinstance(bias, Mapping):
-            for key in bias:
-                if isinstance(key, str) and key.isdigit() and int(key) >= vocab_size:
-                    refuse(f"[{i}].bias[{key!r}]", int(key))
+        return lp.resolve_specs(
+            decode_specs(specs), hello_world=self.hello_world, thinking_tokens=self.thinking_tokens
+        )
 
 
 def rows_of(logits: Any) -> Any:
