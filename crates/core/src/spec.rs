@@ -326,7 +326,11 @@ impl ProcessorSpec {
     /// The spec as JSON, with what it takes from `context` made explicit where `context` has it
     /// (see [`KindSpec::resolve`]); as it is otherwise.
     pub fn resolve(&self, context: &SpecContext) -> Result<Value> {
-        match self.spec.resolve(context).map_err(|e| error_at(e, &self.at))? {
+        match self
+            .spec
+            .resolve(context)
+            .map_err(|e| error_at(e, &self.at))?
+        {
             Some(value) => Ok(value),
             None => Ok(self.to_value()),
         }
