@@ -152,7 +152,7 @@ pub struct RowPlan {
     dense: Vec<usize>,
     scratch: Option<Box<dyn Any + Send + Sync>>,
     values: Vec<f32>,
-    selection: Vec<(f32, f32)>,
+    selection: crate::truncation::Work,
 }
 
 impl Clone for RowPlan {
