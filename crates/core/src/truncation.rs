@@ -193,25 +193,18 @@ pub fn exp(x: f32) -> f32 {
     if x.is_nan() {
         return x;
     }
-    if x < -104.0 {
+    if x < EXP_MIN {
         return 0.0;
     }
-    if x > 88.73 {
+    if x > EXP_MAX {
         return f32::INFINITY;
     }
-    // 1.5 * 2^23: adding it rounds to an integer (nearest even), subtracting it recovers it.
-    const SHIFTER: f32 = 12_582_912.0;
-    const LN2_HI: f32 = 0.693_359_4;
-    const LN2_LO: f32 = -2.121_944_4e-4;
-    let n = x.mul_add(std::f32::consts::LOG2_E, SHIFTER) - SHIFTER;
-    let r = n.mul_add(-LN2_HI, x);
-    let r = n.mul_add(-LN2_LO, r);
-    let mut p = 1.987_569_1e-4f32;
-    p = p.mul_add(r, 1.398_199_9e-3);
-    p = p.mul_add(r, 8.333_452e-3);
-    p = p.mul_add(r, 4.166_579_6e-2);
-    p = p.mul_add(r, 1.666_666_5e-1);
-    p = p.mul_add(r, 5.000_000_1e-1);
+    let n = x.mul_add(EXP_LOG2_E, EXP_SHIFTER) - EXP_SHIFTER;
+    let r = n.mul_add(-EXP_LN2_HI, x);
+    let r = n.mul_add(-EXP_LN2_LO, r);
+    let p = EXP_POLY[1..]
+        .iter()
+        .fold(EXP_POLY[0], |p, &c| p.mul_add(r, c));
     let y = p.mul_add(r * r, r) + 1.0;
     let n = n as i32;
     let pow2 = |e: i32| f32::from_bits(((e + 127) as u32) << 23);
@@ -223,6 +216,28 @@ pub fn exp(x: f32) -> f32 {
         y * pow2(n)
     }
 }
+
+/// [`exp`] is 0 below this.
+pub const EXP_MIN: f32 = -104.0;
+/// [`exp`] is infinite above this.
+pub const EXP_MAX: f32 = 88.73;
+/// `log2(e)`, rounded to f32.
+pub const EXP_LOG2_E: f32 = std::f32::consts::LOG2_E;
+/// `1.5 * 2^23`: adding it rounds to an integer (nearest even), subtracting it recovers it.
+pub const EXP_SHIFTER: f32 = 12_582_912.0;
+/// `ln 2` in two parts: the high part has few bits, so `n * EXP_LN2_HI` is exact.
+pub const EXP_LN2_HI: f32 = 0.693_359_4;
+pub const EXP_LN2_LO: f32 = -2.121_944_4e-4;
+/// Cephes' polynomial for `(e^r - 1 - r) / r^2`, highest degree first (Horner, with fused
+/// multiply-adds).
+pub const EXP_POLY: [f32; 6] = [
+    1.987_569_1e-4,
+    1.398_199_9e-3,
+    8.333_452e-3,
+    4.166_579_6e-2,
+    1.666_666_5e-1,
+    5.000_000_1e-1,
+];
 
 /// The key that orders f32 as `f32::total_cmp` does, as an unsigned integer.
 #[inline]

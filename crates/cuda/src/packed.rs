@@ -1075,6 +1075,12 @@ mod tests {
         }
         assert!(header.contains(&format!("#define THREADS {THREADS}\n")));
         assert!(header.contains("#define NO_TOKEN 0xFFFFFFFFu\n"));
+        // exp's constants by their bits: 1.5 * 2^23 and the polynomial's last coefficient.
+        assert!(header.contains("#define EXP_SHIFTER __uint_as_float(0x4B400000u)\n"));
+        let last = logits_processing::truncation::EXP_POLY[5].to_bits();
+        assert!(header.contains(&format!(
+            "#define EXP_POLY_5 __uint_as_float(0x{last:08X}u)\n"
+        )));
     }
 
     #[test]
