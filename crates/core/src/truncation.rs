@@ -236,7 +236,7 @@ pub const EXP_POLY: [f32; 6] = [
     8.333_452e-3,
     4.166_579_6e-2,
     1.666_666_5e-1,
-    5.000_000_1e-1,
+    0.5,
 ];
 
 /// The key that orders f32 as `f32::total_cmp` does, as an unsigned integer.
