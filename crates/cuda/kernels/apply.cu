@@ -275,7 +275,7 @@ __device__ void apply(const u32* __restrict__ P, u32 n_slots, u32 tiles_per_row,
 // ---------------------------------------------------------------------------------------------
 // The band kernel.
 
-// The key that orders f32 as `f32::total_cmp` does (packed.rs: order_key).
+// The key that orders f32 as `f32::total_cmp` does (truncation.rs: order_key).
 __device__ __forceinline__ u32 order_key(float f) {
     const u32 bits = __float_as_uint(f);
     return (bits & 0x80000000u) ? ~bits : (bits | 0x80000000u);
@@ -284,6 +284,78 @@ __device__ __forceinline__ u32 order_key(float f) {
 __device__ __forceinline__ float from_order_key(u32 key) {
     return __uint_as_float((key & 0x80000000u) ? (key & 0x7fffffffu) : ~key);
 }
+
+// truncation.rs: exp, operation for operation (IEEE basic operations and fmaf only; the constants
+// are the core's, by their bits).
+__device__ __forceinline__ float pow2(int e) { return __uint_as_float(((u32)(e + 127)) << 23); }
+
+__device__ float lp_exp(float x) {
+    if (x != x) return x;
+    if (x < EXP_MIN) return 0.0f;
+    if (x > EXP_MAX) return pos_inf();
+    const float n = __fsub_rn(fmaf(x, EXP_LOG2_E, EXP_SHIFTER), EXP_SHIFTER);
+    float r = fmaf(n, -EXP_LN2_HI, x);
+    r = fmaf(n, -EXP_LN2_LO, r);
+    static_assert(EXP_POLY_LEN == 6u, "exp's polynomial has six coefficients");
+    float p = EXP_POLY_0;
+    p = fmaf(p, r, EXP_POLY_1);
+    p = fmaf(p, r, EXP_POLY_2);
+    p = fmaf(p, r, EXP_POLY_3);
+    p = fmaf(p, r, EXP_POLY_4);
+    p = fmaf(p, r, EXP_POLY_5);
+    const float y = __fadd_rn(fmaf(p, __fmul_rn(r, r), r), 1.0f);
+    const int e = (int)n;
+    if (e < -126) return __fmul_rn(__fmul_rn(y, pow2(e + 64)), pow2(-64));
+    if (e > 127) return __fmul_rn(__fmul_rn(y, 2.0f), pow2(e - 1));
+    return __fmul_rn(y, pow2(e));
+}
+
+// truncation.rs: fixed, round(v * 2^FIXED_BITS) to nearest even.
+__device__ __forceinline__ u64 fixed(float v) {
+    return __float2ull_rn(__fmul_rn(v, pow2((int)FIXED_BITS)));
+}
+
+__device__ __forceinline__ double as_double(u64 x) { return __ull2double_rn(x); }
+
+// truncation.rs: Softmax (its maximum and fixed-point sums), and what the rules derive from it.
+struct Softmax {
+    float max;
+    u64 sum, entropy_sum;
+    __device__ __forceinline__ float q(float x) const { return lp_exp(__fsub_rn(x, max)); }
+    // The weights `x` adds to the sum and to the entropy sum.
+    __device__ __forceinline__ void weights(float x, u64& w, u64& e) const {
+        w = 0ull;
+        e = 0ull;
+        if (x != x) return;
+        const float d = __fsub_rn(x, max);
+        const float q = lp_exp(d);
+        if (q > 0.0f) {
+            w = fixed(q);
+            e = fixed(__fmul_rn(q, -d));
+        }
+    }
+    __device__ __forceinline__ u64 weight(float x) const {
+        u64 w, e;
+        weights(x, w, e);
+        return w;
+    }
+    __device__ __forceinline__ float scale() const {
+        return __double2float_rn(__ddiv_rn(as_double(sum), as_double(1ull << FIXED_BITS)));
+    }
+    __device__ __forceinline__ float shift() const {
+        return __double2float_rn(__ddiv_rn(as_double(entropy_sum), as_double(sum)));
+    }
+    __device__ __forceinline__ double target(float p) const { return __dmul_rn((double)p, as_double(sum)); }
+    __device__ __forceinline__ float threshold(u32 rule, float parameter) const {
+        if (rule == RULE_MIN_P) return parameter;
+        const float by_epsilon = __fmul_rn(parameter, scale());
+        if (rule == RULE_EPSILON) return by_epsilon;
+        return fminf(by_epsilon, __fmul_rn(__fsqrt_rn(parameter), lp_exp(-shift())));
+    }
+    __device__ __forceinline__ float typical_score(float x, float shift) const {
+        return fabsf(__fadd_rn(__fsub_rn(x, max), shift));
+    }
+};
 
 // Calls `f(v)` for every logit of the row as it stands at dense op `t` (a truncation), tile by
 // tile. Block-wide (every thread must call it).
@@ -309,62 +381,222 @@ __device__ void for_each_value(const u32* P, const Desc& d, const typename T::El
     }
 }
 
-// Counts each value whose key starts with `prefix` (the bits in `fixed`) into `hist` by its
-// digit at `shift`.
-struct Histogram {
-    u32* hist;
-    u32 prefix, fixed, shift;
-    __device__ __forceinline__ void operator()(float v) {
-        if (v != v) return;  // NaN takes no part
-        const u32 key = order_key(v);
-        if ((key & fixed) == prefix) atomicAdd(&hist[(key >> shift) & (RADIX_BINS - 1u)], 1u);
+// The keys and weights of a selection (packed.rs: select_key's `key_of`): `false` when the value
+// takes no part.
+struct CountKey {  // every non-NaN value, weighing 1
+    __device__ __forceinline__ bool operator()(float v, u32& key, u64& w) const {
+        if (v != v) return false;
+        key = order_key(v);
+        w = 1ull;
+        return true;
     }
 };
 
-// The k-th largest non-NaN value of the row at dense op `t` under total order (-inf when k is 0
-// or the row has fewer): radix select, RADIX_BITS bits a pass, most significant first (packed.rs:
-// radix_kth_largest). Exact: the result is one of the values. Block-wide; THREADS >= RADIX_BINS.
-template <class T>
-__device__ float kth_largest(const u32* P, const Desc& d, const typename T::Elem* x, u32 vocab, u32 t,
-                             u32 k, u32* map) {
-    __shared__ u32 hist[RADIX_BINS];
-    __shared__ u32 suffix[RADIX_BINS];
-    __shared__ u32 chosen, remaining, total;
-    if (k == 0u) return neg_inf();
-    if (threadIdx.x == 0) remaining = k;
+struct MassKey {  // every non-NaN value, weighing its probability
+    Softmax s;
+    __device__ __forceinline__ bool operator()(float v, u32& key, u64& w) const {
+        if (v != v) return false;
+        key = order_key(v);
+        w = s.weight(v);
+        return true;
+    }
+};
+
+struct TypicalKey {  // values neither NaN nor -inf, by falling score, weighing 1 or their mass
+    Softmax s;
+    float shift;
+    bool by_mass;
+    __device__ __forceinline__ bool operator()(float v, u32& key, u64& w) const {
+        if (v != v || v == neg_inf()) return false;
+        key = ~order_key(s.typical_score(v, shift));
+        w = by_mass ? s.weight(v) : 1ull;
+        return true;
+    }
+};
+
+// Adds each value's weight, when its key starts with `prefix` (the bits in `fixed`), to the bin of
+// its digit at `shift`.
+template <class K>
+struct Histogram {
+    u64* hist;
+    K key_of;
+    u32 prefix, fixed, shift;
+    __device__ __forceinline__ void operator()(float v) {
+        u32 key;
+        u64 w;
+        if (!key_of(v, key, w)) return;
+        if ((key & fixed) == prefix && w != 0ull) atomicAdd(&hist[(key >> shift) & (RADIX_BINS - 1u)], w);
+    }
+};
+
+// The largest key at which the weights of the keys at or above it reach `target` (f64 compare):
+// weighted radix select, RADIX_BITS bits a pass, most significant first (packed.rs: select_key).
+// With `clamp`, the target is at most the total. Returns false when the total falls short or the
+// target is not positive. Block-wide; THREADS >= RADIX_BINS.
+template <class T, class K>
+__device__ bool select_key(const u32* P, const Desc& d, const typename T::Elem* x, u32 vocab, u32 t,
+                           u32* map, K key_of, double target, bool clamp, u32& out) {
+    __shared__ u64 hist[RADIX_BINS];
+    __shared__ u64 suffix[RADIX_BINS];
+    __shared__ u32 chosen;
     u32 prefix = 0u;
+    u64 above = 0ull;
+    const u32 b = threadIdx.x;
     for (u32 pass = 0; pass < 32u / RADIX_BITS; ++pass) {
         const u32 shift = 32u - RADIX_BITS * (pass + 1u);
-        const u32 fixed = pass == 0u ? 0u : (0xffffffffu << (shift + RADIX_BITS));
-        for (u32 b = threadIdx.x; b < RADIX_BINS; b += THREADS) hist[b] = 0u;
+        const u32 fixed_bits = pass == 0u ? 0u : (0xffffffffu << (shift + RADIX_BITS));
+        if (b < RADIX_BINS) hist[b] = 0ull;
         __syncthreads();
-        Histogram h = {hist, prefix, fixed, shift};
+        Histogram<K> h = {hist, key_of, prefix, fixed_bits, shift};
         for_each_value<T>(P, d, x, vocab, t, map, h);
         __syncthreads();
-        // Inclusive suffix sums of the bins (Hillis-Steele).
-        const u32 b = threadIdx.x;
+        // Inclusive sums from the top bin down (Hillis-Steele).
         if (b < RADIX_BINS) suffix[b] = hist[b];
         __syncthreads();
         for (u32 step = 1u; step < RADIX_BINS; step *= 2u) {
-            const u32 add = (b < RADIX_BINS && b + step < RADIX_BINS) ? suffix[b + step] : 0u;
+            const u64 add = (b < RADIX_BINS && b + step < RADIX_BINS) ? suffix[b + step] : 0ull;
             __syncthreads();
             if (b < RADIX_BINS) suffix[b] += add;
             __syncthreads();
         }
-        if (pass == 0u && threadIdx.x == 0) total = suffix[0];
-        __syncthreads();
-        if (pass == 0u && total < k) return neg_inf();
-        // The bin, from the top, where the count reaches the remaining rank: one thread finds it.
+        if (pass == 0u) {
+            const u64 total = suffix[0];
+            if (clamp) target = fmin(target, as_double(total));
+            if (!(target > 0.0) || as_double(total) < target) return false;  // the same in every thread
+        }
+        // The bin where the running sum, from the top, reaches the target: one thread finds it.
         if (b < RADIX_BINS) {
-            const u32 above = suffix[b] - hist[b];
-            if (above < remaining && suffix[b] >= remaining) chosen = b;
+            const u64 reached = above + suffix[b];
+            if (as_double(reached - hist[b]) < target && as_double(reached) >= target) chosen = b;
         }
         __syncthreads();
-        if (threadIdx.x == 0) remaining -= suffix[chosen] - hist[chosen];
-        prefix |= chosen << shift;
-        __syncthreads();
+        const u32 c = chosen;
+        above += suffix[c] - hist[c];
+        prefix |= c << shift;
+        __syncthreads();  // every thread has read this pass's bins
     }
-    return from_order_key(prefix);
+    out = prefix;
+    return true;
+}
+
+// Per-thread reductions, then one shared atomic per thread.
+struct MaxKey {
+    u32 key;
+    __device__ __forceinline__ void operator()(float v) {
+        if (v == v && order_key(v) > key) key = order_key(v);
+    }
+};
+
+struct Sums {
+    Softmax s;
+    u64 sum, entropy_sum;
+    __device__ __forceinline__ void operator()(float v) {
+        u64 w, e;
+        s.weights(v, w, e);
+        sum += w;
+        entropy_sum += e;
+    }
+};
+
+struct ThresholdMin {  // the smallest value whose q reaches the threshold
+    Softmax s;
+    float threshold;
+    u32 key;
+    __device__ __forceinline__ void operator()(float v) {
+        if (v == v && s.q(v) >= threshold && order_key(v) < key) key = order_key(v);
+    }
+};
+
+struct TypicalRange {  // the smallest and largest value scoring at most the cut
+    TypicalKey scored;
+    u32 cut, lo, hi;
+    __device__ __forceinline__ void operator()(float v) {
+        u32 key;
+        u64 w;
+        if (!scored(v, key, w) || key < cut) return;
+        const u32 k = order_key(v);
+        if (k < lo) lo = k;
+        if (k > hi) hi = k;
+    }
+};
+
+// The band of the truncation at dense op `t` (packed.rs: resolve_band). Block-wide.
+template <class T>
+__device__ void resolve_band(const u32* P, const Desc& d, const typename T::Elem* x, u32 vocab, u32 t,
+                             u32* map, u32 rule, u32 parameter, u32 min_keep, float& lo, float& hi) {
+    __shared__ u32 shared_key, shared_key2;
+    __shared__ u64 shared_sum, shared_entropy;
+    const u32 NEG_INF_KEY = order_key(neg_inf()), POS_INF_KEY = order_key(pos_inf());
+    const CountKey count = {};
+    lo = neg_inf();
+    hi = pos_inf();
+    u32 key;
+    if (rule == RULE_TOP_K) {
+        const u32 k = parameter > min_keep ? parameter : min_keep;
+        lo = from_order_key(select_key<T>(P, d, x, vocab, t, map, count, (double)k, false, key) ? key
+                                                                                              : NEG_INF_KEY);
+        return;
+    }
+    // The maximum.
+    if (threadIdx.x == 0) shared_key = NEG_INF_KEY;
+    __syncthreads();
+    MaxKey m = {NEG_INF_KEY};
+    for_each_value<T>(P, d, x, vocab, t, map, m);
+    atomicMax(&shared_key, m.key);
+    __syncthreads();
+    Softmax s = {from_order_key(shared_key), 0ull, 0ull};
+    if (!(s.max > neg_inf() && s.max < pos_inf())) return;  // no distribution: keep everything
+    // The fixed-point sums.
+    if (threadIdx.x == 0) {
+        shared_sum = 0ull;
+        shared_entropy = 0ull;
+    }
+    __syncthreads();
+    Sums sums = {s, 0ull, 0ull};
+    for_each_value<T>(P, d, x, vocab, t, map, sums);
+    atomicAdd(&shared_sum, sums.sum);
+    atomicAdd(&shared_entropy, sums.entropy_sum);
+    __syncthreads();
+    s.sum = shared_sum;
+    s.entropy_sum = shared_entropy;
+    const float p = as_f(parameter);
+    u32 lo_key;
+    if (rule == RULE_TYPICAL) {
+        const float shift = s.shift();
+        const TypicalKey by_mass = {s, shift, true}, by_count = {s, shift, false};
+        u32 mass_cut, count_cut;
+        if (!select_key<T>(P, d, x, vocab, t, map, by_mass, s.target(p), false, mass_cut)) return;
+        if (!select_key<T>(P, d, x, vocab, t, map, by_count, (double)min_keep, true, count_cut)) return;
+        if (threadIdx.x == 0) {
+            shared_key = POS_INF_KEY;
+            shared_key2 = NEG_INF_KEY;
+        }
+        __syncthreads();
+        TypicalRange range = {by_count, mass_cut < count_cut ? mass_cut : count_cut, POS_INF_KEY,
+                              NEG_INF_KEY};
+        for_each_value<T>(P, d, x, vocab, t, map, range);
+        atomicMin(&shared_key, range.lo);
+        atomicMax(&shared_key2, range.hi);
+        __syncthreads();
+        lo = from_order_key(shared_key);
+        hi = from_order_key(shared_key2);
+        return;
+    }
+    if (rule == RULE_TOP_P) {
+        const MassKey by_mass = {s};
+        if (!select_key<T>(P, d, x, vocab, t, map, by_mass, s.target(p), false, lo_key)) return;
+    } else {  // min-p, epsilon, eta
+        if (threadIdx.x == 0) shared_key = POS_INF_KEY;
+        __syncthreads();
+        ThresholdMin below = {s, s.threshold(rule, p), POS_INF_KEY};
+        for_each_value<T>(P, d, x, vocab, t, map, below);
+        atomicMin(&shared_key, below.key);
+        __syncthreads();
+        lo_key = shared_key;
+    }
+    const u32 kth = select_key<T>(P, d, x, vocab, t, map, count, (double)min_keep, false, key) ? key
+                                                                                                 : NEG_INF_KEY;
+    lo = from_order_key(lo_key < kth ? lo_key : kth);
 }
 
 template <class T>
@@ -376,11 +608,9 @@ __device__ void bands(u32* P, u32 list, u32 vocab, u64 row_stride, const typenam
         const u32* op = P + d.dense + t * DENSE_WORDS;
         if (op[0] != OP_TRUNCATE) continue;
         u32* record = P + op[1];
-        const u32 rule = record[2], parameter = record[3], min_keep = record[4];
-        float lo = neg_inf(), hi = pos_inf();
-        if (rule == RULE_TOP_K) {
-            lo = kth_largest<T>(P, d, x, vocab, t, parameter > min_keep ? parameter : min_keep, map);
-        }
+        float lo, hi;
+        resolve_band<T>(P, d, x, vocab, t, map, record[2], record[3], record[4], lo, hi);
+        __syncthreads();  // every thread has read the record and the shared results
         if (threadIdx.x == 0) {
             record[0] = __float_as_uint(lo);
             record[1] = __float_as_uint(hi);

@@ -105,8 +105,7 @@ impl CudaBatchApplier {
     /// `CUstream` (0 = the legacy default stream). Returns once the work is queued.
     ///
     /// Errors (nothing is queued): a null or misaligned pointer, a row outside `layout` or listed
-    /// twice, a stride below the vocab, a plan naming a token outside the vocab, a truncation rule
-    /// the GPU does not resolve ([`CudaError::Unsupported`]), a driver error.
+    /// twice, a stride below the vocab, a plan naming a token outside the vocab, a driver error.
     ///
     /// # Safety
     /// `logits` must be a live device allocation on this device, in its primary context (torch's),

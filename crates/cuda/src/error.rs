@@ -21,10 +21,6 @@ pub enum CudaError {
     /// A plan or a batch the core refuses (a token outside the vocab, a bad layout).
     #[error(transparent)]
     Core(#[from] logits_processing::Error),
-    /// A plan the CUDA path cannot carry out yet (a truncation rule the GPU does not resolve);
-    /// the CPU path can.
-    #[error("not supported on the GPU: {0}")]
-    Unsupported(String),
     /// The kernels disagreed with the CPU path on this device's self-check (the first use of the
     /// device in the process): the first differing row and token, with both values.
     #[error("the CUDA kernels fail their self-check on this device: {0}")]

@@ -40,6 +40,8 @@
 //! The op codes, the layout constants and the rules' codes are defined here once; the kernel gets
 //! them from [`kernel_header`], prepended to its source ([`crate::kernel_source`]).
 
+use logits_processing::truncation::{self, Softmax};
+pub use logits_processing::truncation::{from_order_key, order_key};
 use logits_processing::{
     Band, Batch, BatchLayout, Bitmask, Edit, ForcedValue, Logit, RowPlan, Stage, Truncation,
 };
@@ -204,13 +206,6 @@ impl Rule {
             Rule::Eta => "RULE_ETA",
         }
     }
-
-    /// Whether the band kernel resolves this rule. The rules built on a softmax are not: their
-    /// CPU resolution uses the host's `exp` and a sequential f64 sum, which a GPU cannot
-    /// reproduce bit for bit.
-    pub fn on_gpu(self) -> bool {
-        matches!(self, Rule::TopK)
-    }
 }
 
 /// The `#define`s the kernel source is compiled with: every constant of the packed layout, every
@@ -229,6 +224,19 @@ pub fn kernel_header() -> String {
     define("NO_TOKEN", format!("0x{NO_TOKEN:X}u"));
     define("OP_BITS", format!("{OP_BITS}u"));
     define("RADIX_BITS", format!("{RADIX_BITS}u"));
+    define("FIXED_BITS", format!("{}u", truncation::FIXED_BITS));
+    // exp's constants, by their bits: the kernel's exp is the core's, operation for operation.
+    let float = |x: f32| format!("__uint_as_float(0x{:08X}u)", x.to_bits());
+    define("EXP_MIN", float(truncation::EXP_MIN));
+    define("EXP_MAX", float(truncation::EXP_MAX));
+    define("EXP_LOG2_E", float(truncation::EXP_LOG2_E));
+    define("EXP_SHIFTER", float(truncation::EXP_SHIFTER));
+    define("EXP_LN2_HI", float(truncation::EXP_LN2_HI));
+    define("EXP_LN2_LO", float(truncation::EXP_LN2_LO));
+    for (i, c) in truncation::EXP_POLY.iter().enumerate() {
+        define(&format!("EXP_POLY_{i}"), float(*c));
+    }
+    define("EXP_POLY_LEN", format!("{}u", truncation::EXP_POLY.len()));
     for op in Op::ALL {
         define(op.c_name(), format!("{}u", op as u32));
     }
@@ -281,7 +289,7 @@ impl PackedPlans {
 
     /// Packs `plans` (row, plan) for a block of `rows` rows of `vocab_size` logits. Empty plans are
     /// left out. Every plan is checked first (tokens inside the vocab, rows inside the block, no
-    /// row twice, truncation rules the GPU resolves); on error the previous content is gone and
+    /// row twice); on error the previous content is gone and
     /// `slots()` is 0.
     ///
     /// `plans` makes the iterator; it is called twice (check, then pack), so a caller can pass a
@@ -320,7 +328,6 @@ impl PackedPlans {
                 )));
             }
             plan.validate(vocab_size)?;
-            check_supported(plan, row)?;
             if !plan.is_empty() {
                 slots += 1;
             }
@@ -467,21 +474,6 @@ impl PackedPlans {
         }
         Ok(desc)
     }
-}
-
-/// Refuses a plan the kernels cannot carry out, naming the row and the edit.
-fn check_supported(plan: &RowPlan, row: usize) -> Result<(), CudaError> {
-    for edit in plan.edits() {
-        if let Edit::Truncate(rule) = edit {
-            if !Rule::of(rule).0.on_gpu() {
-                return Err(CudaError::Unsupported(format!(
-                    "row {row}: truncation {rule:?} is not supported by the CUDA path yet (only \
-                     top-k is); apply this batch on the CPU"
-                )));
-            }
-        }
-    }
-    Ok(())
 }
 
 /// Blocks per row for a vocab: `ceil(vocab / TILE)`.
@@ -724,47 +716,112 @@ fn emulate_bands<T: Logit>(
     }
 }
 
-/// A rule's band over `values` by the band kernel's algorithm.
+/// A rule's band over `values` by the band kernel's algorithm: passes over the row (a maximum,
+/// the fixed-point sums, then histograms of keys), each a reduction whose result does not depend
+/// on the order the threads visit the values in. The arithmetic is the core's
+/// ([`Softmax`], [`truncation::exp`], [`truncation::fixed`]); the selections are the kernel's.
 pub fn resolve_band(rule: &Truncation, values: &[f32]) -> Band {
-    match *rule {
-        Truncation::TopK { k, min_keep } => Band {
-            lo: radix_kth_largest(values, k.max(min_keep)),
+    let non_nan = |x: f32| (!x.is_nan()).then(|| (order_key(x), 1));
+    // The k-th largest non-NaN value's key, or -inf's when there are fewer than k.
+    let kth_key = |k: u32| {
+        select_key(values, non_nan, k as f64, false).unwrap_or(order_key(f32::NEG_INFINITY))
+    };
+    if let Truncation::TopK { k, min_keep } = *rule {
+        return Band {
+            lo: from_order_key(kth_key(k.max(min_keep))),
             hi: f32::INFINITY,
-        },
-        other => unreachable!("{other:?} is refused when packing"),
+        };
+    }
+    // Pass: the maximum, as an order key (-inf when every value is NaN).
+    let max_key = values
+        .iter()
+        .filter(|x| !x.is_nan())
+        .fold(order_key(f32::NEG_INFINITY), |m, &x| m.max(order_key(x)));
+    let mut softmax = Softmax {
+        max: from_order_key(max_key),
+        sum: 0,
+        entropy_sum: 0,
+    };
+    if !softmax.is_defined() {
+        return Band::ALL;
+    }
+    // Pass: the fixed-point sums.
+    for &x in values {
+        let (w, e) = softmax.weights(x);
+        softmax.sum += w;
+        softmax.entropy_sum += e;
+    }
+    let min_keep = rule.min_keep();
+    let lo_key = match *rule {
+        Truncation::TopK { .. } => unreachable!("resolved above"),
+        Truncation::MinP { .. } | Truncation::Epsilon { .. } | Truncation::Eta { .. } => {
+            // Pass: the smallest value whose q reaches the threshold.
+            let threshold = softmax.threshold(rule);
+            values
+                .iter()
+                .filter(|&&x| !x.is_nan() && softmax.q(x) >= threshold)
+                .fold(order_key(f32::INFINITY), |m, &x| m.min(order_key(x)))
+        }
+        Truncation::TopP { p, .. } => {
+            let weighted = |x: f32| (!x.is_nan()).then(|| (order_key(x), softmax.weights(x).0));
+            match select_key(values, weighted, softmax.target(p), false) {
+                Some(key) => key,
+                None => return Band::ALL,
+            }
+        }
+        Truncation::Typical { mass, .. } => {
+            // Keys that grow as the score falls: the selection takes the largest keys first.
+            let shift = softmax.shift();
+            let scored = |x: f32| {
+                (!x.is_nan() && x != f32::NEG_INFINITY)
+                    .then(|| !order_key(softmax.typical_score(x, shift)))
+            };
+            let by_mass = |x: f32| scored(x).map(|key| (key, softmax.weights(x).0));
+            let by_count = |x: f32| scored(x).map(|key| (key, 1));
+            let Some(mass_cut) = select_key(values, by_mass, softmax.target(mass), false) else {
+                return Band::ALL;
+            };
+            let Some(count_cut) = select_key(values, by_count, min_keep as f64, true) else {
+                return Band::ALL;
+            };
+            // Pass: the smallest and largest value scoring at most the cut.
+            let cut = mass_cut.min(count_cut);
+            let (lo, hi) = values
+                .iter()
+                .filter(|&&x| scored(x).is_some_and(|key| key >= cut))
+                .fold(
+                    (order_key(f32::INFINITY), order_key(f32::NEG_INFINITY)),
+                    |(lo, hi), &x| (lo.min(order_key(x)), hi.max(order_key(x))),
+                );
+            return Band {
+                lo: from_order_key(lo),
+                hi: from_order_key(hi),
+            };
+        }
+    };
+    Band {
+        lo: from_order_key(lo_key.min(kth_key(min_keep))),
+        hi: f32::INFINITY,
     }
 }
 
-/// The key that orders f32 as `f32::total_cmp` does, as an unsigned integer.
-pub fn order_key(x: f32) -> u32 {
-    let bits = x.to_bits();
-    if bits & 0x8000_0000 != 0 {
-        !bits
-    } else {
-        bits | 0x8000_0000
-    }
-}
-
-/// The f32 of an [`order_key`].
-pub fn from_order_key(key: u32) -> f32 {
-    f32::from_bits(if key & 0x8000_0000 != 0 {
-        key & 0x7fff_ffff
-    } else {
-        !key
-    })
-}
-
-/// The k-th largest non-NaN value under `total_cmp` (`-inf` when k is 0 or there are fewer than
-/// k), by the band kernel's radix select: one histogram of [`RADIX_BITS`]-bit digits per pass,
-/// most significant first, each pass counting only the values whose key starts with the digits
-/// chosen so far. Exact: the result is one of the values.
-pub fn radix_kth_largest(values: &[f32], k: u32) -> f32 {
+/// The band kernel's weighted radix select: the largest key, among the keys `key_of` gives the
+/// values (`None`: the value takes no part), at which the weights of the keys at or above it
+/// reach `target` (compared in f64). One histogram of [`RADIX_BITS`]-bit digits per pass, most
+/// significant first, each pass weighing only the keys that start with the digits chosen so far;
+/// each bin's thread tests whether the running sum crosses the target in its bin. With `clamp`,
+/// the target is at most the total weight. `None` when the total does not reach the target, or the
+/// target is not positive.
+pub fn select_key(
+    values: &[f32],
+    key_of: impl Fn(f32) -> Option<(u32, u64)>,
+    target: f64,
+    clamp: bool,
+) -> Option<u32> {
     const BINS: usize = 1 << RADIX_BITS;
+    let mut target = target;
     let mut prefix = 0u32;
-    let mut remaining = k;
-    if k == 0 {
-        return f32::NEG_INFINITY;
-    }
+    let mut above = 0u64;
     for pass in 0..32 / RADIX_BITS {
         let shift = 32 - RADIX_BITS * (pass + 1);
         let fixed = if pass == 0 {
@@ -772,33 +829,46 @@ pub fn radix_kth_largest(values: &[f32], k: u32) -> f32 {
         } else {
             u32::MAX << (shift + RADIX_BITS)
         };
-        let mut hist = [0u32; BINS];
+        let mut hist = [0u64; BINS];
         for &v in values {
-            if v.is_nan() {
-                continue;
-            }
-            let key = order_key(v);
-            if key & fixed == prefix {
-                hist[(key >> shift) as usize & (BINS - 1)] += 1;
+            if let Some((key, w)) = key_of(v) {
+                if key & fixed == prefix && w != 0 {
+                    hist[(key >> shift) as usize & (BINS - 1)] += w;
+                }
             }
         }
-        if pass == 0 && hist.iter().map(|&c| c as u64).sum::<u64>() < k as u64 {
-            return f32::NEG_INFINITY;
+        // Inclusive sums from the top bin down.
+        let mut suffix = hist;
+        for b in (0..BINS - 1).rev() {
+            suffix[b] += suffix[b + 1];
         }
-        // The bin, from the top, where the count reaches the remaining rank.
-        let mut above = 0u32;
-        let mut chosen = 0;
-        for b in (0..BINS).rev() {
-            if above + hist[b] >= remaining {
-                chosen = b;
-                break;
+        if pass == 0 {
+            let total = suffix[0];
+            if clamp {
+                target = target.min(total as f64);
             }
-            above += hist[b];
+            if target.partial_cmp(&0.0) != Some(std::cmp::Ordering::Greater)
+                || (total as f64) < target
+            {
+                return None;
+            }
         }
-        remaining -= above;
+        let chosen = (0..BINS).find(|&b| {
+            let reached = above + suffix[b];
+            ((reached - hist[b]) as f64) < target && reached as f64 >= target
+        })?;
+        above += suffix[chosen] - hist[chosen];
         prefix |= (chosen as u32) << shift;
     }
-    from_order_key(prefix)
+    Some(prefix)
+}
+
+/// The k-th largest non-NaN value under `total_cmp` (`-inf` when k is 0 or there are fewer than
+/// k), by the band kernel's radix select with every value weighing 1. Exact: the result is one of
+/// the values.
+pub fn radix_kth_largest(values: &[f32], k: u32) -> f32 {
+    let non_nan = |x: f32| (!x.is_nan()).then(|| (order_key(x), 1));
+    select_key(values, non_nan, k as f64, false).map_or(f32::NEG_INFINITY, from_order_key)
 }
 
 fn emulate_apply<T: Logit>(
@@ -1005,6 +1075,12 @@ mod tests {
         }
         assert!(header.contains(&format!("#define THREADS {THREADS}\n")));
         assert!(header.contains("#define NO_TOKEN 0xFFFFFFFFu\n"));
+        // exp's constants by their bits: 1.5 * 2^23 and the polynomial's last coefficient.
+        assert!(header.contains("#define EXP_SHIFTER __uint_as_float(0x4B400000u)\n"));
+        let last = logits_processing::truncation::EXP_POLY[5].to_bits();
+        assert!(header.contains(&format!(
+            "#define EXP_POLY_5 __uint_as_float(0x{last:08X}u)\n"
+        )));
     }
 
     #[test]
@@ -1057,6 +1133,72 @@ mod tests {
             let gpu = resolve_band(&rule, &values);
             assert_eq!(cpu.lo.to_bits(), gpu.lo.to_bits(), "case {case}, k {k}");
             assert_eq!(cpu.hi.to_bits(), gpu.hi.to_bits());
+        }
+    }
+
+    /// Every rule, through the band kernel's algorithm and through the core's, keeps the same
+    /// values, on rows with NaN, signed zeros, infinities, ties and subnormals.
+    #[test]
+    fn kernel_bands_keep_what_the_cpu_keeps() {
+        let mut seed = 0x0bad_5eed_1234_5678u64;
+        let mut next = || {
+            seed ^= seed << 13;
+            seed ^= seed >> 7;
+            seed ^= seed << 17;
+            seed
+        };
+        for case in 0..3000 {
+            let len = 1 + (next() % 400) as usize;
+            let special = next() % 4 == 0;
+            let values: Vec<f32> = (0..len)
+                .map(|_| match next() % if special { 14 } else { 200 } {
+                    0 => f32::NAN,
+                    1 => -0.0,
+                    2 => 0.0,
+                    3 => f32::NEG_INFINITY,
+                    4 => f32::INFINITY,
+                    5 => 1.5,
+                    6 => 1e-40,
+                    _ => (next() % 4000) as f32 / 97.0 - 20.0,
+                })
+                .collect();
+            let fraction = (next() % 1000) as f32 / 1000.0;
+            let min_keep = 1 + (next() % 4) as u32;
+            let rule = match next() % 6 {
+                0 => Truncation::TopK {
+                    k: 1 + (next() % 50) as u32,
+                    min_keep,
+                },
+                1 => Truncation::TopP {
+                    p: fraction.max(1e-3),
+                    min_keep,
+                },
+                2 => Truncation::MinP {
+                    p: fraction,
+                    min_keep,
+                },
+                3 => Truncation::Typical {
+                    mass: fraction.clamp(1e-3, 0.999),
+                    min_keep,
+                },
+                4 => Truncation::Epsilon {
+                    epsilon: fraction * 0.01 + 1e-6,
+                    min_keep,
+                },
+                _ => Truncation::Eta {
+                    epsilon: fraction * 0.01 + 1e-6,
+                    min_keep,
+                },
+            };
+            let cpu = rule.band(&values, &mut vec![]);
+            let gpu = resolve_band(&rule, &values);
+            for &x in &values {
+                assert_eq!(
+                    cpu.removes(x),
+                    gpu.removes(x),
+                    "case {case}, {rule:?}, {x}: CPU {cpu:?}, kernel {gpu:?}"
+                );
+            }
         }
     }
 }

@@ -31,7 +31,8 @@ fn run(kernels: &Arc<Kernels>, ordinal: usize) -> Result<(), String> {
 }
 
 /// The batch: one row per kind of edit and the mixes that exercise the kernels' paths (forced
-/// survivor with its own edits, sparse-only rows, a mask, truncations before and after others).
+/// survivor with its own edits, sparse-only rows, a mask, every truncation rule, before and
+/// after other edits and after another truncation).
 /// Row 7 is not listed and must come back untouched.
 pub(crate) fn plans() -> Vec<(usize, RowPlan)> {
     let plan = |edits: &[Edit]| {
@@ -137,6 +138,58 @@ pub(crate) fn plans() -> Vec<(usize, RowPlan)> {
                 },
             ]),
         ),
+        (
+            9,
+            plan(&[
+                Edit::Scale { temperature: 0.5 },
+                Edit::Truncate(Truncation::TopP {
+                    p: 0.8,
+                    min_keep: 1,
+                }),
+                Edit::Bias {
+                    token: 900,
+                    bias: 0.5,
+                },
+            ]),
+        ),
+        (
+            10,
+            plan(&[Edit::Truncate(Truncation::MinP {
+                p: 0.05,
+                min_keep: 2,
+            })]),
+        ),
+        (
+            11,
+            plan(&[
+                Edit::Ban { token: 12 },
+                Edit::Truncate(Truncation::Typical {
+                    mass: 0.7,
+                    min_keep: 3,
+                }),
+            ]),
+        ),
+        (
+            12,
+            plan(&[Edit::Truncate(Truncation::Epsilon {
+                epsilon: 1e-3,
+                min_keep: 1,
+            })]),
+        ),
+        (
+            13,
+            plan(&[
+                Edit::Scale { temperature: 1.5 },
+                Edit::Truncate(Truncation::Eta {
+                    epsilon: 1e-3,
+                    min_keep: 1,
+                }),
+                Edit::Truncate(Truncation::MinP {
+                    p: 0.2,
+                    min_keep: 1,
+                }),
+            ]),
+        ),
     ]
 }
 
@@ -160,7 +213,7 @@ pub(crate) fn input<T: Logit>(layout: BatchLayout) -> Vec<T> {
 
 pub(crate) fn layout() -> BatchLayout {
     BatchLayout {
-        rows: 9,
+        rows: 14,
         row_stride: VOCAB + 3,
     }
 }
@@ -249,6 +302,41 @@ mod tests {
                     .iter()
                     .any(|(_, p)| p.edits().iter().any(|e| Op::of(e) == op)),
                 "{op:?} is not in the self-check"
+            );
+        }
+    }
+
+    #[test]
+    fn the_check_covers_every_truncation_rule() {
+        use crate::packed::Rule;
+        let listed = plans();
+        for rule in Rule::ALL {
+            assert!(
+                listed.iter().any(|(_, p)| p
+                    .edits()
+                    .iter()
+                    .any(|e| matches!(e, Edit::Truncate(t) if Rule::of(t).0 == rule))),
+                "{rule:?} is not in the self-check"
+            );
+        }
+    }
+
+    /// Each truncation row of the check removes some logits and keeps some: the band is tested.
+    #[test]
+    fn the_check_truncations_cut_inside_the_row() {
+        let layout = layout();
+        let input = input::<f32>(layout);
+        for (row, mut plan) in plans() {
+            if !plan.truncates() || plan.forced_token().is_some() {
+                continue;
+            }
+            let start = row * layout.row_stride;
+            let mut out = input[start..start + VOCAB].to_vec();
+            plan.apply(&mut out).unwrap();
+            let removed = out.iter().filter(|x| **x == f32::NEG_INFINITY).count();
+            assert!(
+                removed > 2 && removed < VOCAB - 1,
+                "row {row}: {removed} removed"
             );
         }
     }

@@ -5,16 +5,79 @@
 mod common;
 
 use common::{
-    cpu_apply, dtypes, external_edit, first_difference, lifecycle, plan_of, random_plans, VOCABS,
+    cpu_apply, dtypes, external_edit, first_difference, lifecycle, plan_of, random_plans,
+    truncation, Rng, VOCABS,
 };
-use logits_processing::{Batch, DType, Logit};
+use logits_processing::{Batch, BatchLayout, DType, Edit, Logit, RowPlan};
 use logits_processing_cuda::packed::{emulate, emulate_batch, PackedPlans};
 use logits_processing_cuda::CudaError;
 use proptest::prelude::*;
 
 /// Random plans on some rows of a block (others unlisted), emulated kernel vs `RowPlan::apply`.
 fn plans_case<T: Logit>(seed: u64, vocab: usize) -> Result<(), String> {
-    let (layout, input, mut listed) = random_plans::<T>(seed, vocab);
+    let (layout, input, listed) = random_plans::<T>(seed, vocab);
+    compare(layout, &input, listed, vocab)
+}
+
+/// Rows of ordinary logits (spread narrow or wide, ties in the 16-bit types, a few `-inf`, NaN and
+/// signed zeros, never `+inf`, so every row has a distribution), each with every kind of
+/// truncation after a few other edits (and sometimes a second truncation or a mask between).
+fn truncation_case<T: Logit>(seed: u64, vocab: usize) -> Result<(), String> {
+    let mut rng = Rng::new(seed);
+    let rows = 1 + rng.below(3);
+    let layout = BatchLayout {
+        rows,
+        row_stride: vocab + rng.pick(&[0, 3]),
+    };
+    let spread = rng.pick(&[0.05f32, 1.0, 5.0, 30.0]);
+    let input: Vec<T> = (0..layout.required_len(vocab))
+        .map(|_| {
+            T::from_f32(if rng.chance(300) {
+                rng.pick(&[f32::NEG_INFINITY, f32::NAN, 0.0, -0.0])
+            } else {
+                rng.uniform(-1.0, 1.0) * spread
+            })
+        })
+        .collect();
+    let mut listed = vec![];
+    for row in 0..rows {
+        let mut plan = RowPlan::new();
+        for _ in 0..rng.below(4) {
+            let token = rng.below(vocab) as u32;
+            plan.push(match rng.below(3) {
+                0 => Edit::Scale {
+                    temperature: rng.uniform(0.3, 2.0),
+                },
+                1 => Edit::Ban { token },
+                _ => Edit::Bias {
+                    token,
+                    bias: rng.uniform(-3.0, 3.0) * spread,
+                },
+            });
+        }
+        plan.push(truncation(&mut rng, vocab));
+        if rng.chance(3) {
+            let words: Vec<u32> = (0..vocab.div_ceil(32))
+                .map(|_| !(rng.next() as u32 & rng.next() as u32))
+                .collect();
+            plan.push_mask(&words, true);
+        }
+        if rng.chance(2) {
+            plan.push(truncation(&mut rng, vocab));
+        }
+        listed.push((row, plan));
+    }
+    compare(layout, &input, listed, vocab)
+}
+
+/// The emulated kernels against `RowPlan::apply` on `input`.
+fn compare<T: Logit>(
+    layout: BatchLayout,
+    input: &[T],
+    mut listed: Vec<(usize, RowPlan)>,
+    vocab: usize,
+) -> Result<(), String> {
+    let input = input.to_vec();
     let want = cpu_apply(&input, layout, vocab, &mut listed);
     let mut packed = PackedPlans::new();
     packed
@@ -80,6 +143,17 @@ proptest! {
         prop_assert!(r.is_ok(), "{}", r.unwrap_err());
     }
 
+    /// Every truncation rule on rows with a distribution, at awkward vocabs (tile and radix edges).
+    #[test]
+    fn emulated_truncations_equal_row_plan_apply(
+        seed in any::<u64>(),
+        d in 0usize..3,
+        vocab in prop_oneof![Just(1usize), 2usize..40, Just(1023), Just(1025), Just(4097), Just(32001)],
+    ) {
+        let r = for_dtype!(dtype_of(d), truncation_case(seed, vocab));
+        prop_assert!(r.is_ok(), "{}", r.unwrap_err());
+    }
+
     #[test]
     fn emulated_batch_equals_cpu_batch_small_vocab(seed in any::<u64>(), d in 0usize..3, v in 2usize..4) {
         let r = for_dtype!(dtype_of(d), lifecycle_case(seed, VOCABS[v]));
@@ -95,6 +169,12 @@ proptest! {
     fn emulated_kernel_equals_row_plan_apply_large_vocab(seed in any::<u64>(), d in 0usize..3, v in 0usize..2) {
         // 151,936 and 129,280
         let r = for_dtype!(dtype_of(d), plans_case(seed, VOCABS[v]));
+        prop_assert!(r.is_ok(), "{}", r.unwrap_err());
+    }
+
+    #[test]
+    fn emulated_truncations_equal_row_plan_apply_large_vocab(seed in any::<u64>(), d in 0usize..3, v in 0usize..2) {
+        let r = for_dtype!(dtype_of(d), truncation_case(seed, VOCABS[v]));
         prop_assert!(r.is_ok(), "{}", r.unwrap_err());
     }
 
@@ -171,47 +251,6 @@ fn empty_plans_take_no_slot_and_sparse_ops_are_grouped_by_token() {
     assert_eq!(five[0], Op::Ban as u32);
     assert_eq!(five[2], Op::Bias as u32 | 1 << OP_BITS);
     assert_eq!(packed.truncating(), (w.len(), 0));
-}
-
-#[test]
-fn softmax_truncations_are_refused_as_unsupported() {
-    use logits_processing::{Edit, Truncation};
-    let rules = [
-        Truncation::TopP {
-            p: 0.9,
-            min_keep: 1,
-        },
-        Truncation::MinP {
-            p: 0.1,
-            min_keep: 1,
-        },
-        Truncation::Typical {
-            mass: 0.9,
-            min_keep: 1,
-        },
-        Truncation::Epsilon {
-            epsilon: 0.01,
-            min_keep: 1,
-        },
-        Truncation::Eta {
-            epsilon: 0.01,
-            min_keep: 1,
-        },
-    ];
-    let mut packed = PackedPlans::new();
-    for rule in rules {
-        let plan = plan_of(&[Edit::Scale { temperature: 0.5 }, Edit::Truncate(rule)]);
-        match packed.pack(|| [(0usize, &plan)].into_iter(), 1, 10) {
-            Err(CudaError::Unsupported(message)) => {
-                assert!(
-                    message.contains("not supported by the CUDA path yet"),
-                    "{message}"
-                )
-            }
-            other => panic!("{rule:?}: {other:?}"),
-        }
-        assert_eq!(packed.slots(), 0);
-    }
 }
 
 /// Thousands of sparse edits of one token between dense ops, against the CPU: the token's

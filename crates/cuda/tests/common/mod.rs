@@ -142,17 +142,51 @@ fn mask(rng: &mut Rng, vocab: usize) -> Item {
     }
 }
 
-/// A truncation the GPU resolves (top-k), with k often small, sometimes past the vocab.
-fn truncation(rng: &mut Rng, vocab: usize) -> Edit {
-    let k = match rng.below(6) {
-        0 => vocab as u32 + rng.below(3) as u32,
-        1 => rng.below(vocab) as u32 + 1,
-        2 => rng.pick(&[1, 2, 1024]),
-        _ => 1 + rng.below(40) as u32,
+/// A truncation: every rule, with parameters at their edges now and then (k past the vocab, top-p
+/// 1, min-p 0 and 1, tiny and large epsilons), `min_keep` sometimes past the vocab.
+pub fn truncation(rng: &mut Rng, vocab: usize) -> Edit {
+    let min_keep = if rng.chance(12) {
+        vocab as u32 + 1
+    } else {
+        1 + rng.below(3) as u32
     };
-    Edit::Truncate(Truncation::TopK {
-        k,
-        min_keep: 1 + rng.below(3) as u32,
+    let fraction = |rng: &mut Rng, edges: &[f32], lo: f32, hi: f32| {
+        if rng.chance(5) {
+            rng.pick(edges)
+        } else {
+            rng.uniform(lo, hi)
+        }
+    };
+    Edit::Truncate(match rng.below(8) {
+        0 | 1 => Truncation::TopK {
+            k: match rng.below(6) {
+                0 => vocab as u32 + rng.below(3) as u32,
+                1 => rng.below(vocab) as u32 + 1,
+                2 => rng.pick(&[1, 2, 1024]),
+                _ => 1 + rng.below(40) as u32,
+            },
+            min_keep,
+        },
+        2 | 3 => Truncation::TopP {
+            p: fraction(rng, &[1.0, 1e-6, 0.5], 0.05, 1.0),
+            min_keep,
+        },
+        4 => Truncation::MinP {
+            p: fraction(rng, &[0.0, 1.0, 1e-9], 0.0, 1.0),
+            min_keep,
+        },
+        5 => Truncation::Typical {
+            mass: fraction(rng, &[1e-6, 0.999_999], 0.05, 0.99),
+            min_keep,
+        },
+        6 => Truncation::Epsilon {
+            epsilon: fraction(rng, &[1e-9, 0.5, 0.999], 1e-5, 0.01),
+            min_keep,
+        },
+        _ => Truncation::Eta {
+            epsilon: fraction(rng, &[1e-9, 0.5, 0.999], 1e-5, 0.01),
+            min_keep,
+        },
     })
 }
 
