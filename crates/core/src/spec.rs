@@ -15,7 +15,7 @@ use serde::de::DeserializeOwned;
 use serde::Serialize;
 use serde_json::{Map, Value};
 
-use crate::error::{check_token, Error, Result};
+use crate::error::{check_token, field_at, Error, Result};
 use crate::processors::{LogitsProcessor, ThinkingTokenConfig, KINDS};
 
 /// The largest JSON text [`parse_pipeline`] accepts, in bytes.
@@ -185,40 +185,6 @@ pub fn pipeline_from_value(value: &Value) -> Result<Vec<ProcessorSpec>> {
     }
 }
 
-/// `name` inside the spec at `at` (`"[1]"`, or `""` for a spec alone).
-fn field_at(at: &str, name: &str) -> String {
-    match (at.is_empty(), name.is_empty()) {
-        (true, _) => name.to_string(),
-        (false, true) => at.to_string(),
-        (false, false) if name.starts_with('[') => format!("{at}{name}"),
-        (false, false) => format!("{at}.{name}"),
-    }
-}
-
-/// Re-roots an error about a spec's field at `at`.
-fn error_at(error: Error, at: &str) -> Error {
-    match error {
-        Error::InvalidArgument { field, message } | Error::InvalidSpec { field, message } => {
-            Error::spec(field_at(at, &field), message)
-        }
-        Error::TooLarge { field, len, limit } => Error::TooLarge {
-            field: field_at(at, &field),
-            len,
-            limit,
-        },
-        Error::TokenOutOfVocab {
-            field,
-            token_id,
-            vocab_size,
-        } => Error::TokenOutOfVocab {
-            field: field_at(at, &field),
-            token_id,
-            vocab_size,
-        },
-        other => other,
-    }
-}
-
 /// The field a serde error is about: its path, or for a missing or unknown field (reported at
 /// the object) the field serde's message names.
 fn serde_field(error: &serde_path_to_error::Error<serde_json::Error>) -> String {
@@ -292,7 +258,7 @@ impl ProcessorSpec {
             let message = message.split(" at line ").next().unwrap_or(&message);
             Error::spec(field_at(at, &serde_field(&e)), message.to_string())
         })?;
-        spec.check().map_err(|e| error_at(e, at))?;
+        spec.check().map_err(|e| e.in_spec(at))?;
         Ok(Self {
             kind: kind.name,
             spec,
@@ -310,7 +276,7 @@ impl ProcessorSpec {
         let processor = self
             .spec
             .realize(context, prompt_len)
-            .map_err(|e| error_at(e, &self.at))?;
+            .map_err(|e| e.in_spec(&self.at))?;
         // A backstop for a kind that forgot to check one of its ids.
         if let (Some(vocab_size), Some(token)) = (context.vocab_size, processor.max_token_id()) {
             check_token(&field_at(&self.at, self.kind), token, vocab_size)?;
@@ -329,7 +295,7 @@ impl ProcessorSpec {
         match self
             .spec
             .resolve(context)
-            .map_err(|e| error_at(e, &self.at))?
+            .map_err(|e| e.in_spec(&self.at))?
         {
             Some(value) => Ok(value),
             None => Ok(self.to_value()),
