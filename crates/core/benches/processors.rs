@@ -7,9 +7,9 @@ use std::time::{Duration, Instant};
 
 use criterion::{criterion_group, criterion_main, BenchmarkId, Criterion, Throughput};
 use logits_processing::{
-    bf16, f16, process_row, BanTokens, Batch, BatchLayout, Edit, ForcedSequence, Logit,
-    LogitsProcessor, Pipeline, RowPlan, Step, Temperature, ThinkingBudget, ThinkingTokenConfig,
-    TokenHistory,
+    bf16, f16, parse_pipeline, process_row, BanTokens, Batch, BatchLayout, Edit, ForcedSequence,
+    Logit, LogitsProcessor, Pipeline, ProcessorSpec, RowPlan, SpecContext, Step, Temperature,
+    ThinkingBudget, ThinkingTokenConfig, TokenHistory, Truncation,
 };
 
 const VOCAB: usize = 151_936;
@@ -276,11 +276,242 @@ fn contention(c: &mut Criterion) {
     group.finish();
 }
 
+/// A deterministic generator (xorshift64*), so every run sees the same rows and histories.
+struct Rng(u64);
+
+impl Rng {
+    fn next(&mut self) -> u64 {
+        self.0 ^= self.0 >> 12;
+        self.0 ^= self.0 << 25;
+        self.0 ^= self.0 >> 27;
+        self.0.wrapping_mul(0x2545_f491_4f6c_dd1d)
+    }
+
+    fn uniform(&mut self) -> f32 {
+        (self.next() >> 40) as f32 / (1u64 << 24) as f32
+    }
+
+    /// Roughly normal (a sum of four uniforms), mean 0, deviation 1.
+    fn normal(&mut self) -> f32 {
+        ((0..4).map(|_| self.uniform()).sum::<f32>() - 2.0) * 1.732
+    }
+}
+
+/// A row shaped like a language model's: a long tail around -2 and a few dozen likely tokens,
+/// so top-p 0.9 keeps a few dozen tokens.
+fn peaked_logits(len: usize, seed: u64) -> Vec<f32> {
+    let mut rng = Rng(seed | 1);
+    let mut row: Vec<f32> = (0..len).map(|_| rng.normal() * 2.5 - 2.0).collect();
+    for _ in 0..32 {
+        let token = (rng.next() % len as u64) as usize;
+        row[token] = 8.0 + rng.uniform() * 8.0;
+    }
+    row
+}
+
+/// `len` ids: `pool` distinct tokens in a random order (the same distinct count at any length),
+/// or, with `pool == 0`, a Zipf-like draw over 50,000 tokens (distinct tokens grow with length).
+fn ids_from(len: usize, pool: u32, seed: u64) -> Vec<u32> {
+    let mut rng = Rng(seed | 1);
+    (0..len)
+        .map(|_| match pool {
+            0 => {
+                // Rank ~ 1/u: most draws among the first few hundred tokens.
+                let rank = (1.0 / (rng.uniform() + 2e-5)) as u32;
+                1000 + rank.min(49_999) * 3
+            }
+            _ => 1000 + (rng.next() % pool as u64) as u32 * 7,
+        })
+        .collect()
+}
+
+/// top-k, top-p and min-p on one f32 row, each beside the row's memcpy: a row shaped like a
+/// model's and a flat one (uniform values: top-p's worst case, its mass spread over the vocab).
+/// Each iteration restores the row (the copy is part of every figure, as it is of `memcpy`).
+fn truncation(c: &mut Criterion) {
+    let mut group = c.benchmark_group("truncation_f32");
+    group.throughput(Throughput::Bytes((VOCAB * 4) as u64));
+    for (shape, source) in [
+        ("peaked", peaked_logits(VOCAB, 7)),
+        ("flat", logits::<f32>(VOCAB)),
+    ] {
+        let mut row = source.clone();
+        group.bench_function(BenchmarkId::new("memcpy", shape), |b| {
+            b.iter(|| row.copy_from_slice(black_box(&source)))
+        });
+        let rules = [
+            ("top_k_50", Truncation::TopK { k: 50, min_keep: 1 }),
+            (
+                "top_p_0.9",
+                Truncation::TopP {
+                    p: 0.9,
+                    min_keep: 1,
+                },
+            ),
+            (
+                "min_p_0.05",
+                Truncation::MinP {
+                    p: 0.05,
+                    min_keep: 1,
+                },
+            ),
+        ];
+        let mut plan = RowPlan::new();
+        for (name, rule) in rules {
+            group.bench_function(BenchmarkId::new(name, shape), |b| {
+                b.iter(|| {
+                    row.copy_from_slice(&source);
+                    plan.clear();
+                    plan.push(Edit::Truncate(rule));
+                    plan.apply(black_box(&mut row)).unwrap()
+                })
+            });
+        }
+    }
+    group.finish();
+}
+
+fn realize(json: &str, prompt_len: usize) -> Box<dyn LogitsProcessor> {
+    let context = SpecContext {
+        vocab_size: Some(VOCAB),
+        ..Default::default()
+    };
+    ProcessorSpec::parse(json)
+        .unwrap()
+        .realize(&context, prompt_len)
+        .unwrap()
+}
+
+/// One decode step of the history-reading processors at 1,000 and 32,000 ids of history, the
+/// history one id longer than at the previous step as in a decode loop: planning alone, and the
+/// plan applied to a row. Histories of 500 distinct tokens (the same at both lengths: the cost of
+/// the history's length alone) and Zipf-like ones (distinct tokens grow with the length, and with
+/// them the penalties' edits).
+fn history_steps(c: &mut Criterion) {
+    let mut group = c.benchmark_group("history_step");
+    let kinds = [
+        (
+            "repetition_penalty",
+            r#"{"kind": "repetition_penalty", "penalty": 1.1}"#,
+        ),
+        (
+            "frequency_penalty",
+            r#"{"kind": "frequency_penalty", "penalty": 0.5}"#,
+        ),
+        (
+            "presence_penalty",
+            r#"{"kind": "presence_penalty", "penalty": 0.5}"#,
+        ),
+        (
+            "no_repeat_ngram_3",
+            r#"{"kind": "no_repeat_ngram", "n": 3}"#,
+        ),
+    ];
+    let source = peaked_logits(VOCAB, 3);
+    let mut row = source.clone();
+    for (history, pool) in [("pool500", 500u32), ("zipf", 0)] {
+        for (name, json) in kinds {
+            for with_row in [false, true] {
+                for len in [1_000usize, 32_000] {
+                    let chunk = 5_000;
+                    let ids = ids_from(len + chunk, pool, 11);
+                    let mut plan = RowPlan::new();
+                    let id = format!(
+                        "{name}/{history}/{}",
+                        if with_row { "step" } else { "plan" }
+                    );
+                    group.bench_with_input(BenchmarkId::new(id, len), &len, |b, &len| {
+                        b.iter_custom(|iters| {
+                            let mut total = Duration::ZERO;
+                            let mut left = iters as usize;
+                            while left > 0 {
+                                let steps = left.min(chunk);
+                                let mut processor = realize(json, 0);
+                                // The first call reads the whole history, as a new request's.
+                                processor.plan(&&ids[..len], &mut plan).unwrap();
+                                let start = Instant::now();
+                                for step in 1..=steps {
+                                    plan.clear();
+                                    processor.plan(&&ids[..len + step], &mut plan).unwrap();
+                                    if with_row {
+                                        plan.apply(&mut row).unwrap();
+                                    }
+                                }
+                                total += start.elapsed();
+                                left -= steps;
+                                if with_row {
+                                    row.copy_from_slice(&source);
+                                }
+                            }
+                            total
+                        })
+                    });
+                }
+            }
+        }
+    }
+    group.finish();
+}
+
+/// A batch like a real sampling config: each row repetition, frequency and presence penalties,
+/// temperature 0.7 and top-p 0.9, over 4,000 ids of its own history; out of place (the block
+/// read, the result written elsewhere: one pass, what an HF adapter does), beside the block's
+/// memcpy.
+fn sampling_batch(c: &mut Criterion) {
+    let mut group = c.benchmark_group("sampling_batch_f32");
+    group.sample_size(20);
+    let specs = parse_pipeline(
+        r#"[{"kind": "repetition_penalty", "penalty": 1.1},
+            {"kind": "frequency_penalty", "penalty": 0.2},
+            {"kind": "presence_penalty", "penalty": 0.2},
+            {"kind": "temperature", "temperature": 0.7},
+            {"kind": "top_p", "p": 0.9}]"#,
+    )
+    .unwrap();
+    let context = SpecContext {
+        vocab_size: Some(VOCAB),
+        ..Default::default()
+    };
+    for rows in [1usize, 64] {
+        group.throughput(Throughput::Bytes((rows * VOCAB * 4) as u64));
+        let source: Vec<f32> = (0..rows)
+            .flat_map(|r| peaked_logits(VOCAB, 100 + r as u64))
+            .collect();
+        let mut block = source.clone();
+        group.bench_function(BenchmarkId::new("memcpy", rows), |b| {
+            b.iter(|| block.copy_from_slice(black_box(&source)))
+        });
+        let histories: Vec<Vec<u32>> = (0..rows)
+            .map(|r| ids_from(4_000, 0, 50 + r as u64))
+            .collect();
+        let views: Vec<&dyn TokenHistory> = histories.iter().map(|h| h as _).collect();
+        let mut batch = Batch::new(VOCAB);
+        for row in 0..rows {
+            batch
+                .add(row, Pipeline::from_specs(&specs, &context, 100).unwrap())
+                .unwrap();
+        }
+        let layout = BatchLayout::contiguous(rows, VOCAB);
+        group.bench_function(BenchmarkId::new("penalties_temperature_top_p", rows), |b| {
+            b.iter(|| {
+                batch.plan(&views).unwrap();
+                batch
+                    .apply_planned_into(&source, black_box(&mut block), layout, &mut |_, _, _| {
+                        Ok(())
+                    })
+                    .unwrap()
+            })
+        });
+    }
+    group.finish();
+}
+
 criterion_group! {
     name = benches;
     config = Criterion::default()
         .warm_up_time(Duration::from_millis(500))
         .measurement_time(Duration::from_secs(2));
-    targets = rows, sparse_and_masks, thinking_budget, batch, contention
+    targets = rows, sparse_and_masks, thinking_budget, batch, contention, truncation, history_steps,
+        sampling_batch
 }
 criterion_main!(benches);

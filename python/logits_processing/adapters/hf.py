@@ -12,7 +12,7 @@ from transformers import LogitsProcessor
 
 from ._common import EngineContext
 
-__all__ = ["HFLogitsProcessor"]
+__all__ = ["HFLogitsProcessor", "specs_from_generation_config"]
 
 
 class HFLogitsProcessor(LogitsProcessor):
@@ -128,3 +128,153 @@ def _is_data(pipeline: Any) -> bool:
     if isinstance(pipeline, (list, tuple)):
         return all(isinstance(p, dict) for p in pipeline)
     return False
+
+
+def specs_from_generation_config(config: Any, *, prompt_len: Optional[int] = None, model: Any = None) -> list:
+    """The pipeline ``generate()`` would build from a ``GenerationConfig``, as specs, in
+    ``generate()``'s order: pass it to :class:`HFLogitsProcessor` (with the config's processor
+    fields reset, so transformers does not build its own list too) to run them in one fused pass.
+
+    Covered: ``sequence_bias``, ``repetition_penalty``, ``no_repeat_ngram_size``,
+    ``bad_words_ids`` (one-token sequences that are an EOS id dropped, as ``generate()`` does),
+    ``min_length``, ``min_new_tokens``, ``forced_eos_token_id``,
+    ``exponential_decay_length_penalty``, ``suppress_tokens``, ``begin_suppress_tokens`` and, when
+    ``do_sample``, ``temperature``, ``top_k``, ``top_p``, ``min_p``, ``typical_p``,
+    ``epsilon_cutoff``, ``eta_cutoff`` (``min_tokens_to_keep`` as ``generate()`` sets it, beams
+    included). ``min_new_tokens`` and the exponential decay count from the prompt's length, which
+    the adapter gives at admission. Fields the config leaves unset take the values ``generate()``
+    gives them: the model's ``generation_config`` (with ``model``), then transformers' global
+    defaults (``top_k=50`` when sampling, in transformers 5).
+
+    Args:
+        config: a ``transformers.GenerationConfig``.
+        prompt_len: the prompt's length; needed only when ``forced_eos_token_id`` is set and the
+            config limits the length by ``max_new_tokens`` (the limit is then
+            ``prompt_len + max_new_tokens``, as ``generate()`` computes it).
+        model: the model ``generate()`` will run, whose ``generation_config`` fills the fields
+            ``config`` leaves unset.
+
+    Raises:
+        ValueError: a field that changes the logits and has no spec here (``guidance_scale``,
+            the encoder-decoder penalties, ``forced_bos_token_id``, ``remove_invalid_values``,
+            ``top_h``, ``renormalize_logits``, a watermark), naming it.
+
+    Example::
+
+        from transformers import GenerationConfig
+        from logits_processing.adapters.hf import HFLogitsProcessor, specs_from_generation_config
+        config = GenerationConfig(do_sample=True, temperature=0.7, top_p=0.9, repetition_penalty=1.1)
+        processor = HFLogitsProcessor(specs_from_generation_config(config))
+        out = model.generate(**inputs, logits_processor=[processor], do_sample=True)
+    """
+
+    config = _as_generate_resolves(config, model)
+
+    def field(name: str, default: Any = None) -> Any:
+        return getattr(config, name, default)
+
+    unsupported = [
+        ("guidance_scale", lambda v: v is not None and v != 1),
+        ("encoder_repetition_penalty", lambda v: v is not None and v != 1.0),
+        ("encoder_no_repeat_ngram_size", lambda v: v is not None and v > 0),
+        ("forced_bos_token_id", lambda v: v is not None),
+        ("remove_invalid_values", lambda v: v is True),
+        ("top_h", lambda v: v is not None),
+        ("watermarking_config", lambda v: v is not None),
+        ("renormalize_logits", lambda v: v is True),
+    ]
+    for name, used in unsupported:
+        if used(field(name)):
+            raise ValueError(f"GenerationConfig.{name}={field(name)!r} has no logits_processing spec")
+
+    eos = field("eos_token_id")
+    eos_ids = [] if eos is None else [int(e) for e in (eos if isinstance(eos, (list, tuple)) else [eos])]
+    specs: list = []
+    if field("sequence_bias") is not None:
+        bias = field("sequence_bias")
+        pairs = bias.items() if isinstance(bias, dict) else bias
+        specs.append({"kind": "sequence_bias", "biases": [[list(ids), float(b)] for ids, b in pairs]})
+    if field("repetition_penalty") is not None and field("repetition_penalty") != 1.0:
+        specs.append({"kind": "repetition_penalty", "penalty": float(field("repetition_penalty"))})
+    if field("no_repeat_ngram_size") is not None and field("no_repeat_ngram_size") > 0:
+        specs.append({"kind": "no_repeat_ngram", "n": int(field("no_repeat_ngram_size"))})
+    if field("bad_words_ids") is not None:
+        sequences = [list(s) for s in field("bad_words_ids") if not (len(s) == 1 and s[0] in eos_ids)]
+        if sequences:
+            specs.append({"kind": "bad_words", "sequences": sequences})
+    if eos_ids and field("min_length") is not None and field("min_length") > 0:
+        specs.append({"kind": "min_length", "min_length": int(field("min_length")), "eos_token_ids": eos_ids})
+    if eos_ids and field("min_new_tokens") is not None and field("min_new_tokens") > 0:
+        specs.append(
+            {
+                "kind": "min_new_tokens",
+                "min_new_tokens": int(field("min_new_tokens")),
+                "eos_token_ids": eos_ids,
+            }
+        )
+    forced_eos = field("forced_eos_token_id")
+    if forced_eos is not None:
+        max_length = field("max_length")
+        if field("max_new_tokens") is not None:
+            if prompt_len is None:
+                raise ValueError("forced_eos_token_id with max_new_tokens needs prompt_len")
+            max_length = prompt_len + field("max_new_tokens")
+        forced = [int(e) for e in (forced_eos if isinstance(forced_eos, (list, tuple)) else [forced_eos])]
+        specs.append({"kind": "forced_eos", "max_length": int(max_length), "eos_token_ids": forced})
+    decay = field("exponential_decay_length_penalty")
+    if decay is not None:
+        specs.append(
+            {
+                "kind": "exponential_decay_length_penalty",
+                "start_index": int(decay[0]),
+                "decay_factor": float(decay[1]),
+                "eos_token_ids": eos_ids,
+            }
+        )
+    if field("suppress_tokens") is not None:
+        specs.append({"kind": "ban_tokens", "token_ids": [int(t) for t in field("suppress_tokens")]})
+    if field("begin_suppress_tokens") is not None:
+        # begin_index: the prompt's length, the spec's default (generate()'s, without a forced BOS).
+        specs.append(
+            {
+                "kind": "suppress_tokens_at_begin",
+                "token_ids": [int(t) for t in field("begin_suppress_tokens")],
+            }
+        )
+    if field("do_sample"):
+        beams = field("num_beams") or 1
+        keep = 1 if beams <= 1 else (len(eos_ids) + 1 if eos_ids else 2)
+        if field("temperature") is not None and field("temperature") != 1.0:
+            specs.append({"kind": "temperature", "temperature": float(field("temperature"))})
+        if field("top_k") is not None and field("top_k") != 0:
+            specs.append({"kind": "top_k", "k": int(field("top_k")), "min_tokens_to_keep": keep})
+        if field("top_p") is not None and field("top_p") < 1.0:
+            specs.append({"kind": "top_p", "p": float(field("top_p")), "min_tokens_to_keep": keep})
+        if field("min_p") is not None:
+            specs.append({"kind": "min_p", "p": float(field("min_p")), "min_tokens_to_keep": keep})
+        if field("typical_p") is not None and field("typical_p") < 1.0:
+            specs.append({"kind": "typical_p", "mass": float(field("typical_p")), "min_tokens_to_keep": keep})
+        epsilon = field("epsilon_cutoff")
+        if epsilon is not None and 0.0 < epsilon < 1.0:
+            specs.append({"kind": "epsilon_cutoff", "epsilon": float(epsilon), "min_tokens_to_keep": keep})
+        eta = field("eta_cutoff")
+        if eta is not None and 0.0 < eta < 1.0:
+            specs.append({"kind": "eta_cutoff", "epsilon": float(eta), "min_tokens_to_keep": keep})
+    return specs
+
+
+def _as_generate_resolves(config: Any, model: Any) -> Any:
+    """The config with its unset fields filled as ``generate()`` fills them (transformers 5:
+    the model's generation config, then the global defaults; older versions keep defaults in
+    the config itself)."""
+    import copy
+
+    defaults = getattr(type(config), "_get_default_generation_params", None)
+    if defaults is None:
+        return config
+    config = copy.deepcopy(config)
+    own = getattr(model, "generation_config", None)
+    if own is not None:
+        config.update(**own.to_dict(), defaults_only=True, allow_custom_entries=True)
+    config.update(**defaults(), defaults_only=True)
+    return config
