@@ -5,7 +5,8 @@
 //!   (a packed bitmask of allowed tokens) and [`Edit::Truncate`] (top-k, top-p, ...; resolved to a
 //!   band of kept values by one extra read of the row). They run over the row in cache-sized
 //!   chunks, all of them on a chunk before the next, so each logit is read and written once.
-//! - *sparse* edits name one token: [`Edit::Ban`], [`Edit::Bias`], [`Edit::Penalty`]. They are
+//! - *sparse* edits name one token: [`Edit::Ban`], [`Edit::Bias`], [`Edit::Penalty`],
+//!   [`Edit::Raise`], [`Edit::Set`]. They are
 //!   sorted by token once (`O(e log e)`, linear for the sorted runs processors push), and each
 //!   touched token's final value is computed once from its original, with the dense edits
 //!   between them in their order.
@@ -50,6 +51,13 @@ pub enum Edit {
     /// `token`'s logit is divided by `penalty` when it is positive (or zero) and multiplied by it
     /// when negative: transformers' repetition penalty.
     Penalty { token: u32, penalty: f32 },
+    /// `token`'s logit `x`, when finite, becomes `x + |x| * factor` (transformers' exponential
+    /// decay length penalty, which raises a negative logit and a positive one alike); a
+    /// non-finite one stays as it is.
+    Raise { token: u32, factor: f32 },
+    /// `token`'s logit becomes `value`, whatever it was (transformers' forced EOS with several
+    /// EOS ids). Like [`ForcedValue::Set`], it can bring back a banned token.
+    Set { token: u32, value: f32 },
     /// Every logit whose bit is clear in the mask becomes `-inf`.
     Mask(MaskId),
     /// Every logit outside the band the rule keeps (computed over the row as it stands here)
@@ -64,7 +72,9 @@ impl Edit {
             Edit::Force { token, .. }
             | Edit::Ban { token }
             | Edit::Bias { token, .. }
-            | Edit::Penalty { token, .. } => Some(token),
+            | Edit::Penalty { token, .. }
+            | Edit::Raise { token, .. }
+            | Edit::Set { token, .. } => Some(token),
             Edit::Scale { .. } | Edit::Mask(_) | Edit::Truncate(_) => None,
         }
     }
@@ -73,7 +83,11 @@ impl Edit {
     pub fn is_sparse(&self) -> bool {
         matches!(
             self,
-            Edit::Ban { .. } | Edit::Bias { .. } | Edit::Penalty { .. }
+            Edit::Ban { .. }
+                | Edit::Bias { .. }
+                | Edit::Penalty { .. }
+                | Edit::Raise { .. }
+                | Edit::Set { .. }
         )
     }
 
@@ -100,7 +114,14 @@ impl Edit {
                     x / penalty
                 }
             }
-            Edit::Ban { .. } | Edit::Bias { .. } | Edit::Penalty { .. } => x,
+            // Two roundings in f32, as torch's `x + abs(x) * factor` on an f32 row.
+            Edit::Raise { token, factor } if here(token) && x.is_finite() => x + x.abs() * factor,
+            Edit::Set { token, value } if here(token) => value,
+            Edit::Ban { .. }
+            | Edit::Bias { .. }
+            | Edit::Penalty { .. }
+            | Edit::Raise { .. }
+            | Edit::Set { .. } => x,
             Edit::Mask(mask) if allowed(mask) => x,
             Edit::Mask(_) => f32::NEG_INFINITY,
             Edit::Truncate(_) if band.removes(x) => f32::NEG_INFINITY,
@@ -254,10 +275,25 @@ impl RowPlan {
     }
 
     /// The token whose logit survives when the plan forces one: the last force's. Every other logit
-    /// is `-inf` after it, and no later edit turns `-inf` into anything else.
+    /// is `-inf` after it, and no later edit turns `-inf` into anything else but an [`Edit::Set`]
+    /// ([`RowPlan::set_after_force`]).
     pub fn forced_token(&self) -> Option<u32> {
         self.edits.iter().rev().find_map(|e| match *e {
             Edit::Force { token, .. } => Some(token),
+            _ => None,
+        })
+    }
+
+    /// The tokens an [`Edit::Set`] after the last force of `range` sets (the force's own token
+    /// included): with a force, the only logits besides its survivor that are not `-inf`.
+    pub fn set_after_force(&self, range: std::ops::Range<usize>) -> impl Iterator<Item = u32> + '_ {
+        let edits = &self.edits[range];
+        let after = edits
+            .iter()
+            .rposition(|e| matches!(e, Edit::Force { .. }))
+            .map_or(edits.len(), |last| last + 1);
+        edits[after..].iter().filter_map(|e| match *e {
+            Edit::Set { token, .. } => Some(token),
             _ => None,
         })
     }
@@ -344,7 +380,16 @@ impl RowPlan {
                 unreachable!()
             };
             let index = token as usize;
-            let survivor = self.fold(range, index, row[index]);
+            let survivor = self.fold(range.clone(), index, row[index]);
+            let set: Vec<(usize, T)> = self
+                .set_after_force(range.clone())
+                .map(|t| {
+                    (
+                        t as usize,
+                        self.fold(range.clone(), t as usize, row[t as usize]),
+                    )
+                })
+                .collect();
             match fill {
                 Fill::Cached => in_halves(row, |_, part| part.fill(T::NEG_INFINITY)),
                 Fill::Streaming => in_halves(row, |_, part| {
@@ -352,6 +397,9 @@ impl RowPlan {
                 }),
             }
             row[index] = survivor;
+            for (t, value) in set {
+                row[t] = value;
+            }
             return;
         }
         self.sort_sparse(range.clone());
@@ -376,6 +424,9 @@ impl RowPlan {
             let index = token as usize;
             dst.fill(T::NEG_INFINITY);
             dst[index] = self.value_at(index, src[index]);
+            for t in self.set_after_force(0..self.edits.len()) {
+                dst[t as usize] = self.value_at(t as usize, src[t as usize]);
+            }
             return;
         }
         self.sort_sparse(0..self.edits.len());
@@ -611,6 +662,8 @@ mod tests {
             (0..vocab).prop_map(|token| Edit::Ban { token }),
             (0..vocab, -5.0f32..5.0).prop_map(|(token, bias)| Edit::Bias { token, bias }),
             (0..vocab, 0.2f32..3.0).prop_map(|(token, penalty)| Edit::Penalty { token, penalty }),
+            (0..vocab, -0.9f32..4.0).prop_map(|(token, factor)| Edit::Raise { token, factor }),
+            (0..vocab, -3.0f32..3.0).prop_map(|(token, value)| Edit::Set { token, value }),
             (0..vocab).prop_map(|token| Edit::Force {
                 token,
                 value: ForcedValue::Keep
@@ -713,7 +766,9 @@ mod tests {
                 .iter()
                 .chain(&[Edit::Ban { token: banned }])
                 .chain(&after)
-                .filter(|e| !matches!(e, Edit::Force { value: ForcedValue::Set(_), .. }))
+                .filter(|e| {
+                    !matches!(e, Edit::Force { value: ForcedValue::Set(_), .. } | Edit::Set { .. })
+                })
                 .copied()
                 .collect();
             let mut plan = plan_of(&edits, row.len());

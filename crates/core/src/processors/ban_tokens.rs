@@ -3,7 +3,7 @@ use serde::{Deserialize, Serialize};
 use crate::error::Result;
 use crate::history::TokenHistory;
 use crate::plan::{Edit, RowPlan};
-use crate::processors::LogitsProcessor;
+use crate::processors::{LogitsProcessor, MASK_FROM};
 use crate::spec::{check_len, KindSpec, SpecContext};
 
 /// `{"kind": "ban_tokens", "token_ids": [..]}`.
@@ -23,10 +23,6 @@ impl KindSpec for BanTokensSpec {
         Ok(Box::new(BanTokens::new(self.token_ids.clone())))
     }
 }
-
-/// Bans lists longer than this as a bitmask: one bit per token up to the largest id, applied
-/// word by word in the row's pass, instead of one sparse edit per token.
-const MASK_FROM: usize = 256;
 
 /// Sets the logits of a fixed set of tokens to `-inf` at every step. Costs O(number of tokens)
 /// per step on top of the row's pass for short lists, and O(largest id / 32) for long ones.

@@ -1,39 +1,167 @@
 //! The built-in processors, one file each, and the trait they share.
 
+mod allowed_token_ids;
+mod bad_words;
 mod ban_tokens;
+mod counts;
+mod cursor;
+mod eos;
+mod epsilon_cutoff;
+mod eta_cutoff;
+mod exponential_decay_length_penalty;
+mod forced_eos;
 mod forced_sequence;
+mod frequency_penalty;
 mod hello_world;
 mod logit_bias;
+mod matcher;
+mod min_length;
+mod min_new_tokens;
+mod min_p;
+mod no_repeat_ngram;
+mod presence_penalty;
+mod repetition_penalty;
+mod sequence_bias;
+mod suppress_tokens_at_begin;
 mod temperature;
+#[cfg(test)]
+mod tests;
 mod thinking_budget;
 mod thinking_config;
+mod top_k;
+mod top_p;
+mod truncate;
+mod typical_p;
 
+pub use allowed_token_ids::{AllowedTokenIds, AllowedTokenIdsSpec};
+pub use bad_words::{BadWords, BadWordsSpec};
 pub use ban_tokens::{BanTokens, BanTokensSpec};
+pub use epsilon_cutoff::EpsilonCutoffSpec;
+pub use eta_cutoff::EtaCutoffSpec;
+pub use exponential_decay_length_penalty::{
+    ExponentialDecayLengthPenalty, ExponentialDecayLengthPenaltySpec,
+};
+pub use forced_eos::{ForcedEos, ForcedEosSpec};
 pub use forced_sequence::{ForcedSequence, ForcedSequenceSpec, Position, PositionSpec};
+pub use frequency_penalty::{FrequencyPenalty, FrequencyPenaltySpec};
 pub use hello_world::{hello_world, HelloWorldSpec, TextEncoder, HELLO_WORLD_TEXT};
 pub use logit_bias::{LogitBias, LogitBiasSpec};
+pub use min_length::{MinLength, MinLengthSpec};
+pub use min_new_tokens::{MinNewTokens, MinNewTokensSpec};
+pub use min_p::MinPSpec;
+pub use no_repeat_ngram::{NoRepeatNGram, NoRepeatNGramSpec};
+pub use presence_penalty::{PresencePenalty, PresencePenaltySpec};
+pub use repetition_penalty::{RepetitionPenalty, RepetitionPenaltySpec, Scope};
+pub use sequence_bias::{SequenceBias, SequenceBiasSpec};
+pub use suppress_tokens_at_begin::{SuppressTokensAtBegin, SuppressTokensAtBeginSpec};
 pub use temperature::{Temperature, TemperatureSpec};
 pub use thinking_budget::{ThinkingBudget, ThinkingBudgetSpec, CHECKED_TAIL};
 pub use thinking_config::{
     get_thinking_token_config, register_thinking_token_config, ThinkingTokenConfig,
 };
+pub use top_k::TopKSpec;
+pub use top_p::TopPSpec;
+pub use truncate::Truncate;
+pub use typical_p::TypicalPSpec;
 
 use crate::error::Result;
 use crate::history::TokenHistory;
 use crate::spec::Kind;
 
-/// Every spec kind, by its `"kind"` name. Adding a processor: its file (the processor, its spec
-/// struct and `KindSpec`), one line here, its docs and its tests (docs/core.md).
+/// Every spec kind, by its `"kind"` name, in the canonical order ([`canonical_order`]). Adding a
+/// processor: its file (the processor, its spec struct and `KindSpec`), one line here, its docs
+/// and its tests (docs/core.md).
 pub(crate) static KINDS: &[Kind] = &[
-    Kind::new::<TemperatureSpec>("temperature"),
+    // Biases and penalties: they move logits, and never to or from -inf.
+    Kind::new::<LogitBiasSpec>("logit_bias"),
+    Kind::new::<SequenceBiasSpec>("sequence_bias"),
+    Kind::new::<RepetitionPenaltySpec>("repetition_penalty"),
+    Kind::new::<FrequencyPenaltySpec>("frequency_penalty"),
+    Kind::new::<PresencePenaltySpec>("presence_penalty"),
+    Kind::new::<ExponentialDecayLengthPenaltySpec>("exponential_decay_length_penalty"),
+    // Bans and allowed ids, then the kinds that force a token.
+    Kind::new::<BanTokensSpec>("ban_tokens"),
+    Kind::new::<BadWordsSpec>("bad_words"),
+    Kind::new::<NoRepeatNGramSpec>("no_repeat_ngram"),
+    Kind::new::<MinLengthSpec>("min_length"),
+    Kind::new::<MinNewTokensSpec>("min_new_tokens"),
+    Kind::new::<SuppressTokensAtBeginSpec>("suppress_tokens_at_begin"),
+    Kind::new::<AllowedTokenIdsSpec>("allowed_token_ids"),
+    Kind::new::<ForcedEosSpec>("forced_eos"),
     Kind::new::<ForcedSequenceSpec>("forced_sequence"),
     Kind::new::<HelloWorldSpec>("hello_world"),
+    // (User processors go here: see `USER_STEPS_BEFORE`.)
     Kind::new::<ThinkingBudgetSpec>("thinking_budget"),
-    Kind::new::<BanTokensSpec>("ban_tokens"),
-    Kind::new::<LogitBiasSpec>("logit_bias"),
+    Kind::new::<TemperatureSpec>("temperature"),
+    // Truncation, in transformers' order.
+    Kind::new::<TopKSpec>("top_k"),
+    Kind::new::<TopPSpec>("top_p"),
+    Kind::new::<MinPSpec>("min_p"),
+    Kind::new::<TypicalPSpec>("typical_p"),
+    Kind::new::<EpsilonCutoffSpec>("epsilon_cutoff"),
+    Kind::new::<EtaCutoffSpec>("eta_cutoff"),
 ];
+
+/// In the canonical order, user processors (external steps) go before the first spec of this
+/// kind or of a kind after it in [`KINDS`].
+pub const USER_STEPS_BEFORE: &str = "thinking_budget";
+
+/// The default order of a pipeline given as a set of specs (e.g. from a generation config):
+/// biases and penalties; bans and allowed ids, then forced tokens; (user processors, see
+/// [`user_steps_at`]); the thinking budget; temperature; truncation (top-k, top-p, min-p, typical,
+/// epsilon, eta, transformers' order). Specs of one kind keep their order. A pipeline given as
+/// a list keeps the list's order; this is for callers that hold a set.
+///
+/// In this order no step brings back a token an earlier one banned, except the steps that force
+/// a token by setting its value (`forced_eos`, the thinking budget's end token), as transformers
+/// and the reference do.
+pub fn canonical_order(mut specs: Vec<ProcessorSpec>) -> Vec<ProcessorSpec> {
+    specs.sort_by_key(|spec| kind_rank(spec.kind()));
+    specs
+}
+
+/// Where user processors go among specs in the canonical order: the index of the first spec at
+/// or after [`USER_STEPS_BEFORE`].
+pub fn user_steps_at(ordered: &[ProcessorSpec]) -> usize {
+    let boundary = kind_rank(USER_STEPS_BEFORE);
+    ordered
+        .iter()
+        .position(|spec| kind_rank(spec.kind()) >= boundary)
+        .unwrap_or(ordered.len())
+}
+
+fn kind_rank(kind: &str) -> usize {
+    KINDS
+        .iter()
+        .position(|k| k.name == kind)
+        .unwrap_or(KINDS.len())
+}
+
+/// Ban lists longer than this are pushed as a bitmask: one bit per token up to the largest id,
+/// applied word by word in the row's pass, instead of one sparse edit per token.
+pub(crate) const MASK_FROM: usize = 256;
+
+/// Bans `tokens` (sorted, distinct): a sparse edit each, or one bitmask for a long list.
+pub(crate) fn push_bans(plan: &mut RowPlan, tokens: &[u32]) {
+    match tokens.last() {
+        Some(&last) if tokens.len() > MASK_FROM => {
+            plan.push_mask_with((last as usize + 1).div_ceil(32), true, |words| {
+                words.fill(u32::MAX);
+                for &token in tokens {
+                    words[token as usize / 32] &= !(1 << (token % 32));
+                }
+            })
+        }
+        _ => {
+            for &token in tokens {
+                plan.push(Edit::Ban { token });
+            }
+        }
+    }
+}
 use crate::logit::Logit;
-use crate::plan::RowPlan;
+use crate::plan::{Edit, RowPlan};
+use crate::spec::ProcessorSpec;
 
 /// Per-request state that decides, each step, how one row of logits is edited.
 ///

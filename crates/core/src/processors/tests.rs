@@ -1,0 +1,462 @@
+//! Properties every kind shares: resume safety, the canonical order, spec errors naming fields.
+
+use proptest::prelude::*;
+use serde_json::{json, Value};
+
+use super::*;
+use crate::plan::ForcedValue;
+use crate::spec::{parse_pipeline, SpecContext};
+
+const VOCAB: u32 = 12;
+
+fn context() -> SpecContext {
+    SpecContext {
+        vocab_size: Some(VOCAB as usize),
+        ..Default::default()
+    }
+}
+
+fn realize(spec: &ProcessorSpec, prompt_len: usize) -> Box<dyn LogitsProcessor> {
+    spec.realize(&context(), prompt_len).unwrap()
+}
+
+/// What a history does between two steps.
+#[derive(Debug, Clone)]
+enum Move {
+    /// Decode steps: new ids appended.
+    Extend(Vec<u32>),
+    /// A step planned and taken back (another row failed), then ids appended.
+    Undone(Vec<u32>),
+    /// Rolled back by some ids.
+    Rewind(usize),
+    /// Another request's ids.
+    Replace(Vec<u32>),
+}
+
+fn moves() -> impl Strategy<Value = Vec<Move>> {
+    // Ids 12 and 13 are outside the vocab: processors that read history ids must skip them.
+    let ids = || {
+        proptest::collection::vec(
+            prop_oneof![9 => 0u32..6, 3 => 6u32..12, 1 => 12u32..14],
+            0..4,
+        )
+    };
+    proptest::collection::vec(
+        prop_oneof![
+            8 => ids().prop_map(Move::Extend),
+            2 => ids().prop_map(Move::Undone),
+            1 => (0usize..4).prop_map(Move::Rewind),
+            1 => proptest::collection::vec(0u32..6, 0..12).prop_map(Move::Replace),
+        ],
+        1..40,
+    )
+}
+
+/// One processor runs through every history in turn; at each, a processor realized fresh from
+/// the spec and handed the history (a request admitted mid-generation, or moved to another
+/// worker) must plan exactly the same edits.
+fn plans_as_if_fresh(
+    spec: &Value,
+    prompt_len: usize,
+    moves: &[Move],
+) -> std::result::Result<(), TestCaseError> {
+    let spec = ProcessorSpec::from_value(spec).unwrap();
+    let mut running = realize(&spec, prompt_len);
+    let mut ids: Vec<u32> = (0..prompt_len as u32).map(|i| i % 5).collect();
+    let (mut got, mut want) = (RowPlan::new(), RowPlan::new());
+    for step in moves {
+        match step {
+            Move::Extend(new) => ids.extend(new),
+            Move::Undone(new) => {
+                got.clear();
+                running.plan(&ids, &mut got).unwrap();
+                running.undo();
+                ids.extend(new);
+            }
+            Move::Rewind(n) => ids.truncate(ids.len().saturating_sub(*n)),
+            Move::Replace(new) => ids.clone_from(new),
+        }
+        got.clear();
+        want.clear();
+        running.plan(&ids, &mut got).unwrap();
+        realize(&spec, prompt_len).plan(&ids, &mut want).unwrap();
+        prop_assert_eq!(&got, &want, "{} after {:?}", spec.to_value(), ids);
+    }
+    Ok(())
+}
+
+fn token() -> impl Strategy<Value = u32> {
+    0u32..VOCAB
+}
+
+fn tokens(max: usize) -> impl Strategy<Value = Vec<u32>> {
+    proptest::collection::vec(token(), 1..max)
+}
+
+fn sequences() -> impl Strategy<Value = Vec<Vec<u32>>> {
+    proptest::collection::vec(proptest::collection::vec(0u32..6, 1..4), 1..6)
+}
+
+fn min_keep() -> impl Strategy<Value = u32> {
+    1u32..4
+}
+
+/// A spec of every kind, with parameters in range.
+fn spec_of(kind: &'static str) -> BoxedStrategy<Value> {
+    match kind {
+        "top_k" => (1u32..6, min_keep())
+            .prop_map(|(k, m)| json!({"kind": "top_k", "k": k, "min_tokens_to_keep": m}))
+            .boxed(),
+        "top_p" => (0.05f64..1.0, min_keep())
+            .prop_map(|(p, m)| json!({"kind": "top_p", "p": p, "min_tokens_to_keep": m}))
+            .boxed(),
+        "min_p" => (0.0f64..1.0, min_keep())
+            .prop_map(|(p, m)| json!({"kind": "min_p", "p": p, "min_tokens_to_keep": m}))
+            .boxed(),
+        "typical_p" => (0.05f64..0.95, min_keep())
+            .prop_map(|(p, m)| json!({"kind": "typical_p", "mass": p, "min_tokens_to_keep": m}))
+            .boxed(),
+        "epsilon_cutoff" => (0.001f64..0.5, min_keep())
+            .prop_map(|(e, m)| json!({"kind": "epsilon_cutoff", "epsilon": e, "min_tokens_to_keep": m}))
+            .boxed(),
+        "eta_cutoff" => (0.001f64..0.5, min_keep())
+            .prop_map(|(e, m)| json!({"kind": "eta_cutoff", "epsilon": e, "min_tokens_to_keep": m}))
+            .boxed(),
+        "repetition_penalty" => (0.3f64..3.0, prop_oneof![Just("all"), Just("output"), Just("prompt")])
+            .prop_map(|(p, s)| json!({"kind": "repetition_penalty", "penalty": p, "scope": s}))
+            .boxed(),
+        "frequency_penalty" => (-2.0f64..2.0)
+            .prop_map(|p| json!({"kind": "frequency_penalty", "penalty": p}))
+            .boxed(),
+        "presence_penalty" => (-2.0f64..2.0)
+            .prop_map(|p| json!({"kind": "presence_penalty", "penalty": p}))
+            .boxed(),
+        "no_repeat_ngram" => (1u32..5)
+            .prop_map(|n| json!({"kind": "no_repeat_ngram", "n": n}))
+            .boxed(),
+        "bad_words" => sequences()
+            .prop_map(|s| json!({"kind": "bad_words", "sequences": s}))
+            .boxed(),
+        "sequence_bias" => proptest::collection::vec(
+            (proptest::collection::vec(0u32..6, 1..4), -4.0f64..4.0),
+            1..6,
+        )
+        .prop_map(|b| json!({"kind": "sequence_bias", "biases": b}))
+        .boxed(),
+        "allowed_token_ids" => tokens(6)
+            .prop_map(|t| json!({"kind": "allowed_token_ids", "token_ids": t}))
+            .boxed(),
+        "min_new_tokens" => (0usize..8, tokens(3))
+            .prop_map(|(n, e)| json!({"kind": "min_new_tokens", "min_new_tokens": n, "eos_token_ids": e}))
+            .boxed(),
+        "min_length" => (0usize..12, tokens(3))
+            .prop_map(|(n, e)| json!({"kind": "min_length", "min_length": n, "eos_token_ids": e}))
+            .boxed(),
+        "exponential_decay_length_penalty" => (0usize..6, 0.5f64..2.0, tokens(3))
+            .prop_map(|(s, f, e)| {
+                json!({"kind": "exponential_decay_length_penalty", "start_index": s,
+                       "decay_factor": f, "eos_token_ids": e})
+            })
+            .boxed(),
+        "forced_eos" => (0usize..12, tokens(3))
+            .prop_map(|(n, e)| json!({"kind": "forced_eos", "max_length": n, "eos_token_ids": e}))
+            .boxed(),
+        "suppress_tokens_at_begin" => (tokens(4), proptest::option::of(0usize..10))
+            .prop_map(|(t, b)| match b {
+                Some(b) => json!({"kind": "suppress_tokens_at_begin", "token_ids": t, "begin_index": b}),
+                None => json!({"kind": "suppress_tokens_at_begin", "token_ids": t}),
+            })
+            .boxed(),
+        "ban_tokens" => tokens(5)
+            .prop_map(|t| json!({"kind": "ban_tokens", "token_ids": t}))
+            .boxed(),
+        "logit_bias" => (token(), -3.0f64..3.0)
+            .prop_map(|(t, b)| json!({"kind": "logit_bias", "bias": {t.to_string(): b}}))
+            .boxed(),
+        "temperature" => (0.2f64..3.0)
+            .prop_map(|t| json!({"kind": "temperature", "temperature": t}))
+            .boxed(),
+        "forced_sequence" => tokens(4)
+            .prop_map(|t| json!({"kind": "forced_sequence", "token_ids": t, "eos_token_id": 1, "position": "tokens"}))
+            .boxed(),
+        "thinking_budget" => (0usize..6)
+            .prop_map(|m| json!({"kind": "thinking_budget", "max_thinking_tokens": m,
+                                 "start_token_id": 1, "end_token_id": 2, "newline_token_id": 3}))
+            .boxed(),
+        other => panic!("no strategy for {other}"),
+    }
+}
+
+macro_rules! resume_safe {
+    ($($name:ident: $kind:literal),* $(,)?) => {
+        proptest! {
+            $(
+                #[test]
+                fn $name(spec in spec_of($kind), prompt_len in 0usize..6, moves in moves()) {
+                    plans_as_if_fresh(&spec, prompt_len, &moves)?;
+                }
+            )*
+        }
+    };
+}
+
+resume_safe! {
+    resume_safe_top_k: "top_k",
+    resume_safe_top_p: "top_p",
+    resume_safe_min_p: "min_p",
+    resume_safe_typical_p: "typical_p",
+    resume_safe_epsilon_cutoff: "epsilon_cutoff",
+    resume_safe_eta_cutoff: "eta_cutoff",
+    resume_safe_repetition_penalty: "repetition_penalty",
+    resume_safe_frequency_penalty: "frequency_penalty",
+    resume_safe_presence_penalty: "presence_penalty",
+    resume_safe_no_repeat_ngram: "no_repeat_ngram",
+    resume_safe_bad_words: "bad_words",
+    resume_safe_sequence_bias: "sequence_bias",
+    resume_safe_allowed_token_ids: "allowed_token_ids",
+    resume_safe_min_new_tokens: "min_new_tokens",
+    resume_safe_min_length: "min_length",
+    resume_safe_exponential_decay_length_penalty: "exponential_decay_length_penalty",
+    resume_safe_forced_eos: "forced_eos",
+    resume_safe_suppress_tokens_at_begin: "suppress_tokens_at_begin",
+    resume_safe_forced_sequence_by_tokens: "forced_sequence",
+    resume_safe_thinking_budget: "thinking_budget",
+}
+
+#[test]
+fn every_kind_has_a_strategy_and_a_resume_test_or_is_stateless_by_construction() {
+    // `spec_of` panics for a kind it does not know: a new kind must be added to these tests.
+    let runner = &mut proptest::test_runner::TestRunner::default();
+    for kind in crate::spec::kinds().filter(|&k| k != "hello_world") {
+        spec_of(kind).new_tree(runner).unwrap();
+    }
+}
+
+/// Each kind's spec in a random set, in the canonical order.
+fn spec_set() -> impl Strategy<Value = Vec<Value>> {
+    let kinds: Vec<&'static str> = crate::spec::kinds()
+        .filter(|&k| k != "hello_world")
+        .collect();
+    proptest::sample::subsequence(kinds.clone(), 1..kinds.len())
+        .prop_flat_map(|kinds| kinds.into_iter().map(spec_of).collect::<Vec<_>>())
+        .prop_shuffle()
+}
+
+proptest! {
+    /// Applied step by step in the canonical order, no step brings back a token an earlier one
+    /// set to `-inf`, except a token a step sets by value (a forced EOS, the thinking budget's
+    /// end token).
+    #[test]
+    fn in_the_canonical_order_no_step_brings_back_a_banned_token(
+        specs in spec_set(),
+        prompt_len in 0usize..6,
+        ids in proptest::collection::vec(0u32..8, 0..14),
+        row in proptest::collection::vec(-8.0f32..8.0, VOCAB as usize),
+    ) {
+        let specs = parse_pipeline(&Value::Array(specs).to_string()).unwrap();
+        let ordered = canonical_order(specs);
+        let ranks: Vec<usize> = ordered.iter().map(|s| kind_rank(s.kind())).collect();
+        prop_assert!(ranks.windows(2).all(|w| w[0] <= w[1]));
+        let ids: Vec<u32> = (0..prompt_len as u32).chain(ids).collect();
+        let mut row = row;
+        for spec in &ordered {
+            let mut plan = RowPlan::new();
+            realize(spec, prompt_len).plan(&ids, &mut plan).unwrap();
+            let set: Vec<u32> = plan
+                .edits()
+                .iter()
+                .filter_map(|e| match *e {
+                    Edit::Set { token, .. } => Some(token),
+                    Edit::Force { token, value: ForcedValue::Set(_) } => Some(token),
+                    _ => None,
+                })
+                .collect();
+            if !set.is_empty() {
+                prop_assert!(matches!(spec.kind(), "forced_eos" | "thinking_budget"), "{}", spec.kind());
+            }
+            let before = row.clone();
+            plan.apply(&mut row).unwrap();
+            for (i, (&b, &a)) in before.iter().zip(&row).enumerate() {
+                if b == f32::NEG_INFINITY && !set.contains(&(i as u32)) {
+                    prop_assert_eq!(a, f32::NEG_INFINITY, "{} brought back {}", spec.kind(), i);
+                }
+            }
+        }
+    }
+}
+
+#[test]
+fn user_steps_go_before_the_thinking_budget() {
+    let specs = parse_pipeline(
+        r#"[{"kind": "top_p", "p": 0.9}, {"kind": "temperature", "temperature": 0.7},
+            {"kind": "repetition_penalty", "penalty": 1.1},
+            {"kind": "ban_tokens", "token_ids": [3]}, {"kind": "min_p", "p": 0.1},
+            {"kind": "top_k", "k": 5}]"#,
+    )
+    .unwrap();
+    let ordered = canonical_order(specs);
+    let kinds: Vec<&str> = ordered.iter().map(|s| s.kind()).collect();
+    assert_eq!(
+        kinds,
+        [
+            "repetition_penalty",
+            "ban_tokens",
+            "temperature",
+            "top_k",
+            "top_p",
+            "min_p"
+        ]
+    );
+    assert_eq!(user_steps_at(&ordered), 2);
+    assert_eq!(user_steps_at(&ordered[..2]), 2);
+}
+
+fn field_of(error: crate::Error) -> String {
+    match error {
+        crate::Error::InvalidSpec { field, .. }
+        | crate::Error::TooLarge { field, .. }
+        | crate::Error::TokenOutOfVocab { field, .. } => field,
+        other => panic!("unexpected {other:?}"),
+    }
+}
+
+#[test]
+fn every_new_kind_parses_and_writes_back_what_it_read() {
+    let specs = parse_pipeline(
+        r#"[{"kind": "top_k", "k": 5},
+            {"kind": "top_p", "p": 0.9, "min_tokens_to_keep": 2},
+            {"kind": "min_p", "p": 0.0},
+            {"kind": "typical_p", "mass": 0.5},
+            {"kind": "epsilon_cutoff", "epsilon": 0.001},
+            {"kind": "eta_cutoff", "epsilon": 0.001},
+            {"kind": "repetition_penalty", "penalty": 1.2, "scope": "output"},
+            {"kind": "frequency_penalty", "penalty": -2},
+            {"kind": "presence_penalty", "penalty": 2},
+            {"kind": "no_repeat_ngram", "n": 3},
+            {"kind": "bad_words", "sequences": [[1], [2, 3]]},
+            {"kind": "sequence_bias", "biases": [[[1], -1.5], [[2, 3], 2]]},
+            {"kind": "allowed_token_ids", "token_ids": [1, 2]},
+            {"kind": "min_new_tokens", "min_new_tokens": 3, "eos_token_ids": [2]},
+            {"kind": "min_length", "min_length": 3, "eos_token_ids": [2, 3]},
+            {"kind": "exponential_decay_length_penalty", "start_index": 4, "decay_factor": 1.1,
+             "eos_token_ids": [2]},
+            {"kind": "forced_eos", "max_length": 20, "eos_token_ids": [2]},
+            {"kind": "suppress_tokens_at_begin", "token_ids": [4], "begin_index": 3},
+            {"kind": "suppress_tokens_at_begin", "token_ids": [4]}]"#,
+    )
+    .unwrap();
+    for spec in &specs {
+        let value = spec.to_value();
+        assert_eq!(&ProcessorSpec::from_value(&value).unwrap(), spec, "{value}");
+        spec.validate(&context()).unwrap();
+    }
+    assert_eq!(
+        specs[0].to_value(),
+        json!({"kind": "top_k", "k": 5, "min_tokens_to_keep": 1})
+    );
+    assert_eq!(specs[6].to_value()["scope"], "output");
+}
+
+#[test]
+fn bad_values_are_refused_naming_the_field() {
+    let cases = [
+        (r#"{"kind": "top_k", "k": 0}"#, "k"),
+        (r#"{"kind": "top_k", "k": -1}"#, "k"),
+        (
+            r#"{"kind": "top_k", "k": 3, "min_tokens_to_keep": 0}"#,
+            "min_tokens_to_keep",
+        ),
+        (r#"{"kind": "top_p", "p": 0}"#, "p"),
+        (r#"{"kind": "top_p", "p": 1.5}"#, "p"),
+        (r#"{"kind": "min_p", "p": -0.1}"#, "p"),
+        (r#"{"kind": "typical_p", "mass": 1}"#, "mass"),
+        (r#"{"kind": "epsilon_cutoff", "epsilon": 0}"#, "epsilon"),
+        (r#"{"kind": "eta_cutoff", "epsilon": 1}"#, "epsilon"),
+        (r#"{"kind": "eta_cutoff", "eps": 0.1}"#, "eps"),
+        (r#"{"kind": "repetition_penalty", "penalty": 0}"#, "penalty"),
+        (
+            r#"{"kind": "repetition_penalty", "penalty": 1.1, "scope": "both"}"#,
+            "scope",
+        ),
+        (
+            r#"{"kind": "frequency_penalty", "penalty": 2.5}"#,
+            "penalty",
+        ),
+        (r#"{"kind": "presence_penalty", "penalty": -3}"#, "penalty"),
+        (r#"{"kind": "no_repeat_ngram", "n": 0}"#, "n"),
+        (
+            r#"{"kind": "bad_words", "sequences": [[1], []]}"#,
+            "sequences[1]",
+        ),
+        (
+            r#"{"kind": "bad_words", "sequences": [[1, -2]]}"#,
+            "sequences[0][1]",
+        ),
+        (
+            r#"{"kind": "sequence_bias", "biases": [[[1], 1e300]]}"#,
+            "biases[0][1]",
+        ),
+        (
+            r#"{"kind": "sequence_bias", "biases": [[[1], 1.0], [[], 1.0]]}"#,
+            "biases[1]",
+        ),
+        (
+            r#"{"kind": "sequence_bias", "biases": [[[1]]]}"#,
+            "biases[0]",
+        ),
+        (
+            r#"{"kind": "allowed_token_ids", "token_ids": []}"#,
+            "token_ids",
+        ),
+        (
+            r#"{"kind": "min_length", "min_length": 3, "eos_token_ids": []}"#,
+            "eos_token_ids",
+        ),
+        (
+            r#"{"kind": "min_new_tokens", "min_new_tokens": 3}"#,
+            "eos_token_ids",
+        ),
+        (
+            r#"{"kind": "forced_eos", "max_length": -1, "eos_token_ids": [1]}"#,
+            "max_length",
+        ),
+        (
+            r#"{"kind": "exponential_decay_length_penalty", "start_index": 1, "decay_factor": 0,
+                "eos_token_ids": [1]}"#,
+            "decay_factor",
+        ),
+        (
+            r#"[{"kind": "top_k", "k": 1}, {"kind": "min_p", "p": 2}]"#,
+            "[1].p",
+        ),
+    ];
+    for (json, field) in cases {
+        assert_eq!(field_of(parse_pipeline(json).unwrap_err()), field, "{json}");
+    }
+    let out_of_vocab = [
+        (
+            r#"{"kind": "bad_words", "sequences": [[1], [2, 12]]}"#,
+            "sequences[1][1]",
+        ),
+        (
+            r#"{"kind": "sequence_bias", "biases": [[[1, 99], 1.0]]}"#,
+            "biases[0][0][1]",
+        ),
+        (
+            r#"{"kind": "min_length", "min_length": 1, "eos_token_ids": [1, 12]}"#,
+            "eos_token_ids[1]",
+        ),
+        (
+            r#"{"kind": "allowed_token_ids", "token_ids": [12]}"#,
+            "token_ids[0]",
+        ),
+    ];
+    for (json, field) in out_of_vocab {
+        let spec = ProcessorSpec::parse(json).unwrap();
+        assert_eq!(
+            field_of(spec.validate(&context()).unwrap_err()),
+            field,
+            "{json}"
+        );
+    }
+}
