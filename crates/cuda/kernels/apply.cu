@@ -7,7 +7,8 @@
 //   to a band over the row as it stands there (values computed on the fly from the original row),
 //   and writes the band into the packed words;
 // - lp_apply_*: one block per (row, tile of TILE logits); each logit read at most once and written
-//   at most once: forced rows write -inf without reading (the survivor alone is read); rows with
+//   at most once: forced rows write -inf without reading (the survivors alone are read: the forced
+//   token and the tokens a Set after the last force names); rows with
 //   dense ops read, evaluate and write every logit; rows with sparse ops only touch their tokens.
 //
 // A logit's value: untouched logits go through the dense ops in order; a touched token's program
@@ -101,10 +102,10 @@ struct BF16 {
 
 // One slot's descriptor, read once per block.
 struct Desc {
-    u32 row, forced, dense, n_dense, touched, n_touched, bounds, truncations;
+    u32 row, forced, dense, n_dense, touched, n_touched, bounds, truncations, survivors, n_survivors;
     __device__ __forceinline__ explicit Desc(const u32* d)
         : row(d[0]), forced(d[1]), dense(d[2]), n_dense(d[3]), touched(d[4]), n_touched(d[5]),
-          bounds(d[6]), truncations(d[7]) {}
+          bounds(d[6]), truncations(d[7]), survivors(d[8]), n_survivors(d[9]) {}
 };
 
 // `Edit::value` of dense op `op` (Scale, Force, Mask, Truncate) for the logit at `i`.
@@ -131,7 +132,7 @@ __device__ __forceinline__ float dense_op(const u32* P, const u32* op, u32 i, fl
     }
 }
 
-// `Edit::value` of a touched token's own sparse op (Ban, Bias, Penalty).
+// `Edit::value` of a touched token's own sparse op (Ban, Bias, Penalty, Raise, Set).
 template <class T>
 __device__ __forceinline__ float sparse_op(u32 op, float x, float v) {
     switch (op) {
@@ -141,6 +142,11 @@ __device__ __forceinline__ float sparse_op(u32 op, float x, float v) {
         return T::round(__fadd_rn(v, x));
     case OP_PENALTY:
         return T::round(v < 0.0f ? __fmul_rn(v, x) : __fdiv_rn(v, x));
+    case OP_RAISE:
+        // x + |x| * factor on a finite logit, two roundings; a non-finite one stays.
+        return isfinite(v) ? T::round(__fadd_rn(v, __fmul_rn(fabsf(v), x))) : v;
+    case OP_SET:
+        return T::round(x);
     default:
         return v;
     }
@@ -148,9 +154,10 @@ __device__ __forceinline__ float sparse_op(u32 op, float x, float v) {
 
 // As a truncation sees the row (`segments`), a logit that a force since the previous truncation
 // did not name is -inf at the next truncation, whatever came after the force: the CPU resolves
-// each band from the plan applied up to it, and a forced plan fills the other logits.
-__device__ __forceinline__ float segment_end(const u32* op, u32 i, float v) {
-    return (op[0] == OP_TRUNCATE && op[2] != NO_TOKEN && op[2] != i) ? neg_inf() : v;
+// each band from the plan applied up to it, and a forced plan fills the other logits. A logit that
+// a Set after the force names (`set`) is not filled.
+__device__ __forceinline__ float segment_end(const u32* op, u32 i, float v, bool set) {
+    return (op[0] == OP_TRUNCATE && op[2] != NO_TOKEN && op[2] != i && !set) ? neg_inf() : v;
 }
 
 // The logit at `i`, of value `v` before the plan, through dense ops [0, dense_end) and, for a
@@ -161,6 +168,7 @@ __device__ float eval(const u32* P, const Desc& d, u32 i, float v, u32 program, 
                       bool segments) {
     const u32* dense = P + d.dense;
     u32 next = 0;
+    bool set = false;  // whether a Set of this logit came after the last force so far
     if (program != NO_TOKEN) {
         const u32 end = P[d.bounds + program + 1u];
         for (u32 s = P[d.bounds + program]; s < end; s += SPARSE_WORDS) {
@@ -169,18 +177,22 @@ __device__ float eval(const u32* P, const Desc& d, u32 i, float v, u32 program, 
             if (before > dense_end) break;
             for (; next < before; ++next) {
                 const u32* op = dense + next * DENSE_WORDS;
-                if (segments) v = segment_end(op, i, v);
+                if (segments) v = segment_end(op, i, v, set);
+                if (op[0] == OP_FORCE_KEEP || op[0] == OP_FORCE_SET) set = false;
                 v = dense_op<T>(P, op, i, v);
             }
-            v = sparse_op<T>(head & ((1u << OP_BITS) - 1u), as_f(P[s + 1u]), v);
+            const u32 code = head & ((1u << OP_BITS) - 1u);
+            if (code == OP_SET) set = true;
+            v = sparse_op<T>(code, as_f(P[s + 1u]), v);
         }
     }
     for (; next < dense_end; ++next) {
         const u32* op = dense + next * DENSE_WORDS;
-        if (segments) v = segment_end(op, i, v);
+        if (segments) v = segment_end(op, i, v, set);
+        if (op[0] == OP_FORCE_KEEP || op[0] == OP_FORCE_SET) set = false;
         v = dense_op<T>(P, op, i, v);
     }
-    if (segments) v = segment_end(dense + dense_end * DENSE_WORDS, i, v);
+    if (segments) v = segment_end(dense + dense_end * DENSE_WORDS, i, v, set);
     return v;
 }
 
@@ -223,14 +235,24 @@ __device__ void apply(const u32* __restrict__ P, u32 n_slots, u32 tiles_per_row,
     const u32 first = tile_begin + threadIdx.x;
 
     if (d.forced != NO_TOKEN) {
+        const u32 s_end = d.survivors + d.n_survivors;
 #pragma unroll
         for (u32 k = 0; k < PER_THREAD; ++k) {
             const u32 i = first + k * THREADS;
-            if (i < vocab && i != d.forced) x[i] = T::neg_inf_elem();
+            if (i >= vocab || i == d.forced) continue;
+            if (d.n_survivors != 0u) {
+                const u32 at = lower_bound(P, d.survivors, s_end, i);
+                if (at < s_end && P[at] == i) continue;
+            }
+            x[i] = T::neg_inf_elem();
         }
-        // The survivor, read and written by the thread that owns it.
-        const u32 i = d.forced;
-        if (i >= tile_begin && i < tile_begin + TILE && (i - tile_begin) % THREADS == threadIdx.x) {
+        // The survivors (the forced token, then the tokens a Set after the force names), each
+        // read and written by the thread that owns it.
+        for (u32 s = 0; s <= d.n_survivors; ++s) {
+            const u32 i = s == 0u ? d.forced : P[d.survivors + s - 1u];
+            if (i < tile_begin || i >= tile_begin + TILE || (i - tile_begin) % THREADS != threadIdx.x) {
+                continue;
+            }
             const u32 end = d.touched + d.n_touched;
             const u32 at = lower_bound(P, d.touched, end, i);
             const u32 program = at < end && P[at] == i ? at - d.touched : NO_TOKEN;

@@ -2,8 +2,8 @@
 //!
 //! The words follow the plan's own shape ([`RowPlan`]): each row's *dense* edits (scales, masks,
 //! forces, truncations) as one chain that every logit goes through, and its *sparse* edits (bans,
-//! biases, penalties) grouped by token into one short *program* per touched token, each sparse op
-//! tagged with how many dense ops come before it in the plan. A touched logit's value is then its
+//! biases, penalties, raises, sets) grouped by token into one short *program* per touched token,
+//! each sparse op tagged with how many dense ops come before it in the plan. A touched logit's value is then its
 //! own ops and the dense ops merged in plan order: O(its edits + dense edits), never a scan of the
 //! whole edit list.
 //!
@@ -18,21 +18,27 @@
 //! | 4, 5 | word offset and count of the touched tokens (sorted, distinct) |
 //! | 6 | word offset of the programs' bounds: touched count + 1 word offsets into the sparse ops |
 //! | 7 | how many truncations the row has |
+//! | 8, 9 | word offset and count of a forced row's other survivors (sorted, distinct) |
+//!
+//! A forced row's other survivors are the tokens an [`Edit::Set`] after its last force names
+//! ([`RowPlan::set_after_force`]), the forced token left out: usually none.
 //!
 //! Dense op: `[op, a, b, c]`: [`Op::Scale`] `a` = temperature bits; [`Op::ForceKeep`] `a` = token;
 //! [`Op::ForceSet`] `a` = token, `b` = value bits; [`Op::Mask`] `a` = word offset of the mask's
 //! words, `b` = their count, `c` = 1 when tokens past them are allowed; [`Op::Truncate`] `a` = word
 //! offset of its band record, `b` = the last force's token before it since the previous truncation
-//! (or [`NO_TOKEN`]): as a truncation sees the row, a logit that force did not name is `-inf`.
+//! (or [`NO_TOKEN`]): as a truncation sees the row, a logit that force did not name is `-inf`,
+//! unless an [`Edit::Set`] after the force (and before the truncation) names it.
 //!
 //! Sparse op: `[op | dense_before << OP_BITS, value bits]` for [`Op::Ban`], [`Op::Bias`] (the bias),
-//! [`Op::Penalty`] (the penalty).
+//! [`Op::Penalty`] (the penalty), [`Op::Raise`] (the factor), [`Op::Set`] (the value).
 //!
 //! Band record ([`BAND_WORDS`] words): `[lo, hi, rule, parameter, min_keep]`. The band kernel
 //! (`lp_bands_*`, one block per truncating row) resolves each truncation of a row in order over
 //! the row as it stands there and writes `lo` and `hi`; the apply kernel then reads them.
 //!
-//! A forced row writes `-inf` everywhere but the survivor, unread; only the survivor's program is
+//! A forced row writes `-inf` everywhere but its survivors (the forced token and the tokens an
+//! [`Edit::Set`] after the last force names), unread; only the survivors' programs are
 //! packed (every touched token's when the row also truncates: the bands see them). Packing reuses
 //! its buffers: after the first steps it allocates nothing. Its cost is linear in the edits (one
 //! sort of the sparse edits by token) plus a copy of each mask's words.
@@ -55,7 +61,7 @@ pub const PER_THREAD: usize = 4;
 /// Logits per block of the apply kernel: a row is cut into `ceil(vocab / TILE)` tiles.
 pub const TILE: usize = THREADS * PER_THREAD;
 /// Words per slot descriptor.
-pub const DESC_WORDS: usize = 8;
+pub const DESC_WORDS: usize = 10;
 /// Words per dense op.
 pub const DENSE_WORDS: usize = 4;
 /// Words per sparse op.
@@ -84,10 +90,12 @@ pub enum Op {
     Penalty = 5,
     Mask = 6,
     Truncate = 7,
+    Raise = 8,
+    Set = 9,
 }
 
 impl Op {
-    pub const ALL: [Op; 8] = [
+    pub const ALL: [Op; 10] = [
         Op::Scale,
         Op::ForceKeep,
         Op::ForceSet,
@@ -96,6 +104,8 @@ impl Op {
         Op::Penalty,
         Op::Mask,
         Op::Truncate,
+        Op::Raise,
+        Op::Set,
     ];
 
     /// The op that carries out `edit`. Exhaustive: a new kind of edit does not compile until it
@@ -114,6 +124,8 @@ impl Op {
             Edit::Ban { .. } => Op::Ban,
             Edit::Bias { .. } => Op::Bias,
             Edit::Penalty { .. } => Op::Penalty,
+            Edit::Raise { .. } => Op::Raise,
+            Edit::Set { .. } => Op::Set,
             Edit::Mask(_) => Op::Mask,
             Edit::Truncate(_) => Op::Truncate,
         }
@@ -130,6 +142,8 @@ impl Op {
             Op::Penalty => "OP_PENALTY",
             Op::Mask => "OP_MASK",
             Op::Truncate => "OP_TRUNCATE",
+            Op::Raise => "OP_RAISE",
+            Op::Set => "OP_SET",
         }
     }
 
@@ -264,6 +278,8 @@ pub struct PackedPlans {
     // Which rows were seen this step, to refuse a row listed twice (two blocks writing one row).
     seen: Vec<bool>,
     sparse: Vec<Sparse>,
+    // A forced row's other survivors (sorted, distinct): the tokens a set after its last force names.
+    survivors: Vec<u32>,
     truncating_slots: Vec<u32>,
 }
 
@@ -375,6 +391,15 @@ impl PackedPlans {
         desc[3] = n_dense as u32;
         self.words.resize(dense_begin + n_dense * DENSE_WORDS, 0);
 
+        // A forced row's other survivors: what a Set after its last force brings back.
+        self.survivors.clear();
+        if let Some(f) = forced {
+            self.survivors
+                .extend(plan.set_after_force(0..edits.len()).filter(|&t| t != f));
+            self.survivors.sort_unstable();
+            self.survivors.dedup();
+        }
+
         // Dense ops in order (their data appended after them), sparse edits collected.
         let truncates = plan.truncates();
         self.sparse.clear();
@@ -388,10 +413,15 @@ impl PackedPlans {
                     Edit::Ban { token } => (token, 0),
                     Edit::Bias { token, bias } => (token, bias.to_bits()),
                     Edit::Penalty { token, penalty } => (token, penalty.to_bits()),
-                    _ => unreachable!("only ban, bias and penalty are sparse"),
+                    Edit::Raise { token, factor } => (token, factor.to_bits()),
+                    Edit::Set { token, value } => (token, value.to_bits()),
+                    _ => unreachable!("only ban, bias, penalty, raise and set are sparse"),
                 };
-                // A forced row needs only its survivor's program, unless a band sees the others.
-                if truncates || forced.is_none_or(|f| f == token) {
+                // A forced row needs only its survivors' programs, unless a band sees the others.
+                if truncates
+                    || forced.is_none_or(|f| f == token)
+                    || self.survivors.binary_search(&token).is_ok()
+                {
                     self.sparse.push(Sparse {
                         token,
                         at: at as u32,
@@ -438,7 +468,11 @@ impl PackedPlans {
                         0,
                     ]
                 }
-                Edit::Ban { .. } | Edit::Bias { .. } | Edit::Penalty { .. } => unreachable!(),
+                Edit::Ban { .. }
+                | Edit::Bias { .. }
+                | Edit::Penalty { .. }
+                | Edit::Raise { .. }
+                | Edit::Set { .. } => unreachable!(),
             };
             let at = dense_begin + dense * DENSE_WORDS;
             self.words[at..at + DENSE_WORDS].copy_from_slice(&words);
@@ -472,6 +506,9 @@ impl PackedPlans {
         for s in &self.sparse {
             self.words.extend_from_slice(&[s.head, s.value]);
         }
+        desc[8] = self.words.len() as u32;
+        desc[9] = self.survivors.len() as u32;
+        self.words.extend_from_slice(&self.survivors);
         Ok(desc)
     }
 }
@@ -559,18 +596,31 @@ impl Row<'_> {
     /// a force since the previous truncation did not name is `-inf` whatever came after the force
     /// ([`RowPlan::resolve_truncations`] applies the plan up to each truncation as a whole plan,
     /// and a forced plan fills the other logits).
-    fn dense_step<T: Logit>(&self, d: u32, index: u32, v: f32, segments: bool) -> f32 {
+    /// `set`: whether an [`Edit::Set`] of the logit came after the last force so far (a truncation
+    /// then sees it as the CPU's forced segment does: [`RowPlan::set_after_force`]).
+    fn dense_step<T: Logit>(
+        &self,
+        d: u32,
+        index: u32,
+        v: f32,
+        segments: bool,
+        set: &mut bool,
+    ) -> f32 {
         let v = if segments {
-            self.segment_end(d, index, v)
+            self.segment_end(d, index, v, *set)
         } else {
             v
         };
+        let code = self.dense_op(d)[0];
+        if code == Op::ForceKeep as u32 || code == Op::ForceSet as u32 {
+            *set = false;
+        }
         self.dense::<T>(d, index, v)
     }
 
-    fn segment_end(&self, d: u32, index: u32, v: f32) -> f32 {
+    fn segment_end(&self, d: u32, index: u32, v: f32, set: bool) -> f32 {
         let op = self.dense_op(d);
-        if op[0] == Op::Truncate as u32 && op[2] != NO_TOKEN && op[2] != index {
+        if op[0] == Op::Truncate as u32 && op[2] != NO_TOKEN && op[2] != index && !set {
             f32::NEG_INFINITY
         } else {
             v
@@ -584,6 +634,8 @@ impl Row<'_> {
             Some(Op::Ban) => Edit::Ban { token },
             Some(Op::Bias) => Edit::Bias { token, bias: x },
             Some(Op::Penalty) => Edit::Penalty { token, penalty: x },
+            Some(Op::Raise) => Edit::Raise { token, factor: x },
+            Some(Op::Set) => Edit::Set { token, value: x },
             other => unreachable!("{other:?} is not a sparse op"),
         };
         round::<T>(edit.value(index as usize, v, |_| true, Band::ALL))
@@ -603,6 +655,8 @@ fn eval<T: Logit>(
     segments: bool,
 ) -> f32 {
     let mut next = 0;
+    // Whether a Set of this logit came after the last force so far.
+    let mut set = false;
     if program != NO_TOKEN {
         let bounds = row.desc[6] as usize + program as usize;
         let (begin, end) = (row.words[bounds] as usize, row.words[bounds + 1] as usize);
@@ -612,18 +666,19 @@ fn eval<T: Logit>(
                 break;
             }
             while next < before {
-                v = row.dense_step::<T>(next, index, v, segments);
+                v = row.dense_step::<T>(next, index, v, segments, &mut set);
                 next += 1;
             }
+            set |= op[0] & ((1 << OP_BITS) - 1) == Op::Set as u32;
             v = Row::sparse::<T>(op[0], op[1], index, v);
         }
     }
     while next < dense_end {
-        v = row.dense_step::<T>(next, index, v, segments);
+        v = row.dense_step::<T>(next, index, v, segments, &mut set);
         next += 1;
     }
     if segments {
-        v = row.segment_end(dense_end, index, v);
+        v = row.segment_end(dense_end, index, v, set);
     }
     v
 }
@@ -887,8 +942,9 @@ fn emulate_apply<T: Logit>(
             desc: &words[slot * DESC_WORDS..(slot + 1) * DESC_WORDS],
             mask_edit,
         };
-        let [r, forced, _, n_dense, touched_begin, n_touched, _, _] =
+        let [r, forced, _, n_dense, touched_begin, n_touched, _, _, survivors, n_survivors] =
             std::array::from_fn(|i| row.desc[i]);
+        let survivors = &words[survivors as usize..(survivors + n_survivors) as usize];
         let x = &mut logits[r as usize * stride..];
         let tile_begin = (tile * TILE) as u32;
         let touched = &words[touched_begin as usize..(touched_begin + n_touched) as usize];
@@ -898,21 +954,25 @@ fn emulate_apply<T: Logit>(
                 .filter(|&i| (i as usize) < vocab)
         };
         if forced != NO_TOKEN {
+            let survives = |i: u32| i == forced || survivors.binary_search(&i).is_ok();
             for thread in 0..THREADS as u32 {
-                for i in elements(thread) {
-                    x[i as usize] = if i == forced {
-                        let at = lower_bound(touched, 0, touched.len(), i);
-                        let program = if at < touched.len() && touched[at] == i {
-                            at as u32
-                        } else {
-                            NO_TOKEN
-                        };
-                        let v = x[i as usize].to_f32();
-                        T::from_f32(eval::<T>(&row, i, v, program, n_dense, false))
-                    } else {
-                        T::NEG_INFINITY
-                    };
+                for i in elements(thread).filter(|&i| !survives(i)) {
+                    x[i as usize] = T::NEG_INFINITY;
                 }
+            }
+            // The survivors, each by the thread that owns it: the forced token, then the others.
+            for &i in std::iter::once(&forced).chain(survivors) {
+                if (i as usize) < tile * TILE || (i as usize) >= (tile + 1) * TILE {
+                    continue;
+                }
+                let at = lower_bound(touched, 0, touched.len(), i);
+                let program = if at < touched.len() && touched[at] == i {
+                    at as u32
+                } else {
+                    NO_TOKEN
+                };
+                let v = x[i as usize].to_f32();
+                x[i as usize] = T::from_f32(eval::<T>(&row, i, v, program, n_dense, false));
             }
             continue;
         }
@@ -1052,6 +1112,20 @@ mod tests {
                     penalty: 1.5,
                 },
                 Op::Penalty,
+            ),
+            (
+                Edit::Raise {
+                    token: 1,
+                    factor: 0.5,
+                },
+                Op::Raise,
+            ),
+            (
+                Edit::Set {
+                    token: 1,
+                    value: 2.0,
+                },
+                Op::Set,
             ),
             (plan.edits()[0], Op::Mask),
             (

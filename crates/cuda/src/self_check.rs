@@ -31,8 +31,9 @@ fn run(kernels: &Arc<Kernels>, ordinal: usize) -> Result<(), String> {
 }
 
 /// The batch: one row per kind of edit and the mixes that exercise the kernels' paths (forced
-/// survivor with its own edits, sparse-only rows, a mask, every truncation rule, before and
-/// after other edits and after another truncation).
+/// survivor with its own edits, a forced row with more survivors (sets after the force), raises
+/// and sets, sparse-only rows, a mask, every truncation rule, before and after other edits and
+/// after another truncation).
 /// Row 7 is not listed and must come back untouched.
 pub(crate) fn plans() -> Vec<(usize, RowPlan)> {
     let plan = |edits: &[Edit]| {
@@ -190,6 +191,72 @@ pub(crate) fn plans() -> Vec<(usize, RowPlan)> {
                 }),
             ]),
         ),
+        (
+            14,
+            // Raises of negative and positive logits around a scale; a set, and a set that brings
+            // back a banned token, raised after.
+            plan(&[
+                Edit::Raise {
+                    token: 5,
+                    factor: 0.25,
+                },
+                Edit::Raise {
+                    token: 900,
+                    factor: 1.5,
+                },
+                Edit::Scale { temperature: 0.9 },
+                Edit::Raise {
+                    token: 5,
+                    factor: 0.125,
+                },
+                Edit::Set {
+                    token: 17,
+                    value: -2.75,
+                },
+                Edit::Ban { token: 2052 },
+                Edit::Set {
+                    token: 2052,
+                    value: 1.3,
+                },
+                Edit::Raise {
+                    token: 2052,
+                    factor: 0.7,
+                },
+            ]),
+        ),
+        (
+            15,
+            // A forced row with more survivors: sets after the force, one before a truncation (the
+            // band sees it) and one after; the set before the force does not survive.
+            plan(&[
+                Edit::Set {
+                    token: 3,
+                    value: 9.0,
+                },
+                Edit::Bias {
+                    token: 40,
+                    bias: 0.5,
+                },
+                Edit::Force {
+                    token: 40,
+                    value: ForcedValue::Keep,
+                },
+                Edit::Set {
+                    token: 1100,
+                    value: 3.0,
+                },
+                Edit::Raise {
+                    token: 1100,
+                    factor: 0.5,
+                },
+                top_k(1),
+                Edit::Set {
+                    token: 2000,
+                    value: -1.0,
+                },
+                Edit::Scale { temperature: 0.5 },
+            ]),
+        ),
     ]
 }
 
@@ -213,7 +280,7 @@ pub(crate) fn input<T: Logit>(layout: BatchLayout) -> Vec<T> {
 
 pub(crate) fn layout() -> BatchLayout {
     BatchLayout {
-        rows: 14,
+        rows: 16,
         row_stride: VOCAB + 3,
     }
 }
@@ -339,6 +406,25 @@ mod tests {
                 "row {row}: {removed} removed"
             );
         }
+    }
+
+    /// The forced row with sets after its force keeps more than its forced token, and fills the
+    /// rest: the kernel's other survivors are tested.
+    #[test]
+    fn the_check_has_a_forced_row_with_more_survivors() {
+        let layout = layout();
+        let input = input::<f32>(layout);
+        let (row, mut plan) = plans()
+            .into_iter()
+            .find(|(_, p)| {
+                p.forced_token().is_some() && p.set_after_force(0..p.edits().len()).count() > 1
+            })
+            .expect("a forced row with sets after the force");
+        let start = row * layout.row_stride;
+        let mut out = input[start..start + VOCAB].to_vec();
+        plan.apply(&mut out).unwrap();
+        let kept = out.iter().filter(|x| **x != f32::NEG_INFINITY).count();
+        assert!(kept > 1 && kept < 5, "row {row}: {kept} kept");
     }
 
     #[test]

@@ -294,3 +294,74 @@ fn many_edits_of_one_token_equal_the_cpu() {
     assert_eq!(first_difference(&got, &want), None);
     assert_ne!(want, input);
 }
+
+/// A forced row with more survivors: sets after the last force bring their tokens back (and a band
+/// after such a set sees them), a set before the force does not; every dtype, tokens on both sides
+/// of a tile edge. The survivors' list is packed sorted and distinct, without the forced token.
+#[test]
+fn sets_after_a_force_survive_as_on_the_cpu() {
+    use logits_processing::{ForcedValue, Truncation};
+    use logits_processing_cuda::packed::DESC_WORDS;
+    fn case<T: Logit>(edits: &[Edit], vocab: usize) {
+        let mut plan = plan_of(edits);
+        let input: Vec<T> = (0..vocab)
+            .map(|i| T::from_f32((i % 37) as f32 * 0.25 - 4.0))
+            .collect();
+        let mut want = input.clone();
+        plan.apply(&mut want).unwrap();
+        let mut packed = PackedPlans::new();
+        packed
+            .pack(|| [(0usize, &plan)].into_iter(), 1, vocab)
+            .unwrap();
+        let mut got = input.clone();
+        emulate(&packed, vocab, vocab, &mut got);
+        assert_eq!(first_difference(&got, &want), None, "{edits:?}");
+    }
+    let vocab = 3000;
+    let force = |token| Edit::Force {
+        token,
+        value: ForcedValue::Keep,
+    };
+    let set = |token, value| Edit::Set { token, value };
+    let raise = |token, factor| Edit::Raise { token, factor };
+    let top_k = |k| Edit::Truncate(Truncation::TopK { k, min_keep: 1 });
+    let cases: Vec<Vec<Edit>> = vec![
+        vec![force(1023), set(1024, 2.0), set(7, -1.5), set(1024, 3.0)],
+        vec![set(5, 9.0), force(1023), set(1023, 1.0), raise(1023, 0.5)],
+        vec![force(10), set(11, 50.0), top_k(1), set(12, 1.0)],
+        vec![
+            force(10),
+            set(11, -50.0),
+            raise(11, 0.25),
+            top_k(1),
+            force(20),
+            set(21, 0.0),
+        ],
+        vec![
+            Edit::Bias {
+                token: 2999,
+                bias: 1.0,
+            },
+            force(2999),
+            set(0, f32::NEG_INFINITY),
+            set(2048, f32::NAN),
+            Edit::Scale { temperature: 0.5 },
+            top_k(2),
+            Edit::Ban { token: 2048 },
+        ],
+    ];
+    for edits in &cases {
+        case::<f32>(edits, vocab);
+        case::<logits_processing::f16>(edits, vocab);
+        case::<logits_processing::bf16>(edits, vocab);
+    }
+    let plan = plan_of(&cases[0]);
+    let mut packed = PackedPlans::new();
+    packed
+        .pack(|| [(0usize, &plan)].into_iter(), 1, vocab)
+        .unwrap();
+    let w = packed.words();
+    let d = &w[..DESC_WORDS];
+    assert_eq!(d[1], 1023);
+    assert_eq!(&w[d[8] as usize..(d[8] + d[9]) as usize], &[7, 1024]);
+}

@@ -191,7 +191,7 @@ pub fn truncation(rng: &mut Rng, vocab: usize) -> Edit {
 }
 
 pub fn edit(rng: &mut Rng, vocab: usize) -> Item {
-    Item::Edit(match rng.below(14) {
+    Item::Edit(match rng.below(17) {
         0..=2 => Edit::Scale {
             temperature: temperature(rng),
         },
@@ -216,6 +216,14 @@ pub fn edit(rng: &mut Rng, vocab: usize) -> Item {
         },
         9 => return mask(rng, vocab),
         10 => truncation(rng, vocab),
+        14 => Edit::Raise {
+            token: token(rng, vocab),
+            factor: factor(rng),
+        },
+        15 | 16 => Edit::Set {
+            token: token(rng, vocab),
+            value: set_value(rng),
+        },
         11 => Edit::Force {
             token: token(rng, vocab),
             value: ForcedValue::Keep,
@@ -231,9 +239,35 @@ pub fn edit(rng: &mut Rng, vocab: usize) -> Item {
     })
 }
 
-/// A sparse edit (ban, bias or penalty) of `token`.
+/// A raise's factor: usually in transformers' range, sometimes one the arithmetic treats apart.
+fn factor(rng: &mut Rng) -> f32 {
+    if rng.chance(5) {
+        rng.pick(&[0.0, -0.0, -1.0, 1e30, -0.5])
+    } else {
+        rng.uniform(-0.9, 4.0)
+    }
+}
+
+/// A set's value, sometimes a special one.
+fn set_value(rng: &mut Rng) -> f32 {
+    if rng.chance(5) {
+        rng.pick(&[-0.0, 0.0, 1e5, f32::NAN, f32::NEG_INFINITY])
+    } else {
+        rng.uniform(-3.0, 3.0)
+    }
+}
+
+/// A sparse edit (ban, bias, penalty, raise or set) of `token`.
 fn sparse(rng: &mut Rng, token: u32) -> Edit {
-    match rng.below(3) {
+    match rng.below(5) {
+        3 => Edit::Raise {
+            token,
+            factor: factor(rng),
+        },
+        4 => Edit::Set {
+            token,
+            value: set_value(rng),
+        },
         0 => Edit::Ban { token },
         1 => Edit::Bias {
             token,
