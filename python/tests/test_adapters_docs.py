@@ -26,4 +26,4 @@ def test_hf_snippet(capsys):
 
 
 def test_every_engine_has_a_page():
-    assert {p.stem for p in DOCS.glob("*.md")} >= {"hf", "vllm", "sglang", "trtllm", "disaggregated"}
+    assert {p.stem for p in DOCS.glob("*.md")} >= {"hf", "vllm", "sglang", "trtllm", "disaggregated", "dynamo"}

@@ -242,3 +242,13 @@ def test_bad_specs_fail_when_the_processor_is_built():
         HFLogitsProcessor({"kind": "ban_tokens", "token_ids": [50]}, vocab_size=10)
     with pytest.raises(ValueError):
         HFLogitsProcessor()
+
+
+def test_declares_no_continuous_batching():
+    """transformers' continuous batching moves requests between rows; this processor keeps one
+    pipeline per fixed row, so it must say it is unsupported there (transformers 5's flag)."""
+    from transformers import LogitsProcessor
+
+    assert HFLogitsProcessor.supports_continuous_batching is False
+    if hasattr(LogitsProcessor, "supports_continuous_batching"):
+        assert HFLogitsProcessor({"kind": "temperature", "temperature": 0.5}).supports_continuous_batching is False

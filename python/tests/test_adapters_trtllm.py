@@ -3,8 +3,9 @@ wheel), so the loop below states the interface the adapters are written to, as i
 examples give it:
 
 - per request: ``processor(req_id: int, logits: Tensor[1, beam, vocab] (C++ runtime) or
-  [beam, vocab] (PyTorch backend), token_ids: list[list[int]] (per beam, prompt + generated),
-  stream_ptr: int | None, client_id: int | None) -> None``, editing ``logits`` in place;
+  [beam, 1, vocab] (PyTorch backend, whose stream and client ids are None), token_ids:
+  list[list[int]] (per beam, prompt + generated), stream_ptr: int | None, client_id: int | None)
+  -> None``, editing ``logits`` in place;
 - batched: ``processor(req_ids: list[int], logits: list[Tensor], token_ids: list[list[list[int]]],
   stream_ptr: int | None, client_ids: list[int | None]) -> None``, once per step for every request
   that set ``apply_batched_logits_processor``.
@@ -59,7 +60,14 @@ class FakeEngine:
     def step(self, logits, batched=None, max_new=8):
         active = self.active()
         logits = logits.to(self.device)
-        slices = [logits[i] if self.layout == "pytorch" else logits[i : i + 1] for i in range(len(active))]
+        # C++ runtime: [1, beam, vocab]; PyTorch backend: [beam, 1, vocab] (and None client ids);
+        # "2d": [beam, vocab], which some versions' docs describe.
+        slices = [
+            {"pytorch": lambda t: t.unsqueeze(1), "2d": lambda t: t}.get(self.layout, lambda t: t[None])(
+                logits[i]
+            )
+            for i in range(len(active))
+        ]
         ids = [[r["prompt"] + r["out"][b] for b in range(self.beams)] for r in active]
         if batched is not None:
             batched(
@@ -84,7 +92,7 @@ def oracle(specs, prompt_len):
     return batch
 
 
-@pytest.mark.parametrize("layout", ["cpp", "pytorch"])
+@pytest.mark.parametrize("layout", ["cpp", "pytorch", "2d"])
 @pytest.mark.parametrize("beams", [1, 3])
 def test_per_request_processors_match_each_pipeline_alone(layout, beams):
     torch.manual_seed(1)
@@ -164,6 +172,24 @@ def test_batched_processor_one_call_for_all_requests():
     assert reqs[0]["out"] == [[3, 4, EOS]] * 2
     assert all(t == 11 for t in reqs[2]["out"][0])
     assert reqs[1]["out"][0][:2] != [3, 4]
+
+
+def test_batched_pytorch_backend_finds_specs_by_request_id(caplog):
+    """The PyTorch backend: rows [beam, 1, vocab], client ids None. Specs registered by request
+    id are found; specs registered by a client id are not, and a warning says so once."""
+    torch.manual_seed(4)
+    batched = TRTLLMBatchedLogitsProcessor(vocab_size=V)
+    engine = FakeEngine(beams=2, layout="pytorch")
+    forced = engine.add([1, 2, 3])
+    other = engine.add([1, 2, 3])
+    batched.register(forced["id"], [{"kind": "forced_sequence", "token_ids": [3, 4], "eos_token_id": EOS}], prompt_len=3)
+    batched.register("client-7", [{"kind": "ban_tokens", "token_ids": list(range(V - 1))}])
+    with caplog.at_level(logging.WARNING):
+        while engine.active():
+            engine.step(torch.randn(len(engine.active()), 2, V), batched=batched)
+    assert forced["out"] == [[3, 4, EOS]] * 2
+    assert any(t != V - 1 for t in other["out"][0])  # the client-keyed ban never applied
+    assert caplog.text.count("register specs by request id") == 1
 
 
 def test_batched_blocks_need_no_copy_when_the_slices_are_consecutive():

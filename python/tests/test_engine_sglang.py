@@ -278,3 +278,19 @@ def test_decode_worker_continues_after_the_prefill_token():
     assert list(r.output_ids) == [40, 41, 42]
     # <think>, 17 (from prefill), x: two thinking tokens -> the end is forced now.
     assert list(budget.output_ids)[-1] == THINK_END and len(budget.output_ids) == 3
+
+
+def test_dynamo_custom_params_are_read():
+    """A request shaped as Dynamo's SGLang adapter shapes it: ``custom_params`` with
+    ``dynamo_logits`` (a list of entries, here marked generation_only) and ``dynamo_uid``."""
+    entry = {"kind": "forced_sequence", "token_ids": [30, 31], "eos_token_id": EOS, "generation_only": True}
+    custom = {"dynamo_logits": [entry], "dynamo_uid": "ctx-1"}
+    sp = SamplingParams(max_new_tokens=6, custom_params=custom)
+    dynamo = Req("dyn", "", array("q", [1, 2]), sp, custom_logit_processor=adapter.SGLangLogitProcessor.to_str())
+    plain = make_req("p", [1, 2])
+    for _ in range(3):
+        logits = torch.randn(2, V)
+        logits[:, 30:32] = -50.0  # the model would not pick them
+        step([dynamo, plain], logits)
+    assert list(dynamo.output_ids) == [30, 31, EOS]
+    assert not {30, 31} & set(plain.output_ids)

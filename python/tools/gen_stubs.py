@@ -81,6 +81,7 @@ RETURNS = {
     "Batch.remove": "bool",
     "Batch.rows": "list[int]",
     "hello_world_ids_from_file": "Tuple[list[int], int]",
+    "resolve_specs": "list[dict]",
     "thinking_token_ids": "Tuple[int, int, int]",
 }
 
@@ -224,6 +225,8 @@ def plain_class(name: str, cls) -> str:
             lines.append(f"    def {attr}{SLOTS[attr]}: ...")
         elif kind == "method_descriptor":
             lines.append(function(attr, member, name))
+        elif kind == "function":
+            continue  # attached by the Python package (e.g. _get_thinking_state), not the extension
         else:
             raise SystemExit(f"gen_stubs: {name}.{attr} is a {kind}; teach gen_stubs.py about it")
     return "\n".join(line for line in lines if line)

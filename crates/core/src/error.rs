@@ -88,6 +88,37 @@ impl Error {
         }
     }
 
+    /// This error, met while admitting the spec at `at` (`"[2]"` for a pipeline's third entry, or
+    /// `""`), as a spec error naming the field from `at` on (`[2].token_ids[3]`).
+    pub fn in_spec(self, at: &str) -> Self {
+        match self {
+            Error::InvalidTemperature { .. } => {
+                Error::spec(field_at(at, "temperature"), self.to_string())
+            }
+            Error::MissingEosToken { .. } => {
+                Error::spec(field_at(at, "eos_token_id"), self.to_string())
+            }
+            Error::InvalidArgument { field, message } | Error::InvalidSpec { field, message } => {
+                Error::spec(field_at(at, &field), message)
+            }
+            Error::TooLarge { field, len, limit } => Error::TooLarge {
+                field: field_at(at, &field),
+                len,
+                limit,
+            },
+            Error::TokenOutOfVocab {
+                field,
+                token_id,
+                vocab_size,
+            } => Error::TokenOutOfVocab {
+                field: field_at(at, &field),
+                token_id,
+                vocab_size,
+            },
+            other => other,
+        }
+    }
+
     /// The error without the row it happened in.
     pub fn root(&self) -> &Error {
         match self {
@@ -101,6 +132,16 @@ impl Error {
             field: field.into(),
             message: message.into(),
         }
+    }
+}
+
+/// `name` inside the spec at `at` (`"[1]"`, or `""` for a spec alone).
+pub(crate) fn field_at(at: &str, name: &str) -> String {
+    match (at.is_empty(), name.is_empty()) {
+        (true, _) => name.to_string(),
+        (false, true) => at.to_string(),
+        (false, false) if name.starts_with('[') => format!("{at}{name}"),
+        (false, false) => format!("{at}.{name}"),
     }
 }
 

@@ -30,7 +30,7 @@ mod raw;
 pub mod spec;
 #[cfg(feature = "tokenizers")]
 pub mod tokenizer;
-mod truncation;
+pub mod truncation;
 
 pub use batch::{Batch, BatchLayout, ExternalCall};
 pub use error::{Error, Result};

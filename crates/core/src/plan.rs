@@ -173,7 +173,7 @@ pub struct RowPlan {
     dense: Vec<usize>,
     scratch: Option<Box<dyn Any + Send + Sync>>,
     values: Vec<f32>,
-    selection: Vec<(f32, f32)>,
+    selection: crate::truncation::Work,
 }
 
 impl Clone for RowPlan {
@@ -679,6 +679,14 @@ mod tests {
             (0.0f32..1.0).prop_map(|p| Edit::Truncate(Truncation::MinP { p, min_keep: 2 })),
             (0.05f32..0.95)
                 .prop_map(|mass| Edit::Truncate(Truncation::Typical { mass, min_keep: 1 })),
+            (0.0001f32..0.05).prop_map(|epsilon| Edit::Truncate(Truncation::Epsilon {
+                epsilon,
+                min_keep: 1
+            })),
+            (0.0001f32..0.05).prop_map(|epsilon| Edit::Truncate(Truncation::Eta {
+                epsilon,
+                min_keep: 3
+            })),
         ]
     }
 

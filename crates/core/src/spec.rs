@@ -15,7 +15,7 @@ use serde::de::DeserializeOwned;
 use serde::Serialize;
 use serde_json::{Map, Value};
 
-use crate::error::{check_token, Error, Result};
+use crate::error::{check_token, field_at, Error, Result};
 use crate::processors::{LogitsProcessor, ThinkingTokenConfig, KINDS};
 
 /// The largest JSON text [`parse_pipeline`] accepts, in bytes.
@@ -72,7 +72,8 @@ pub trait KindSpec: std::fmt::Debug + Send + Sync + 'static {
 
     /// The spec with what it takes from the engine made explicit (e.g. `hello_world` as the
     /// forced sequence of the tokenizer's ids), for a worker that does not have the engine's
-    /// tokenizer. `None`: the spec is already explicit.
+    /// tokenizer. `None`: the spec is already explicit, or `context` does not know what it needs
+    /// (then the engine resolves it).
     fn resolve(&self, _context: &SpecContext) -> Result<Option<Value>> {
         Ok(None)
     }
@@ -122,6 +123,9 @@ fn parse_as<S: KindSpec + Serialize + DeserializeOwned + Clone>(value: Value) ->
 pub struct ProcessorSpec {
     kind: &'static str,
     spec: Box<dyn AnySpec>,
+    // Where the spec stood in the pipeline it was read from ("[1]"), so that errors found when it
+    // is realized name the field as parse errors do.
+    at: String,
 }
 
 impl Clone for ProcessorSpec {
@@ -129,6 +133,7 @@ impl Clone for ProcessorSpec {
         Self {
             kind: self.kind,
             spec: self.spec.clone_box(),
+            at: self.at.clone(),
         }
     }
 }
@@ -177,40 +182,6 @@ pub fn pipeline_from_value(value: &Value) -> Result<Vec<ProcessorSpec>> {
                 .collect()
         }
         _ => Ok(vec![ProcessorSpec::from_value(value)?]),
-    }
-}
-
-/// `name` inside the spec at `at` (`"[1]"`, or `""` for a spec alone).
-fn field_at(at: &str, name: &str) -> String {
-    match (at.is_empty(), name.is_empty()) {
-        (true, _) => name.to_string(),
-        (false, true) => at.to_string(),
-        (false, false) if name.starts_with('[') => format!("{at}{name}"),
-        (false, false) => format!("{at}.{name}"),
-    }
-}
-
-/// Re-roots an error about a spec's field at `at`.
-fn error_at(error: Error, at: &str) -> Error {
-    match error {
-        Error::InvalidArgument { field, message } | Error::InvalidSpec { field, message } => {
-            Error::spec(field_at(at, &field), message)
-        }
-        Error::TooLarge { field, len, limit } => Error::TooLarge {
-            field: field_at(at, &field),
-            len,
-            limit,
-        },
-        Error::TokenOutOfVocab {
-            field,
-            token_id,
-            vocab_size,
-        } => Error::TokenOutOfVocab {
-            field: field_at(at, &field),
-            token_id,
-            vocab_size,
-        },
-        other => other,
     }
 }
 
@@ -287,10 +258,11 @@ impl ProcessorSpec {
             let message = message.split(" at line ").next().unwrap_or(&message);
             Error::spec(field_at(at, &serde_field(&e)), message.to_string())
         })?;
-        spec.check().map_err(|e| error_at(e, at))?;
+        spec.check().map_err(|e| e.in_spec(at))?;
         Ok(Self {
             kind: kind.name,
             spec,
+            at: at.to_string(),
         })
     }
 
@@ -301,10 +273,13 @@ impl ProcessorSpec {
         context: &SpecContext,
         prompt_len: usize,
     ) -> Result<Box<dyn LogitsProcessor>> {
-        let processor = self.spec.realize(context, prompt_len)?;
+        let processor = self
+            .spec
+            .realize(context, prompt_len)
+            .map_err(|e| e.in_spec(&self.at))?;
         // A backstop for a kind that forgot to check one of its ids.
         if let (Some(vocab_size), Some(token)) = (context.vocab_size, processor.max_token_id()) {
-            check_token(self.kind, token, vocab_size)?;
+            check_token(&field_at(&self.at, self.kind), token, vocab_size)?;
         }
         Ok(processor)
     }
@@ -314,10 +289,14 @@ impl ProcessorSpec {
         self.realize(context, 0).map(drop)
     }
 
-    /// The spec as JSON, with what it takes from `context` made explicit (see
-    /// [`KindSpec::resolve`]).
+    /// The spec as JSON, with what it takes from `context` made explicit where `context` has it
+    /// (see [`KindSpec::resolve`]); as it is otherwise.
     pub fn resolve(&self, context: &SpecContext) -> Result<Value> {
-        match self.spec.resolve(context)? {
+        match self
+            .spec
+            .resolve(context)
+            .map_err(|e| e.in_spec(&self.at))?
+        {
             Some(value) => Ok(value),
             None => Ok(self.to_value()),
         }

@@ -4,22 +4,47 @@
 //! value) before it can say which tokens go. The tokens a rule keeps always form one interval of
 //! values (for top-k, top-p, min-p, epsilon and eta: every value from some threshold up; for
 //! typical: a band around the entropy), so a rule resolves to a [`Band`], and applying it is an
-//! element-wise compare in the row's one pass. No rule sorts the whole row, except top-p
-//! and typical on rows whose mass is spread over most of the vocab:
-//! - a k-th largest value (top-k, `min_tokens_to_keep`, top-p's candidates) comes from a pivot
-//!   taken in a strided sample: one pass collects the values above it, and selection among those
-//!   gives the exact k-th value (selection over the whole row when the sample was unlucky);
-//! - the softmax's sum and entropy take one pass, the exponentials computed in f32 a block at a
-//!   time (vectorized; within two units in the last place of `exp`) and summed in f64;
-//! - a probability threshold (min-p, epsilon, eta) becomes a cut in logit space,
-//!   `max + ln(threshold * sum)` (`max + ln(p)` for min-p, which needs no sum): only values within
-//!   a small margin of it have their probability computed, the others' side is certain.
+//! element-wise compare in the row's one pass. Selection uses partial selection
+//! (`select_nth_unstable`), never a sort of the whole row, except for top-p and typical on rows
+//! whose mass is spread over most of the vocab.
 //!
 //! Semantics are transformers' warpers (`TopKLogitsWarper`, `TopPLogitsWarper`, `MinPLogitsWarper`,
 //! `TypicalLogitsWarper`, `EpsilonLogitsWarper`, `EtaLogitsWarper`) with two documented choices:
 //! - Ties at the boundary are all kept (transformers keeps whichever its sort put first).
 //! - NaN logits are never removed (transformers' `scores < threshold` is false for NaN) and take
 //!   no part in the reduction.
+//!
+//! # Arithmetic: the same band on every machine
+//!
+//! A band is a function of the row's values alone, computed with arithmetic that a GPU reproduces
+//! bit for bit (the CUDA crate's band kernel does), whatever order it visits the values in:
+//!
+//! - **Maximum** `m`: the largest non-NaN value under `f32::total_cmp` order ([`order_key`]).
+//! - **Unnormalized probability** `q(x) = exp(x - m)`, the subtraction in f32 and [`exp`] built
+//!   only from IEEE f32 basic operations and fused multiply-adds (`f32::mul_add`, CUDA `fmaf`,
+//!   both correctly rounded), never the platform's libm. Its error against the exact `e^x`, over
+//!   f32 that a test samples in `[-103, 88]`, is below 1 unit in the last place (0.99 ulp at
+//!   worst); `exp(0)` is exactly 1, so the largest value's `q` is 1.
+//! - **Sums in fixed point**: each `q` is rounded to an integer multiple of `2^-32` ([`fixed`],
+//!   round to nearest even; `q <= 1`, so at most `2^32`) and summed as `u64`, which is exact and
+//!   so independent of order for any row shorter than `2^31`. The softmax sum is
+//!   `W = sum fixed(q(x))`; a probability `q / W` is therefore known to `2^-33` of the largest
+//!   probability, and probabilities below that count as 0 in every sum.
+//! - **Entropy**: with `d = x - m`, `H = ln S + E / W` where `S = W * 2^-32` and
+//!   `E = sum fixed(q * -d)` (over values that are not `-inf`). No logarithm is needed: the
+//!   typical rule compares `-ln p - H = -d - E / W`, and eta's `exp(-H)` is `exp(-E / W) / S`.
+//!   `E / W` is an f64 division (correctly rounded), rounded to f32.
+//! - **Thresholds** are compared in `q` units, each from IEEE operations: min-p keeps
+//!   `q >= p` (the top probability's `q` is 1); epsilon keeps `q >= epsilon * S`; eta keeps
+//!   `q >= min(epsilon * S, sqrt(epsilon) * exp(-E / W))`. Mass targets (top-p, typical) are
+//!   `p * W` in f64, compared with exact `u64` partial sums converted to f64.
+//! - **Selection** is by exact keys: a rule's boundary is one of the row's values (or, for
+//!   typical, one of the scores `|d + E / W|`), the one where a partial sum over the values in key
+//!   order first reaches the target. A sort, a partial selection or a radix select over
+//!   [`order_key`]s finds the same one.
+//!
+//! Against transformers' f64 softmax the bands differ only where a probability sits within this
+//! rounding of the rule's threshold (a test allows one boundary token to differ).
 
 use crate::error::{Error, Result};
 
@@ -109,406 +134,348 @@ impl Truncation {
 
     /// The band this rule keeps of `values` (the row as it stands where the rule runs).
     /// `work` is scratch space, reused between calls.
-    pub fn band(&self, values: &[f32], work: &mut Vec<(f32, f32)>) -> Band {
+    ///
+    /// Where the CPU has fused multiply-add and AVX2 (runtime detection), the computation is
+    /// compiled to use them (FMA, and an exact rounding instruction for [`fixed`]); elsewhere `f32::mul_add` is the C library's `fmaf`, slower, with the same bits
+    /// (both are correctly rounded; a test compares the two paths).
+    pub fn band(&self, values: &[f32], work: &mut Work) -> Band {
+        #[cfg(target_arch = "x86_64")]
+        if std::arch::is_x86_feature_detected!("fma") && std::arch::is_x86_feature_detected!("avx2")
+        {
+            // SAFETY: the CPU has FMA and AVX2.
+            return unsafe { self.band_fma(values, work) };
+        }
+        self.band_portable(values, work)
+    }
+
+    #[cfg(target_arch = "x86_64")]
+    #[target_feature(enable = "avx2,fma")]
+    fn band_fma(&self, values: &[f32], work: &mut Work) -> Band {
+        self.band_portable(values, work)
+    }
+
+    #[inline(always)]
+    fn band_portable(&self, values: &[f32], work: &mut Work) -> Band {
         let min_keep = self.min_keep() as usize;
-        let floor = |band: Band, work: &mut Vec<(f32, f32)>| Band {
-            lo: band.lo.min(kth_largest(values, min_keep, work)),
-            hi: band.hi,
-        };
-        match *self {
-            Truncation::TopK { k, min_keep } => Band {
-                lo: kth_largest(values, (k.max(min_keep)) as usize, work),
+        if let Truncation::TopK { k, min_keep } = *self {
+            return Band {
+                lo: kth_largest(values, k.max(min_keep) as usize, work),
                 hi: f32::INFINITY,
+            };
+        }
+        let softmax = Softmax::of(values);
+        if !softmax.is_defined() {
+            return Band::ALL;
+        }
+        let lo = match *self {
+            Truncation::TopK { .. } => unreachable!("resolved above"),
+            Truncation::Typical { mass, .. } => {
+                return typical(values, &softmax, mass, min_keep, work)
+            }
+            Truncation::TopP { p, .. } => match top_p(values, &softmax, p, work) {
+                Some(lo) => lo,
+                None => return Band::ALL,
             },
-            Truncation::MinP { p, .. } => {
-                // `p_i >= p * p_max` is `exp(x_i - max) >= p`: the softmax's sum cancels, so
-                // min-p needs only the maximum.
-                let max = max_of(values);
-                if !max.is_finite() {
-                    return Band::ALL;
+            Truncation::MinP { .. } | Truncation::Epsilon { .. } | Truncation::Eta { .. } => {
+                // Plain loops, not closures, here and below: inlined into the FMA-compiled caller.
+                let threshold = softmax.threshold(self);
+                let mut lo = f32::INFINITY;
+                for &x in values {
+                    if !x.is_nan() && softmax.q(x) >= threshold {
+                        lo = lo.min(x);
+                    }
                 }
-                let cut = max as f64 + (p as f64).ln();
-                let lo = smallest_passing(values, cut, |x| (x - max).exp() >= p);
-                floor(
-                    Band {
-                        lo,
-                        hi: f32::INFINITY,
-                    },
-                    work,
-                )
+                lo
             }
-            Truncation::Epsilon { epsilon, .. } => {
-                let softmax = Softmax::of(values);
-                floor(softmax.keep_from(values, epsilon), work)
-            }
-            Truncation::Eta { epsilon, .. } => {
-                let softmax = Softmax::of(values);
-                let entropy = softmax.entropy();
-                let eta = epsilon.min(epsilon.sqrt() * (-entropy).exp());
-                floor(softmax.keep_from(values, eta), work)
-            }
-            Truncation::TopP { p, min_keep } => top_p(values, p, min_keep as usize, work),
-            Truncation::Typical { mass, min_keep } => {
-                typical(values, mass, min_keep as usize, work)
-            }
+        };
+        Band {
+            lo: lo.min(kth_largest(values, min_keep, work)),
+            hi: f32::INFINITY,
         }
     }
 }
 
-/// Rows at least this long find a k-th largest value from a sampled pivot (below), shorter ones
-/// by selection over the whole row.
-const PIVOT_FROM: usize = 8192;
+/// Scratch space for [`Truncation::band`]: (key, weight, value) entries.
+pub type Work = Vec<(u32, u64, f32)>;
+
+/// Bits after the point of the fixed-point probabilities ([`fixed`]).
+pub const FIXED_BITS: u32 = 32;
+
+/// `v` (non-negative, below `2^31`) as an integer multiple of `2^-FIXED_BITS`, rounded to nearest
+/// even: `round(v * 2^32)`. The multiplication is exact, so this is one correct rounding.
+#[inline(always)]
+pub fn fixed(v: f32) -> u64 {
+    (v * (1u64 << FIXED_BITS) as f32).round_ties_even() as u64
+}
+
+/// `e^x` from IEEE f32 basic operations and fused multiply-adds only, so that any machine with
+/// IEEE arithmetic (a GPU's `fmaf` included) computes the same bits: Cody-Waite reduction by
+/// `ln 2` (`x = n ln 2 + r`, `|r| <= ln 2 / 2`), Cephes' degree-7 polynomial for `e^r`, and a
+/// scale by `2^n` (in two steps below the normal range). Within 1 ulp of the exact value
+/// (a test samples `[-103, 88]`); `exp(0) == 1`; below `-104` it is 0, above `88.73` infinity.
+#[inline(always)]
+pub fn exp(x: f32) -> f32 {
+    if x.is_nan() {
+        return x;
+    }
+    if x < EXP_MIN {
+        return 0.0;
+    }
+    if x > EXP_MAX {
+        return f32::INFINITY;
+    }
+    let n = x.mul_add(EXP_LOG2_E, EXP_SHIFTER) - EXP_SHIFTER;
+    let r = n.mul_add(-EXP_LN2_HI, x);
+    let r = n.mul_add(-EXP_LN2_LO, r);
+    let p = EXP_POLY[1..]
+        .iter()
+        .fold(EXP_POLY[0], |p, &c| p.mul_add(r, c));
+    let y = p.mul_add(r * r, r) + 1.0;
+    let n = n as i32;
+    let pow2 = |e: i32| f32::from_bits(((e + 127) as u32) << 23);
+    if n < -126 {
+        y * pow2(n + 64) * pow2(-64)
+    } else if n > 127 {
+        y * 2.0 * pow2(n - 1)
+    } else {
+        y * pow2(n)
+    }
+}
+
+/// [`exp`] is 0 below this.
+pub const EXP_MIN: f32 = -104.0;
+/// [`exp`] is infinite above this.
+pub const EXP_MAX: f32 = 88.73;
+/// `log2(e)`, rounded to f32.
+pub const EXP_LOG2_E: f32 = std::f32::consts::LOG2_E;
+/// `1.5 * 2^23`: adding it rounds to an integer (nearest even), subtracting it recovers it.
+pub const EXP_SHIFTER: f32 = 12_582_912.0;
+/// `ln 2` in two parts: the high part has few bits, so `n * EXP_LN2_HI` is exact.
+pub const EXP_LN2_HI: f32 = 0.693_359_4;
+pub const EXP_LN2_LO: f32 = -2.121_944_4e-4;
+/// Cephes' polynomial for `(e^r - 1 - r) / r^2`, highest degree first (Horner, with fused
+/// multiply-adds).
+pub const EXP_POLY: [f32; 6] = [
+    1.987_569_1e-4,
+    1.398_199_9e-3,
+    8.333_452e-3,
+    4.166_579_6e-2,
+    1.666_666_5e-1,
+    0.5,
+];
+
+/// The key that orders f32 as `f32::total_cmp` does, as an unsigned integer.
+#[inline]
+pub fn order_key(x: f32) -> u32 {
+    let bits = x.to_bits();
+    if bits & 0x8000_0000 != 0 {
+        !bits
+    } else {
+        bits | 0x8000_0000
+    }
+}
+
+/// The f32 of an [`order_key`].
+#[inline]
+pub fn from_order_key(key: u32) -> f32 {
+    f32::from_bits(if key & 0x8000_0000 != 0 {
+        key & 0x7fff_ffff
+    } else {
+        !key
+    })
+}
 
 /// The k-th largest non-NaN value (`-inf` when there are fewer than k).
-///
-/// On long rows and small `k`: a pivot from a strided sample of the row, chosen so that a few
-/// times `k` values are expected at or above it; one pass collects those (whole chunks below the
-/// pivot are skipped after one vectorized compare) and selection among them gives the exact k-th
-/// value. Should fewer than `k` values lie above the pivot (an unlucky sample), the whole row is
-/// selected from instead.
-fn kth_largest(values: &[f32], k: usize, work: &mut Vec<(f32, f32)>) -> f32 {
-    if k == 0 {
-        return f32::NEG_INFINITY;
-    }
-    if k == 1 {
-        return max_of(values);
-    }
-    if values.len() >= PIVOT_FROM && k <= values.len() / 16 {
-        if let Some(kth) = kth_by_pivot(values, k, work) {
-            return kth;
-        }
-    }
+fn kth_largest(values: &[f32], k: usize, work: &mut Work) -> f32 {
     work.clear();
-    work.extend(values.iter().filter(|x| !x.is_nan()).map(|&x| (x, x)));
-    kth_of(work, k)
-}
-
-/// The k-th largest of `work`'s keys (`-inf` when there are fewer than k).
-fn kth_of(work: &mut [(f32, f32)], k: usize) -> f32 {
+    work.extend(
+        values
+            .iter()
+            .filter(|x| !x.is_nan())
+            .map(|&x| (order_key(x), 1, x)),
+    );
     if k == 0 || k > work.len() {
         return f32::NEG_INFINITY;
     }
     let at = work.len() - k;
-    let (_, kth, _) = work.select_nth_unstable_by(at, |a, b| a.0.total_cmp(&b.0));
-    kth.0
+    let (_, kth, _) = work.select_nth_unstable_by_key(at, |e| e.0);
+    kth.2
 }
 
-fn kth_by_pivot(values: &[f32], k: usize, work: &mut Vec<(f32, f32)>) -> Option<f32> {
-    const SAMPLE: usize = 1024;
-    let stride = values.len() / SAMPLE;
-    work.clear();
-    work.extend(
-        (0..SAMPLE)
-            .map(|i| values[i * stride])
-            .filter(|x| !x.is_nan())
-            .map(|x| (x, x)),
-    );
-    // The sample values expected above the k-th, with ample room.
-    let rank = (4 * k * work.len() / values.len() + 16).min(work.len());
-    let pivot = kth_of(work, rank);
-    if pivot == f32::NEG_INFINITY {
-        return None;
-    }
-    collect_at_least(values, pivot, work, |x| (x, x));
-    // Everything at or above the pivot in the total order (and, for a pivot of 0, any -0.0): the
-    // top of the row, so its k-th largest is the row's.
-    (work.len() >= k).then(|| kth_of(work, k))
-}
-
-/// Pushes `entry(x)` for every value `x >= pivot` (NaN never), looking into a chunk only when a
-/// vectorized count finds such a value in it.
-fn collect_at_least(
-    values: &[f32],
-    pivot: f32,
-    work: &mut Vec<(f32, f32)>,
-    entry: impl Fn(f32) -> (f32, f32),
-) {
-    work.clear();
-    for chunk in values.chunks(64) {
-        let hits: u32 = chunk.iter().map(|&x| (x >= pivot) as u32).sum();
-        if hits > 0 {
-            work.extend(chunk.iter().filter(|&&x| x >= pivot).map(|&x| entry(x)));
-        }
-    }
-}
-
-/// The largest non-NaN value (`-inf` when there is none), eight lanes at a time.
-fn max_of(values: &[f32]) -> f32 {
-    let mut lanes = [f32::NEG_INFINITY; 8];
-    let chunks = values.chunks_exact(8);
-    let rest = chunks.remainder();
-    for chunk in chunks {
-        for (m, &x) in lanes.iter_mut().zip(chunk) {
-            // `x > m` is false for NaN: NaN never wins.
-            *m = if x > *m { x } else { *m };
-        }
-    }
-    rest.iter()
-        .chain(&lanes)
-        .fold(f32::NEG_INFINITY, |m, &x| if x > m { x } else { m })
-}
-
-/// `exp(d)` for `d <= 0` in f32, within about one unit in the last place (Cephes' `expf`:
-/// `d = n ln 2 + r`, a degree-6 polynomial in `r`, times `2^n`), written to vectorize; `0` below
-/// `-87` (where f32's normal range ends), for `-inf` and for NaN.
-#[inline(always)]
-fn exp_nonpositive(d: f32) -> f32 {
-    const LOG2E: f32 = std::f32::consts::LOG2_E;
-    // Adding 1.5 * 2^23 rounds to an integer in the low mantissa bits.
-    const ROUND: f32 = 12_582_912.0;
-    let in_range = d >= -87.0;
-    let d = if in_range { d } else { 0.0 };
-    let t = d * LOG2E + ROUND;
-    let n = t - ROUND;
-    let r = (d - n * 0.693_359_4) - n * -2.121_944_4e-4;
-    let mut p = 1.987_569_1e-4f32;
-    p = p * r + 1.398_199_9e-3;
-    p = p * r + 8.333_452e-3;
-    p = p * r + 4.166_579_6e-2;
-    p = p * r + 1.666_666_5e-1;
-    p = p * r + 0.5;
-    let e = p * r * r + r + 1.0;
-    // n in -126..=0: 2^n is a normal f32 built from its exponent bits.
-    let n = (t.to_bits() as i32).wrapping_sub(ROUND.to_bits() as i32);
-    let scale = f32::from_bits(((n + 127) as u32) << 23);
-    if in_range {
-        e * scale
-    } else {
-        0.0
-    }
-}
-
-/// A row's softmax, computed as torch computes it: `exp(x - max) / sum(exp(x - max))`. One pass
-/// after the maximum gives the sum and, for the entropy, `sum(exp(d) * d)` (`d = x - max`), each
-/// exponential in f32 and the sums in f64.
-struct Softmax {
-    max: f32,
-    sum: f32,
-    // The entropy, `ln(sum) - sum(exp(d) * d) / sum`.
-    entropy: f32,
+/// A row's softmax in the fixed-point form the module docs describe: the maximum, the sum `W`
+/// of the probabilities' fixed-point weights and the entropy sum `E`.
+#[derive(Debug, Clone, Copy, PartialEq)]
+pub struct Softmax {
+    pub max: f32,
+    pub sum: u64,
+    pub entropy_sum: u64,
 }
 
 impl Softmax {
-    fn of(values: &[f32]) -> Self {
-        let max = max_of(values);
-        if max.is_infinite() {
-            return Self {
-                max,
-                sum: 0.0,
-                entropy: 0.0,
-            };
-        }
-        // Exponentials a block at a time into a buffer (a map the compiler vectorizes), then
-        // their sums in f64, four lanes each.
-        let mut sums = [0.0f64; 4];
-        let mut weighted = [0.0f64; 4];
-        let mut e = [0.0f32; 256];
-        let mut ed = [0.0f32; 256];
-        for block in values.chunks(256) {
-            let (e, ed) = (&mut e[..block.len()], &mut ed[..block.len()]);
-            for ((e, ed), &x) in e.iter_mut().zip(ed.iter_mut()).zip(block) {
-                let d = x - max;
-                *e = exp_nonpositive(d);
-                *ed = if *e > 0.0 { *e * d } else { 0.0 };
-            }
-            for (quad, quad_d) in e.chunks(4).zip(ed.chunks(4)) {
-                for lane in 0..quad.len() {
-                    sums[lane] += quad[lane] as f64;
-                    weighted[lane] += quad_d[lane] as f64;
-                }
-            }
-        }
-        let sum: f64 = sums.iter().sum();
-        let weighted: f64 = weighted.iter().sum();
-        Self {
+    /// The maximum of `values`; then the sums over them (in any order: they are exact).
+    #[inline(always)]
+    pub fn of(values: &[f32]) -> Self {
+        let max = values
+            .iter()
+            .filter(|x| !x.is_nan())
+            .map(|&x| order_key(x))
+            .max()
+            .map_or(f32::NEG_INFINITY, from_order_key);
+        let mut softmax = Softmax {
             max,
-            sum: sum as f32,
-            entropy: (sum.ln() - weighted / sum) as f32,
+            sum: 0,
+            entropy_sum: 0,
+        };
+        if softmax.is_defined() {
+            for &x in values {
+                let (w, e) = softmax.weights(x);
+                softmax.sum += w;
+                softmax.entropy_sum += e;
+            }
         }
+        softmax
     }
 
-    /// Whether the row has a distribution: some finite value, none `+inf`.
-    fn is_defined(&self) -> bool {
-        self.sum > 0.0
+    /// Whether the row has a distribution: its largest non-NaN value is finite.
+    pub fn is_defined(&self) -> bool {
+        self.max.is_finite()
     }
 
-    fn probability(&self, x: f32) -> f32 {
-        if self.is_defined() {
-            (x - self.max).exp() / self.sum
+    /// `exp(x - max)`, the probability of `x` times the sum `S`.
+    #[inline(always)]
+    pub fn q(&self, x: f32) -> f32 {
+        exp(x - self.max)
+    }
+
+    /// The fixed-point weights `x` adds to the sum and to the entropy sum (NaN adds nothing).
+    #[inline(always)]
+    pub fn weights(&self, x: f32) -> (u64, u64) {
+        if x.is_nan() {
+            return (0, 0);
+        }
+        let d = x - self.max;
+        let q = exp(d);
+        if q > 0.0 {
+            (fixed(q), fixed(q * -d))
         } else {
-            f32::NAN
+            (0, 0)
         }
     }
 
-    /// The band of values whose probability is at least `threshold`: probability is monotone in
-    /// the value, so it starts at the smallest such value.
-    ///
-    /// The probability is computed only for values near the cut, `max + ln(threshold * sum)`:
-    /// further from it than the margin (a thousand times the error of the f32 subtraction and
-    /// exponential), the comparison's outcome is certain.
-    fn keep_from(&self, values: &[f32], threshold: f32) -> Band {
-        if !self.is_defined() {
-            return Band::ALL;
-        }
-        let cut = self.max as f64 + (threshold as f64 * self.sum as f64).ln();
-        Band {
-            lo: smallest_passing(values, cut, |x| self.probability(x) >= threshold),
-            hi: f32::INFINITY,
+    /// The sum `S = W * 2^-32` of the `q`s, in f32.
+    pub fn scale(&self) -> f32 {
+        (self.sum as f64 / (1u64 << FIXED_BITS) as f64) as f32
+    }
+
+    /// `E / W`, the entropy less `ln S`, in f32.
+    pub fn shift(&self) -> f32 {
+        (self.entropy_sum as f64 / self.sum as f64) as f32
+    }
+
+    /// A fraction `p` of the total mass, in the units of the fixed-point sums.
+    pub fn target(&self, p: f32) -> f64 {
+        p as f64 * self.sum as f64
+    }
+
+    /// The `q` a value must reach to be kept by min-p, epsilon or eta (`+inf` for other rules).
+    #[inline(always)]
+    pub fn threshold(&self, rule: &Truncation) -> f32 {
+        match *rule {
+            Truncation::MinP { p, .. } => p,
+            Truncation::Epsilon { epsilon, .. } => epsilon * self.scale(),
+            Truncation::Eta { epsilon, .. } => {
+                (epsilon * self.scale()).min(epsilon.sqrt() * exp(-self.shift()))
+            }
+            _ => f32::INFINITY,
         }
     }
 
-    /// `-sum(p * log p)`, the entropy of the row's distribution.
-    fn entropy(&self) -> f32 {
-        if self.is_defined() {
-            self.entropy
-        } else {
-            0.0
-        }
+    /// The typical rule's score of `x`: `|-ln p - H| = |d + E / W|`.
+    #[inline(always)]
+    pub fn typical_score(&self, x: f32, shift: f32) -> f32 {
+        ((x - self.max) + shift).abs()
     }
 }
 
-/// The smallest value for which `passes` holds (`+inf` when none does), for a `passes` that is
-/// monotone in the value and changes near `cut` (a value in logit units): values further from
-/// the cut than the margin (a thousand times the error of an f32 subtraction and exponential)
-/// are decided by comparison alone, the few near it by `passes`.
-fn smallest_passing(values: &[f32], cut: f64, passes: impl Fn(f32) -> bool) -> f32 {
-    if !cut.is_finite() {
-        return values
-            .iter()
-            .filter(|&&x| passes(x))
-            .fold(f32::INFINITY, |m, &x| m.min(x));
+/// Orders `work` so that its first `m` entries are the `m` smallest keys, sorted; returns how
+/// many are sorted (`m`, or all of them).
+fn smallest_sorted(work: &mut [(u32, u64, f32)], m: usize) -> usize {
+    let m = m.min(work.len());
+    if m < work.len() {
+        work.select_nth_unstable_by_key(m, |e| e.0);
     }
-    let margin = 1e-3 + 2e-6 * cut.abs();
-    let certain = (cut + margin) as f32;
-    let near = (cut - margin) as f32;
-    let mut lanes = [f32::INFINITY; 8];
-    let chunks = values.chunks_exact(8);
-    let rest = chunks.remainder();
-    for chunk in chunks {
-        for (m, &x) in lanes.iter_mut().zip(chunk) {
-            *m = if x >= certain && x < *m { x } else { *m };
-        }
-    }
-    let mut lo = rest
-        .iter()
-        .filter(|&&x| x >= certain)
-        .chain(&lanes)
-        .fold(f32::INFINITY, |m, &x| m.min(x));
-    for chunk in values.chunks(64) {
-        let hits: u32 = chunk
-            .iter()
-            .map(|&x| (x >= near && x < certain) as u32)
-            .sum();
-        if hits > 0 {
-            for &x in chunk.iter().filter(|&&x| x >= near && x < certain) {
-                if x < lo && passes(x) {
-                    lo = x;
-                }
-            }
-        }
-    }
-    lo
+    work[..m].sort_unstable_by_key(|e| e.0);
+    m
 }
 
 /// Candidate counts tried in turn before a whole-row sort: most rows put their mass on a few
 /// hundred tokens.
 const CANDIDATES: [usize; 3] = [256, 4096, 32768];
 
-/// Fills `work` with at least the `m` largest non-NaN values (every value tied with the m-th
-/// too), largest first, keyed by the negated value.
-fn largest_sorted(values: &[f32], m: usize, work: &mut Vec<(f32, f32)>) {
-    let kth = kth_largest(values, m, work);
-    collect_at_least(values, kth, work, |x| (-x, x));
-    work.sort_unstable_by(|a, b| a.0.total_cmp(&b.0));
-}
-
-fn top_p(values: &[f32], p: f32, min_keep: usize, work: &mut Vec<(f32, f32)>) -> Band {
-    let softmax = Softmax::of(values);
-    if !softmax.is_defined() {
-        return Band::ALL;
-    }
-    let total = values.iter().filter(|x| !x.is_nan()).count();
+/// The first entry, in key order, where the running sum of weights reaches `target`, and how many
+/// entries are sorted: `None` when the sorted entries do not reach it.
+fn first_reaching(work: &mut [(u32, u64, f32)], target: f64, at_least: usize) -> Option<usize> {
+    let total = work.len();
     for m in CANDIDATES.into_iter().chain([total]) {
-        largest_sorted(values, m.min(total), work);
-        let sorted = work.len();
-        // Keep a token while the mass of the tokens above it is below p.
-        let mut above = 0.0f64;
-        for (rank, &(_, x)) in work.iter().enumerate() {
-            if above >= p as f64 && rank >= min_keep {
-                return Band {
-                    lo: work[rank - 1].1,
-                    hi: f32::INFINITY,
-                };
+        let sorted = smallest_sorted(work, m.max(at_least));
+        let mut sum = 0u64;
+        for (rank, &(_, w, _)) in work[..sorted].iter().enumerate() {
+            sum += w;
+            if sum as f64 >= target {
+                return Some(rank);
             }
-            above += softmax.probability(x) as f64;
         }
-        if sorted >= total {
+        if sorted == total {
             break;
         }
     }
-    Band::ALL
+    None
 }
 
-/// Orders `work` (pairs of sort key and value) so that its first `m` entries are the `m` smallest
-/// keys, sorted; returns how many are sorted (`m`, or all of them).
-fn smallest_sorted(work: &mut [(f32, f32)], m: usize) -> usize {
-    let m = m.min(work.len());
-    if m < work.len() {
-        work.select_nth_unstable_by(m, |a, b| a.0.total_cmp(&b.0));
-    }
-    work[..m].sort_unstable_by(|a, b| a.0.total_cmp(&b.0));
-    m
-}
-
-fn typical(values: &[f32], mass: f32, min_keep: usize, work: &mut Vec<(f32, f32)>) -> Band {
-    let softmax = Softmax::of(values);
-    if !softmax.is_defined() {
-        return Band::ALL;
-    }
-    let entropy = softmax.entropy() as f64;
-    let log_sum = (softmax.sum as f64).ln();
+/// Top-p's lowest kept value before `min_keep`: the largest value where the mass of the values
+/// at or above it reaches `p`.
+#[inline(always)]
+fn top_p(values: &[f32], softmax: &Softmax, p: f32, work: &mut Work) -> Option<f32> {
     work.clear();
-    work.extend(
-        values
-            .iter()
-            .filter(|x| !x.is_nan() && **x != f32::NEG_INFINITY)
-            .map(|&x| {
-                let log_p = (x - softmax.max) as f64 - log_sum;
-                ((-log_p - entropy).abs() as f32, x)
-            }),
-    );
+    // Largest first: keyed by the complemented order key.
+    for &x in values {
+        if !x.is_nan() {
+            work.push((!order_key(x), softmax.weights(x).0, x));
+        }
+    }
+    first_reaching(work, softmax.target(p), 0).map(|rank| work[rank].2)
+}
+
+/// transformers keeps the tokens up to and including the first whose cumulative mass, in order of
+/// score, reaches `mass`, at least `min_keep` of them, and (here) every token of a smaller or
+/// equal score.
+#[inline(always)]
+fn typical(values: &[f32], softmax: &Softmax, mass: f32, min_keep: usize, work: &mut Work) -> Band {
+    let shift = softmax.shift();
+    work.clear();
+    for &x in values {
+        if !x.is_nan() && x != f32::NEG_INFINITY {
+            let score = softmax.typical_score(x, shift);
+            work.push((order_key(score), softmax.weights(x).0, x));
+        }
+    }
     let total = work.len();
     if total == 0 {
         return Band::ALL;
     }
-    for m in CANDIDATES.into_iter().chain([total]) {
-        let sorted = smallest_sorted(work, m);
-        // transformers keeps the tokens up to and including the first whose cumulative mass
-        // reaches `mass`, and every token of a smaller or equal shifted score.
-        let mut cumulative = 0.0f64;
-        let mut last = None;
-        for (rank, &(_, x)) in work[..sorted].iter().enumerate() {
-            cumulative += softmax.probability(x) as f64;
-            if cumulative >= mass as f64 {
-                last = Some(rank);
-                break;
-            }
-        }
-        if last.is_none() && sorted < total {
-            continue;
-        }
-        let last = last.unwrap_or(sorted - 1).max(min_keep.min(sorted) - 1);
-        let cut = work[last].0;
-        let kept = work[..sorted]
-            .iter()
-            .take_while(|(s, _)| *s <= cut)
-            .map(|&(_, x)| x);
-        let (lo, hi) = kept.fold((f32::INFINITY, f32::NEG_INFINITY), |(lo, hi), x| {
-            (lo.min(x), hi.max(x))
+    let keep = min_keep.min(total);
+    let Some(last) = first_reaching(work, softmax.target(mass), keep) else {
+        return Band::ALL;
+    };
+    // `first_reaching` sorted at least `keep` entries.
+    let cut = work[last].0.max(work[keep - 1].0);
+    let (lo, hi) = work
+        .iter()
+        .filter(|e| e.0 <= cut)
+        .fold((f32::INFINITY, f32::NEG_INFINITY), |(lo, hi), e| {
+            (lo.min(e.2), hi.max(e.2))
         });
-        return Band { lo, hi };
-    }
-    Band::ALL
+    Band { lo, hi }
 }
 
 #[cfg(test)]
@@ -617,168 +584,76 @@ mod tests {
         }
     }
 
-    /// A long row (the fast paths start at 8,192 values) from a seed: model-like values, or
-    /// values on a coarse grid (bf16-like ties), with NaN, infinities and zeros of both signs.
-    fn long_row(seed: u64, len: usize, coarse: bool) -> Vec<f32> {
-        let mut state = seed | 1;
-        let mut next = move || {
-            state ^= state << 13;
-            state ^= state >> 7;
-            state ^= state << 17;
-            (state >> 40) as f32 / (1u64 << 24) as f32
+    proptest! {
+        /// A band depends on the row's values, not on their order: the sums are exact.
+        #[test]
+        fn bands_do_not_depend_on_the_order_of_the_row(
+            row in proptest::collection::vec(-40.0f32..40.0, 1..400),
+            rule in rule(),
+            rotate in 0usize..400,
+        ) {
+            let mut other = row.clone();
+            other.reverse();
+            let by = rotate % other.len();
+            other.rotate_left(by);
+            let a = rule.band(&row, &mut vec![]);
+            let b = rule.band(&other, &mut vec![]);
+            let kept = |band: Band| row.iter().map(|&x| !band.removes(x)).collect::<Vec<_>>();
+            prop_assert_eq!(kept(a), kept(b), "{:?}", rule);
+        }
+    }
+
+    proptest! {
+        /// The FMA-compiled path and the portable one (`fmaf`) give the same bands.
+        #[test]
+        fn fma_and_portable_paths_give_the_same_band(
+            row in proptest::collection::vec(-60.0f32..60.0, 1..300),
+            rule in rule(),
+        ) {
+            let a = rule.band(&row, &mut vec![]);
+            let b = rule.band_portable(&row, &mut vec![]);
+            prop_assert_eq!((a.lo.to_bits(), a.hi.to_bits()), (b.lo.to_bits(), b.hi.to_bits()));
+        }
+    }
+
+    /// The largest error of [`exp`] in ulp of the exact value, over every 97th f32 of `[-103, 0]`
+    /// and a grid of `[0, 88]`.
+    #[test]
+    fn exp_is_within_one_ulp_and_exact_at_zero() {
+        assert_eq!(exp(0.0), 1.0);
+        assert_eq!(exp(-0.0), 1.0);
+        assert_eq!(exp(f32::NEG_INFINITY), 0.0);
+        assert_eq!(exp(-200.0), 0.0);
+        assert_eq!(exp(100.0), f32::INFINITY);
+        let ulp_error = |x: f32| {
+            let exact = (x as f64).exp();
+            let rounded = exact as f32;
+            let ulp = if rounded.is_subnormal() || rounded == 0.0 {
+                f32::from_bits(1) as f64
+            } else {
+                (f32::from_bits(rounded.to_bits() + 1) - rounded) as f64
+            };
+            (exp(x) as f64 - exact).abs() / ulp
         };
-        (0..len)
-            .map(|i| {
-                let u = next();
-                let x = match i % 997 {
-                    0 => f32::NAN,
-                    1 => f32::NEG_INFINITY,
-                    2 => -0.0,
-                    3 => 0.0,
-                    _ if u < 0.001 => 8.0 + next() * 8.0,
-                    _ => (next() + next() + next() - 1.5) * 6.0 - 2.0,
-                };
-                if coarse {
-                    (x * 4.0).round() / 4.0
-                } else {
-                    x
-                }
-            })
-            .collect()
-    }
-
-    #[test]
-    fn kth_largest_by_pivot_equals_selection_over_the_whole_row() {
-        for (seed, len, coarse) in [(1, 8192, false), (2, 151_936, false), (3, 151_936, true)] {
-            let x = long_row(seed, len, coarse);
-            let mut all: Vec<(f32, f32)> =
-                x.iter().filter(|v| !v.is_nan()).map(|&v| (v, v)).collect();
-            for k in [1, 2, 3, 50, 257, 4096, len / 16, len / 2] {
-                let want = kth_of(&mut all, k);
-                let got = kth_largest(&x, k, &mut vec![]);
-                assert_eq!(got.to_bits(), want.to_bits(), "len {len} k {k}");
+        let mut worst = (0.0f64, 0.0f32);
+        let mut bits = 0.0f32.to_bits() | 0x8000_0000;
+        while f32::from_bits(bits) >= -103.0 {
+            let x = f32::from_bits(bits);
+            let e = ulp_error(x);
+            if e > worst.0 {
+                worst = (e, x);
+            }
+            bits += 97;
+        }
+        for i in 0..88_000 {
+            let x = i as f32 * 1e-3;
+            let e = ulp_error(x);
+            if e > worst.0 {
+                worst = (e, x);
             }
         }
-    }
-
-    #[test]
-    fn keep_from_near_the_cut_equals_the_probability_of_every_value() {
-        for (seed, len, coarse) in [(4, 151_936, false), (5, 20_000, true)] {
-            let x = long_row(seed, len, coarse);
-            let softmax = Softmax::of(&x);
-            for threshold in [1e-9f32, 1e-6, 3e-4, 0.01, 0.3, 0.9, 1.0, 2.0] {
-                let got = softmax.keep_from(&x, threshold);
-                let lo = x
-                    .iter()
-                    .filter(|&&v| softmax.probability(v) >= threshold)
-                    .fold(f32::INFINITY, |m, &v| m.min(v));
-                assert_eq!(got.lo.to_bits(), lo.to_bits(), "threshold {threshold}");
-            }
-            let max = max_of(&x);
-            for p in [0.0f32, 1e-7, 1e-3, 0.05, 0.5, 1.0] {
-                let got = Truncation::MinP { p, min_keep: 1 }.band(&x, &mut vec![]);
-                let lo = x
-                    .iter()
-                    .filter(|&&v| (v - max).exp() >= p)
-                    .fold(f32::INFINITY, |m, &v| m.min(v));
-                assert_eq!(got.lo.to_bits(), lo.to_bits(), "min_p {p}");
-            }
-        }
-    }
-
-    #[test]
-    fn vectorized_exp_is_within_two_ulps_and_zero_outside_the_range() {
-        let mut worst = 0u32;
-        for i in 0..=2_000_000 {
-            let d = -87.0 * i as f32 / 2_000_000.0;
-            let want = (d as f64).exp() as f32;
-            let got = exp_nonpositive(d);
-            worst = worst.max(got.to_bits().abs_diff(want.to_bits()));
-        }
-        assert!(worst <= 2, "{worst} ulps");
-        for d in [f32::NEG_INFINITY, f32::NAN, -87.5, -1e30] {
-            assert_eq!(exp_nonpositive(d), 0.0);
-        }
-        assert_eq!(exp_nonpositive(0.0), 1.0);
-    }
-
-    #[test]
-    fn softmax_sums_and_entropy_agree_with_f64() {
-        let x = long_row(6, 151_936, false);
-        let softmax = Softmax::of(&x);
-        let finite: Vec<f64> = x
-            .iter()
-            .filter(|v| v.is_finite())
-            .map(|&v| v as f64)
-            .collect();
-        let max = finite.iter().cloned().fold(f64::NEG_INFINITY, f64::max);
-        let sum: f64 = finite.iter().map(|&v| (v - max).exp()).sum();
-        let entropy: f64 = -finite
-            .iter()
-            .map(|&v| {
-                let log_p = v - max - sum.ln();
-                log_p.exp() * log_p
-            })
-            .sum::<f64>();
-        assert!((softmax.sum as f64 / sum - 1.0).abs() < 1e-6);
-        assert!((softmax.entropy as f64 - entropy).abs() < 1e-5 * entropy.max(1.0));
-    }
-
-    #[test]
-    fn long_rows_keep_what_a_full_sort_keeps() {
-        let rules = [
-            Truncation::TopK { k: 50, min_keep: 1 },
-            Truncation::TopP {
-                p: 0.9,
-                min_keep: 1,
-            },
-            Truncation::TopP {
-                p: 0.999,
-                min_keep: 3,
-            },
-            Truncation::MinP {
-                p: 0.05,
-                min_keep: 1,
-            },
-            Truncation::MinP {
-                p: 0.5,
-                min_keep: 5,
-            },
-            Truncation::Epsilon {
-                epsilon: 3e-4,
-                min_keep: 1,
-            },
-            Truncation::Eta {
-                epsilon: 3e-4,
-                min_keep: 2,
-            },
-            Truncation::Typical {
-                mass: 0.9,
-                min_keep: 1,
-            },
-        ];
-        for seed in 10..14 {
-            // Distinct finite values, so the sorted reference is unambiguous.
-            let mut x = long_row(seed, 60_000, false);
-            x.retain(|v| v.is_finite());
-            x.sort_unstable_by(f32::total_cmp);
-            x.dedup();
-            let mut state = seed;
-            for i in (1..x.len()).rev() {
-                state = state
-                    .wrapping_mul(6364136223846793005)
-                    .wrapping_add(1442695040888963407);
-                x.swap(i, (state >> 33) as usize % (i + 1));
-            }
-            for rule in rules {
-                let band = rule.band(&x, &mut vec![]);
-                let want = reference(&rule, &x);
-                let differ = (0..x.len())
-                    .filter(|&i| band.removes(x[i]) == want[i])
-                    .count();
-                assert!(differ <= 1, "{rule:?}: {differ} of {} differ", x.len());
-            }
-        }
+        assert!(worst.0 < 1.0, "{} ulp at {}", worst.0, worst.1);
+        println!("exp: worst {} ulp at {}", worst.0, worst.1);
     }
 
     #[test]

@@ -2,8 +2,11 @@
 //! sequences keeping their token's value, a third temperature 0.7, a third thinking budgets over
 //! budget forcing the end token to 0.0), vocab 151,936, f32, B = 1, 16, 64, 256; medians of
 //! CUDA-event time over back-to-back steps, each step `CudaBatchApplier::apply_plans` (pack, staging
-//! copy, one launch), beside a device-to-device copy of the block (the floor). A last line runs an
-//! all-temperature batch (every logit read and written) at B = 256 against the same copy.
+//! copy, one launch; two for rows that truncate), beside a device-to-device copy of the block (the
+//! floor). Then, at B = 64, one line per slot of the plan: an all-temperature batch (every logit
+//! read and written), sparse bans of 1k / 4k / 16k / 65,536 ids, temperature with 1 / 16 / 256 /
+//! 4,096 sparse edits (biases and penalties), a bitmask row, and top-k after temperature (the band
+//! kernel reads the row four times, once per radix digit).
 //!
 //! ```text
 //! cargo run --release -p logits-processing-cuda --example bench_kernel [-- --quick]
@@ -11,7 +14,7 @@
 //!
 //! Prints a message and exits 0 where there is no GPU.
 
-use logits_processing::{BatchLayout, DType, Edit, ForcedValue, RowPlan};
+use logits_processing::{BatchLayout, DType, Edit, ForcedValue, RowPlan, Truncation};
 use logits_processing_cuda::device::{DeviceBuffer, Stream};
 use logits_processing_cuda::{
     cuda_available, cuda_unavailable_reason, CudaBatchApplier, CudaError,
@@ -45,20 +48,40 @@ fn mixed(rows: usize) -> Vec<(usize, RowPlan)> {
         .collect()
 }
 
-/// Bytes the kernel moves for these plans: forced rows are written only, scaled rows read and
-/// written.
+/// Bytes the kernels move for these plans (f32): forced rows are written only; rows with sparse
+/// edits only read and write their tokens; other rows are read and written once, plus their mask
+/// words; a truncating row is read four more times by the band kernel.
 fn kernel_bytes(plans: &[(usize, RowPlan)]) -> f64 {
     let per_row = (VOCAB * 4) as f64;
     plans
         .iter()
         .map(|(_, p)| {
-            if p.forced_token().is_some() {
-                per_row
-            } else {
-                2.0 * per_row
-            }
+            let edits = p.edits();
+            let masks = edits.iter().filter(|e| matches!(e, Edit::Mask(_))).count();
+            let bands = if p.truncates() { 4.0 * per_row } else { 0.0 };
+            bands
+                + if p.forced_token().is_some() {
+                    per_row
+                } else if edits.iter().all(|e| e.is_sparse()) {
+                    let mut tokens: Vec<u32> = edits.iter().filter_map(|e| e.token()).collect();
+                    tokens.sort_unstable();
+                    tokens.dedup();
+                    tokens.len() as f64 * 8.0
+                } else {
+                    2.0 * per_row + masks as f64 * (VOCAB / 8) as f64
+                }
         })
         .sum()
+}
+
+/// `rows` copies of the plan `make` builds.
+fn batch(rows: usize, make: impl Fn() -> RowPlan) -> Vec<(usize, RowPlan)> {
+    (0..rows).map(|row| (row, make())).collect()
+}
+
+/// `n` distinct token ids spread over the vocab.
+fn spread(n: usize) -> impl Iterator<Item = u32> {
+    (0..n as u64).map(move |i| (i * VOCAB as u64 / n as u64) as u32)
 }
 
 struct Measured {
@@ -153,6 +176,61 @@ fn main() -> Result<(), CudaError> {
         .collect();
     let m = measure(&mut applier, &stream, &all_scaled, 256, calls, blocks)?;
     line("kernel all-temperature B=256".into(), m);
+
+    const ROWS: usize = 64;
+    let temperature = Edit::Scale { temperature: 0.7 };
+    let mut cases: Vec<(String, Vec<(usize, RowPlan)>)> = vec![(
+        format!("temperature B={ROWS}"),
+        batch(ROWS, || plan(temperature)),
+    )];
+    for n in [1_000, 4_000, 16_000, 65_536] {
+        let make = move || {
+            let mut p = RowPlan::new();
+            spread(n).for_each(|token| p.push(Edit::Ban { token }));
+            p
+        };
+        cases.push((format!("ban {n} ids B={ROWS}"), batch(ROWS, make)));
+    }
+    for n in [1, 16, 256, 4_096] {
+        let make = move || {
+            let mut p = plan(temperature);
+            for (i, token) in spread(n).enumerate() {
+                p.push(if i % 2 == 0 {
+                    Edit::Bias { token, bias: 0.5 }
+                } else {
+                    Edit::Penalty {
+                        token,
+                        penalty: 1.3,
+                    }
+                });
+            }
+            p
+        };
+        cases.push((format!("temp + {n} sparse B={ROWS}"), batch(ROWS, make)));
+    }
+    let words: Vec<u32> = (0..VOCAB as u32 / 32)
+        .map(|w| w.wrapping_mul(0x9e37_79b9))
+        .collect();
+    cases.push((
+        format!("temp + bitmask B={ROWS}"),
+        batch(ROWS, || {
+            let mut p = plan(temperature);
+            p.push_mask(&words, false);
+            p
+        }),
+    ));
+    cases.push((
+        format!("temp + top-k 50 B={ROWS}"),
+        batch(ROWS, || {
+            let mut p = plan(temperature);
+            p.push(Edit::Truncate(Truncation::TopK { k: 50, min_keep: 1 }));
+            p
+        }),
+    ));
+    for (name, plans) in cases {
+        let m = measure(&mut applier, &stream, &plans, ROWS, calls, blocks)?;
+        line(name, m);
+    }
     println!(
         "staging slots in use after the run: {}",
         applier.staging_slots()

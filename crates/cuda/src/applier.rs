@@ -1,4 +1,5 @@
-//! [`CudaBatchApplier`]: packs a step's plans, copies them from pinned memory, launches once.
+//! [`CudaBatchApplier`]: packs a step's plans, copies them from pinned memory, launches the band
+//! kernel (rows that truncate) and the apply kernel.
 
 use std::sync::Arc;
 
@@ -30,8 +31,8 @@ const MIN_CAPACITY: usize = 64 * 1024;
 ///
 /// Each call packs the plans on the host (no allocation once the buffers have grown to the batch's
 /// needs), copies them asynchronously from pinned memory to the device on the caller's stream, and
-/// launches one kernel on that stream that edits every listed row in place, each logit read and
-/// written at most once. Nothing waits for the GPU: a staging slot is reused only after its event
+/// launches on that stream the band kernel when some row truncates, then one kernel that edits
+/// every listed row in place, each logit read and written at most once. Nothing waits for the GPU: a staging slot is reused only after its event
 /// has completed, and a new slot is added while all are in flight (up to 16; past that the call
 /// waits for the oldest).
 ///
@@ -60,18 +61,27 @@ impl std::fmt::Debug for CudaBatchApplier {
 
 impl CudaBatchApplier {
     /// An applier for GPU `device_ordinal`, loading the kernels there on first use in this process
-    /// (the driver JIT-compiles the embedded PTX, a few hundred ms once; later appliers reuse it).
-    /// A clear error, never a panic, where there is no driver ([`CudaError::NoDriver`]) or no such
-    /// device ([`CudaError::NoDevice`]).
+    /// (the driver JIT-compiles the embedded PTX, a few hundred ms once; later appliers reuse it)
+    /// and running the device's self-check once (a small batch covering every kind of edit, GPU
+    /// against CPU, bit for bit; [`CudaError::SelfCheck`] with the first difference if they
+    /// disagree, for this and every later applier on the device). A clear error, never a panic,
+    /// where there is no driver ([`CudaError::NoDriver`]) or no such device
+    /// ([`CudaError::NoDevice`]).
     pub fn new(device_ordinal: usize) -> Result<Self, CudaError> {
         let kernels = driver::kernels(device_ordinal)?;
-        Ok(Self {
+        crate::self_check::ensure(&kernels, device_ordinal)?;
+        Ok(Self::with_kernels(kernels, device_ordinal))
+    }
+
+    /// An applier on kernels already loaded, without the self-check (which uses one).
+    pub(crate) fn with_kernels(kernels: Arc<Kernels>, device_ordinal: usize) -> Self {
+        Self {
             kernels,
             ordinal: device_ordinal,
             packed: PackedPlans::new(),
             slots: vec![],
             next: 0,
-        })
+        }
     }
 
     /// The device this applier launches on.
@@ -90,8 +100,8 @@ impl CudaBatchApplier {
         self.kernels.origin
     }
 
-    /// Applies one plan per listed row in ONE launch; rows not listed, and rows with empty plans,
-    /// are untouched. `logits`: device pointer to the block's first element; `stream`: a raw
+    /// Applies one plan per listed row in one launch (two when some rows truncate: their bands
+    /// first); rows not listed, and rows with empty plans, are untouched. `logits`: device pointer to the block's first element; `stream`: a raw
     /// `CUstream` (0 = the legacy default stream). Returns once the work is queued.
     ///
     /// Errors (nothing is queued): a null or misaligned pointer, a row outside `layout` or listed
@@ -207,17 +217,30 @@ impl CudaBatchApplier {
             cu::cuMemcpyHtoDAsync_v2(slot.device, slot.host.cast(), bytes, stream),
             "cuMemcpyHtoDAsync",
         )?;
-        let function = match dtype {
-            DType::F32 => self.kernels.f32,
-            DType::F16 => self.kernels.f16,
-            DType::BF16 => self.kernels.bf16,
+        let (apply, bands) = match dtype {
+            DType::F32 => (self.kernels.f32, self.kernels.bands_f32),
+            DType::F16 => (self.kernels.f16, self.kernels.bands_f16),
+            DType::BF16 => (self.kernels.bf16, self.kernels.bands_bf16),
         };
         let mut packed = slot.device;
-        let mut n_slots = slots as u32;
-        let mut tiles_per_row = tiles as u32;
         let mut vocab = vocab_size as u32;
         let mut row_stride = layout.row_stride as u64;
         let mut logits = logits;
+        let (list, truncating) = self.packed.truncating();
+        if truncating > 0 {
+            // One block per truncating row; it writes the bands into the packed words.
+            let mut list = list as u32;
+            let mut params: [*mut std::ffi::c_void; 5] = [
+                (&mut packed as *mut u64).cast(),
+                (&mut list as *mut u32).cast(),
+                (&mut vocab as *mut u32).cast(),
+                (&mut row_stride as *mut u64).cast(),
+                (&mut logits as *mut u64).cast(),
+            ];
+            launch(bands, truncating as u32, stream, &mut params)?;
+        }
+        let mut n_slots = slots as u32;
+        let mut tiles_per_row = tiles as u32;
         let mut params: [*mut std::ffi::c_void; 6] = [
             (&mut packed as *mut u64).cast(),
             (&mut n_slots as *mut u32).cast(),
@@ -226,22 +249,7 @@ impl CudaBatchApplier {
             (&mut row_stride as *mut u64).cast(),
             (&mut logits as *mut u64).cast(),
         ];
-        check(
-            cu::cuLaunchKernel(
-                function,
-                blocks as u32,
-                1,
-                1,
-                THREADS as u32,
-                1,
-                1,
-                0,
-                stream,
-                params.as_mut_ptr(),
-                std::ptr::null_mut(),
-            ),
-            "cuLaunchKernel",
-        )?;
+        launch(apply, blocks as u32, stream, &mut params)?;
         check(cu::cuEventRecord(slot.event, stream), "cuEventRecord")?;
         Ok(())
     }
@@ -283,6 +291,34 @@ impl CudaBatchApplier {
         }
         Ok(i)
     }
+}
+
+/// Queues `function` on `stream`: `blocks` blocks of [`THREADS`] threads.
+///
+/// # Safety
+/// A context is current, and `params` match the kernel's parameters.
+unsafe fn launch(
+    function: cu::CUfunction,
+    blocks: u32,
+    stream: cu::CUstream,
+    params: &mut [*mut std::ffi::c_void],
+) -> Result<(), CudaError> {
+    check(
+        cu::cuLaunchKernel(
+            function,
+            blocks,
+            1,
+            1,
+            THREADS as u32,
+            1,
+            1,
+            0,
+            stream,
+            params.as_mut_ptr(),
+            std::ptr::null_mut(),
+        ),
+        "cuLaunchKernel",
+    )
 }
 
 impl Slot {

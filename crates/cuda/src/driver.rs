@@ -90,8 +90,14 @@ pub(crate) struct Kernels {
     pub f32: cu::CUfunction,
     pub f16: cu::CUfunction,
     pub bf16: cu::CUfunction,
+    /// The band kernels (rows that truncate), by element type.
+    pub bands_f32: cu::CUfunction,
+    pub bands_f16: cu::CUfunction,
+    pub bands_bf16: cu::CUfunction,
     /// Where the code came from: the embedded PTX or NVRTC.
     pub origin: &'static str,
+    /// The outcome of the device's self-check, run once by the first applier.
+    pub checked: OnceLock<Result<(), String>>,
 }
 
 // SAFETY: contexts and functions are process-wide driver handles, usable from any thread.
@@ -166,7 +172,11 @@ fn load(ordinal: usize) -> Result<Kernels, CudaError> {
         f32: function(c"lp_apply_f32")?,
         f16: function(c"lp_apply_f16")?,
         bf16: function(c"lp_apply_bf16")?,
+        bands_f32: function(c"lp_bands_f32")?,
+        bands_f16: function(c"lp_bands_f16")?,
+        bands_bf16: function(c"lp_bands_bf16")?,
         origin,
+        checked: OnceLock::new(),
     })
 }
 
@@ -194,7 +204,7 @@ fn load_nvrtc(device: cu::CUdevice) -> Result<cu::CUmodule, CudaError> {
     let major = attribute(cu::CUdevice_attribute::CU_DEVICE_ATTRIBUTE_COMPUTE_CAPABILITY_MAJOR)?;
     let minor = attribute(cu::CUdevice_attribute::CU_DEVICE_ATTRIBUTE_COMPUTE_CAPABILITY_MINOR)?;
     let cubin = nvrtc::compile(
-        crate::KERNEL_SOURCE,
+        &crate::kernel_source(),
         &format!("sm_{major}{minor}"),
         nvrtc::Output::Cubin,
     )?;

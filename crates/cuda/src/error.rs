@@ -21,6 +21,10 @@ pub enum CudaError {
     /// A plan or a batch the core refuses (a token outside the vocab, a bad layout).
     #[error(transparent)]
     Core(#[from] logits_processing::Error),
+    /// The kernels disagreed with the CPU path on this device's self-check (the first use of the
+    /// device in the process): the first differing row and token, with both values.
+    #[error("the CUDA kernels fail their self-check on this device: {0}")]
+    SelfCheck(String),
     /// An external step's callback failed (its own message).
     #[error("external step failed: {0}")]
     External(String),

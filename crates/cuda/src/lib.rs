@@ -1,39 +1,20 @@
-//! CUDA path: a whole batch's plans applied in one kernel launch on the caller's stream.
+//! CUDA path: a whole batch's plans applied on the GPU, on the caller's stream.
 //!
-//! CONTRACT (agreed between the CUDA crate and the Python binding; the CUDA helper implements it):
-//!
-//! ```ignore
-//! /// Whether a CUDA driver and at least one GPU can be used here. Never panics.
-//! pub fn cuda_available() -> bool;
-//!
-//! /// The crate's one error enum (thiserror): NoDriver / NoDevice / Driver(String) / Compile(String) / ...
-//! pub enum CudaError { .. }
-//!
-//! /// One device's kernels (loaded once, cached) and reusable pinned + device buffers.
-//! pub struct CudaBatchApplier { .. }
-//! impl CudaBatchApplier {
-//!     /// A clear error, never a panic, where there is no driver or no such device.
-//!     pub fn new(device_ordinal: usize) -> Result<Self, CudaError>;
-//!     /// Applies one plan per listed row in ONE launch; rows not listed are untouched.
-//!     /// `logits`: device pointer to the block's first element; `stream`: a raw CUstream (0 = default).
-//!     /// Safety: `logits` must be a live device allocation on this device covering `layout`.
-//!     pub unsafe fn apply_plans(&mut self, plans: &[(usize, &logits_processing::RowPlan)],
-//!         logits: u64, dtype: logits_processing::DType, layout: logits_processing::BatchLayout,
-//!         vocab_size: usize, stream: u64) -> Result<(), CudaError>;
-//!     /// A planned batch (after `Batch::plan`): stage by stage, one launch per stage level, and
-//!     /// `external(row, key)` for each external step in its place (the caller edits that row on
-//!     /// the same stream).
-//!     pub unsafe fn apply_batch(&mut self, batch: &mut logits_processing::Batch, logits: u64,
-//!         dtype: logits_processing::DType, layout: logits_processing::BatchLayout, stream: u64,
-//!         external: &mut dyn FnMut(usize, u64) -> Result<(), CudaError>) -> Result<(), CudaError>;
-//! }
-//! ```
+//! **The kernels have never run on a GPU.** No GPU has been lent to this project yet, and the
+//! machines it is developed on have none: the kernels are compiled (NVRTC, for several
+//! architectures) and their algorithm is checked on the host ([`packed::emulate`] against the CPU
+//! path, bit for bit), but nothing has executed them. So the first [`CudaBatchApplier`] on each
+//! device in a process runs a self-check first: a small batch covering every kind of edit, on
+//! that device, compared bit for bit with the CPU path; on any difference every applier for that
+//! device fails with [`CudaError::SelfCheck`], naming the first differing row and token, rather
+//! than ever giving wrong logits.
 //!
 //! Design (docs/cuda.md has the whole of it): the batch plans on the host as on the CPU path; each
-//! step the plans are packed ([`packed`]) into a few words per row, copied asynchronously from
-//! pinned memory to the device on the caller's stream, and one kernel launch edits every listed
-//! row, each logit read and written at most once, with the CPU path's arithmetic bit for bit.
-//! The kernels ship as PTX compiled from `kernels/apply.cu` by NVRTC 13.0 for `compute_75` and
+//! step the plans are packed ([`packed`]) into a few words per row plus each mask's words, copied
+//! asynchronously from pinned memory to the device on the caller's stream; for rows that truncate,
+//! a first kernel resolves each truncation's band (one block per row); then one launch edits every
+//! listed row, each logit read and written at most once, with the CPU path's arithmetic bit for
+//! bit. The kernels ship as PTX compiled from [`kernel_source`] by NVRTC 13.0 for `compute_75` and
 //! checked in; the driver JIT-compiles it once per device and process. cudarc loads `libcuda`
 //! dynamically, so this crate builds and its tests run on machines without CUDA, where
 //! [`cuda_available`] is `false` and [`CudaBatchApplier::new`] returns [`CudaError::NoDriver`].
@@ -44,14 +25,22 @@ mod driver;
 mod error;
 pub mod nvrtc;
 pub mod packed;
+mod self_check;
 
 pub use applier::CudaBatchApplier;
 pub use error::CudaError;
 
-/// The kernel source (CUDA C++), compiled by NVRTC into [`KERNEL_PTX`].
+/// The kernels' source file (CUDA C++) as written, without its constants: compile
+/// [`kernel_source`], which prepends them.
 pub const KERNEL_SOURCE: &str = include_str!("../kernels/apply.cu");
 
-/// The checked-in PTX of [`KERNEL_SOURCE`] (`cargo run -p logits-processing-cuda --example gen_ptx`
+/// The source NVRTC compiles: [`packed::kernel_header`] (the layout's constants and the op codes,
+/// from their one definition in Rust) followed by [`KERNEL_SOURCE`].
+pub fn kernel_source() -> String {
+    format!("{}{}", packed::kernel_header(), KERNEL_SOURCE)
+}
+
+/// The checked-in PTX of [`kernel_source`] (`cargo run -p logits-processing-cuda --example gen_ptx`
 /// regenerates it; a test fails when it is stale).
 pub const KERNEL_PTX: &str = include_str!("../kernels/apply.ptx");
 

@@ -1,51 +1,286 @@
-//! The packed form of a step's row plans that the kernel reads, and a host emulation of the kernel.
+//! The packed form of a step's row plans that the kernels read, and a host emulation of them.
 //!
-//! Layout (u32 words; see `kernels/apply.cu`, which must agree): one descriptor of
-//! [`DESC_WORDS`] words per listed row (a *slot*), then the data the descriptors point into:
+//! The words follow the plan's own shape ([`RowPlan`]): each row's *dense* edits (scales, masks,
+//! forces, truncations) as one chain that every logit goes through, and its *sparse* edits (bans,
+//! biases, penalties, raises, sets) grouped by token into one short *program* per touched token,
+//! each sparse op tagged with how many dense ops come before it in the plan. A touched logit's value is then its
+//! own ops and the dense ops merged in plan order: O(its edits + dense edits), never a scan of the
+//! whole edit list.
+//!
+//! Layout (u32 words), one descriptor of [`DESC_WORDS`] words per listed row (a *slot*), then the
+//! data the descriptors point into, then the list of slots that truncate:
 //!
 //! | word | meaning |
 //! | --- | --- |
 //! | 0 | row index in the block |
-//! | 1 | the forced token ([`RowPlan::forced_token`]), or [`NO_FORCE`] |
-//! | 2, 3 | word range of the dense scale chain: the temperatures of the `Scale` edits, in order |
-//! | 4, 5 | word range of the sorted, distinct tokens that `Ban` / `Bias` edits touch |
-//! | 6, 7 | word range of the whole edit list, [`EDIT_WORDS`] words an edit: kind, token, f32 bits |
+//! | 1 | the forced token ([`RowPlan::forced_token`]), or [`NO_TOKEN`] |
+//! | 2, 3 | word offset and count of the dense ops, [`DENSE_WORDS`] words each |
+//! | 4, 5 | word offset and count of the touched tokens (sorted, distinct) |
+//! | 6 | word offset of the programs' bounds: touched count + 1 word offsets into the sparse ops |
+//! | 7 | how many truncations the row has |
+//! | 8, 9 | word offset and count of a forced row's other survivors (sorted, distinct) |
 //!
-//! A forced row carries only its edit list (the survivor's value is `value_at` of its original;
-//! every other logit becomes `-inf` unread). Any other row carries its scale chain, its touched
-//! tokens, and, when it touches any, its edit list. Packing reuses one `Vec<u32>`: after the
-//! first steps it allocates nothing.
+//! A forced row's other survivors are the tokens an [`Edit::Set`] after its last force names
+//! ([`RowPlan::set_after_force`]), the forced token left out: usually none.
+//!
+//! Dense op: `[op, a, b, c]`: [`Op::Scale`] `a` = temperature bits; [`Op::ForceKeep`] `a` = token;
+//! [`Op::ForceSet`] `a` = token, `b` = value bits; [`Op::Mask`] `a` = word offset of the mask's
+//! words, `b` = their count, `c` = 1 when tokens past them are allowed; [`Op::Truncate`] `a` = word
+//! offset of its band record, `b` = the last force's token before it since the previous truncation
+//! (or [`NO_TOKEN`]): as a truncation sees the row, a logit that force did not name is `-inf`,
+//! unless an [`Edit::Set`] after the force (and before the truncation) names it.
+//!
+//! Sparse op: `[op | dense_before << OP_BITS, value bits]` for [`Op::Ban`], [`Op::Bias`] (the bias),
+//! [`Op::Penalty`] (the penalty), [`Op::Raise`] (the factor), [`Op::Set`] (the value).
+//!
+//! Band record ([`BAND_WORDS`] words): `[lo, hi, rule, parameter, min_keep]`. The band kernel
+//! (`lp_bands_*`, one block per truncating row) resolves each truncation of a row in order over
+//! the row as it stands there and writes `lo` and `hi`; the apply kernel then reads them.
+//!
+//! A forced row writes `-inf` everywhere but its survivors (the forced token and the tokens an
+//! [`Edit::Set`] after the last force names), unread; only the survivors' programs are
+//! packed (every touched token's when the row also truncates: the bands see them). Packing reuses
+//! its buffers: after the first steps it allocates nothing. Its cost is linear in the edits (one
+//! sort of the sparse edits by token) plus a copy of each mask's words.
+//!
+//! The op codes, the layout constants and the rules' codes are defined here once; the kernel gets
+//! them from [`kernel_header`], prepended to its source ([`crate::kernel_source`]).
 
-use logits_processing::{Batch, BatchLayout, Edit, ForcedValue, Logit, RowPlan, Stage};
+use logits_processing::truncation::{self, Softmax};
+pub use logits_processing::truncation::{from_order_key, order_key};
+use logits_processing::{
+    Band, Batch, BatchLayout, Bitmask, Edit, ForcedValue, Logit, RowPlan, Stage, Truncation,
+};
 
 use crate::CudaError;
 
-/// Threads per block; `THREADS` in the kernel.
+/// Threads per block of both kernels.
 pub const THREADS: usize = 256;
-/// Logits per thread; `PER_THREAD` in the kernel.
+/// Logits per thread in a tile.
 pub const PER_THREAD: usize = 4;
-/// Logits per block: a row is cut into `ceil(vocab / TILE)` tiles, one block each.
+/// Logits per block of the apply kernel: a row is cut into `ceil(vocab / TILE)` tiles.
 pub const TILE: usize = THREADS * PER_THREAD;
 /// Words per slot descriptor.
-pub const DESC_WORDS: usize = 8;
-/// Words per packed edit.
-pub const EDIT_WORDS: usize = 3;
-/// The forced-token word of a row without a forced token.
-pub const NO_FORCE: u32 = u32::MAX;
+pub const DESC_WORDS: usize = 10;
+/// Words per dense op.
+pub const DENSE_WORDS: usize = 4;
+/// Words per sparse op.
+pub const SPARSE_WORDS: usize = 2;
+/// Words per band record.
+pub const BAND_WORDS: usize = 5;
+/// No token: a row without a forced token, a truncation without a force before it.
+pub const NO_TOKEN: u32 = u32::MAX;
+/// A sparse op's first word: the op code in the low `OP_BITS` bits, the dense ops before it above.
+pub const OP_BITS: u32 = 8;
+/// Bits per digit of the band kernel's radix select (one histogram bin per thread).
+pub const RADIX_BITS: u32 = 8;
 
-pub const EDIT_SCALE: u32 = 0;
-pub const EDIT_FORCE_KEEP: u32 = 1;
-pub const EDIT_FORCE_SET: u32 = 2;
-pub const EDIT_BAN: u32 = 3;
-pub const EDIT_BIAS: u32 = 4;
+/// The most dense ops a row may have (the sparse ops' `dense_before` field).
+const MAX_DENSE: usize = 1 << (32 - OP_BITS);
+
+/// The kernel's op codes: one per edit meaning, each carried out as [`Edit::value`] says.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+#[repr(u32)]
+pub enum Op {
+    Scale = 0,
+    ForceKeep = 1,
+    ForceSet = 2,
+    Ban = 3,
+    Bias = 4,
+    Penalty = 5,
+    Mask = 6,
+    Truncate = 7,
+    Raise = 8,
+    Set = 9,
+}
+
+impl Op {
+    pub const ALL: [Op; 10] = [
+        Op::Scale,
+        Op::ForceKeep,
+        Op::ForceSet,
+        Op::Ban,
+        Op::Bias,
+        Op::Penalty,
+        Op::Mask,
+        Op::Truncate,
+        Op::Raise,
+        Op::Set,
+    ];
+
+    /// The op that carries out `edit`. Exhaustive: a new kind of edit does not compile until it
+    /// has an op here (and then in the kernel, through [`kernel_header`]).
+    pub fn of(edit: &Edit) -> Op {
+        match edit {
+            Edit::Scale { .. } => Op::Scale,
+            Edit::Force {
+                value: ForcedValue::Keep,
+                ..
+            } => Op::ForceKeep,
+            Edit::Force {
+                value: ForcedValue::Set(_),
+                ..
+            } => Op::ForceSet,
+            Edit::Ban { .. } => Op::Ban,
+            Edit::Bias { .. } => Op::Bias,
+            Edit::Penalty { .. } => Op::Penalty,
+            Edit::Raise { .. } => Op::Raise,
+            Edit::Set { .. } => Op::Set,
+            Edit::Mask(_) => Op::Mask,
+            Edit::Truncate(_) => Op::Truncate,
+        }
+    }
+
+    /// Its name in the kernel source.
+    pub fn c_name(self) -> &'static str {
+        match self {
+            Op::Scale => "OP_SCALE",
+            Op::ForceKeep => "OP_FORCE_KEEP",
+            Op::ForceSet => "OP_FORCE_SET",
+            Op::Ban => "OP_BAN",
+            Op::Bias => "OP_BIAS",
+            Op::Penalty => "OP_PENALTY",
+            Op::Mask => "OP_MASK",
+            Op::Truncate => "OP_TRUNCATE",
+            Op::Raise => "OP_RAISE",
+            Op::Set => "OP_SET",
+        }
+    }
+
+    pub fn from_code(code: u32) -> Option<Op> {
+        Op::ALL.into_iter().find(|op| *op as u32 == code)
+    }
+}
+
+/// A truncation rule's code in a band record.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+#[repr(u32)]
+pub enum Rule {
+    TopK = 0,
+    TopP = 1,
+    MinP = 2,
+    Typical = 3,
+    Epsilon = 4,
+    Eta = 5,
+}
+
+impl Rule {
+    pub const ALL: [Rule; 6] = [
+        Rule::TopK,
+        Rule::TopP,
+        Rule::MinP,
+        Rule::Typical,
+        Rule::Epsilon,
+        Rule::Eta,
+    ];
+
+    /// The rule's code, its parameter's bits and `min_keep`, as a band record holds them.
+    pub fn of(rule: &Truncation) -> (Rule, u32, u32) {
+        match *rule {
+            Truncation::TopK { k, min_keep } => (Rule::TopK, k, min_keep),
+            Truncation::TopP { p, min_keep } => (Rule::TopP, p.to_bits(), min_keep),
+            Truncation::MinP { p, min_keep } => (Rule::MinP, p.to_bits(), min_keep),
+            Truncation::Typical { mass, min_keep } => (Rule::Typical, mass.to_bits(), min_keep),
+            Truncation::Epsilon { epsilon, min_keep } => {
+                (Rule::Epsilon, epsilon.to_bits(), min_keep)
+            }
+            Truncation::Eta { epsilon, min_keep } => (Rule::Eta, epsilon.to_bits(), min_keep),
+        }
+    }
+
+    /// The rule a band record holds.
+    pub fn decode(code: u32, parameter: u32, min_keep: u32) -> Option<Truncation> {
+        let x = f32::from_bits(parameter);
+        Some(match Rule::ALL.into_iter().find(|r| *r as u32 == code)? {
+            Rule::TopK => Truncation::TopK {
+                k: parameter,
+                min_keep,
+            },
+            Rule::TopP => Truncation::TopP { p: x, min_keep },
+            Rule::MinP => Truncation::MinP { p: x, min_keep },
+            Rule::Typical => Truncation::Typical { mass: x, min_keep },
+            Rule::Epsilon => Truncation::Epsilon {
+                epsilon: x,
+                min_keep,
+            },
+            Rule::Eta => Truncation::Eta {
+                epsilon: x,
+                min_keep,
+            },
+        })
+    }
+
+    pub fn c_name(self) -> &'static str {
+        match self {
+            Rule::TopK => "RULE_TOP_K",
+            Rule::TopP => "RULE_TOP_P",
+            Rule::MinP => "RULE_MIN_P",
+            Rule::Typical => "RULE_TYPICAL",
+            Rule::Epsilon => "RULE_EPSILON",
+            Rule::Eta => "RULE_ETA",
+        }
+    }
+}
+
+/// The `#define`s the kernel source is compiled with: every constant of the packed layout, every
+/// op code and rule code, from their one definition here.
+pub fn kernel_header() -> String {
+    let mut h = String::from(
+        "// Generated by crates/cuda/src/packed.rs (kernel_header): the packed layout's constants.\n",
+    );
+    let mut define = |name: &str, value: String| h.push_str(&format!("#define {name} {value}\n"));
+    define("THREADS", THREADS.to_string());
+    define("PER_THREAD", PER_THREAD.to_string());
+    define("DESC_WORDS", format!("{DESC_WORDS}u"));
+    define("DENSE_WORDS", format!("{DENSE_WORDS}u"));
+    define("SPARSE_WORDS", format!("{SPARSE_WORDS}u"));
+    define("BAND_WORDS", format!("{BAND_WORDS}u"));
+    define("NO_TOKEN", format!("0x{NO_TOKEN:X}u"));
+    define("OP_BITS", format!("{OP_BITS}u"));
+    define("RADIX_BITS", format!("{RADIX_BITS}u"));
+    define("FIXED_BITS", format!("{}u", truncation::FIXED_BITS));
+    // exp's constants, by their bits: the kernel's exp is the core's, operation for operation.
+    let float = |x: f32| format!("__uint_as_float(0x{:08X}u)", x.to_bits());
+    define("EXP_MIN", float(truncation::EXP_MIN));
+    define("EXP_MAX", float(truncation::EXP_MAX));
+    define("EXP_LOG2_E", float(truncation::EXP_LOG2_E));
+    define("EXP_SHIFTER", float(truncation::EXP_SHIFTER));
+    define("EXP_LN2_HI", float(truncation::EXP_LN2_HI));
+    define("EXP_LN2_LO", float(truncation::EXP_LN2_LO));
+    for (i, c) in truncation::EXP_POLY.iter().enumerate() {
+        define(&format!("EXP_POLY_{i}"), float(*c));
+    }
+    define("EXP_POLY_LEN", format!("{}u", truncation::EXP_POLY.len()));
+    for op in Op::ALL {
+        define(op.c_name(), format!("{}u", op as u32));
+    }
+    for rule in Rule::ALL {
+        define(rule.c_name(), format!("{}u", rule as u32));
+    }
+    h
+}
+
+/// One sparse edit while packing: its token, its place in the plan, its op word and value.
+#[derive(Debug, Clone, Copy)]
+struct Sparse {
+    token: u32,
+    at: u32,
+    head: u32,
+    value: u32,
+}
 
 /// A step's plans, packed. Reuse one across steps: [`PackedPlans::pack`] clears and refills it.
 #[derive(Debug, Default, Clone)]
 pub struct PackedPlans {
     words: Vec<u32>,
     slots: usize,
+    truncating: (usize, usize),
     // Which rows were seen this step, to refuse a row listed twice (two blocks writing one row).
     seen: Vec<bool>,
+    sparse: Vec<Sparse>,
+    // A forced row's other survivors (sorted, distinct): the tokens a set after its last force names.
+    survivors: Vec<u32>,
+    truncating_slots: Vec<u32>,
 }
 
 impl PackedPlans {
@@ -58,17 +293,23 @@ impl PackedPlans {
         &self.words
     }
 
-    /// How many rows the kernel will edit (listed rows with a non-empty plan).
+    /// How many rows the apply kernel will edit (listed rows with a non-empty plan).
     pub fn slots(&self) -> usize {
         self.slots
     }
 
+    /// The word offset and length of the list of slots that truncate (the band kernel's grid).
+    pub fn truncating(&self) -> (usize, usize) {
+        self.truncating
+    }
+
     /// Packs `plans` (row, plan) for a block of `rows` rows of `vocab_size` logits. Empty plans are
-    /// left out. Every plan is validated first (tokens inside the vocab, rows inside the block, no
-    /// row twice); on error the previous content is gone and `slots()` is 0.
+    /// left out. Every plan is checked first (tokens inside the vocab, rows inside the block, no
+    /// row twice); on error the previous content is gone and
+    /// `slots()` is 0.
     ///
-    /// `plans` makes the iterator; it is called twice (validate, then pack), so a caller can pass
-    /// a filter over its own rows without collecting them.
+    /// `plans` makes the iterator; it is called twice (check, then pack), so a caller can pass a
+    /// filter over its own rows without collecting them.
     pub fn pack<'a, F, I>(
         &mut self,
         plans: F,
@@ -81,6 +322,8 @@ impl PackedPlans {
     {
         self.words.clear();
         self.slots = 0;
+        self.truncating = (0, 0);
+        self.truncating_slots.clear();
         if vocab_size > i32::MAX as usize - TILE {
             return Err(CudaError::InvalidArgument(format!(
                 "vocab size {vocab_size} is too large for the kernel's 32-bit indices"
@@ -107,57 +350,14 @@ impl PackedPlans {
         }
         self.words.resize(slots * DESC_WORDS, 0);
         for (slot, (row, plan)) in plans().filter(|(_, p)| !p.is_empty()).enumerate() {
-            let mut desc = [0u32; DESC_WORDS];
-            desc[0] = row as u32;
-            let forced = plan.forced_token();
-            desc[1] = forced.unwrap_or(NO_FORCE);
-            let at = |words: &Vec<u32>| words.len() as u32;
-            desc[2] = at(&self.words);
-            desc[3] = desc[2];
-            desc[4] = desc[2];
-            desc[5] = desc[2];
-            if forced.is_none() {
-                for edit in plan.edits() {
-                    if let Edit::Scale { temperature } = *edit {
-                        self.words.push(temperature.to_bits());
-                    }
-                }
-                desc[3] = at(&self.words);
-                desc[4] = desc[3];
-                for edit in plan.edits() {
-                    if let Some(token) = edit.token() {
-                        self.words.push(token);
-                    }
-                }
-                let touched = &mut self.words[desc[4] as usize..];
-                touched.sort_unstable();
-                let distinct = dedup_sorted(touched);
-                self.words.truncate(desc[4] as usize + distinct);
-                desc[5] = at(&self.words);
+            let desc = self.pack_row(row, plan, vocab_size)?;
+            if desc[7] > 0 {
+                self.truncating_slots.push(slot as u32);
             }
-            desc[6] = at(&self.words);
-            if forced.is_some() || desc[5] > desc[4] {
-                for edit in plan.edits() {
-                    let (kind, token, value) = match *edit {
-                        Edit::Scale { temperature } => (EDIT_SCALE, 0, temperature),
-                        Edit::Force {
-                            token,
-                            value: ForcedValue::Keep,
-                        } => (EDIT_FORCE_KEEP, token, 0.0),
-                        Edit::Force {
-                            token,
-                            value: ForcedValue::Set(v),
-                        } => (EDIT_FORCE_SET, token, v),
-                        Edit::Ban { token } => (EDIT_BAN, token, 0.0),
-                        Edit::Bias { token, bias } => (EDIT_BIAS, token, bias),
-                    };
-                    self.words
-                        .extend_from_slice(&[kind, token, value.to_bits()]);
-                }
-            }
-            desc[7] = at(&self.words);
             self.words[slot * DESC_WORDS..(slot + 1) * DESC_WORDS].copy_from_slice(&desc);
         }
+        self.truncating = (self.words.len(), self.truncating_slots.len());
+        self.words.extend_from_slice(&self.truncating_slots);
         if self.words.len() > u32::MAX as usize {
             self.words.clear();
             return Err(CudaError::InvalidArgument(
@@ -167,21 +367,150 @@ impl PackedPlans {
         self.slots = slots;
         Ok(())
     }
-}
 
-/// Moves the distinct values of a sorted slice to its front; returns how many there are.
-fn dedup_sorted(values: &mut [u32]) -> usize {
-    if values.is_empty() {
-        return 0;
-    }
-    let mut kept = 1;
-    for i in 1..values.len() {
-        if values[i] != values[kept - 1] {
-            values[kept] = values[i];
-            kept += 1;
+    /// Appends one row's data; returns its descriptor.
+    fn pack_row(
+        &mut self,
+        row: usize,
+        plan: &RowPlan,
+        vocab: usize,
+    ) -> Result<[u32; DESC_WORDS], CudaError> {
+        let edits = plan.edits();
+        let forced = plan.forced_token();
+        let n_dense = edits.iter().filter(|e| !e.is_sparse()).count();
+        if n_dense >= MAX_DENSE {
+            return Err(CudaError::InvalidArgument(format!(
+                "row {row} has {n_dense} dense edits; the kernel takes fewer than {MAX_DENSE}"
+            )));
         }
+        let mut desc = [0u32; DESC_WORDS];
+        desc[0] = row as u32;
+        desc[1] = forced.unwrap_or(NO_TOKEN);
+        let dense_begin = self.words.len();
+        desc[2] = dense_begin as u32;
+        desc[3] = n_dense as u32;
+        self.words.resize(dense_begin + n_dense * DENSE_WORDS, 0);
+
+        // A forced row's other survivors: what a Set after its last force brings back.
+        self.survivors.clear();
+        if let Some(f) = forced {
+            self.survivors
+                .extend(plan.set_after_force(0..edits.len()).filter(|&t| t != f));
+            self.survivors.sort_unstable();
+            self.survivors.dedup();
+        }
+
+        // Dense ops in order (their data appended after them), sparse edits collected.
+        let truncates = plan.truncates();
+        self.sparse.clear();
+        let mut dense = 0;
+        let mut segment_force = NO_TOKEN;
+        let mut truncations = 0;
+        for (at, edit) in edits.iter().enumerate() {
+            let op = Op::of(edit);
+            if edit.is_sparse() {
+                let (token, value) = match *edit {
+                    Edit::Ban { token } => (token, 0),
+                    Edit::Bias { token, bias } => (token, bias.to_bits()),
+                    Edit::Penalty { token, penalty } => (token, penalty.to_bits()),
+                    Edit::Raise { token, factor } => (token, factor.to_bits()),
+                    Edit::Set { token, value } => (token, value.to_bits()),
+                    _ => unreachable!("only ban, bias, penalty, raise and set are sparse"),
+                };
+                // A forced row needs only its survivors' programs, unless a band sees the others.
+                if truncates
+                    || forced.is_none_or(|f| f == token)
+                    || self.survivors.binary_search(&token).is_ok()
+                {
+                    self.sparse.push(Sparse {
+                        token,
+                        at: at as u32,
+                        head: op as u32 | (dense as u32) << OP_BITS,
+                        value,
+                    });
+                }
+                continue;
+            }
+            let words: [u32; DENSE_WORDS] = match *edit {
+                Edit::Scale { temperature } => [op as u32, temperature.to_bits(), 0, 0],
+                Edit::Force { token, value } => {
+                    segment_force = token;
+                    let v = match value {
+                        ForcedValue::Keep => 0,
+                        ForcedValue::Set(v) => v.to_bits(),
+                    };
+                    [op as u32, token, v, 0]
+                }
+                Edit::Mask(id) => {
+                    let mask = plan.bitmask(id);
+                    // Words past the vocab are never read.
+                    let len = mask.words.len().min(vocab.div_ceil(32));
+                    let offset = self.words.len() as u32;
+                    self.words.extend_from_slice(&mask.words[..len]);
+                    [op as u32, offset, len as u32, mask.beyond_allowed as u32]
+                }
+                Edit::Truncate(rule) => {
+                    let (code, parameter, min_keep) = Rule::of(&rule);
+                    let offset = self.words.len() as u32;
+                    let all = Band::ALL;
+                    self.words.extend_from_slice(&[
+                        all.lo.to_bits(),
+                        all.hi.to_bits(),
+                        code as u32,
+                        parameter,
+                        min_keep,
+                    ]);
+                    truncations += 1;
+                    [
+                        op as u32,
+                        offset,
+                        std::mem::replace(&mut segment_force, NO_TOKEN),
+                        0,
+                    ]
+                }
+                Edit::Ban { .. }
+                | Edit::Bias { .. }
+                | Edit::Penalty { .. }
+                | Edit::Raise { .. }
+                | Edit::Set { .. } => unreachable!(),
+            };
+            let at = dense_begin + dense * DENSE_WORDS;
+            self.words[at..at + DENSE_WORDS].copy_from_slice(&words);
+            dense += 1;
+        }
+        desc[7] = truncations;
+
+        // Sparse edits grouped by token, each token's in plan order: one sort.
+        self.sparse.sort_unstable_by_key(|s| (s.token, s.at));
+        let touched = self
+            .sparse
+            .iter()
+            .enumerate()
+            .filter(|&(i, s)| i == 0 || self.sparse[i - 1].token != s.token)
+            .count();
+        desc[4] = self.words.len() as u32;
+        desc[5] = touched as u32;
+        let bounds = desc[4] as usize + touched;
+        desc[6] = bounds as u32;
+        let ops = bounds + touched + 1;
+        self.words.resize(ops, 0);
+        let mut t = 0;
+        for (i, s) in self.sparse.iter().enumerate() {
+            if i == 0 || self.sparse[i - 1].token != s.token {
+                self.words[desc[4] as usize + t] = s.token;
+                self.words[bounds + t] = (ops + i * SPARSE_WORDS) as u32;
+                t += 1;
+            }
+        }
+        self.words[bounds + touched] = (ops + self.sparse.len() * SPARSE_WORDS) as u32;
+        for s in &self.sparse {
+            self.words.extend_from_slice(&[s.head, s.value]);
+        }
+        desc[8] = self.words.len() as u32;
+        desc[9] = self.survivors.len() as u32;
+        self.words.extend_from_slice(&self.survivors);
+        Ok(desc)
     }
-    kept
 }
 
 /// Blocks per row for a vocab: `ceil(vocab / TILE)`.
@@ -194,22 +523,167 @@ fn round<T: Logit>(v: f32) -> f32 {
     T::from_f32(v).to_f32()
 }
 
-fn value_at<T: Logit>(words: &[u32], begin: usize, end: usize, index: u32, mut v: f32) -> f32 {
-    for e in words[begin..end].chunks_exact(EDIT_WORDS) {
-        let (kind, token, x) = (e[0], e[1], f32::from_bits(e[2]));
-        v = match kind {
-            EDIT_SCALE => round::<T>(v / x),
-            EDIT_FORCE_KEEP if token == index => round::<T>(v + 0.0),
-            EDIT_FORCE_SET if token == index => round::<T>(x),
-            EDIT_FORCE_KEEP | EDIT_FORCE_SET => f32::NEG_INFINITY,
-            EDIT_BAN if token == index => f32::NEG_INFINITY,
-            EDIT_BIAS if token == index => round::<T>(v + x),
-            _ => v,
+/// The plan's meaning of a mask edit, without a plan at hand: [`Edit::value`] asks the `allowed`
+/// closure, which reads the packed words, so any mask id does.
+fn a_mask_edit() -> Edit {
+    let mut plan = RowPlan::new();
+    plan.push_mask(&[], true);
+    plan.edits()[0]
+}
+
+/// The packed words and one row's descriptor, for the emulation.
+struct Row<'a> {
+    words: &'a [u32],
+    desc: &'a [u32],
+    mask_edit: Edit,
+}
+
+impl Row<'_> {
+    fn dense_op(&self, d: u32) -> &[u32] {
+        let at = self.desc[2] as usize + d as usize * DENSE_WORDS;
+        &self.words[at..at + DENSE_WORDS]
+    }
+
+    /// The value dense op `d` gives the logit at `index` of value `v`: [`Edit::value`] of the edit
+    /// the op encodes, rounded to `T`.
+    fn dense<T: Logit>(&self, d: u32, index: u32, v: f32) -> f32 {
+        let op = self.dense_op(d);
+        let (a, b, c) = (op[1], op[2], op[3]);
+        let (edit, band) = match Op::from_code(op[0]) {
+            Some(Op::Scale) => (
+                Edit::Scale {
+                    temperature: f32::from_bits(a),
+                },
+                Band::ALL,
+            ),
+            Some(Op::ForceKeep) => (
+                Edit::Force {
+                    token: a,
+                    value: ForcedValue::Keep,
+                },
+                Band::ALL,
+            ),
+            Some(Op::ForceSet) => (
+                Edit::Force {
+                    token: a,
+                    value: ForcedValue::Set(f32::from_bits(b)),
+                },
+                Band::ALL,
+            ),
+            Some(Op::Mask) => (self.mask_edit, Band::ALL),
+            Some(Op::Truncate) => {
+                let r = &self.words[a as usize..a as usize + BAND_WORDS];
+                let rule = Rule::decode(r[2], r[3], r[4]).expect("a packed rule");
+                let band = Band {
+                    lo: f32::from_bits(r[0]),
+                    hi: f32::from_bits(r[1]),
+                };
+                (Edit::Truncate(rule), band)
+            }
+            other => unreachable!("{other:?} is not a dense op"),
         };
+        let allowed = |_| {
+            let mask = Bitmask {
+                words: &self.words[a as usize..(a + b) as usize],
+                beyond_allowed: c != 0,
+            };
+            mask.allows(index as usize)
+        };
+        round::<T>(edit.value(index as usize, v, allowed, band))
+    }
+
+    /// [`Self::dense`] as a truncation sees the row (`segments`): at each truncation, a logit that
+    /// a force since the previous truncation did not name is `-inf` whatever came after the force
+    /// ([`RowPlan::resolve_truncations`] applies the plan up to each truncation as a whole plan,
+    /// and a forced plan fills the other logits).
+    /// `set`: whether an [`Edit::Set`] of the logit came after the last force so far (a truncation
+    /// then sees it as the CPU's forced segment does: [`RowPlan::set_after_force`]).
+    fn dense_step<T: Logit>(
+        &self,
+        d: u32,
+        index: u32,
+        v: f32,
+        segments: bool,
+        set: &mut bool,
+    ) -> f32 {
+        let v = if segments {
+            self.segment_end(d, index, v, *set)
+        } else {
+            v
+        };
+        let code = self.dense_op(d)[0];
+        if code == Op::ForceKeep as u32 || code == Op::ForceSet as u32 {
+            *set = false;
+        }
+        self.dense::<T>(d, index, v)
+    }
+
+    fn segment_end(&self, d: u32, index: u32, v: f32, set: bool) -> f32 {
+        let op = self.dense_op(d);
+        if op[0] == Op::Truncate as u32 && op[2] != NO_TOKEN && op[2] != index && !set {
+            f32::NEG_INFINITY
+        } else {
+            v
+        }
+    }
+
+    fn sparse<T: Logit>(head: u32, value: u32, index: u32, v: f32) -> f32 {
+        let x = f32::from_bits(value);
+        let token = index;
+        let edit = match Op::from_code(head & ((1 << OP_BITS) - 1)) {
+            Some(Op::Ban) => Edit::Ban { token },
+            Some(Op::Bias) => Edit::Bias { token, bias: x },
+            Some(Op::Penalty) => Edit::Penalty { token, penalty: x },
+            Some(Op::Raise) => Edit::Raise { token, factor: x },
+            Some(Op::Set) => Edit::Set { token, value: x },
+            other => unreachable!("{other:?} is not a sparse op"),
+        };
+        round::<T>(edit.value(index as usize, v, |_| true, Band::ALL))
+    }
+}
+
+/// The kernels' evaluation of one logit: from its value `v` before the plan, through the dense
+/// ops `[0, dense_end)` and, for a touched token (`program`: its place in the touched list), its
+/// own sparse ops before dense op `dense_end`, merged in plan order. `segments`: as a truncation
+/// sees the row (the band kernel), where `dense_end` is that truncation.
+fn eval<T: Logit>(
+    row: &Row,
+    index: u32,
+    mut v: f32,
+    program: u32,
+    dense_end: u32,
+    segments: bool,
+) -> f32 {
+    let mut next = 0;
+    // Whether a Set of this logit came after the last force so far.
+    let mut set = false;
+    if program != NO_TOKEN {
+        let bounds = row.desc[6] as usize + program as usize;
+        let (begin, end) = (row.words[bounds] as usize, row.words[bounds + 1] as usize);
+        for op in row.words[begin..end].chunks_exact(SPARSE_WORDS) {
+            let before = op[0] >> OP_BITS;
+            if before > dense_end {
+                break;
+            }
+            while next < before {
+                v = row.dense_step::<T>(next, index, v, segments, &mut set);
+                next += 1;
+            }
+            set |= op[0] & ((1 << OP_BITS) - 1) == Op::Set as u32;
+            v = Row::sparse::<T>(op[0], op[1], index, v);
+        }
+    }
+    while next < dense_end {
+        v = row.dense_step::<T>(next, index, v, segments, &mut set);
+        next += 1;
+    }
+    if segments {
+        v = row.segment_end(dense_end, index, v, set);
     }
     v
 }
 
+/// The first position in `words[begin..end]` (sorted) whose value is >= `token`.
 fn lower_bound(words: &[u32], mut begin: usize, mut end: usize, token: u32) -> usize {
     while begin < end {
         let mid = begin + (end - begin) / 2;
@@ -222,89 +696,308 @@ fn lower_bound(words: &[u32], mut begin: usize, mut end: usize, token: u32) -> u
     begin
 }
 
-/// Runs the kernel's algorithm on the host: every block (slot, tile) and every thread of it, in
-/// the kernel's order, over `logits` (`row_stride` elements a row), with the kernel's arithmetic
-/// (values held in f32, rounded to the element type after every edit). The property tests compare
-/// it with [`RowPlan::apply`] bit for bit, which checks the packing without a GPU.
+/// The touched tokens' positions in `row`'s touched list that fall in `[tile_begin, tile_end)`.
+fn tile_touched(row: &Row, tile_begin: u32, tile_end: u32) -> (usize, usize) {
+    let (begin, n) = (row.desc[4] as usize, row.desc[5] as usize);
+    let lo = lower_bound(row.words, begin, begin + n, tile_begin);
+    let hi = lower_bound(row.words, lo, begin + n, tile_end);
+    (lo - begin, hi - begin)
+}
+
+/// Runs the kernels' algorithms on the host: the band kernel for each truncating slot, then every
+/// block (slot, tile) of the apply kernel and every thread of it, in the kernels' order, over
+/// `logits` (`row_stride` elements a row), with the kernels' arithmetic (values held in f32,
+/// rounded to the element type after every edit, each edit's value from [`Edit::value`]). The
+/// property tests compare it with [`RowPlan::apply`] bit for bit, which checks the packing and
+/// the kernels' logic without a GPU.
 pub fn emulate<T: Logit>(
     packed: &PackedPlans,
     vocab_size: usize,
     row_stride: usize,
     logits: &mut [T],
 ) {
-    emulate_typed(packed, vocab_size, row_stride, logits)
+    // The band kernel writes the bands into the device copy of the words.
+    let mut words = packed.words().to_vec();
+    let (list, n) = packed.truncating();
+    for b in 0..n {
+        let slot = words[list + b] as usize;
+        emulate_bands(&mut words, slot, vocab_size, row_stride, logits);
+    }
+    emulate_apply(&words, packed.slots(), vocab_size, row_stride, logits);
 }
 
-fn emulate_typed<T: Logit>(packed: &PackedPlans, vocab: usize, stride: usize, logits: &mut [T]) {
-    let words = packed.words();
+/// The band kernel's block for one truncating slot: each truncation of the row in order, its
+/// band written into its record.
+fn emulate_bands<T: Logit>(
+    words: &mut [u32],
+    slot: usize,
+    vocab: usize,
+    stride: usize,
+    logits: &[T],
+) {
+    let desc: [u32; DESC_WORDS] = std::array::from_fn(|i| words[slot * DESC_WORDS + i]);
+    let x = &logits[desc[0] as usize * stride..desc[0] as usize * stride + vocab];
+    let mask_edit = a_mask_edit();
+    for d in 0..desc[3] {
+        let op_at = desc[2] as usize + d as usize * DENSE_WORDS;
+        if words[op_at] != Op::Truncate as u32 {
+            continue;
+        }
+        let record = words[op_at + 1] as usize;
+        let row = Row {
+            words,
+            desc: &desc,
+            mask_edit,
+        };
+        // The row as it stands at this truncation, tile by tile as the kernel reads it.
+        let mut values = Vec::with_capacity(vocab);
+        for tile_begin in (0..vocab).step_by(TILE) {
+            let tile_end = (tile_begin + TILE).min(vocab);
+            let (lo, hi) = tile_touched(&row, tile_begin as u32, tile_end as u32);
+            let touched = &words[desc[4] as usize..][lo..hi];
+            for (i, x) in (tile_begin..tile_end).zip(&x[tile_begin..tile_end]) {
+                let program = match touched.binary_search(&(i as u32)) {
+                    Ok(at) => (lo + at) as u32,
+                    Err(_) => NO_TOKEN,
+                };
+                values.push(eval::<T>(&row, i as u32, x.to_f32(), program, d, true));
+            }
+        }
+        let rule = Rule::decode(words[record + 2], words[record + 3], words[record + 4])
+            .expect("a packed rule");
+        let band = resolve_band(&rule, &values);
+        words[record] = band.lo.to_bits();
+        words[record + 1] = band.hi.to_bits();
+    }
+}
+
+/// A rule's band over `values` by the band kernel's algorithm: passes over the row (a maximum,
+/// the fixed-point sums, then histograms of keys), each a reduction whose result does not depend
+/// on the order the threads visit the values in. The arithmetic is the core's
+/// ([`Softmax`], [`truncation::exp`], [`truncation::fixed`]); the selections are the kernel's.
+pub fn resolve_band(rule: &Truncation, values: &[f32]) -> Band {
+    let non_nan = |x: f32| (!x.is_nan()).then(|| (order_key(x), 1));
+    // The k-th largest non-NaN value's key, or -inf's when there are fewer than k.
+    let kth_key = |k: u32| {
+        select_key(values, non_nan, k as f64, false).unwrap_or(order_key(f32::NEG_INFINITY))
+    };
+    if let Truncation::TopK { k, min_keep } = *rule {
+        return Band {
+            lo: from_order_key(kth_key(k.max(min_keep))),
+            hi: f32::INFINITY,
+        };
+    }
+    // Pass: the maximum, as an order key (-inf when every value is NaN).
+    let max_key = values
+        .iter()
+        .filter(|x| !x.is_nan())
+        .fold(order_key(f32::NEG_INFINITY), |m, &x| m.max(order_key(x)));
+    let mut softmax = Softmax {
+        max: from_order_key(max_key),
+        sum: 0,
+        entropy_sum: 0,
+    };
+    if !softmax.is_defined() {
+        return Band::ALL;
+    }
+    // Pass: the fixed-point sums.
+    for &x in values {
+        let (w, e) = softmax.weights(x);
+        softmax.sum += w;
+        softmax.entropy_sum += e;
+    }
+    let min_keep = rule.min_keep();
+    let lo_key = match *rule {
+        Truncation::TopK { .. } => unreachable!("resolved above"),
+        Truncation::MinP { .. } | Truncation::Epsilon { .. } | Truncation::Eta { .. } => {
+            // Pass: the smallest value whose q reaches the threshold.
+            let threshold = softmax.threshold(rule);
+            values
+                .iter()
+                .filter(|&&x| !x.is_nan() && softmax.q(x) >= threshold)
+                .fold(order_key(f32::INFINITY), |m, &x| m.min(order_key(x)))
+        }
+        Truncation::TopP { p, .. } => {
+            let weighted = |x: f32| (!x.is_nan()).then(|| (order_key(x), softmax.weights(x).0));
+            match select_key(values, weighted, softmax.target(p), false) {
+                Some(key) => key,
+                None => return Band::ALL,
+            }
+        }
+        Truncation::Typical { mass, .. } => {
+            // Keys that grow as the score falls: the selection takes the largest keys first.
+            let shift = softmax.shift();
+            let scored = |x: f32| {
+                (!x.is_nan() && x != f32::NEG_INFINITY)
+                    .then(|| !order_key(softmax.typical_score(x, shift)))
+            };
+            let by_mass = |x: f32| scored(x).map(|key| (key, softmax.weights(x).0));
+            let by_count = |x: f32| scored(x).map(|key| (key, 1));
+            let Some(mass_cut) = select_key(values, by_mass, softmax.target(mass), false) else {
+                return Band::ALL;
+            };
+            let Some(count_cut) = select_key(values, by_count, min_keep as f64, true) else {
+                return Band::ALL;
+            };
+            // Pass: the smallest and largest value scoring at most the cut.
+            let cut = mass_cut.min(count_cut);
+            let (lo, hi) = values
+                .iter()
+                .filter(|&&x| scored(x).is_some_and(|key| key >= cut))
+                .fold(
+                    (order_key(f32::INFINITY), order_key(f32::NEG_INFINITY)),
+                    |(lo, hi), &x| (lo.min(order_key(x)), hi.max(order_key(x))),
+                );
+            return Band {
+                lo: from_order_key(lo),
+                hi: from_order_key(hi),
+            };
+        }
+    };
+    Band {
+        lo: from_order_key(lo_key.min(kth_key(min_keep))),
+        hi: f32::INFINITY,
+    }
+}
+
+/// The band kernel's weighted radix select: the largest key, among the keys `key_of` gives the
+/// values (`None`: the value takes no part), at which the weights of the keys at or above it
+/// reach `target` (compared in f64). One histogram of [`RADIX_BITS`]-bit digits per pass, most
+/// significant first, each pass weighing only the keys that start with the digits chosen so far;
+/// each bin's thread tests whether the running sum crosses the target in its bin. With `clamp`,
+/// the target is at most the total weight. `None` when the total does not reach the target, or the
+/// target is not positive.
+pub fn select_key(
+    values: &[f32],
+    key_of: impl Fn(f32) -> Option<(u32, u64)>,
+    target: f64,
+    clamp: bool,
+) -> Option<u32> {
+    const BINS: usize = 1 << RADIX_BITS;
+    let mut target = target;
+    let mut prefix = 0u32;
+    let mut above = 0u64;
+    for pass in 0..32 / RADIX_BITS {
+        let shift = 32 - RADIX_BITS * (pass + 1);
+        let fixed = if pass == 0 {
+            0
+        } else {
+            u32::MAX << (shift + RADIX_BITS)
+        };
+        let mut hist = [0u64; BINS];
+        for &v in values {
+            if let Some((key, w)) = key_of(v) {
+                if key & fixed == prefix && w != 0 {
+                    hist[(key >> shift) as usize & (BINS - 1)] += w;
+                }
+            }
+        }
+        // Inclusive sums from the top bin down.
+        let mut suffix = hist;
+        for b in (0..BINS - 1).rev() {
+            suffix[b] += suffix[b + 1];
+        }
+        if pass == 0 {
+            let total = suffix[0];
+            if clamp {
+                target = target.min(total as f64);
+            }
+            if target.partial_cmp(&0.0) != Some(std::cmp::Ordering::Greater)
+                || (total as f64) < target
+            {
+                return None;
+            }
+        }
+        let chosen = (0..BINS).find(|&b| {
+            let reached = above + suffix[b];
+            ((reached - hist[b]) as f64) < target && reached as f64 >= target
+        })?;
+        above += suffix[chosen] - hist[chosen];
+        prefix |= (chosen as u32) << shift;
+    }
+    Some(prefix)
+}
+
+/// The k-th largest non-NaN value under `total_cmp` (`-inf` when k is 0 or there are fewer than
+/// k), by the band kernel's radix select with every value weighing 1. Exact: the result is one of
+/// the values.
+pub fn radix_kth_largest(values: &[f32], k: u32) -> f32 {
+    let non_nan = |x: f32| (!x.is_nan()).then(|| (order_key(x), 1));
+    select_key(values, non_nan, k as f64, false).map_or(f32::NEG_INFINITY, from_order_key)
+}
+
+fn emulate_apply<T: Logit>(
+    words: &[u32],
+    slots: usize,
+    vocab: usize,
+    stride: usize,
+    logits: &mut [T],
+) {
     let tiles = tiles_per_row(vocab);
-    let vocab = vocab as u32;
-    for block in 0..packed.slots() * tiles {
+    let mask_edit = a_mask_edit();
+    for block in 0..slots * tiles {
         let (slot, tile) = (block / tiles, block % tiles);
-        let d = &words[slot * DESC_WORDS..(slot + 1) * DESC_WORDS];
-        let [row, forced, scale_begin, scale_end, touched_begin, touched_end, edit_begin, edit_end] =
-            std::array::from_fn(|i| d[i]);
-        let (edit_begin, edit_end) = (edit_begin as usize, edit_end as usize);
-        let x = &mut logits[row as usize * stride..];
+        let row = Row {
+            words,
+            desc: &words[slot * DESC_WORDS..(slot + 1) * DESC_WORDS],
+            mask_edit,
+        };
+        let [r, forced, _, n_dense, touched_begin, n_touched, _, _, survivors, n_survivors] =
+            std::array::from_fn(|i| row.desc[i]);
+        let survivors = &words[survivors as usize..(survivors + n_survivors) as usize];
+        let x = &mut logits[r as usize * stride..];
         let tile_begin = (tile * TILE) as u32;
-        if forced != NO_FORCE {
+        let touched = &words[touched_begin as usize..(touched_begin + n_touched) as usize];
+        let elements = |thread: u32| {
+            (0..PER_THREAD as u32)
+                .map(move |k| tile_begin + thread + k * THREADS as u32)
+                .filter(|&i| (i as usize) < vocab)
+        };
+        if forced != NO_TOKEN {
+            let survives = |i: u32| i == forced || survivors.binary_search(&i).is_ok();
             for thread in 0..THREADS as u32 {
-                for k in 0..PER_THREAD as u32 {
-                    let i = tile_begin + thread + k * THREADS as u32;
-                    if i < vocab {
-                        let i_ = i as usize;
-                        x[i_] = if i == forced {
-                            T::from_f32(value_at::<T>(
-                                words,
-                                edit_begin,
-                                edit_end,
-                                i,
-                                x[i_].to_f32(),
-                            ))
-                        } else {
-                            T::NEG_INFINITY
-                        };
-                    }
+                for i in elements(thread).filter(|&i| !survives(i)) {
+                    x[i as usize] = T::NEG_INFINITY;
                 }
             }
-            continue;
-        }
-        let (touched_begin, touched_end) = (touched_begin as usize, touched_end as usize);
-        let (mut lo, mut hi) = (touched_begin, touched_begin);
-        if touched_begin < touched_end {
-            lo = lower_bound(words, touched_begin, touched_end, tile_begin);
-            hi = lower_bound(words, lo, touched_end, tile_begin + TILE as u32);
-        }
-        if scale_begin == scale_end {
-            for thread in 0..THREADS {
-                for t in (lo + thread..hi).step_by(THREADS) {
-                    let i = words[t];
-                    let v = value_at::<T>(words, edit_begin, edit_end, i, x[i as usize].to_f32());
-                    x[i as usize] = T::from_f32(v);
-                }
-            }
-            continue;
-        }
-        for thread in 0..THREADS as u32 {
-            for k in 0..PER_THREAD as u32 {
-                let i = tile_begin + thread + k * THREADS as u32;
-                if i >= vocab {
+            // The survivors, each by the thread that owns it: the forced token, then the others.
+            for &i in std::iter::once(&forced).chain(survivors) {
+                if (i as usize) < tile * TILE || (i as usize) >= (tile + 1) * TILE {
                     continue;
                 }
-                let mut r = x[i as usize].to_f32();
-                let mut touched = false;
-                if lo < hi {
-                    let at = lower_bound(words, lo, hi, i);
-                    touched = at < hi && words[at] == i;
-                }
-                if touched {
-                    r = value_at::<T>(words, edit_begin, edit_end, i, r);
+                let at = lower_bound(touched, 0, touched.len(), i);
+                let program = if at < touched.len() && touched[at] == i {
+                    at as u32
                 } else {
-                    for &s in &words[scale_begin as usize..scale_end as usize] {
-                        r = round::<T>(r / f32::from_bits(s));
-                    }
+                    NO_TOKEN
+                };
+                let v = x[i as usize].to_f32();
+                x[i as usize] = T::from_f32(eval::<T>(&row, i, v, program, n_dense, false));
+            }
+            continue;
+        }
+        let (lo, hi) = tile_touched(&row, tile_begin, tile_begin + TILE as u32);
+        if n_dense == 0 {
+            // Sparse edits only: the touched tokens, nothing else.
+            for thread in 0..THREADS {
+                for t in (lo + thread..hi).step_by(THREADS) {
+                    let i = touched[t];
+                    let v = x[i as usize].to_f32();
+                    x[i as usize] = T::from_f32(eval::<T>(&row, i, v, t as u32, 0, false));
                 }
-                x[i as usize] = T::from_f32(r);
+            }
+            continue;
+        }
+        // The tile's map from logit to touched position, as the kernel builds it in shared memory.
+        let mut map = vec![NO_TOKEN; TILE];
+        for (t, &token) in touched.iter().enumerate().take(hi).skip(lo) {
+            map[(token - tile_begin) as usize] = t as u32;
+        }
+        for thread in 0..THREADS as u32 {
+            for i in elements(thread) {
+                let program = map[(i - tile_begin) as usize];
+                let v = x[i as usize].to_f32();
+                x[i as usize] = T::from_f32(eval::<T>(&row, i, v, program, n_dense, false));
             }
         }
     }
@@ -370,40 +1063,216 @@ pub fn emulate_batch<T: Logit>(
 #[cfg(test)]
 mod tests {
     use super::*;
+    use logits_processing::Truncation;
 
     #[test]
-    fn dedup_keeps_distinct_sorted_values() {
-        let mut v = [1, 1, 2, 5, 5, 5, 9];
-        let n = dedup_sorted(&mut v);
-        assert_eq!(&v[..n], &[1, 2, 5, 9]);
-        assert_eq!(dedup_sorted(&mut []), 0);
+    fn op_codes_are_distinct_and_decode() {
+        for (i, op) in Op::ALL.iter().enumerate() {
+            assert_eq!(Op::from_code(*op as u32), Some(*op));
+            assert!(Op::ALL[..i].iter().all(|o| *o as u32 != *op as u32));
+            assert!((*op as u32) < 1 << OP_BITS);
+        }
+        for rule in Rule::ALL {
+            let t = Rule::decode(rule as u32, 0x3f00_0000, 3).unwrap();
+            assert_eq!(Rule::of(&t).0, rule);
+        }
     }
 
     #[test]
-    fn kernel_constants_match_the_source() {
-        let source = crate::KERNEL_SOURCE;
-        let define = |name: &str| -> String {
-            let prefix = format!("#define {name} ");
-            source
-                .lines()
-                .find_map(|l| l.strip_prefix(&prefix))
-                .unwrap_or_else(|| panic!("{name} is not defined in apply.cu"))
-                .trim()
-                .to_string()
+    fn every_edit_has_its_op() {
+        let mut plan = RowPlan::new();
+        plan.push_mask(&[1], false);
+        let edits = [
+            (Edit::Scale { temperature: 0.5 }, Op::Scale),
+            (
+                Edit::Force {
+                    token: 1,
+                    value: ForcedValue::Keep,
+                },
+                Op::ForceKeep,
+            ),
+            (
+                Edit::Force {
+                    token: 1,
+                    value: ForcedValue::Set(2.0),
+                },
+                Op::ForceSet,
+            ),
+            (Edit::Ban { token: 1 }, Op::Ban),
+            (
+                Edit::Bias {
+                    token: 1,
+                    bias: 1.0,
+                },
+                Op::Bias,
+            ),
+            (
+                Edit::Penalty {
+                    token: 1,
+                    penalty: 1.5,
+                },
+                Op::Penalty,
+            ),
+            (
+                Edit::Raise {
+                    token: 1,
+                    factor: 0.5,
+                },
+                Op::Raise,
+            ),
+            (
+                Edit::Set {
+                    token: 1,
+                    value: 2.0,
+                },
+                Op::Set,
+            ),
+            (plan.edits()[0], Op::Mask),
+            (
+                Edit::Truncate(Truncation::TopK { k: 2, min_keep: 1 }),
+                Op::Truncate,
+            ),
+        ];
+        for (edit, op) in edits {
+            assert_eq!(Op::of(&edit), op);
+        }
+    }
+
+    #[test]
+    fn the_header_defines_every_constant() {
+        let header = kernel_header();
+        for op in Op::ALL {
+            assert!(header.contains(&format!("#define {} {}u\n", op.c_name(), op as u32)));
+        }
+        for rule in Rule::ALL {
+            assert!(header.contains(&format!("#define {} {}u\n", rule.c_name(), rule as u32)));
+        }
+        assert!(header.contains(&format!("#define THREADS {THREADS}\n")));
+        assert!(header.contains("#define NO_TOKEN 0xFFFFFFFFu\n"));
+        // exp's constants by their bits: 1.5 * 2^23 and the polynomial's last coefficient.
+        assert!(header.contains("#define EXP_SHIFTER __uint_as_float(0x4B400000u)\n"));
+        let last = logits_processing::truncation::EXP_POLY[5].to_bits();
+        assert!(header.contains(&format!(
+            "#define EXP_POLY_5 __uint_as_float(0x{last:08X}u)\n"
+        )));
+    }
+
+    #[test]
+    fn order_keys_follow_total_cmp() {
+        let xs = [
+            f32::NEG_INFINITY,
+            -1e30,
+            -1.0,
+            -1e-40,
+            -0.0,
+            0.0,
+            1e-40,
+            1.0,
+            3e38,
+            f32::INFINITY,
+        ];
+        for w in xs.windows(2) {
+            assert!(order_key(w[0]) < order_key(w[1]), "{} {}", w[0], w[1]);
+        }
+        for x in xs {
+            assert_eq!(from_order_key(order_key(x)).to_bits(), x.to_bits());
+        }
+    }
+
+    #[test]
+    fn radix_select_equals_the_cpu_top_k() {
+        let mut seed = 0x1234_5678_9abc_def0u64;
+        let mut next = || {
+            seed ^= seed << 13;
+            seed ^= seed >> 7;
+            seed ^= seed << 17;
+            seed
         };
-        assert_eq!(define("THREADS"), THREADS.to_string());
-        assert_eq!(define("PER_THREAD"), PER_THREAD.to_string());
-        assert_eq!(define("DESC_WORDS"), DESC_WORDS.to_string());
-        assert_eq!(define("EDIT_WORDS"), EDIT_WORDS.to_string());
-        assert_eq!(define("NO_FORCE"), format!("0x{NO_FORCE:X}u"));
-        for (name, value) in [
-            ("EDIT_SCALE", EDIT_SCALE),
-            ("EDIT_FORCE_KEEP", EDIT_FORCE_KEEP),
-            ("EDIT_FORCE_SET", EDIT_FORCE_SET),
-            ("EDIT_BAN", EDIT_BAN),
-            ("EDIT_BIAS", EDIT_BIAS),
-        ] {
-            assert_eq!(define(name), format!("{value}u"));
+        for case in 0..400 {
+            let len = 1 + (next() % 300) as usize;
+            let values: Vec<f32> = (0..len)
+                .map(|_| match next() % 12 {
+                    0 => f32::NAN,
+                    1 => -0.0,
+                    2 => 0.0,
+                    3 => f32::NEG_INFINITY,
+                    4 => f32::INFINITY,
+                    5 => 1.5,
+                    _ => (next() % 2000) as f32 / 37.0 - 27.0,
+                })
+                .collect();
+            let k = (next() % (len as u64 + 3)) as u32;
+            let rule = Truncation::TopK { k, min_keep: 1 };
+            let cpu = rule.band(&values, &mut vec![]);
+            let gpu = resolve_band(&rule, &values);
+            assert_eq!(cpu.lo.to_bits(), gpu.lo.to_bits(), "case {case}, k {k}");
+            assert_eq!(cpu.hi.to_bits(), gpu.hi.to_bits());
+        }
+    }
+
+    /// Every rule, through the band kernel's algorithm and through the core's, keeps the same
+    /// values, on rows with NaN, signed zeros, infinities, ties and subnormals.
+    #[test]
+    fn kernel_bands_keep_what_the_cpu_keeps() {
+        let mut seed = 0x0bad_5eed_1234_5678u64;
+        let mut next = || {
+            seed ^= seed << 13;
+            seed ^= seed >> 7;
+            seed ^= seed << 17;
+            seed
+        };
+        for case in 0..3000 {
+            let len = 1 + (next() % 400) as usize;
+            let special = next() % 4 == 0;
+            let values: Vec<f32> = (0..len)
+                .map(|_| match next() % if special { 14 } else { 200 } {
+                    0 => f32::NAN,
+                    1 => -0.0,
+                    2 => 0.0,
+                    3 => f32::NEG_INFINITY,
+                    4 => f32::INFINITY,
+                    5 => 1.5,
+                    6 => 1e-40,
+                    _ => (next() % 4000) as f32 / 97.0 - 20.0,
+                })
+                .collect();
+            let fraction = (next() % 1000) as f32 / 1000.0;
+            let min_keep = 1 + (next() % 4) as u32;
+            let rule = match next() % 6 {
+                0 => Truncation::TopK {
+                    k: 1 + (next() % 50) as u32,
+                    min_keep,
+                },
+                1 => Truncation::TopP {
+                    p: fraction.max(1e-3),
+                    min_keep,
+                },
+                2 => Truncation::MinP {
+                    p: fraction,
+                    min_keep,
+                },
+                3 => Truncation::Typical {
+                    mass: fraction.clamp(1e-3, 0.999),
+                    min_keep,
+                },
+                4 => Truncation::Epsilon {
+                    epsilon: fraction * 0.01 + 1e-6,
+                    min_keep,
+                },
+                _ => Truncation::Eta {
+                    epsilon: fraction * 0.01 + 1e-6,
+                    min_keep,
+                },
+            };
+            let cpu = rule.band(&values, &mut vec![]);
+            let gpu = resolve_band(&rule, &values);
+            for &x in &values {
+                assert_eq!(
+                    cpu.removes(x),
+                    gpu.removes(x),
+                    "case {case}, {rule:?}, {x}: CPU {cpu:?}, kernel {gpu:?}"
+                );
+            }
         }
     }
 }

@@ -1,8 +1,9 @@
-//! The GPU against the CPU, bit for bit: random plans, every dtype, the vocab sizes,
-//! ragged batches with external steps, many steps in flight. Each test prints why it skips where
-//! there is no CUDA driver or GPU (`cargo test -- --nocapture` shows it), and runs where there is.
-//! `scripts/gpu-check.sh` runs them on a GPU machine, with the embedded PTX and again with NVRTC,
-//! with `LOGITS_PROCESSING_REQUIRE_GPU=1` (a test then fails instead of skipping).
+//! The GPU against the CPU, bit for bit: random plans (every kind of edit), every dtype, the
+//! issue's vocab sizes, ragged batches with external steps, many steps in flight, the self-check.
+//! They need a CUDA GPU, so they are ignored in a plain `cargo test` (where they would have
+//! nothing to run on); `scripts/gpu-check.sh` runs them (`--include-ignored`) on a GPU machine,
+//! with the embedded PTX and again with NVRTC, and there they fail, never skip, when the GPU
+//! cannot be used. `tests/no_cuda.rs` checks the machine without a driver.
 
 mod common;
 
@@ -10,51 +11,50 @@ use common::{
     cpu_apply, dtypes, external_edit, first_difference, lifecycle, plan_of, random_plans, Rng,
     VOCABS,
 };
-use logits_processing::{Batch, BatchLayout, Edit, Logit};
+use logits_processing::{Batch, BatchLayout, Edit, Logit, Truncation};
 use logits_processing_cuda::device::{DeviceBuffer, Stream};
 use logits_processing_cuda::{
     cuda_available, cuda_unavailable_reason, CudaBatchApplier, CudaError,
 };
 
-/// `None` (after printing why) where there is no GPU to test on.
-fn gpu() -> Option<CudaBatchApplier> {
-    if !cuda_available() {
-        let reason = cuda_unavailable_reason().unwrap_or_default();
-        // The GPU script sets this, so that a machine whose GPU cannot be used fails, not skips.
-        if std::env::var_os("LOGITS_PROCESSING_REQUIRE_GPU").is_some() {
-            panic!("LOGITS_PROCESSING_REQUIRE_GPU is set but: {reason}");
-        }
-        println!("SKIPPED: {reason}");
-        return None;
-    }
-    let applier = CudaBatchApplier::new(0).expect("a GPU is available, so the applier must load");
+const NEEDS_GPU: &str = "needs a CUDA GPU; run scripts/gpu-check.sh";
+
+/// The applier on GPU 0 (its first creation in the process runs the self-check).
+fn gpu() -> CudaBatchApplier {
+    assert!(
+        cuda_available(),
+        "{NEEDS_GPU}: {}",
+        cuda_unavailable_reason().unwrap_or_default()
+    );
+    let applier =
+        CudaBatchApplier::new(0).unwrap_or_else(|e| panic!("CudaBatchApplier::new(0): {e}"));
     println!(
         "GPU tests run with the kernels from {}",
         applier.kernel_origin()
     );
-    Some(applier)
+    applier
 }
 
 #[test]
-fn availability_is_reported_without_panicking() {
-    let available = cuda_available();
-    assert_eq!(available, cuda_unavailable_reason().is_none());
-    match CudaBatchApplier::new(0) {
-        Ok(_) => assert!(available),
-        Err(e) => {
-            assert!(!available);
-            assert!(
-                matches!(e, CudaError::NoDriver(_) | CudaError::NoDevice(_)),
-                "{e}"
-            );
-            println!("no GPU here, as expected on a CPU machine: {e}");
-        }
-    }
+#[ignore = "needs a CUDA GPU; run scripts/gpu-check.sh"]
+fn a_gpu_is_available_and_a_missing_ordinal_is_an_error() {
+    assert!(cuda_available());
+    assert_eq!(cuda_unavailable_reason(), None);
     assert!(matches!(
         CudaBatchApplier::new(1 << 20),
-        Err(CudaError::NoDriver(_) | CudaError::NoDevice(_))
+        Err(CudaError::NoDevice(_))
     ));
     assert!(Stream::new(1 << 20).is_err());
+}
+
+/// The self-check passes on this device (it ran when the first applier was made).
+#[test]
+#[ignore = "needs a CUDA GPU; run scripts/gpu-check.sh"]
+fn the_self_check_passes() {
+    let applier = gpu();
+    // A second applier on the same device reuses the cached outcome.
+    drop(applier);
+    CudaBatchApplier::new(0).unwrap();
 }
 
 fn plans_case<T: Logit>(applier: &mut CudaBatchApplier, stream: &Stream, seed: u64, vocab: usize) {
@@ -80,8 +80,9 @@ fn plans_case<T: Logit>(applier: &mut CudaBatchApplier, stream: &Stream, seed: u
 }
 
 #[test]
+#[ignore = "needs a CUDA GPU; run scripts/gpu-check.sh"]
 fn gpu_plans_equal_cpu_for_every_dtype_and_vocab() {
-    let Some(mut applier) = gpu() else { return };
+    let mut applier = gpu();
     let stream = Stream::new(0).unwrap();
     for vocab in VOCABS {
         for dtype in dtypes() {
@@ -133,8 +134,9 @@ fn lifecycle_case<T: Logit>(
 }
 
 #[test]
+#[ignore = "needs a CUDA GPU; run scripts/gpu-check.sh"]
 fn gpu_ragged_batches_with_external_steps_equal_cpu() {
-    let Some(mut applier) = gpu() else { return };
+    let mut applier = gpu();
     let stream = Stream::new(0).unwrap();
     for vocab in VOCABS {
         for dtype in dtypes() {
@@ -150,11 +152,12 @@ fn gpu_ragged_batches_with_external_steps_equal_cpu() {
 }
 
 /// 40 steps queued back to back without waiting (more than the 16 staging slots), each with its
-/// own plans, on a block big enough (256 rows) that the GPU falls behind the host: every step must
+/// own plans (masks and truncation bands included), on a block big enough (256 rows) that the GPU falls behind the host: every step must
 /// see its own plans, never a later step's.
 #[test]
+#[ignore = "needs a CUDA GPU; run scripts/gpu-check.sh"]
 fn many_steps_in_flight_keep_their_own_plans() {
-    let Some(mut applier) = gpu() else { return };
+    let mut applier = gpu();
     let stream = Stream::new(0).unwrap();
     let vocab = VOCABS[0];
     let layout = BatchLayout::contiguous(256, vocab);
@@ -178,7 +181,21 @@ fn many_steps_in_flight_keep_their_own_plans() {
             if (row as u32 + step) % 9 == 0 {
                 edits.push(Edit::Ban { token: step });
             }
-            listed.push((row, plan_of(&edits)));
+            if (row as u32 + step) % 13 == 0 {
+                edits.push(Edit::Truncate(Truncation::TopK {
+                    k: 1 + step * 3,
+                    min_keep: 1,
+                }));
+            }
+            let mut plan = plan_of(&edits);
+            // Each step's own mask words travel in its own staging slot.
+            if (row as u32 + step) % 7 == 0 {
+                let words: Vec<u32> = (0..vocab as u32 / 32)
+                    .map(|w| (w ^ step).wrapping_mul(0x9e37_79b9))
+                    .collect();
+                plan.push_mask(&words, step % 2 == 0);
+            }
+            listed.push((row, plan));
         }
         want = cpu_apply(&want, layout, vocab, &mut listed);
         steps.push(listed);
@@ -210,8 +227,9 @@ fn many_steps_in_flight_keep_their_own_plans() {
 }
 
 #[test]
+#[ignore = "needs a CUDA GPU; run scripts/gpu-check.sh"]
 fn default_stream_and_bad_arguments() {
-    let Some(mut applier) = gpu() else { return };
+    let mut applier = gpu();
     let vocab = 7;
     let layout = BatchLayout::contiguous(2, vocab);
     let input = vec![1.0f32; 14];

@@ -5,16 +5,79 @@
 mod common;
 
 use common::{
-    cpu_apply, dtypes, external_edit, first_difference, lifecycle, plan_of, random_plans, VOCABS,
+    cpu_apply, dtypes, external_edit, first_difference, lifecycle, plan_of, random_plans,
+    truncation, Rng, VOCABS,
 };
-use logits_processing::{Batch, DType, Logit};
+use logits_processing::{Batch, BatchLayout, DType, Edit, Logit, RowPlan};
 use logits_processing_cuda::packed::{emulate, emulate_batch, PackedPlans};
 use logits_processing_cuda::CudaError;
 use proptest::prelude::*;
 
 /// Random plans on some rows of a block (others unlisted), emulated kernel vs `RowPlan::apply`.
 fn plans_case<T: Logit>(seed: u64, vocab: usize) -> Result<(), String> {
-    let (layout, input, mut listed) = random_plans::<T>(seed, vocab);
+    let (layout, input, listed) = random_plans::<T>(seed, vocab);
+    compare(layout, &input, listed, vocab)
+}
+
+/// Rows of ordinary logits (spread narrow or wide, ties in the 16-bit types, a few `-inf`, NaN and
+/// signed zeros, never `+inf`, so every row has a distribution), each with every kind of
+/// truncation after a few other edits (and sometimes a second truncation or a mask between).
+fn truncation_case<T: Logit>(seed: u64, vocab: usize) -> Result<(), String> {
+    let mut rng = Rng::new(seed);
+    let rows = 1 + rng.below(3);
+    let layout = BatchLayout {
+        rows,
+        row_stride: vocab + rng.pick(&[0, 3]),
+    };
+    let spread = rng.pick(&[0.05f32, 1.0, 5.0, 30.0]);
+    let input: Vec<T> = (0..layout.required_len(vocab))
+        .map(|_| {
+            T::from_f32(if rng.chance(300) {
+                rng.pick(&[f32::NEG_INFINITY, f32::NAN, 0.0, -0.0])
+            } else {
+                rng.uniform(-1.0, 1.0) * spread
+            })
+        })
+        .collect();
+    let mut listed = vec![];
+    for row in 0..rows {
+        let mut plan = RowPlan::new();
+        for _ in 0..rng.below(4) {
+            let token = rng.below(vocab) as u32;
+            plan.push(match rng.below(3) {
+                0 => Edit::Scale {
+                    temperature: rng.uniform(0.3, 2.0),
+                },
+                1 => Edit::Ban { token },
+                _ => Edit::Bias {
+                    token,
+                    bias: rng.uniform(-3.0, 3.0) * spread,
+                },
+            });
+        }
+        plan.push(truncation(&mut rng, vocab));
+        if rng.chance(3) {
+            let words: Vec<u32> = (0..vocab.div_ceil(32))
+                .map(|_| !(rng.next() as u32 & rng.next() as u32))
+                .collect();
+            plan.push_mask(&words, true);
+        }
+        if rng.chance(2) {
+            plan.push(truncation(&mut rng, vocab));
+        }
+        listed.push((row, plan));
+    }
+    compare(layout, &input, listed, vocab)
+}
+
+/// The emulated kernels against `RowPlan::apply` on `input`.
+fn compare<T: Logit>(
+    layout: BatchLayout,
+    input: &[T],
+    mut listed: Vec<(usize, RowPlan)>,
+    vocab: usize,
+) -> Result<(), String> {
+    let input = input.to_vec();
     let want = cpu_apply(&input, layout, vocab, &mut listed);
     let mut packed = PackedPlans::new();
     packed
@@ -80,6 +143,17 @@ proptest! {
         prop_assert!(r.is_ok(), "{}", r.unwrap_err());
     }
 
+    /// Every truncation rule on rows with a distribution, at awkward vocabs (tile and radix edges).
+    #[test]
+    fn emulated_truncations_equal_row_plan_apply(
+        seed in any::<u64>(),
+        d in 0usize..3,
+        vocab in prop_oneof![Just(1usize), 2usize..40, Just(1023), Just(1025), Just(4097), Just(32001)],
+    ) {
+        let r = for_dtype!(dtype_of(d), truncation_case(seed, vocab));
+        prop_assert!(r.is_ok(), "{}", r.unwrap_err());
+    }
+
     #[test]
     fn emulated_batch_equals_cpu_batch_small_vocab(seed in any::<u64>(), d in 0usize..3, v in 2usize..4) {
         let r = for_dtype!(dtype_of(d), lifecycle_case(seed, VOCABS[v]));
@@ -95,6 +169,12 @@ proptest! {
     fn emulated_kernel_equals_row_plan_apply_large_vocab(seed in any::<u64>(), d in 0usize..3, v in 0usize..2) {
         // 151,936 and 129,280
         let r = for_dtype!(dtype_of(d), plans_case(seed, VOCABS[v]));
+        prop_assert!(r.is_ok(), "{}", r.unwrap_err());
+    }
+
+    #[test]
+    fn emulated_truncations_equal_row_plan_apply_large_vocab(seed in any::<u64>(), d in 0usize..3, v in 0usize..2) {
+        let r = for_dtype!(dtype_of(d), truncation_case(seed, VOCABS[v]));
         prop_assert!(r.is_ok(), "{}", r.unwrap_err());
     }
 
@@ -140,24 +220,148 @@ fn bad_plans_and_rows_are_refused() {
 }
 
 #[test]
-fn empty_plans_take_no_slot_and_sparse_rows_carry_no_scales() {
+fn empty_plans_take_no_slot_and_sparse_ops_are_grouped_by_token() {
+    use logits_processing::Edit;
+    use logits_processing_cuda::packed::{Op, DESC_WORDS, OP_BITS, SPARSE_WORDS};
     let mut packed = PackedPlans::new();
     let empty = plan_of(&[]);
     let sparse = plan_of(&[
-        logits_processing::Edit::Ban { token: 5 },
-        logits_processing::Edit::Bias {
+        Edit::Ban { token: 5 },
+        Edit::Scale { temperature: 0.5 },
+        Edit::Bias {
             token: 5,
             bias: 1.0,
         },
-        logits_processing::Edit::Ban { token: 2 },
+        Edit::Ban { token: 2 },
     ]);
     packed
         .pack(|| [(0usize, &empty), (1, &sparse)].into_iter(), 2, 10)
         .unwrap();
     assert_eq!(packed.slots(), 1);
     let w = packed.words();
-    assert_eq!(w[0], 1); // row
-    assert_eq!(w[2], w[3]); // no scales
-    assert_eq!(&w[w[4] as usize..w[5] as usize], &[2, 5]); // sorted, distinct
-    assert_eq!(w[7] - w[6], 9); // 3 edits of 3 words
+    let d = &w[..DESC_WORDS];
+    assert_eq!(d[0], 1); // row
+    assert_eq!(d[3], 1); // one dense op: the scale
+    assert_eq!(&w[d[4] as usize..(d[4] + d[5]) as usize], &[2, 5]); // sorted, distinct
+    let bounds = &w[d[6] as usize..d[6] as usize + 3];
+    // Token 2: one op; token 5: two, in plan order, before and after the scale.
+    assert_eq!(bounds[1] - bounds[0], SPARSE_WORDS as u32);
+    assert_eq!(bounds[2] - bounds[1], 2 * SPARSE_WORDS as u32);
+    let five = &w[bounds[1] as usize..bounds[2] as usize];
+    assert_eq!(five[0], Op::Ban as u32);
+    assert_eq!(five[2], Op::Bias as u32 | 1 << OP_BITS);
+    assert_eq!(packed.truncating(), (w.len(), 0));
+}
+
+/// Thousands of sparse edits of one token between dense ops, against the CPU: the token's
+/// program is merged with the dense chain in plan order.
+#[test]
+fn many_edits_of_one_token_equal_the_cpu() {
+    use logits_processing::{Edit, Truncation};
+    let vocab = 3000;
+    let mut edits = vec![];
+    for i in 0..4000u32 {
+        edits.push(match i % 7 {
+            0 => Edit::Bias {
+                token: 1234,
+                bias: 0.001 * i as f32,
+            },
+            1 => Edit::Penalty {
+                token: 1234,
+                penalty: 1.0 + (i % 5) as f32 * 0.01,
+            },
+            2 if i % 500 == 2 => Edit::Scale { temperature: 1.01 },
+            3 if i == 3003 => Edit::Truncate(Truncation::TopK {
+                k: 100,
+                min_keep: 1,
+            }),
+            _ => Edit::Bias {
+                token: 1234 + i % 3,
+                bias: -0.0005,
+            },
+        });
+    }
+    let mut plan = plan_of(&edits);
+    let input: Vec<f32> = (0..vocab).map(|i| (i % 101) as f32 * 0.1 - 5.0).collect();
+    let mut want = input.clone();
+    plan.apply(&mut want).unwrap();
+    let mut packed = PackedPlans::new();
+    packed
+        .pack(|| [(0usize, &plan)].into_iter(), 1, vocab)
+        .unwrap();
+    let mut got = input.clone();
+    emulate(&packed, vocab, vocab, &mut got);
+    assert_eq!(first_difference(&got, &want), None);
+    assert_ne!(want, input);
+}
+
+/// A forced row with more survivors: sets after the last force bring their tokens back (and a band
+/// after such a set sees them), a set before the force does not; every dtype, tokens on both sides
+/// of a tile edge. The survivors' list is packed sorted and distinct, without the forced token.
+#[test]
+fn sets_after_a_force_survive_as_on_the_cpu() {
+    use logits_processing::{ForcedValue, Truncation};
+    use logits_processing_cuda::packed::DESC_WORDS;
+    fn case<T: Logit>(edits: &[Edit], vocab: usize) {
+        let mut plan = plan_of(edits);
+        let input: Vec<T> = (0..vocab)
+            .map(|i| T::from_f32((i % 37) as f32 * 0.25 - 4.0))
+            .collect();
+        let mut want = input.clone();
+        plan.apply(&mut want).unwrap();
+        let mut packed = PackedPlans::new();
+        packed
+            .pack(|| [(0usize, &plan)].into_iter(), 1, vocab)
+            .unwrap();
+        let mut got = input.clone();
+        emulate(&packed, vocab, vocab, &mut got);
+        assert_eq!(first_difference(&got, &want), None, "{edits:?}");
+    }
+    let vocab = 3000;
+    let force = |token| Edit::Force {
+        token,
+        value: ForcedValue::Keep,
+    };
+    let set = |token, value| Edit::Set { token, value };
+    let raise = |token, factor| Edit::Raise { token, factor };
+    let top_k = |k| Edit::Truncate(Truncation::TopK { k, min_keep: 1 });
+    let cases: Vec<Vec<Edit>> = vec![
+        vec![force(1023), set(1024, 2.0), set(7, -1.5), set(1024, 3.0)],
+        vec![set(5, 9.0), force(1023), set(1023, 1.0), raise(1023, 0.5)],
+        vec![force(10), set(11, 50.0), top_k(1), set(12, 1.0)],
+        vec![
+            force(10),
+            set(11, -50.0),
+            raise(11, 0.25),
+            top_k(1),
+            force(20),
+            set(21, 0.0),
+        ],
+        vec![
+            Edit::Bias {
+                token: 2999,
+                bias: 1.0,
+            },
+            force(2999),
+            set(0, f32::NEG_INFINITY),
+            set(2048, f32::NAN),
+            Edit::Scale { temperature: 0.5 },
+            top_k(2),
+            Edit::Ban { token: 2048 },
+        ],
+    ];
+    for edits in &cases {
+        case::<f32>(edits, vocab);
+        case::<logits_processing::f16>(edits, vocab);
+        case::<logits_processing::bf16>(edits, vocab);
+    }
+    let plan = plan_of(&cases[0]);
+    let mut packed = PackedPlans::new();
+    packed
+        .pack(|| [(0usize, &plan)].into_iter(), 1, vocab)
+        .unwrap();
+    let w = packed.words();
+    let d = &w[..DESC_WORDS];
+    assert_eq!(d[1], 1023);
+    assert_eq!(&w[d[8] as usize..(d[8] + d[9]) as usize], &[7, 1024]);
 }

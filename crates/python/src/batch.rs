@@ -262,6 +262,53 @@ pub(crate) fn validate_specs(
     steps_of(entries_of(specs, false)?, &context, 0, |_| unreachable!()).map(drop)
 }
 
+/// The specs with what they take from the engine made explicit, for a worker that has not got
+/// the engine's tokenizer: ``hello_world`` becomes the ``forced_sequence`` of its ids, a
+/// ``thinking_budget`` without ids gets the model's. Every spec is validated first, as
+/// :func:`validate_specs` does. Engine adapters call this; nothing about a kind is re-derived in
+/// Python.
+///
+/// Args:
+///     specs: JSON text (one spec object or a list), a dict, or a list of dicts / JSON texts.
+///     vocab_size (int | None): Keyword only. When given, every token id must be below it.
+///     hello_world (tuple[list[int], int] | None): Keyword only. As for :func:`validate_specs`.
+///     thinking_tokens (ThinkingTokenConfig | None): Keyword only. As for :func:`validate_specs`.
+///
+/// Returns:
+///     list[dict]: One explicit spec per spec given, in order.
+///
+/// Raises:
+///     SpecError: for a spec that does not parse, naming the field.
+///
+/// Example:
+///     >>> from logits_processing import resolve_specs
+///     >>> resolve_specs({"kind": "hello_world"}, hello_world=([9, 8], 2))
+///     [{'eos_token_id': 2, 'kind': 'forced_sequence', 'position': 'calls', 'token_ids': [9, 8]}]
+#[pyfunction]
+#[pyo3(signature = (specs, *, vocab_size = None, hello_world = None, thinking_tokens = None))]
+pub(crate) fn resolve_specs<'py>(
+    specs: &Bound<'py, PyAny>,
+    vocab_size: Option<usize>,
+    hello_world: Option<&Bound<'py, PyAny>>,
+    thinking_tokens: Option<&Bound<'py, PyAny>>,
+) -> PyResult<Bound<'py, PyAny>> {
+    let context = spec_context(vocab_size, hello_world, thinking_tokens)?;
+    let mut resolved = vec![];
+    for (at, entry) in entries_of(specs, false)? {
+        let Entry::Specs(specs) = entry else {
+            unreachable!("entries_of refuses processors and callables here")
+        };
+        for spec in specs {
+            let value = spec
+                .resolve(&context)
+                .map_err(|e| to_py(spec_error(e, &at)))?;
+            resolved.push(value);
+        }
+    }
+    let text = serde_json::to_string(&resolved).expect("specs are plain data");
+    specs.py().import("json")?.call_method1("loads", (text,))
+}
+
 /// One pipeline per row of a ``[rows, vocab_size]`` logits block, and one call per decode step that
 /// edits every row in place.
 ///

@@ -281,42 +281,7 @@ pub(crate) fn describe_exception(value: &Bound<'_, pyo3::exceptions::PyBaseExcep
 /// A core error met while admitting a request spec: argument errors become `SpecError`s that
 /// name the field, with `at` (`"[2]"` for the third entry of a pipeline) in front of it.
 pub(crate) fn spec_error(error: Error, at: &str) -> Error {
-    let path = |field: &str| match (at.is_empty(), field.is_empty()) {
-        (true, _) => field.to_string(),
-        (false, true) => at.to_string(),
-        (false, false) => format!("{at}.{field}"),
-    };
-    match error {
-        Error::InvalidTemperature { .. } => Error::InvalidSpec {
-            field: path("temperature"),
-            message: error.to_string(),
-        },
-        Error::MissingEosToken { .. } => Error::InvalidSpec {
-            field: path("eos_token_id"),
-            message: error.to_string(),
-        },
-        Error::InvalidArgument { field, message } | Error::InvalidSpec { field, message } => {
-            Error::InvalidSpec {
-                field: path(&field),
-                message,
-            }
-        }
-        Error::TooLarge { field, len, limit } => Error::TooLarge {
-            field: path(&field),
-            len,
-            limit,
-        },
-        Error::TokenOutOfVocab {
-            field,
-            token_id,
-            vocab_size,
-        } => Error::TokenOutOfVocab {
-            field: path(&field),
-            token_id,
-            vocab_size,
-        },
-        other => other,
-    }
+    error.in_spec(at)
 }
 
 /// `.py()` on a core result: its error as the right Python exception.

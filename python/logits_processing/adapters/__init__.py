@@ -10,11 +10,14 @@ imported; importing this package imports no engine.
 - :mod:`logits_processing.adapters.trtllm`: ``TRTLLMLogitsProcessor`` (per request) and
   ``TRTLLMBatchedLogitsProcessor`` for TensorRT-LLM.
 
-A request opts in with a list of JSON specs under :data:`SPEC_KEY`. Processors run only on
+A request opts in with a list of JSON specs under :data:`SPEC_KEY` (or Dynamo's entries under
+:data:`DYNAMO_SPEC_KEY`). Processors run only on
 generation roles (aggregated, decode), never on a prefill worker (:func:`runs_processors`).
 """
 
 from ._common import (
+    DYNAMO_SPEC_KEY,
+    DYNAMO_UID_KEY,
     GENERATION_ROLES,
     ROLES,
     SPEC_KEY,
@@ -22,12 +25,15 @@ from ._common import (
     KeyedBatch,
     encode_specs,
     normalize_role,
+    request_payload,
     runs_processors,
     thinking_tokens_for,
     validate_structure,
 )
 
 __all__ = [
+    "DYNAMO_SPEC_KEY",
+    "DYNAMO_UID_KEY",
     "GENERATION_ROLES",
     "ROLES",
     "SPEC_KEY",
@@ -35,6 +41,7 @@ __all__ = [
     "KeyedBatch",
     "encode_specs",
     "normalize_role",
+    "request_payload",
     "runs_processors",
     "thinking_tokens_for",
     "validate_structure",

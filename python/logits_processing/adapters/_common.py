@@ -18,6 +18,14 @@ logger = logging.getLogger("logits_processing.adapters")
 #: list / object) of specs: data only, never code.
 SPEC_KEY = "logits_processing"
 
+#: The key Dynamo's own adapters read (``extra_args["dynamo_logits"]`` for vLLM,
+#: ``custom_params["dynamo_logits"]`` for SGLang): a list of entries such as
+#: ``{"kind": "forced_sequence", "token_ids": [...], "eos_token_id": 2}``. Accepted beside
+#: :data:`SPEC_KEY` so a Dynamo frontend's requests run unchanged.
+DYNAMO_SPEC_KEY = "dynamo_logits"
+#: The request id Dynamo's SGLang adapter puts beside its entries.
+DYNAMO_UID_KEY = "dynamo_uid"
+
 #: Serving roles that generate tokens, where processors run.
 GENERATION_ROLES = frozenset({"aggregated", "decode"})
 #: Every role we know. A prefill worker never runs processors.
@@ -74,6 +82,39 @@ def decode_specs(payload: Any) -> Any:
     )
 
 
+def _dynamo_entries(payload: Any) -> list:
+    """Dynamo's entries as our specs: a list of entries, or its ``LogitsProcessorSpec`` written
+    out as ``{"entries": [...], "generation_only": ...}``; the ``generation_only`` marking is
+    dropped from each entry (processors here never run on a prefill worker, whatever it says)."""
+    decoded = decode_specs(payload)
+    if isinstance(decoded, dict) and "entries" in decoded and "kind" not in decoded:
+        extra = set(decoded) - {"entries", "generation_only"}
+        if extra:
+            raise TypeError(f"{DYNAMO_SPEC_KEY}: unknown field(s) {sorted(extra)}")
+        decoded = decode_specs(decoded["entries"])
+    items = decoded if isinstance(decoded, list) else [decoded]
+    return [{k: v for k, v in item.items() if k != "generation_only"} for item in items]
+
+
+def request_payload(container: Any, *, dynamo: bool = True) -> Any:
+    """The specs a request carries in ``container`` (vLLM's ``extra_args``, SGLang's
+    ``custom_params``), or None when it did not opt in: ours under :data:`SPEC_KEY` as given
+    (a JSON text, a spec object or a list), Dynamo's under :data:`DYNAMO_SPEC_KEY` as a list of
+    specs (unless ``dynamo`` is False: Dynamo's own adapter is in the engine and realizes them);
+    both present: ours first, then Dynamo's."""
+    if not container:
+        return None
+    ours = container.get(SPEC_KEY)
+    theirs = container.get(DYNAMO_SPEC_KEY) if dynamo else None
+    if not theirs:  # Dynamo sends nothing (or clears it) when a request has no entries
+        return ours
+    theirs = _dynamo_entries(theirs)
+    if ours is None:
+        return theirs
+    ours = decode_specs(ours)
+    return (ours if isinstance(ours, list) else [ours]) + theirs
+
+
 def validate_structure(specs: Any) -> Any:
     """Checks everything about specs that does not depend on the engine (kinds, fields, types,
     values, size limits), where the engine is not known yet (a frontend, a client): ``hello_world``
@@ -117,25 +158,11 @@ def hello_world_ids(tokenizer: Any) -> Optional[Tuple[list, int]]:
     return [int(i) for i in ids], int(eos)
 
 
-def _single_token(tokenizer: Any, text: str) -> Optional[int]:
-    try:
-        ids = tokenizer.encode(text, add_special_tokens=False)
-    except Exception:  # noqa: BLE001 - a tokenizer that cannot encode has no such token
-        return None
-    return int(ids[0]) if len(ids) == 1 else None
-
-
 def thinking_tokens_for(tokenizer: Any = None, model_name: Optional[str] = None):
-    """The model's thinking tokens: from the tokenizer when ``<think>``, ``</think>`` and ``\\n``
-    are each one token (the tokenizer is what the model was trained with, so it wins over a
-    name table), else ``get_thinking_token_config(model_name, tokenizer)``; None when neither
-    knows."""
+    """The model's thinking tokens by the core's one rule (``get_thinking_token_config``: the
+    tokenizer's single tokens, else the name table); None when neither knows."""
     import logits_processing as lp
 
-    if tokenizer is not None:
-        ids = [_single_token(tokenizer, t) for t in ("<think>", "</think>", "\n")]
-        if None not in ids:
-            return lp.ThinkingTokenConfig(*ids)
     if model_name is None and tokenizer is None:
         return None
     config = lp.get_thinking_token_config(model_name or "", tokenizer)
@@ -182,11 +209,13 @@ class EngineContext:
 
     def validate(self, specs: Any) -> None:
         """Everything a request's specs can be checked for here (structure, values, and token
-        ids against the vocab when it is known). Raises ``SpecError``."""
+        ids against the vocab when it is known). Raises ``SpecError``; an id beyond the vocab is
+        a ``TokenOutOfVocabError`` naming its field (``[1].eos_token_id``)."""
         import logits_processing as lp
 
+        specs = decode_specs(specs) if isinstance(specs, (str, bytes)) else specs
         lp.validate_specs(
-            decode_specs(specs) if isinstance(specs, (str, bytes)) else specs,
+            specs,
             vocab_size=self.vocab_size,
             hello_world=self.hello_world,
             thinking_tokens=self.thinking_tokens,
@@ -194,43 +223,28 @@ class EngineContext:
 
     def resolve_specs(self, specs: Any) -> list:
         """The specs with everything engine-specific made explicit, so that a worker without the
-        tokenizer can realize them: ``hello_world`` becomes a ``forced_sequence`` of its ids and
-        a ``thinking_budget`` without ids gets the model's."""
-        decoded = decode_specs(specs)
-        items = decoded if isinstance(decoded, list) else [decoded]
-        out = []
-        for spec in items:
-            kind = spec.get("kind")
-            if kind == "hello_world" and self.hello_world is not None:
-                ids, eos = self.hello_world
-                resolved = {"kind": "forced_sequence", "token_ids": list(ids), "eos_token_id": eos}
-                if "position" in spec:
-                    resolved["position"] = spec["position"]
-                spec = resolved
-            elif (
-                kind == "thinking_budget"
-                and "start_token_id" not in spec
-                and self.thinking_tokens is not None
-            ):
-                t = self.thinking_tokens
-                spec = {
-                    **spec,
-                    "start_token_id": int(t.start_token_id),
-                    "end_token_id": int(t.end_token_id),
-                    "newline_token_id": int(t.newline_token_id),
-                }
-            out.append(spec)
-        return out
+        tokenizer can realize them (the core's ``resolve_specs``): ``hello_world`` becomes a
+        ``forced_sequence`` of its ids and a ``thinking_budget`` without ids gets the model's."""
+        import logits_processing as lp
+
+        return lp.resolve_specs(
+            decode_specs(specs), hello_world=self.hello_world, thinking_tokens=self.thinking_tokens
+        )
 
 
 def rows_of(logits: Any) -> Any:
-    """A ``[rows, vocab]`` view of logits shaped ``[vocab]``, ``[rows, vocab]`` or
-    ``[1, rows, vocab]`` (TRT-LLM's ``[batch, beam, vocab]`` with batch 1); no copy."""
+    """A ``[rows, vocab]`` view of logits shaped ``[vocab]``, ``[rows, vocab]``, ``[1, rows,
+    vocab]`` (TRT-LLM's C++ runtime: batch 1, beams) or ``[rows, 1, vocab]`` (TRT-LLM's PyTorch
+    backend: beams, one token); never a copy, so edits land in the engine's tensor."""
     if logits.dim() == 1:
         return logits.unsqueeze(0)
     if logits.dim() == 2:
         return logits
-    return logits.reshape(-1, logits.shape[-1])
+    if logits.dim() == 3 and logits.shape[1] == 1:
+        return logits[:, 0]
+    if logits.dim() == 3 and logits.shape[0] == 1:
+        return logits[0]
+    return logits.view(-1, logits.shape[-1])  # raises rather than copying
 
 
 class KeyedBatch:

@@ -47,6 +47,11 @@ class HFLogitsProcessor(LogitsProcessor):
         out = model.generate(**inputs, logits_processor=[processor], do_sample=False)
     """
 
+    # transformers' continuous batching (`generate_batch`, the serving path) moves requests in
+    # and out of rows; this processor holds one pipeline per fixed row and takes the prompt
+    # length from its first call, so it declares itself unsupported there.
+    supports_continuous_batching = False
+
     def __init__(
         self,
         pipeline: Any = None,

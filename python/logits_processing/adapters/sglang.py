@@ -9,9 +9,9 @@ Start the server with ``--enable-custom-logit-processor`` and send, per request:
 
 What crosses from the client to the scheduler:
 
-- ``custom_params["logits_processing"]``: the request's specs as JSON text, data only. SGLang
-  hands each row's ``custom_params`` (plus ``"__req__"``, a weak proxy to its ``Req``) to the
-  processor.
+- ``custom_params["logits_processing"]``: the request's specs as JSON text, data only (or
+  Dynamo's entries under ``custom_params["dynamo_logits"]``). SGLang hands each row's
+  ``custom_params`` (plus ``"__req__"``, a weak proxy to its ``Req``) to the processor.
 - ``custom_logit_processor``: SGLang's own envelope, ``{"callable": <dill hex>}``. For this class
   the pickle holds only a reference to ``logits_processing.adapters.sglang.SGLangLogitProcessor``
   (module and name, no code object); the scheduler imports it from the installed package.
@@ -38,7 +38,7 @@ from typing import Any, Dict, List, Optional
 import torch
 from sglang.srt.sampling.custom_logit_processor import CustomLogitProcessor
 
-from ._common import SPEC_KEY, EngineContext, KeyedBatch, encode_specs, runs_processors
+from ._common import SPEC_KEY, EngineContext, KeyedBatch, encode_specs, request_payload, runs_processors
 
 __all__ = ["SGLangLogitProcessor", "STORE", "activate", "requests_of", "SPEC_KEY"]
 
@@ -73,7 +73,13 @@ def requests_of(params_list: List[Optional[Dict[str, Any]]]) -> List[Optional[tu
     rows: List[Optional[tuple]] = []
     seen = set()
     for i, params in enumerate(params_list):
-        payload = params.get(SPEC_KEY) if params else None
+        try:
+            # Ours under "logits_processing"; Dynamo's entries under "dynamo_logits" (its
+            # "dynamo_uid" is not needed: SGLang's own request id keys the state).
+            payload = request_payload(params)
+        except (TypeError, ValueError) as e:
+            logger.error("logits_processing: row %d: bad specs, left unprocessed: %s", i, e)
+            payload = None
         if payload is None:
             rows.append(None)
             continue

@@ -1,8 +1,9 @@
 """TensorRT-LLM: the per-request logits-processor callable and the batched one.
 
 TensorRT-LLM calls a per-request processor (``SamplingParams(logits_processor=...)``) as
-``(req_id, logits, token_ids, stream_ptr, client_id)`` with ``logits`` shaped ``[beam, vocab]``
-(PyTorch backend) or ``[1, beam, vocab]`` (C++ runtime) and ``token_ids`` one list per beam; and
+``(req_id, logits, token_ids, stream_ptr, client_id)`` with ``logits`` shaped ``[beam, 1, vocab]``
+(PyTorch backend, whose ``stream_ptr`` and ``client_id`` are None) or ``[1, beam, vocab]`` (C++
+runtime) and ``token_ids`` one list per beam; and
 a batched processor (``LLM(batched_logits_processor=...)``, opted into per request with
 ``SamplingParams(apply_batched_logits_processor=True)``) as
 ``(req_ids, logits_list, token_ids_list, stream_ptr, client_ids)`` once per step for every
@@ -141,9 +142,10 @@ class TRTLLMBatchedLogitsProcessor:
     """TensorRT-LLM's batched logits processor: every opted-in request of a step (all their beams)
     in one call into Rust.
 
-    A request's specs are found by ``specs``: a mapping from client id (or request id) to specs,
-    or a callable ``(req_id, client_id) -> specs or None``; requests without specs are left
-    alone. :meth:`register` adds to the mapping. State is held for exactly the requests of the
+    A request's specs are found by ``specs``: a mapping from client id or request id to specs
+    (the client id is tried first, then the request id: TensorRT-LLM's PyTorch backend passes
+    None for every client id, so register by request id there), or a callable
+    ``(req_id, client_id) -> specs or None``; requests without specs are left alone. :meth:`register` adds to the mapping. State is held for exactly the requests of the
     latest call (a request absent from a call has finished, so memory stays bounded), and
     forced sequences count generated tokens (``position: "tokens"``) from the prompt length given
     to :meth:`register`, or else the first call's length.
@@ -176,6 +178,7 @@ class TRTLLMBatchedLogitsProcessor:
         self._specs: Any = {} if specs is None else specs
         self._prompt_lens: dict = {}
         self.keyed = KeyedBatch(self.context, position="tokens")
+        self._warned_no_client = False
 
     def register(self, key: Any, specs: Any, *, prompt_len: Optional[int] = None) -> None:
         """Gives the request with this client id (or request id) its specs, checked now."""
@@ -196,6 +199,15 @@ class TRTLLMBatchedLogitsProcessor:
         for key in (client_id, req_id):
             if key is not None and key in self._specs:
                 return self._specs[key], self._prompt_lens.get(key)
+        if client_id is None and self._specs and not self._warned_no_client:
+            # The PyTorch backend's client ids are all None: specs registered by client id are
+            # never found there. Say so once rather than skip them silently.
+            self._warned_no_client = True
+            logger.warning(
+                "logits_processing: request %s has no client id (TensorRT-LLM's PyTorch backend) "
+                "and no specs registered under its request id; register specs by request id",
+                req_id,
+            )
         return None, None
 
     def __call__(

@@ -4,9 +4,11 @@ Load it by name::
 
     vllm serve MODEL --logits-processors logits_processing.adapters.vllm:VLLMLogitsProcessor
 
-or install the package, whose ``vllm.logits_processors`` entry point loads it in every engine.
-A request opts in with specs under ``extra_args["logits_processing"]`` (a JSON text or a list of
-spec objects); requests without the key are not touched and cost nothing.
+or install the package, whose ``vllm.logits_processors`` entry point loads it in every engine
+(both at once is fine: the second instance in an engine does nothing). A request opts in with
+specs under ``extra_args["logits_processing"]`` (a JSON text or a list of spec objects), or with
+Dynamo's entries under ``extra_args["dynamo_logits"]``; requests without either are not touched
+and cost nothing.
 
 vLLM calls :meth:`VLLMLogitsProcessor.update_state` with the persistent batch's changes (rows
 added, removed, moved or swapped) and :meth:`VLLMLogitsProcessor.apply` once per step with the
@@ -20,6 +22,8 @@ from __future__ import annotations
 
 import logging
 import os
+import sys
+import weakref
 from typing import Any, Optional
 
 import torch
@@ -27,15 +31,25 @@ from vllm import SamplingParams
 from vllm.v1.sample.logits_processor import BatchUpdate, LogitsProcessor, MoveDirectionality
 
 from ._common import (
+    DYNAMO_SPEC_KEY,
     SPEC_KEY,
     EngineContext,
     decode_specs,
     normalize_role,
+    request_payload,
     runs_processors,
     validate_structure,
 )
 
-__all__ = ["VLLMLogitsProcessor", "QUALIFIED_NAME", "SPEC_KEY", "activate", "request_specs"]
+__all__ = [
+    "DYNAMO_SPEC_KEY",
+    "PLACEHOLDER_ID",
+    "QUALIFIED_NAME",
+    "SPEC_KEY",
+    "VLLMLogitsProcessor",
+    "activate",
+    "request_specs",
+]
 
 logger = logging.getLogger(__name__)
 
@@ -43,14 +57,103 @@ logger = logging.getLogger(__name__)
 QUALIFIED_NAME = "logits_processing.adapters.vllm:VLLMLogitsProcessor"
 #: Overrides the serving role the worker infers from its KV-transfer config.
 ROLE_ENV = "LOGITS_PROCESSING_ROLE"
+#: What a ``-1`` placeholder (an id sampled but not yet copied back, under async scheduling)
+#: becomes in a row's history: an id no spec can name (ids are checked against the vocab), so it
+#: counts as one generated token and never as ``<think>``, ``</think>`` or a newline.
+PLACEHOLDER_ID = 2**32 - 1
+
+SPEC_DECODING_REFUSED = (
+    "speculative decoding is on for this model, and vLLM does not run logits processors on "
+    "speculative steps, so these specs would silently do nothing; serve the model without "
+    "--speculative-config to use them"
+)
 
 
-def request_specs(params: Optional[SamplingParams]) -> Any:
-    """The specs a request carries, or None when it did not opt in."""
+#: Dynamo's own vLLM adapter. Dynamo's worker adds it to ``logits_processors=`` together with the
+#: ``dynamo_logits`` entries it puts on requests (its ``DYNAMO_ENABLE_TEST_LOGITS_PROCESSOR``
+#: hook); where it is loaded, it realizes those entries and ours leaves them alone.
+DYNAMO_ADAPTER = "dynamo.vllm.logits_processing.adapter:DynamoVllmLogitsProcessor"
+
+
+def request_specs(params: Optional[SamplingParams], *, dynamo: bool = True) -> Any:
+    """The specs a request carries (ours under ``extra_args["logits_processing"]``, Dynamo's
+    under ``extra_args["dynamo_logits"]`` unless ``dynamo`` is False), or None when it did not
+    opt in."""
     extra = getattr(params, "extra_args", None) if params is not None else None
-    if not extra:
-        return None
-    return extra.get(SPEC_KEY)
+    return request_payload(extra, dynamo=dynamo)
+
+
+def _dynamo_adapter_in(model_config: Any) -> bool:
+    """Whether Dynamo's own vLLM adapter is among the engine's named logits processors."""
+    for entry in getattr(model_config, "logits_processors", None) or ():
+        name = entry if isinstance(entry, str) else f"{entry.__module__}:{entry.__qualname__}"
+        if name.replace(":", ".") == DYNAMO_ADAPTER.replace(":", "."):
+            return True
+    return False
+
+
+def _key_of(params: Optional[SamplingParams]) -> str:
+    extra = getattr(params, "extra_args", None) or {}
+    return SPEC_KEY if SPEC_KEY in extra else DYNAMO_SPEC_KEY
+
+
+# The engines that already have a processing instance, by their vllm_config: vLLM builds one
+# instance per loaded class, and the entry point plus the same class named in
+# logits_processors= loads it twice; every instance after the first must leave logits alone.
+_ENGINES: "dict[int, weakref.ref]" = {}
+
+# What the frontend knows about its model (vocab, tokenizer, speculative decoding), by the
+# frontend object that validates requests.
+_FRONTENDS: "weakref.WeakKeyDictionary" = weakref.WeakKeyDictionary()
+
+
+def _frontend() -> Any:
+    """The vLLM frontend object validating the current request (its ``InputProcessor``), found
+    on the call stack: vLLM calls ``validate_params(params)`` with the params alone, and the
+    model's vocab and speculative-decoding config live on the caller. None when not called
+    from one (a direct call, or a vLLM that validates elsewhere)."""
+    frame = sys._getframe(2)
+    for _ in range(6):
+        if frame is None:
+            return None
+        owner = frame.f_locals.get("self")
+        config = getattr(owner, "vllm_config", None)
+        if getattr(config, "model_config", None) is not None:
+            return owner
+        frame = frame.f_back
+    return None
+
+
+def _frontend_context(frontend: Any) -> "tuple[EngineContext, bool, bool]":
+    """``(the model's EngineContext, speculative decoding on, read Dynamo's key)`` for a
+    frontend, made once."""
+    try:
+        known = _FRONTENDS.get(frontend)
+    except TypeError:  # not weak-referenceable: no cache
+        known = None
+    if known is not None:
+        return known
+    config = frontend.vllm_config
+    model_config = config.model_config
+    try:
+        tokenizer = frontend.tokenizer
+    except Exception:  # noqa: BLE001 - skip_tokenizer_init: specs must then carry ids
+        tokenizer = None
+    context = EngineContext.resolve(
+        tokenizer=tokenizer,
+        model_name=getattr(model_config, "model", None),
+        vocab_size=model_config.get_vocab_size(),
+    )
+    known = (
+        context,
+        getattr(config, "speculative_config", None) is not None,
+        not _dynamo_adapter_in(model_config),
+    )
+    try:
+        _FRONTENDS[frontend] = known
+    except TypeError:
+        pass
+    return known
 
 
 def activate(params: SamplingParams, specs: Any, *, role: Any = "aggregated", context=None) -> SamplingParams:
@@ -100,48 +203,98 @@ def _tokenizer_of(model_config: Any) -> Any:
         return None
 
 
+def _named_in(model_config: Any) -> bool:
+    """Whether the engine was given this class in ``logits_processors=`` (by class or name)."""
+    for entry in getattr(model_config, "logits_processors", None) or ():
+        if entry is VLLMLogitsProcessor or entry == QUALIFIED_NAME:
+            return True
+        if isinstance(entry, str) and entry.replace(":", ".") == QUALIFIED_NAME.replace(":", "."):
+            return True
+    return False
+
+
 class VLLMLogitsProcessor(LogitsProcessor):
     """vLLM v1 logits processor running each opted-in request's pipeline on its batch row.
 
     ``is_argmax_invariant`` is False: forced tokens and budgets change greedy picks, so vLLM
-    calls it for greedy requests too. Token ids are checked against the model's vocab when a
-    request joins the batch (``validate_params`` runs in the frontend, which does not know the
-    model, and checks everything else); a request whose specs fail there is logged with its row
-    and runs unprocessed rather than failing the whole step.
+    calls it for greedy requests too. ``needs_output_token_ids`` is True: histories must be real
+    ids, not async scheduling's ``-1`` placeholders (on vLLM versions without that method
+    ``update_state`` sets the persistent batch's flag itself; placeholders that still arrive
+    count as tokens, see :data:`PLACEHOLDER_ID`). ``validate_params`` refuses bad specs at admission,
+    token ids beyond the model's vocab included. Only the first instance in an engine processes;
+    a second one (entry point plus the class named in ``logits_processors=``) does nothing.
     """
 
     def __init__(self, vllm_config: Any, device: torch.device, is_pin_memory: bool) -> None:
         model_config = getattr(vllm_config, "model_config", None)
         vocab = model_config.get_vocab_size()
+        self.device = device
+        self._histories: dict[int, _History] = {}
+        self._ask_for_ids = False
         self.role = _role_from_config(vllm_config)
+        first = _ENGINES.get(id(vllm_config))
+        self.duplicate_of = first() if first is not None else None
+        if self.duplicate_of is not None:
+            logger.info(
+                "logits_processing: %s is loaded twice in this engine (entry point and "
+                "logits_processors=); the second instance does nothing",
+                QUALIFIED_NAME,
+            )
+            self.enabled = False
+            self.batch = None
+            return
+        # Keeps the config alive with this instance, so its id names this engine only.
+        self._vllm_config = vllm_config
+        _ENGINES[id(vllm_config)] = weakref.ref(self)
         self.enabled = runs_processors(self.role)
+        # vLLM versions without needs_output_token_ids() keep real ids under async scheduling
+        # only when a custom processor was named in logits_processors=; loaded by entry point
+        # alone, rows get -1 placeholders. On those versions update_state asks the persistent
+        # batch for real ids itself (see _ask_for_real_ids).
+        self._ask_for_ids = self.enabled and "needs_output_token_ids" not in vars(LogitsProcessor)
+        self._asked: Any = None
+        self._dynamo_key = not _dynamo_adapter_in(model_config)
         tokenizer = _tokenizer_of(model_config) if self.enabled else None
         self.context = EngineContext.resolve(
             tokenizer=tokenizer, model_name=getattr(model_config, "model", None), vocab_size=vocab
         )
+        # row -> the request's ids (self._histories); the Batch holds the pipelines.
         self.batch = self.context.batch()
-        self.device = device
-        # row -> the request's ids; the Batch holds the pipelines.
-        self._histories: dict[int, _History] = {}
 
     @classmethod
     def validate_params(cls, params: SamplingParams) -> None:
-        """Rejects a request whose specs are malformed (vLLM turns the ``ValueError`` into an
-        HTTP 400): unknown kind or field, wrong type, bad value, over the size limits."""
-        specs = request_specs(params)
-        if specs is None:
-            return
+        """Rejects a request whose specs are bad (vLLM turns the ``ValueError`` into an HTTP
+        400 naming the field): unknown kind or field, wrong type, bad value, over the size
+        limits; and, with the model known (vLLM's frontend), a token id beyond its vocab, a
+        ``hello_world`` or id-less thinking budget the tokenizer cannot resolve, and any spec
+        while speculative decoding is on (vLLM skips logits processors on speculative steps)."""
         try:
-            validate_structure(specs)
-        except TypeError as e:
-            raise ValueError(f"extra_args[{SPEC_KEY!r}]: {e}") from None
-        except ValueError as e:
-            raise ValueError(f"extra_args[{SPEC_KEY!r}]: {e}") from None
+            frontend = _frontend()
+            context, speculative, dynamo = (
+                _frontend_context(frontend) if frontend is not None else (None, False, True)
+            )
+            specs = request_specs(params, dynamo=dynamo)
+            if specs is None:
+                return
+            decoded = validate_structure(specs)
+            if speculative:
+                raise ValueError(SPEC_DECODING_REFUSED)
+            if context is not None:
+                context.validate(decoded)
+        except (TypeError, ValueError) as e:
+            raise ValueError(f"extra_args[{_key_of(params)!r}]: {e}") from None
 
     def is_argmax_invariant(self) -> bool:
         return False
 
+    def needs_output_token_ids(self) -> bool:
+        """Asks vLLM (versions that have this method) for the real generated ids under async
+        scheduling: forced sequences by tokens and thinking budgets read them."""
+        return self.enabled
+
     def update_state(self, batch_update: Optional[BatchUpdate]) -> None:
+        if self._ask_for_ids:
+            self._ask_for_real_ids(sys._getframe(1).f_locals.get("self"))
         if not batch_update or not self.enabled:
             return
         # vLLM's order: removed, then added, then moved.
@@ -149,11 +302,15 @@ class VLLMLogitsProcessor(LogitsProcessor):
             self._drop(row)
         for row, params, prompt, output in batch_update.added:
             self._drop(row)
-            specs = request_specs(params)
+            specs = request_specs(params, dynamo=self._dynamo_key)
             if specs is None:
                 continue
             try:
-                self.batch.add(row, decode_specs(specs), prompt_len=len(prompt or ()))
+                self.batch.add(
+                    row,
+                    decode_specs(specs) if isinstance(specs, (str, bytes)) else specs,
+                    prompt_len=len(prompt or ()),
+                )
             except Exception as e:  # noqa: BLE001 - one bad request must not stop the engine
                 logger.error("logits_processing: request at row %d runs unprocessed: %s", row, e)
                 continue
@@ -173,6 +330,26 @@ class VLLMLogitsProcessor(LogitsProcessor):
                 if moving is not None:
                     self._histories[b] = moving
 
+    def _ask_for_real_ids(self, caller: Any) -> None:
+        """What ``needs_output_token_ids() -> True`` does on newer vLLM, for versions without
+        it: vLLM's persistent batch (``InputBatch.refresh_metadata`` is our caller) fills in
+        async scheduling's placeholders before the sampler runs only while its
+        ``logitsprocs_need_output_token_ids`` is set, and sets it only for processors named in
+        ``logits_processors=``. Set it here, before this step's sampling metadata is built."""
+        if caller is self._asked:
+            return
+        self._asked = caller
+        if getattr(caller, "logitsprocs_need_output_token_ids", True) is False:
+            caller.logitsprocs_need_output_token_ids = True
+            logger.debug("logits_processing: asked vLLM's persistent batch for real output ids")
+        elif not hasattr(caller, "logitsprocs_need_output_token_ids"):
+            logger.warning(
+                "logits_processing: cannot ask this vLLM for real output ids; under async "
+                "scheduling a row's newest id may be a placeholder (counted as a token, never "
+                "as </think> or a newline). Name %s in logits_processors= to be sure.",
+                QUALIFIED_NAME,
+            )
+
     def _drop(self, row: int) -> None:
         if self._histories.pop(row, None) is not None:
             self.batch.remove(row)
@@ -191,7 +368,8 @@ class _History:
     """One request's ids (prompt, then vLLM's live output list), kept in one list that grows by
     the new output ids each step: O(new ids) per step, not O(history), and the core sees ids that
     extend the previous call's (so it reads only the new ones). If the output list shrank or its
-    last id changed (a preempted request resumed, a corrected placeholder), it is copied again."""
+    last id changed (a preempted request resumed, a corrected placeholder), it is copied again.
+    A ``-1`` placeholder is held as :data:`PLACEHOLDER_ID` until vLLM fills in the real id."""
 
     __slots__ = ("ids", "prompt_len", "output")
 
@@ -203,9 +381,13 @@ class _History:
     def current(self) -> list:
         ids, output, start = self.ids, self.output, self.prompt_len
         have = len(ids) - start
-        if len(output) < have or (have and ids[-1] != output[have - 1]):
+        if len(output) < have or (have and ids[-1] != _real(output[have - 1])):
             del ids[start:]
             have = 0
         if len(output) > have:
-            ids.extend(output[have:])
+            ids.extend(_real(t) for t in output[have:])
         return ids
+
+
+def _real(token: int) -> int:
+    return PLACEHOLDER_ID if token < 0 else token

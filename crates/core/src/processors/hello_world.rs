@@ -40,6 +40,9 @@ impl KindSpec for HelloWorldSpec {
     }
 
     fn resolve(&self, context: &SpecContext) -> Result<Option<serde_json::Value>> {
+        if context.hello_world.is_none() {
+            return Ok(None);
+        }
         let mut value = serde_json::to_value(self.forced(context)?).expect("plain data");
         value["kind"] = "forced_sequence".into();
         Ok(Some(value))

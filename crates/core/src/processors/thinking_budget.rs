@@ -82,6 +82,9 @@ impl KindSpec for ThinkingBudgetSpec {
     }
 
     fn resolve(&self, context: &SpecContext) -> Result<Option<serde_json::Value>> {
+        if self.start_token_id.is_some() || context.thinking_tokens.is_none() {
+            return Ok(None);
+        }
         let tokens = self.tokens(context)?;
         let explicit = ThinkingBudgetSpec {
             start_token_id: Some(tokens.start_token_id),

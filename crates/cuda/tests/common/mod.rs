@@ -5,7 +5,7 @@ use std::sync::{Arc, Mutex};
 
 use logits_processing::{
     Batch, BatchLayout, DType, Edit, ForcedValue, Logit, LogitsProcessor, Pipeline, RowPlan, Step,
-    TokenHistory,
+    TokenHistory, Truncation,
 };
 
 /// The vocab sizes the issue names: Qwen3's, DeepSeek's, an odd Llama-like one, a tiny one.
@@ -96,8 +96,102 @@ fn temperature(rng: &mut Rng) -> f32 {
     }
 }
 
-pub fn edit(rng: &mut Rng, vocab: usize) -> Edit {
-    match rng.below(10) {
+/// One edit of a random plan; a mask is carried by its words until it is pushed into a plan.
+#[derive(Debug, Clone)]
+pub enum Item {
+    Edit(Edit),
+    Mask {
+        words: Vec<u32>,
+        beyond_allowed: bool,
+    },
+}
+
+pub fn push(plan: &mut RowPlan, item: &Item) {
+    match item {
+        Item::Edit(e) => plan.push(*e),
+        Item::Mask {
+            words,
+            beyond_allowed,
+        } => plan.push_mask(words, *beyond_allowed),
+    }
+}
+
+/// A mask over `vocab`: random words, sometimes fewer than the vocab needs (the rest allowed or
+/// not), sometimes more.
+fn mask(rng: &mut Rng, vocab: usize) -> Item {
+    let needed = vocab.div_ceil(32);
+    let len = match rng.below(4) {
+        0 => rng.below(needed + 1),
+        1 => needed + 1 + rng.below(3),
+        _ => needed,
+    };
+    let dense = rng.chance(2);
+    let words = (0..len)
+        .map(|_| {
+            let w = rng.next() as u32;
+            if dense {
+                w | rng.next() as u32
+            } else {
+                w
+            }
+        })
+        .collect();
+    Item::Mask {
+        words,
+        beyond_allowed: rng.chance(2),
+    }
+}
+
+/// A truncation: every rule, with parameters at their edges now and then (k past the vocab, top-p
+/// 1, min-p 0 and 1, tiny and large epsilons), `min_keep` sometimes past the vocab.
+pub fn truncation(rng: &mut Rng, vocab: usize) -> Edit {
+    let min_keep = if rng.chance(12) {
+        vocab as u32 + 1
+    } else {
+        1 + rng.below(3) as u32
+    };
+    let fraction = |rng: &mut Rng, edges: &[f32], lo: f32, hi: f32| {
+        if rng.chance(5) {
+            rng.pick(edges)
+        } else {
+            rng.uniform(lo, hi)
+        }
+    };
+    Edit::Truncate(match rng.below(8) {
+        0 | 1 => Truncation::TopK {
+            k: match rng.below(6) {
+                0 => vocab as u32 + rng.below(3) as u32,
+                1 => rng.below(vocab) as u32 + 1,
+                2 => rng.pick(&[1, 2, 1024]),
+                _ => 1 + rng.below(40) as u32,
+            },
+            min_keep,
+        },
+        2 | 3 => Truncation::TopP {
+            p: fraction(rng, &[1.0, 1e-6, 0.5], 0.05, 1.0),
+            min_keep,
+        },
+        4 => Truncation::MinP {
+            p: fraction(rng, &[0.0, 1.0, 1e-9], 0.0, 1.0),
+            min_keep,
+        },
+        5 => Truncation::Typical {
+            mass: fraction(rng, &[1e-6, 0.999_999], 0.05, 0.99),
+            min_keep,
+        },
+        6 => Truncation::Epsilon {
+            epsilon: fraction(rng, &[1e-9, 0.5, 0.999], 1e-5, 0.01),
+            min_keep,
+        },
+        _ => Truncation::Eta {
+            epsilon: fraction(rng, &[1e-9, 0.5, 0.999], 1e-5, 0.01),
+            min_keep,
+        },
+    })
+}
+
+pub fn edit(rng: &mut Rng, vocab: usize) -> Item {
+    Item::Edit(match rng.below(17) {
         0..=2 => Edit::Scale {
             temperature: temperature(rng),
         },
@@ -112,7 +206,25 @@ pub fn edit(rng: &mut Rng, vocab: usize) -> Edit {
                 rng.uniform(-5.0, 5.0)
             },
         },
-        7 | 8 => Edit::Force {
+        7 | 8 => Edit::Penalty {
+            token: token(rng, vocab),
+            penalty: if rng.chance(5) {
+                rng.pick(&[1.0, 2.0, 0.5, 1e-3])
+            } else {
+                rng.uniform(0.5, 3.0)
+            },
+        },
+        9 => return mask(rng, vocab),
+        10 => truncation(rng, vocab),
+        14 => Edit::Raise {
+            token: token(rng, vocab),
+            factor: factor(rng),
+        },
+        15 | 16 => Edit::Set {
+            token: token(rng, vocab),
+            value: set_value(rng),
+        },
+        11 => Edit::Force {
             token: token(rng, vocab),
             value: ForcedValue::Keep,
         },
@@ -124,18 +236,60 @@ pub fn edit(rng: &mut Rng, vocab: usize) -> Edit {
                 rng.uniform(-3.0, 3.0)
             }),
         },
+    })
+}
+
+/// A raise's factor: usually in transformers' range, sometimes one the arithmetic treats apart.
+fn factor(rng: &mut Rng) -> f32 {
+    if rng.chance(5) {
+        rng.pick(&[0.0, -0.0, -1.0, 1e30, -0.5])
+    } else {
+        rng.uniform(-0.9, 4.0)
+    }
+}
+
+/// A set's value, sometimes a special one.
+fn set_value(rng: &mut Rng) -> f32 {
+    if rng.chance(5) {
+        rng.pick(&[-0.0, 0.0, 1e5, f32::NAN, f32::NEG_INFINITY])
+    } else {
+        rng.uniform(-3.0, 3.0)
+    }
+}
+
+/// A sparse edit (ban, bias, penalty, raise or set) of `token`.
+fn sparse(rng: &mut Rng, token: u32) -> Edit {
+    match rng.below(5) {
+        3 => Edit::Raise {
+            token,
+            factor: factor(rng),
+        },
+        4 => Edit::Set {
+            token,
+            value: set_value(rng),
+        },
+        0 => Edit::Ban { token },
+        1 => Edit::Bias {
+            token,
+            bias: rng.uniform(-2.0, 2.0),
+        },
+        _ => Edit::Penalty {
+            token,
+            penalty: rng.uniform(0.5, 2.0),
+        },
     }
 }
 
 /// A row's edits: usually a handful (forces less often than the rest), sometimes a long list of
-/// bans and biases (many touched tokens per tile), sometimes none.
-pub fn edits(rng: &mut Rng, vocab: usize) -> Vec<Edit> {
+/// sparse edits (many touched tokens per tile), sometimes many edits of a few tokens between
+/// dense ones, sometimes none.
+pub fn edits(rng: &mut Rng, vocab: usize) -> Vec<Item> {
     let mut edits = vec![];
     let n = rng.below(7);
     let allow_force = rng.chance(3);
     while edits.len() < n {
         let e = edit(rng, vocab);
-        if matches!(e, Edit::Force { .. }) && !allow_force {
+        if matches!(e, Item::Edit(Edit::Force { .. })) && !allow_force {
             continue;
         }
         edits.push(e);
@@ -143,17 +297,24 @@ pub fn edits(rng: &mut Rng, vocab: usize) -> Vec<Edit> {
     if rng.chance(6) {
         for _ in 0..rng.below(400) {
             let at = rng.below(edits.len() + 1);
-            let e = if rng.chance(2) {
-                Edit::Ban {
-                    token: token(rng, vocab),
+            let t = token(rng, vocab);
+            let e = sparse(rng, t);
+            edits.insert(at, Item::Edit(e));
+        }
+    }
+    if rng.chance(6) {
+        let few: Vec<u32> = (0..1 + rng.below(3)).map(|_| token(rng, vocab)).collect();
+        for _ in 0..rng.below(300) {
+            let at = rng.below(edits.len() + 1);
+            let e = if rng.chance(20) {
+                Edit::Scale {
+                    temperature: temperature(rng),
                 }
             } else {
-                Edit::Bias {
-                    token: token(rng, vocab),
-                    bias: rng.uniform(-2.0, 2.0),
-                }
+                let t = rng.pick(&few);
+                sparse(rng, t)
             };
-            edits.insert(at, e);
+            edits.insert(at, Item::Edit(e));
         }
     }
     edits
@@ -174,7 +335,7 @@ pub fn random_plans<T: Logit>(
     let mut listed = vec![];
     for row in 0..rows {
         if !rng.chance(4) {
-            listed.push((row, plan_of(&edits(&mut rng, vocab))));
+            listed.push((row, plan_of_items(&edits(&mut rng, vocab))));
         }
     }
     for i in (1..listed.len()).rev() {
@@ -204,6 +365,12 @@ pub fn plan_of(edits: &[Edit]) -> RowPlan {
     plan
 }
 
+pub fn plan_of_items(items: &[Item]) -> RowPlan {
+    let mut plan = RowPlan::new();
+    items.iter().for_each(|item| push(&mut plan, item));
+    plan
+}
+
 /// Bits for comparison, every NaN as one value: NaN payloads are the one thing the GPU's
 /// arithmetic may give differently (its division returns the canonical NaN).
 pub fn bits<T: Logit>(xs: &[T]) -> Vec<u32> {
@@ -228,12 +395,12 @@ pub fn first_difference<T: Logit>(got: &[T], want: &[T]) -> Option<(usize, f32, 
 }
 
 /// The handle through which a test sets a scripted processor's edits.
-pub type Script = Arc<Mutex<Vec<Edit>>>;
+pub type Script = Arc<Mutex<Vec<Item>>>;
 
 /// A processor whose edits the test sets each step (through the shared handle).
 #[derive(Debug, Clone)]
 pub struct Scripted {
-    pub edits: Arc<Mutex<Vec<Edit>>>,
+    pub edits: Script,
     pub max_token: u32,
 }
 
@@ -247,9 +414,10 @@ impl LogitsProcessor for Scripted {
             .lock()
             .unwrap()
             .iter()
-            .for_each(|e| plan.push(*e));
+            .for_each(|item| push(plan, item));
         Ok(())
     }
+    fn undo(&mut self) {}
     fn max_token_id(&self) -> Option<u32> {
         Some(self.max_token)
     }

@@ -1,15 +1,15 @@
-"""The reference's example processors: ``TemperatureProcessor``, ``ForcedSequenceLogitsProcessor``
-and ``HelloWorldLogitsProcessor``, with the same names, arguments, attributes and results."""
+"""``HelloWorldLogitsProcessor``, under the reference's module name
+(``dynamo.logits_processing.examples.hello_world``)."""
 
 from __future__ import annotations
 
 import os
 from typing import Any, List, Optional, Tuple, Union
 
-from . import _lib
-from ._lib import ForcedSequenceLogitsProcessor, TemperatureProcessor
+from .. import _lib
+from .forced_sequence import ForcedSequenceLogitsProcessor
 
-__all__ = ["ForcedSequenceLogitsProcessor", "HelloWorldLogitsProcessor", "TemperatureProcessor"]
+__all__ = ["RESPONSE", "HelloWorldLogitsProcessor", "hello_world_ids"]
 
 RESPONSE = "Hello world!"
 _NO_EOS = "Tokenizer has no eos_token_id; HelloWorldLogitsProcessor requires one."

@@ -1,0 +1,441 @@
+//! The device's self-check: the kernels against the CPU path on a small batch covering every kind
+//! of edit, once per device and process, before the first applier is handed out. The kernels
+//! have not been run on every driver and architecture they may meet (see the crate docs), and a
+//! wrong logit must never pass silently.
+
+use std::sync::Arc;
+
+use logits_processing::{bf16, f16, BatchLayout, Edit, ForcedValue, Logit, RowPlan, Truncation};
+
+use crate::device::{DeviceBuffer, Stream};
+use crate::driver::Kernels;
+use crate::{CudaBatchApplier, CudaError};
+
+const VOCAB: usize = 2053;
+
+/// Runs the check on the device the first time (later calls return its cached outcome).
+pub(crate) fn ensure(kernels: &Arc<Kernels>, ordinal: usize) -> Result<(), CudaError> {
+    kernels
+        .checked
+        .get_or_init(|| run(kernels, ordinal))
+        .clone()
+        .map_err(CudaError::SelfCheck)
+}
+
+fn run(kernels: &Arc<Kernels>, ordinal: usize) -> Result<(), String> {
+    let mut applier = CudaBatchApplier::with_kernels(kernels.clone(), ordinal);
+    let stream = Stream::new(ordinal).map_err(|e| format!("could not run: {e}"))?;
+    check::<f32>(&mut applier, &stream)?;
+    check::<f16>(&mut applier, &stream)?;
+    check::<bf16>(&mut applier, &stream)
+}
+
+/// The batch: one row per kind of edit and the mixes that exercise the kernels' paths (forced
+/// survivor with its own edits, a forced row with more survivors (sets after the force), raises
+/// and sets, sparse-only rows, a mask, every truncation rule, before and after other edits and
+/// after another truncation).
+/// Row 7 is not listed and must come back untouched.
+pub(crate) fn plans() -> Vec<(usize, RowPlan)> {
+    let plan = |edits: &[Edit]| {
+        let mut plan = RowPlan::new();
+        edits.iter().for_each(|e| plan.push(*e));
+        plan
+    };
+    let top_k = |k| Edit::Truncate(Truncation::TopK { k, min_keep: 1 });
+    let mut masked = plan(&[Edit::Scale { temperature: 0.6 }]);
+    let words: Vec<u32> = (0..VOCAB as u32 / 64)
+        .map(|w| w.wrapping_mul(0x9e37_79b9) | 1)
+        .collect();
+    masked.push_mask(&words, true);
+    masked.push(Edit::Bias {
+        token: 33,
+        bias: 1.0,
+    });
+    vec![
+        (0, plan(&[Edit::Scale { temperature: 0.7 }])),
+        (
+            1,
+            plan(&[
+                Edit::Scale { temperature: 0.3 },
+                Edit::Force {
+                    token: 1500,
+                    value: ForcedValue::Keep,
+                },
+            ]),
+        ),
+        (
+            2,
+            plan(&[
+                Edit::Bias {
+                    token: 7,
+                    bias: 0.25,
+                },
+                Edit::Force {
+                    token: 7,
+                    value: ForcedValue::Set(2.5),
+                },
+            ]),
+        ),
+        (
+            3,
+            plan(&[
+                Edit::Ban { token: 3 },
+                Edit::Bias {
+                    token: 3,
+                    bias: 1.0,
+                },
+                Edit::Bias {
+                    token: 1030,
+                    bias: -0.5,
+                },
+                Edit::Scale { temperature: 0.9 },
+                Edit::Penalty {
+                    token: 1030,
+                    penalty: 1.3,
+                },
+                Edit::Penalty {
+                    token: 5,
+                    penalty: 1.7,
+                },
+                Edit::Ban {
+                    token: VOCAB as u32 - 1,
+                },
+            ]),
+        ),
+        (4, masked),
+        (
+            5,
+            plan(&[
+                Edit::Scale { temperature: 0.8 },
+                Edit::Ban { token: 10 },
+                top_k(50),
+                Edit::Bias {
+                    token: 11,
+                    bias: 0.5,
+                },
+            ]),
+        ),
+        (
+            6,
+            plan(&[
+                Edit::Ban { token: 0 },
+                Edit::Bias {
+                    token: 2047,
+                    bias: 3.0,
+                },
+                Edit::Penalty {
+                    token: 100,
+                    penalty: 1.2,
+                },
+            ]),
+        ),
+        (
+            8,
+            plan(&[
+                top_k(5),
+                Edit::Force {
+                    token: 42,
+                    value: ForcedValue::Keep,
+                },
+            ]),
+        ),
+        (
+            9,
+            plan(&[
+                Edit::Scale { temperature: 0.5 },
+                Edit::Truncate(Truncation::TopP {
+                    p: 0.8,
+                    min_keep: 1,
+                }),
+                Edit::Bias {
+                    token: 900,
+                    bias: 0.5,
+                },
+            ]),
+        ),
+        (
+            10,
+            plan(&[Edit::Truncate(Truncation::MinP {
+                p: 0.05,
+                min_keep: 2,
+            })]),
+        ),
+        (
+            11,
+            plan(&[
+                Edit::Ban { token: 12 },
+                Edit::Truncate(Truncation::Typical {
+                    mass: 0.7,
+                    min_keep: 3,
+                }),
+            ]),
+        ),
+        (
+            12,
+            plan(&[Edit::Truncate(Truncation::Epsilon {
+                epsilon: 1e-3,
+                min_keep: 1,
+            })]),
+        ),
+        (
+            13,
+            plan(&[
+                Edit::Scale { temperature: 1.5 },
+                Edit::Truncate(Truncation::Eta {
+                    epsilon: 1e-3,
+                    min_keep: 1,
+                }),
+                Edit::Truncate(Truncation::MinP {
+                    p: 0.2,
+                    min_keep: 1,
+                }),
+            ]),
+        ),
+        (
+            14,
+            // Raises of negative and positive logits around a scale; a set, and a set that brings
+            // back a banned token, raised after.
+            plan(&[
+                Edit::Raise {
+                    token: 5,
+                    factor: 0.25,
+                },
+                Edit::Raise {
+                    token: 900,
+                    factor: 1.5,
+                },
+                Edit::Scale { temperature: 0.9 },
+                Edit::Raise {
+                    token: 5,
+                    factor: 0.125,
+                },
+                Edit::Set {
+                    token: 17,
+                    value: -2.75,
+                },
+                Edit::Ban { token: 2052 },
+                Edit::Set {
+                    token: 2052,
+                    value: 1.3,
+                },
+                Edit::Raise {
+                    token: 2052,
+                    factor: 0.7,
+                },
+            ]),
+        ),
+        (
+            15,
+            // A forced row with more survivors: sets after the force, one before a truncation (the
+            // band sees it) and one after; the set before the force does not survive.
+            plan(&[
+                Edit::Set {
+                    token: 3,
+                    value: 9.0,
+                },
+                Edit::Bias {
+                    token: 40,
+                    bias: 0.5,
+                },
+                Edit::Force {
+                    token: 40,
+                    value: ForcedValue::Keep,
+                },
+                Edit::Set {
+                    token: 1100,
+                    value: 3.0,
+                },
+                Edit::Raise {
+                    token: 1100,
+                    factor: 0.5,
+                },
+                top_k(1),
+                Edit::Set {
+                    token: 2000,
+                    value: -1.0,
+                },
+                Edit::Scale { temperature: 0.5 },
+            ]),
+        ),
+    ]
+}
+
+/// The input block: values spread over both signs, with the special ones the edits treat apart.
+pub(crate) fn input<T: Logit>(layout: BatchLayout) -> Vec<T> {
+    let mut seed = 0x2545_f491_4f6c_dd1du64;
+    (0..layout.required_len(VOCAB))
+        .map(|i| {
+            seed ^= seed << 13;
+            seed ^= seed >> 7;
+            seed ^= seed << 17;
+            T::from_f32(match i % 97 {
+                0 => -0.0,
+                1 => 0.0,
+                2 => 1e-40,
+                _ => (seed >> 40) as f32 / (1u64 << 24) as f32 * 16.0 - 8.0,
+            })
+        })
+        .collect()
+}
+
+pub(crate) fn layout() -> BatchLayout {
+    BatchLayout {
+        rows: 16,
+        row_stride: VOCAB + 3,
+    }
+}
+
+/// The first element where `got` and `want` differ (NaN equal to NaN), as a message.
+pub(crate) fn difference<T: Logit>(got: &[T], want: &[T], stride: usize) -> Option<String> {
+    let same = |a: f32, b: f32| a.to_bits() == b.to_bits() || (a.is_nan() && b.is_nan());
+    let i = (0..got.len()).find(|&i| !same(got[i].to_f32(), want[i].to_f32()))?;
+    let (g, w) = (got[i].to_f32(), want[i].to_f32());
+    Some(format!(
+        "{}: row {}, token {}: GPU {g:e} (bits {:#010x}), CPU {w:e} (bits {:#010x})",
+        T::DTYPE.name(),
+        i / stride,
+        i % stride,
+        g.to_bits(),
+        w.to_bits()
+    ))
+}
+
+fn check<T: Logit>(applier: &mut CudaBatchApplier, stream: &Stream) -> Result<(), String> {
+    let layout = layout();
+    let input = input::<T>(layout);
+    let mut listed = plans();
+    let mut want = input.clone();
+    for (row, plan) in &mut listed {
+        let start = *row * layout.row_stride;
+        plan.apply(&mut want[start..start + VOCAB])
+            .map_err(|e| format!("the CPU refused the check's plan: {e}"))?;
+    }
+    let plans: Vec<(usize, &RowPlan)> = listed.iter().map(|(r, p)| (*r, p)).collect();
+    let ordinal = applier.device_ordinal();
+    let could_not = |e: CudaError| format!("could not run: {e}");
+    let buffer = DeviceBuffer::from_host(ordinal, &input).map_err(could_not)?;
+    // SAFETY: the buffer covers the layout; the stream is live.
+    unsafe { applier.apply_plans(&plans, buffer.ptr(), T::DTYPE, layout, VOCAB, stream.raw()) }
+        .map_err(could_not)?;
+    stream.synchronize().map_err(could_not)?;
+    let mut got = input.clone();
+    buffer.to_host(&mut got).map_err(could_not)?;
+    match difference(&got, &want, layout.row_stride) {
+        None => Ok(()),
+        Some(message) => Err(message),
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::packed::{emulate, PackedPlans};
+
+    /// The check's batch, through the host emulation: it must pass there (else the check would
+    /// fail on every GPU), and it must exercise every op.
+    fn emulated<T: Logit>() {
+        let layout = layout();
+        let input = input::<T>(layout);
+        let mut listed = plans();
+        let mut want = input.clone();
+        for (row, plan) in &mut listed {
+            let start = *row * layout.row_stride;
+            plan.apply(&mut want[start..start + VOCAB]).unwrap();
+        }
+        let mut packed = PackedPlans::new();
+        packed
+            .pack(|| listed.iter().map(|(r, p)| (*r, p)), layout.rows, VOCAB)
+            .unwrap();
+        let mut got = input.clone();
+        emulate(&packed, VOCAB, layout.row_stride, &mut got);
+        assert_eq!(difference(&got, &want, layout.row_stride), None);
+        assert_ne!(got, input);
+    }
+
+    #[test]
+    fn the_check_passes_on_the_emulation() {
+        emulated::<f32>();
+        emulated::<f16>();
+        emulated::<bf16>();
+    }
+
+    #[test]
+    fn the_check_covers_every_op() {
+        use crate::packed::Op;
+        let listed = plans();
+        for op in Op::ALL {
+            assert!(
+                listed
+                    .iter()
+                    .any(|(_, p)| p.edits().iter().any(|e| Op::of(e) == op)),
+                "{op:?} is not in the self-check"
+            );
+        }
+    }
+
+    #[test]
+    fn the_check_covers_every_truncation_rule() {
+        use crate::packed::Rule;
+        let listed = plans();
+        for rule in Rule::ALL {
+            assert!(
+                listed.iter().any(|(_, p)| p
+                    .edits()
+                    .iter()
+                    .any(|e| matches!(e, Edit::Truncate(t) if Rule::of(t).0 == rule))),
+                "{rule:?} is not in the self-check"
+            );
+        }
+    }
+
+    /// Each truncation row of the check removes some logits and keeps some: the band is tested.
+    #[test]
+    fn the_check_truncations_cut_inside_the_row() {
+        let layout = layout();
+        let input = input::<f32>(layout);
+        for (row, mut plan) in plans() {
+            if !plan.truncates() || plan.forced_token().is_some() {
+                continue;
+            }
+            let start = row * layout.row_stride;
+            let mut out = input[start..start + VOCAB].to_vec();
+            plan.apply(&mut out).unwrap();
+            let removed = out.iter().filter(|x| **x == f32::NEG_INFINITY).count();
+            assert!(
+                removed > 2 && removed < VOCAB - 1,
+                "row {row}: {removed} removed"
+            );
+        }
+    }
+
+    /// The forced row with sets after its force keeps more than its forced token, and fills the
+    /// rest: the kernel's other survivors are tested.
+    #[test]
+    fn the_check_has_a_forced_row_with_more_survivors() {
+        let layout = layout();
+        let input = input::<f32>(layout);
+        let (row, mut plan) = plans()
+            .into_iter()
+            .find(|(_, p)| {
+                p.forced_token().is_some() && p.set_after_force(0..p.edits().len()).count() > 1
+            })
+            .expect("a forced row with sets after the force");
+        let start = row * layout.row_stride;
+        let mut out = input[start..start + VOCAB].to_vec();
+        plan.apply(&mut out).unwrap();
+        let kept = out.iter().filter(|x| **x != f32::NEG_INFINITY).count();
+        assert!(kept > 1 && kept < 5, "row {row}: {kept} kept");
+    }
+
+    #[test]
+    fn a_difference_names_row_token_and_values() {
+        let want = vec![1.0f32; 10];
+        let mut got = want.clone();
+        got[7] = 2.0;
+        let message = difference(&got, &want, 5).unwrap();
+        assert!(
+            message.starts_with("float32: row 1, token 2: GPU 2e0"),
+            "{message}"
+        );
+    }
+}
