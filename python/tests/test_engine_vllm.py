@@ -454,3 +454,118 @@ def test_specs_refused_under_speculative_decoding():
         _Frontend(speculative=True)._validate_params(params)
     _Frontend(speculative=True)._validate_params(SamplingParams())  # no specs: served
     _Frontend()._validate_params(params)
+
+
+# One of each way a kind keeps state: counting calls, counting ids past the prompt, reading all
+# ids, reading the newest ids.
+MIGRATING = {
+    "forced_calls": [{"kind": "forced_sequence", "token_ids": [5, 6, 7, 8, 9, 10], "eos_token_id": EOS}],
+    "forced_tokens": [
+        {"kind": "forced_sequence", "token_ids": [11, 12, 13, 14], "eos_token_id": EOS, "position": "tokens"}
+    ],
+    "budget": [
+        {"kind": "ban_tokens", "token_ids": [NL, THINK_END, EOS]},
+        {
+            "kind": "thinking_budget",
+            "max_thinking_tokens": 5,
+            "overflow_percentage": 0.0,
+            "start_token_id": THINK,
+            "end_token_id": THINK_END,
+            "newline_token_id": NL,
+        },
+    ],
+    "penalties": [
+        {"kind": "logit_bias", "bias": {"3": 4.0, "4": 3.5}},
+        {"kind": "frequency_penalty", "penalty": 1.5},
+        {"kind": "presence_penalty", "penalty": 1.0},
+        {"kind": "repetition_penalty", "penalty": 1.8, "scope": "output"},
+    ],
+    "lengths": [
+        {"kind": "min_new_tokens", "min_new_tokens": 6, "eos_token_ids": [EOS]},
+        {
+            "kind": "exponential_decay_length_penalty",
+            "start_index": 3,
+            "decay_factor": 1.5,
+            "eos_token_ids": [EOS],
+        },
+        {"kind": "suppress_tokens_at_begin", "token_ids": [7]},
+        {"kind": "logit_bias", "bias": {str(EOS): 3.0, "7": 2.5}},
+    ],
+}
+
+
+def _generate(engine, req_id, steps):
+    """Greedy steps of one request whose logits depend only on how many ids it has (so a
+    request moved to another engine sees the same logits at the same position)."""
+    state = engine.requests[req_id]
+    for _ in range(steps):
+        n = len(state.prompt_token_ids) + len(state.output_token_ids)
+        logits = torch.randn(1, V, generator=torch.Generator().manual_seed(n))
+        _, finished = engine.step(logits)
+        if finished:
+            break
+    return list(state.output_token_ids)
+
+
+def _engine(monkeypatch):
+    monkeypatch.setattr(gpu_input_batch, "PIN_MEMORY", False)
+    monkeypatch.delenv(adapter.ROLE_ENV, raising=False)
+    return Engine(vllm_config())
+
+
+@pytest.mark.parametrize("name", sorted(MIGRATING))
+@pytest.mark.parametrize("moved_after", [1, 3, 5])
+def test_a_migrated_request_continues_exactly(monkeypatch, name, moved_after):
+    """Dynamo's migration re-sends a request to another worker with the ids it generated
+    appended to its prompt and max_tokens reduced by as many; with the original prompt's length
+    beside the specs, the new engine's processors continue where the first one's were."""
+    specs, prompt, total = MIGRATING[name], [1, 2, THINK], 12
+    whole = _engine(monkeypatch)
+    whole.add("r", prompt, specs, max_tokens=total)
+    want = _generate(whole, "r", total)
+    assert len(want) > moved_after
+
+    first = _engine(monkeypatch)
+    first.add("r", prompt, specs, max_tokens=total)
+    before = _generate(first, "r", moved_after)
+    assert before == want[:moved_after]
+    second = _engine(monkeypatch)
+    second.add("r", prompt + before, specs, max_tokens=total - moved_after)
+    second.requests["r"].sampling_params.extra_args[adapter.PROMPT_LEN_KEY] = len(prompt)
+    assert before + _generate(second, "r", total) == want
+
+
+def test_a_request_resumed_after_preemption_continues(engine):
+    """vLLM re-adds a preempted request with its output so far: a forced sequence counting calls
+    continues from there rather than forcing its first token again."""
+    specs = MIGRATING["forced_calls"]
+    engine.add("r", [1, 2], specs, output=[5, 6])
+    assert _generate(engine, "r", 3) == [5, 6, 7, 8, 9]
+
+
+def test_without_the_prompt_length_counts_restart_from_the_new_prompt(engine):
+    """What a migrated request does without the key: its forced sequence starts over (the kinds
+    that read every id, such as the thinking budget, still continue: they need no key)."""
+    specs = MIGRATING["forced_calls"]
+    engine.add("r", [1, 2, 5, 6], specs)
+    assert _generate(engine, "r", 2) == [5, 6]
+
+
+@pytest.mark.parametrize("value", [-1, 1.5, "3", True])
+def test_a_bad_prompt_length_is_refused_at_admission(value, caplog):
+    params = adapter.activate(SamplingParams(), [{"kind": "temperature", "temperature": 0.5}])
+    params.extra_args[adapter.PROMPT_LEN_KEY] = value
+    with caplog.at_level(logging.WARNING), pytest.raises(ValueError, match=adapter.PROMPT_LEN_KEY):
+        adapter.VLLMLogitsProcessor.validate_params(params)
+    assert "request refused" in caplog.text and adapter.PROMPT_LEN_KEY in caplog.text
+
+
+def test_a_prompt_length_beyond_the_prompt_leaves_the_row_alone(engine, caplog):
+    engine.add("r", [1, 2], MIGRATING["forced_calls"])
+    engine.requests["r"].sampling_params.extra_args[adapter.PROMPT_LEN_KEY] = 3
+    logits = torch.randn(1, V)
+    expected = logits.clone()
+    with caplog.at_level(logging.ERROR):
+        engine.step(logits)
+    assert torch.equal(logits, expected)
+    assert "beyond the request's prompt of 2 ids" in caplog.text

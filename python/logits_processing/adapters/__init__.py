@@ -11,7 +11,9 @@ imported; importing this package imports no engine.
   ``TRTLLMBatchedLogitsProcessor`` for TensorRT-LLM.
 
 A request opts in with a list of JSON specs under :data:`SPEC_KEY` (or Dynamo's entries under
-:data:`DYNAMO_SPEC_KEY`). Processors run only on
+:data:`DYNAMO_SPEC_KEY`), and with :data:`PROMPT_LEN_KEY` beside them says where its original
+prompt ends, so that a request moved to another worker mid-generation continues exactly
+(:func:`original_prompt_len`). Processors run only on
 generation roles (aggregated, decode), never on a prefill worker (:func:`runs_processors`).
 """
 
@@ -19,12 +21,14 @@ from ._common import (
     DYNAMO_SPEC_KEY,
     DYNAMO_UID_KEY,
     GENERATION_ROLES,
+    PROMPT_LEN_KEY,
     ROLES,
     SPEC_KEY,
     EngineContext,
     KeyedBatch,
     encode_specs,
     normalize_role,
+    original_prompt_len,
     request_payload,
     runs_processors,
     thinking_tokens_for,
@@ -35,12 +39,14 @@ __all__ = [
     "DYNAMO_SPEC_KEY",
     "DYNAMO_UID_KEY",
     "GENERATION_ROLES",
+    "PROMPT_LEN_KEY",
     "ROLES",
     "SPEC_KEY",
     "EngineContext",
     "KeyedBatch",
     "encode_specs",
     "normalize_role",
+    "original_prompt_len",
     "request_payload",
     "runs_processors",
     "thinking_tokens_for",

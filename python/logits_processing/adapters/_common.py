@@ -25,6 +25,11 @@ SPEC_KEY = "logits_processing"
 DYNAMO_SPEC_KEY = "dynamo_logits"
 #: The request id Dynamo's SGLang adapter puts beside its entries.
 DYNAMO_UID_KEY = "dynamo_uid"
+#: Beside the specs: where the request's original prompt ends (an int). A request re-sent with
+#: the tokens it has generated appended to its prompt (Dynamo's migration to another worker)
+#: carries nothing else that says so; with this key its processors continue where they were
+#: instead of starting over. Set it to the prompt's length when the request is first sent.
+PROMPT_LEN_KEY = "logits_processing_prompt_len"
 
 #: Serving roles that generate tokens, where processors run.
 GENERATION_ROLES = frozenset({"aggregated", "decode"})
@@ -113,6 +118,39 @@ def request_payload(container: Any, *, dynamo: bool = True) -> Any:
         return theirs
     ours = decode_specs(ours)
     return (ours if isinstance(ours, list) else [ours]) + theirs
+
+
+def original_prompt_len(container: Any, prompt_len: int) -> int:
+    """Where the request's original prompt ends in a prompt of ``prompt_len`` ids: the
+    :data:`PROMPT_LEN_KEY` value in ``container`` (vLLM's ``extra_args``, SGLang's
+    ``custom_params``) when present, else ``prompt_len``. Raises ``ValueError`` naming the key
+    for a value that is not a whole number or lies beyond the prompt."""
+    value = container.get(PROMPT_LEN_KEY) if container else None
+    if value is None:
+        return prompt_len
+    try:
+        check_prompt_len(value)
+        if value > prompt_len:
+            raise ValueError(f"{value} is beyond the request's prompt of {prompt_len} ids")
+    except ValueError as e:
+        raise ValueError(f"{PROMPT_LEN_KEY}: {e}") from None
+    return value
+
+
+def check_prompt_len(value: Any) -> None:
+    """Refuses a :data:`PROMPT_LEN_KEY` value that is not a whole number >= 0."""
+    if isinstance(value, bool) or not isinstance(value, int) or value < 0:
+        raise ValueError(f"expected a whole number >= 0, found {value!r}")
+
+
+def resumed(specs: Any, original_len: int, ids_at_admission: int) -> Any:
+    """The specs of a request admitted with ``ids_at_admission`` ids of which the first
+    ``original_len`` are its prompt: unchanged when nothing was generated yet; else with
+    forced sequences positioned by tokens, which in an uninterrupted run is the number of calls,
+    so that a migrated or resumed request forces the token it was at, not its first one."""
+    if ids_at_admission <= original_len:
+        return specs
+    return with_position(specs, "tokens")
 
 
 def validate_structure(specs: Any) -> Any:

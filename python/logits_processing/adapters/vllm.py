@@ -8,7 +8,9 @@ or install the package, whose ``vllm.logits_processors`` entry point loads it in
 (both at once is fine: the second instance in an engine does nothing). A request opts in with
 specs under ``extra_args["logits_processing"]`` (a JSON text or a list of spec objects), or with
 Dynamo's entries under ``extra_args["dynamo_logits"]``; requests without either are not touched
-and cost nothing.
+and cost nothing. A request re-sent with its generated tokens appended to its prompt (Dynamo's
+migration) says where its original prompt ended under ``extra_args["logits_processing_prompt_len"]``
+and continues exactly; so does a request vLLM resumes after preempting it.
 
 vLLM calls :meth:`VLLMLogitsProcessor.update_state` with the persistent batch's changes (rows
 added, removed, moved or swapped) and :meth:`VLLMLogitsProcessor.apply` once per step with the
@@ -32,11 +34,15 @@ from vllm.v1.sample.logits_processor import BatchUpdate, LogitsProcessor, MoveDi
 
 from ._common import (
     DYNAMO_SPEC_KEY,
+    PROMPT_LEN_KEY,
     SPEC_KEY,
     EngineContext,
+    check_prompt_len,
     decode_specs,
     normalize_role,
+    original_prompt_len,
     request_payload,
+    resumed,
     runs_processors,
     validate_structure,
 )
@@ -44,6 +50,7 @@ from ._common import (
 __all__ = [
     "DYNAMO_SPEC_KEY",
     "PLACEHOLDER_ID",
+    "PROMPT_LEN_KEY",
     "QUALIFIED_NAME",
     "SPEC_KEY",
     "VLLMLogitsProcessor",
@@ -268,6 +275,7 @@ class VLLMLogitsProcessor(LogitsProcessor):
         limits; and, with the model known (vLLM's frontend), a token id beyond its vocab, a
         ``hello_world`` or id-less thinking budget the tokenizer cannot resolve, and any spec
         while speculative decoding is on (vLLM skips logits processors on speculative steps)."""
+        refused = None
         try:
             frontend = _frontend()
             context, speculative, dynamo = (
@@ -281,8 +289,17 @@ class VLLMLogitsProcessor(LogitsProcessor):
                 raise ValueError(SPEC_DECODING_REFUSED)
             if context is not None:
                 context.validate(decoded)
+            try:
+                check_prompt_len((params.extra_args or {}).get(PROMPT_LEN_KEY, 0))
+            except ValueError as e:
+                refused = f"extra_args[{PROMPT_LEN_KEY!r}]: {e}"
         except (TypeError, ValueError) as e:
-            raise ValueError(f"extra_args[{_key_of(params)!r}]: {e}") from None
+            refused = f"extra_args[{_key_of(params)!r}]: {e}"
+        if refused is not None:
+            # Dynamo's frontend answers a worker's refusal with "Invalid request" alone: the
+            # worker's log is where an operator finds what was wrong.
+            logger.warning("logits_processing: request refused: %s", refused)
+            raise ValueError(refused)
 
     def is_argmax_invariant(self) -> bool:
         return False
@@ -306,11 +323,12 @@ class VLLMLogitsProcessor(LogitsProcessor):
             if specs is None:
                 continue
             try:
-                self.batch.add(
-                    row,
-                    decode_specs(specs) if isinstance(specs, (str, bytes)) else specs,
-                    prompt_len=len(prompt or ()),
-                )
+                specs = decode_specs(specs) if isinstance(specs, (str, bytes)) else specs
+                # A migrated request's prompt holds the ids it generated before; a resumed
+                # one (preempted by vLLM) has them in its output already.
+                prompt_len = original_prompt_len(params.extra_args, len(prompt or ()))
+                specs = resumed(specs, prompt_len, len(prompt or ()) + len(output or ()))
+                self.batch.add(row, specs, prompt_len=prompt_len)
             except Exception as e:  # noqa: BLE001 - one bad request must not stop the engine
                 logger.error("logits_processing: request at row %d runs unprocessed: %s", row, e)
                 continue
