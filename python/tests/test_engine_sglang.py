@@ -223,6 +223,26 @@ def test_a_request_that_leaves_and_comes_back_continues_from_its_tokens():
     assert list(r.output_ids) == [30, 31, 32, 33]
 
 
+def test_a_migrated_request_continues_given_its_original_prompt_length():
+    """Dynamo's migration re-sends a request with the ids it generated appended to its prompt;
+    with the original prompt's length beside the specs, its counts continue."""
+    specs = [
+        {"kind": "forced_sequence", "token_ids": [30, 31, 32, 33], "eos_token_id": EOS},
+        {"kind": "min_new_tokens", "min_new_tokens": 5, "eos_token_ids": [EOS]},
+    ]
+    r = make_req("m", [1, 2, 30, 31], specs)
+    r.sampling_params.custom_params[adapter.PROMPT_LEN_KEY] = 2
+    for _ in range(3):
+        step([r], torch.randn(1, V))
+    assert list(r.output_ids)[:2] == [32, 33]
+    bad = make_req("b", [1, 2], specs)
+    bad.sampling_params.custom_params[adapter.PROMPT_LEN_KEY] = 3  # beyond the prompt
+    logits = torch.randn(1, V)
+    before = logits.clone()
+    step([bad], logits)
+    assert torch.equal(logits, before)
+
+
 def test_a_bad_spec_is_logged_and_its_row_left_alone(caplog):
     good = make_req("g", [1], [{"kind": "forced_sequence", "token_ids": [4], "eos_token_id": EOS}])
     bad = make_req("b", [1], [{"kind": "ban_tokens", "token_ids": [V + 5]}])  # past the vocab

@@ -38,9 +38,18 @@ from typing import Any, Dict, List, Optional
 import torch
 from sglang.srt.sampling.custom_logit_processor import CustomLogitProcessor
 
-from ._common import SPEC_KEY, EngineContext, KeyedBatch, encode_specs, request_payload, runs_processors
+from ._common import (
+    PROMPT_LEN_KEY,
+    SPEC_KEY,
+    EngineContext,
+    KeyedBatch,
+    encode_specs,
+    original_prompt_len,
+    request_payload,
+    runs_processors,
+)
 
-__all__ = ["SGLangLogitProcessor", "STORE", "activate", "requests_of", "SPEC_KEY"]
+__all__ = ["PROMPT_LEN_KEY", "SGLangLogitProcessor", "STORE", "activate", "requests_of", "SPEC_KEY"]
 
 logger = logging.getLogger(__name__)
 
@@ -109,11 +118,24 @@ def requests_of(params_list: List[Optional[Dict[str, Any]]]) -> List[Optional[tu
             rows.append(None)
             continue
         seen.add(rid)
-        rows.append((rid, payload, len(prompt), _history(req)))
+        try:
+            # A migrated request's prompt holds the ids it generated before.
+            prompt_len = original_prompt_len(params, len(prompt))
+        except ValueError as e:
+            # Refused as a bad spec is: the row left alone, logged once while it stays.
+            prompt_len, payload = len(prompt), _refusal(e)
+        rows.append((rid, payload, prompt_len, _history(req)))
     return rows
 
 
 _warned_duplicates = False
+
+
+def _refusal(error: Exception) -> Any:
+    def specs():
+        raise error
+
+    return specs
 
 
 def _history(req: Any) -> Any:
