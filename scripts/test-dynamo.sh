@@ -31,6 +31,7 @@ start() {  # start NAME COMMAND...
   shift
   setsid "$@" >"$work/$name.log" 2>&1 &
   pids+=("$!")
+  disown  # stopped by stop(), without the shell reporting each kill
 }
 # Free ports below 32768: Dynamo reads DYN_SYSTEM_PORT as an i16.
 ports=($("$py" - <<'EOF'
