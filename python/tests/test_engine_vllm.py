@@ -461,7 +461,7 @@ def test_specs_refused_under_speculative_decoding():
 MIGRATING = {
     "forced_calls": [{"kind": "forced_sequence", "token_ids": [5, 6, 7, 8, 9, 10], "eos_token_id": EOS}],
     "forced_tokens": [
-        {"kind": "forced_sequence", "token_ids": [11, 12, 13, 14], "eos_token_id": EOS, "position": "tokens"}
+        {"kind": "forced_sequence", "token_ids": [11, 12, 13, 14, 15, 16], "eos_token_id": EOS, "position": "tokens"}
     ],
     "budget": [
         {"kind": "ban_tokens", "token_ids": [NL, THINK_END, EOS]},
