@@ -381,3 +381,37 @@ def test_batch_edit_bumps_autograd_version():
     batch.apply(scaled.detach(), [[1]])
     with pytest.raises(RuntimeError, match="modified by an inplace operation"):
         loss.backward()
+
+
+def adapter_entry_points():
+    from logits_processing.adapters import _common
+    from logits_processing.adapters.hf import HFLogitsProcessor
+    from logits_processing.adapters.trtllm import TRTLLMLogitsProcessor
+
+    return {
+        "decode_specs": _common.decode_specs,
+        "validate_structure": _common.validate_structure,
+        "hf": lambda specs: HFLogitsProcessor(specs, vocab_size=VOCAB),
+        "trtllm": lambda specs: TRTLLMLogitsProcessor(specs, vocab_size=VOCAB),
+    }
+
+
+@pytest.mark.parametrize("entry", ["decode_specs", "validate_structure", "hf", "trtllm"])
+@pytest.mark.parametrize(
+    "payload, cls",
+    [
+        (b'{"kind": "temperature", "temperature": 0.5, "x": "\xff"}', lp.SpecError),
+        (bytearray(b"\xc3\x28"), lp.SpecError),
+        ("[" * 100000, lp.SpecError),
+        (b"[" * 100000, lp.SpecError),
+        ('{"kind": "temperature", "temperature": "\ud800"}', lp.SpecError),
+        ("not json", lp.SpecError),
+        (5, lp.LogitsProcessingError),
+    ],
+    ids=["bytes-not-utf8", "bytearray-not-utf8", "deep-text", "deep-bytes", "surrogate", "not-json", "int"],
+)
+def test_adapters_answer_bad_payloads_with_ours(entry, payload, cls):
+    if entry == "decode_specs" and isinstance(payload, str) and "\ud800" in payload:
+        pytest.skip("decode_specs only parses; the surrogate is refused when the spec is validated")
+    with pytest.raises(cls):
+        adapter_entry_points()[entry](payload)

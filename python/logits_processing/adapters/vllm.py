@@ -30,6 +30,7 @@ import torch
 from vllm import SamplingParams
 from vllm.v1.sample.logits_processor import BatchUpdate, LogitsProcessor, MoveDirectionality
 
+from .. import _lib
 from ._common import (
     DYNAMO_SPEC_KEY,
     SPEC_KEY,
@@ -282,7 +283,8 @@ class VLLMLogitsProcessor(LogitsProcessor):
             if context is not None:
                 context.validate(decoded)
         except (TypeError, ValueError) as e:
-            raise ValueError(f"extra_args[{_key_of(params)!r}]: {e}") from None
+            # A SpecError is the ValueError vLLM expects from this hook to refuse a request.
+            raise _lib.SpecError(f"extra_args[{_key_of(params)!r}]: {e}") from None
 
     def is_argmax_invariant(self) -> bool:
         return False
