@@ -112,6 +112,8 @@ class Batch:
 
         Raises:
             SpecError: naming the field of a bad spec; TokenOutOfVocabError for an id >= vocab_size.
+            ArgumentTypeError, InvalidArgumentError: a row or prompt_len that is not an integer
+                from 0 to 2**64-1.
         """
     def apply(
         self,
@@ -139,8 +141,12 @@ class Batch:
                 copy), and each logit is read and written once, where a copy followed by an edit in
                 place would make two passes (HF transformers' rule that processors leave their
                 input alone).
+            scores: Keyword only; the logits under the name the reference's forced sequence gives
+                them (give `logits` or `scores`, not both).
 
         Raises:
+            ArgumentTypeError, InvalidArgumentError: an argument of the wrong type or out of range,
+                naming it.
             ShapeError, DTypeError, ReadOnlyError, DeviceError: before anything is edited.
             InvalidArgumentError, DTypeError: a row's ids that are not token ids (``row`` set).
             TokenOutOfVocabError: a row planned a token outside the vocab (``row`` set).

@@ -116,7 +116,7 @@ CASES = (
         for v in [None, 5, object(), np.zeros(VOCAB, dtype=np.int64)]
     ]
     + [
-        ("budget", lambda p, v: p(v, torch.zeros(VOCAB)), v, lp.LogitsProcessingError, Exception, "")
+        ("budget", lambda p, v: p(v, torch.zeros(VOCAB)), v, lp.LogitsProcessingError, Exception, "input_ids")
         for v in [[-1], [2**64], ["a"], [1.5], 5]
     ]
     + [

@@ -108,10 +108,13 @@ impl<'py> PyIds<'py> {
         if !source.hasattr(pyo3::intern!(py, "__iter__"))?
             && !source.hasattr(pyo3::intern!(py, "__getitem__"))?
         {
-            return Err(crate::args::wrong_type(
-                "input_ids",
-                "a sequence of token ids",
-                source,
+            // Ids of the wrong type are a DTypeError, as ids that are not ints are.
+            return Err(new_err(
+                Kind::DType,
+                format!(
+                    "input_ids must be a sequence of token ids, got {}",
+                    source.get_type().name()?
+                ),
             ));
         }
         for item in source.try_iter()? {

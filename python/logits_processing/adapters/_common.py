@@ -114,9 +114,9 @@ def _dynamo_entries(payload: Any) -> list:
     if isinstance(decoded, dict) and "entries" in decoded and "kind" not in decoded:
         extra = set(decoded) - {"entries", "generation_only"}
         if extra:
-            from logits_processing import SpecError
+            from logits_processing import ArgumentTypeError
 
-            raise SpecError(f"{DYNAMO_SPEC_KEY}: unknown field(s) {sorted(extra)}")
+            raise ArgumentTypeError(f"{DYNAMO_SPEC_KEY}: unknown field(s) {sorted(extra)}")
         decoded = decode_specs(decoded["entries"])
     items = decoded if isinstance(decoded, list) else [decoded]
     return [{k: v for k, v in item.items() if k != "generation_only"} for item in items]
