@@ -17,26 +17,52 @@ const VOCAB: usize = 16;
 
 #[derive(Arbitrary, Debug)]
 enum Op {
-    Add { row: u8, kind: u8, a: u8, b: u8 },
-    Remove { row: u8 },
-    Move { from: u8, to: u8 },
-    Swap { a: u8, b: u8 },
+    Add {
+        row: u8,
+        kind: u8,
+        a: u8,
+        b: u8,
+    },
+    Remove {
+        row: u8,
+    },
+    Move {
+        from: u8,
+        to: u8,
+    },
+    Swap {
+        a: u8,
+        b: u8,
+    },
     /// A step; with `fail`, the external step of that row fails after scribbling on its row.
-    Apply { tokens: [u8; ROWS], fail: Option<u8> },
+    Apply {
+        tokens: [u8; ROWS],
+        fail: Option<u8>,
+    },
 }
 
 fn spec(kind: u8, a: u8, b: u8) -> String {
     let id = |x: u8| x as usize % VOCAB;
     match kind % 6 {
-        0 => format!(r#"{{"kind": "temperature", "temperature": {}}}"#, 0.25 + a as f64 / 64.0),
+        0 => format!(
+            r#"{{"kind": "temperature", "temperature": {}}}"#,
+            0.25 + a as f64 / 64.0
+        ),
         1 => format!(
             r#"{{"kind": "forced_sequence", "token_ids": [{}, {}], "eos_token_id": {}}}"#,
             id(a),
             id(b),
             id(a ^ b)
         ),
-        2 => format!(r#"{{"kind": "ban_tokens", "token_ids": [{}, {}]}}"#, id(a), id(b)),
-        3 => format!(r#"{{"kind": "repetition_penalty", "penalty": {}}}"#, 1.0 + a as f64 / 32.0),
+        2 => format!(
+            r#"{{"kind": "ban_tokens", "token_ids": [{}, {}]}}"#,
+            id(a),
+            id(b)
+        ),
+        3 => format!(
+            r#"{{"kind": "repetition_penalty", "penalty": {}}}"#,
+            1.0 + a as f64 / 32.0
+        ),
         4 => format!(
             r#"{{"kind": "thinking_budget", "max_thinking_tokens": {}}}"#,
             a % 4
@@ -66,7 +92,9 @@ fuzz_target!(|ops: Vec<Op>| {
     };
     let build = |text: &str, external: Option<u64>| {
         let specs = parse_pipeline(text).unwrap();
-        let mut steps = Pipeline::from_specs(&specs, &context, 0).unwrap().into_steps();
+        let mut steps = Pipeline::from_specs(&specs, &context, 0)
+            .unwrap()
+            .into_steps();
         steps.extend(external.map(Step::External));
         Pipeline::new(steps)
     };
@@ -82,7 +110,10 @@ fuzz_target!(|ops: Vec<Op>| {
                 next_key += 1;
                 batch.add(row, build(&text, Some(next_key))).unwrap();
                 // The model starts from the same ids: the thinking budget opens a block.
-                let request = Request { model: build(&text, None), ids: vec![1] };
+                let request = Request {
+                    model: build(&text, None),
+                    ids: vec![1],
+                };
                 model.insert(row, request);
             }
             Op::Remove { row } => {
@@ -107,7 +138,9 @@ fuzz_target!(|ops: Vec<Op>| {
                 at_b.map(|r| model.insert(a, r));
             }
             Op::Apply { tokens, fail } => {
-                let fail = fail.map(|f| f as usize % ROWS).filter(|f| model.contains_key(f));
+                let fail = fail
+                    .map(|f| f as usize % ROWS)
+                    .filter(|f| model.contains_key(f));
                 for (row, request) in model.iter_mut() {
                     request.ids.push(u32::from(tokens[*row]) % VOCAB as u32);
                 }

@@ -24,13 +24,14 @@ fuzz_target!(|data: &[u8]| {
     };
     for spec in &specs {
         if let Ok(value) = spec.resolve(&context) {
-            let again = parse_pipeline(&value.to_string())
-                .expect("a resolved spec parses again");
+            let again = parse_pipeline(&value.to_string()).expect("a resolved spec parses again");
             assert_eq!(again.len(), 1);
         }
     }
     if let Ok(mut pipeline) = Pipeline::from_specs(&specs, &context, 0) {
-        pipeline.validate(64).expect("a realized pipeline names only ids in its vocab");
+        pipeline
+            .validate(64)
+            .expect("a realized pipeline names only ids in its vocab");
         let mut row = [0.5f32; 64];
         let _ = pipeline.process(&[5u32, 9, 7], &mut row);
     }
