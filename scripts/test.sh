@@ -1,7 +1,8 @@
 #!/usr/bin/env bash
-# Every test: formatting and lints, the Rust workspace's tests (unit, property, doc), the Python
-# package built into the venv and its tests (differential against the reference, adapters, docs'
-# examples), then the engine adapters against the real vLLM and SGLang packages in their own venvs.
+# Every test: formatting and lints, the Rust workspace's tests (unit, property, doc), a short run of
+# each fuzz target, the Python package built into the venv and its tests (differential against the
+# reference, adapters, docs' examples, bad input, threads, the slow churn test), then the engine
+# adapters against the real vLLM and SGLang packages in their own venvs.
 set -euo pipefail
 cd "$(dirname "${BASH_SOURCE[0]}")/.."
 source scripts/lib.sh
