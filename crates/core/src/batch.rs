@@ -2,8 +2,6 @@
 
 use std::collections::BTreeMap;
 
-use rayon::prelude::*;
-
 use crate::error::{Error, Result};
 use crate::history::TokenHistory;
 use crate::logit::Logit;
@@ -19,6 +17,31 @@ const STREAMING_MIN_BYTES: usize = 16 << 20;
 /// wake-ups, and on a machine whose cores are busy with other work (an engine's tokenizers,
 /// scheduler, HTTP) the caller then waits for pool threads that cannot run.
 const PARALLEL_MIN_BYTES: usize = 4 << 20;
+
+/// Runs `edit` on every item of `work`, on this thread and the pool's threads together: each takes
+/// the next item not yet taken until none is left. The caller works from the start rather than
+/// handing everything to the pool and sleeping, so on a machine whose cores are busy with other
+/// work (an engine's tokenizers, scheduler, HTTP) the step does not wait on pool threads that
+/// cannot run: a pool task that starts late finds nothing left and returns at once.
+fn edit_rows_with_caller<W: Send>(work: Vec<W>, edit: impl Fn(&mut W) + Sync) {
+    let work: Vec<std::sync::Mutex<W>> = work.into_iter().map(std::sync::Mutex::new).collect();
+    let next = std::sync::atomic::AtomicUsize::new(0);
+    let take_and_edit = || loop {
+        let i = next.fetch_add(1, std::sync::atomic::Ordering::Relaxed);
+        let Some(item) = work.get(i) else { break };
+        // Each item is taken once, so its lock is never contended.
+        edit(&mut item.lock().unwrap_or_else(|e| e.into_inner()));
+    };
+    let helpers = rayon::current_num_threads()
+        .min(work.len())
+        .saturating_sub(1);
+    rayon::in_place_scope(|scope| {
+        for _ in 0..helpers {
+            scope.spawn(|_| take_and_edit());
+        }
+        take_and_edit();
+    });
+}
 
 /// The caller's hook for a pipeline's external steps: `(row, key, logits_row)`.
 pub type ExternalCall<'a, T> = dyn FnMut(usize, u64, &mut [T]) -> Result<()> + 'a;
@@ -423,7 +446,7 @@ impl Batch {
         if bytes < PARALLEL_MIN_BYTES || rayon::current_num_threads() < 2 {
             work.iter_mut().for_each(edit_row);
         } else {
-            work.par_iter_mut().for_each(edit_row);
+            edit_rows_with_caller(work, edit_row);
         }
         Ok(())
     }

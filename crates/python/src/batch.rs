@@ -1,7 +1,6 @@
 //! `Batch`: one pipeline per row of a `[rows, vocab]` logits block, one call per decode step.
 
 use std::collections::HashMap;
-use std::sync::Mutex;
 
 use logits_processing::spec::MAX_PIPELINE_LEN;
 use logits_processing::{
@@ -12,12 +11,14 @@ use pyo3::exceptions::PyException;
 use pyo3::prelude::*;
 use pyo3::types::{PyDict, PyList, PyString, PyTuple};
 
+use crate::args;
 use crate::device::{apply_batch_host, apply_batch_host_into, unsupported};
 use crate::errors::{
     describe_exception, in_row, new_err, new_err_with, spec_error, to_py, Attr, IntoPyResult, Kind,
 };
+use crate::exclusive::{Exclusive, Held};
 use crate::history::PyIds;
-use crate::processors::builtin_processor;
+use crate::processors::{builtin_processor, logits_arg};
 use crate::tensor::{Block, Device, TensorView};
 use crate::watch::{check_unmoved, row_moved, Moved, Watched};
 
@@ -27,19 +28,22 @@ pub(crate) fn spec_context(
     hello_world: Option<&Bound<'_, PyAny>>,
     thinking_tokens: Option<&Bound<'_, PyAny>>,
 ) -> PyResult<SpecContext> {
-    let hello_world = hello_world
-        .filter(|h| !h.is_none())
+    let hello_world = args::given(hello_world)
         .map(|h| {
-            h.extract::<(Vec<u32>, u32)>().map_err(|_| {
-                new_err(
-                    Kind::Argument,
-                    "hello_world must be (token_ids, eos_token_id): the encoding of \"Hello world!\" and the EOS id",
+            let (ids, eos): (Bound<'_, PyAny>, Bound<'_, PyAny>) = h.extract().map_err(|_| {
+                args::wrong_type(
+                    "hello_world",
+                    "(token_ids, eos_token_id): the encoding of \"Hello world!\" and the EOS id",
+                    h,
                 )
-            })
+            })?;
+            Ok::<_, PyErr>((
+                args::token_ids(&ids, "hello_world[0]")?,
+                args::token_id(&eos, "hello_world[1]")?,
+            ))
         })
         .transpose()?;
-    let thinking_tokens = thinking_tokens
-        .filter(|t| !t.is_none())
+    let thinking_tokens = args::given(thinking_tokens)
         .map(thinking_config_of)
         .transpose()?;
     Ok(SpecContext {
@@ -51,34 +55,57 @@ pub(crate) fn spec_context(
 
 /// A `ThinkingTokenConfig` (anything with its three attributes) or a 3-tuple of ids.
 pub(crate) fn thinking_config_of(object: &Bound<'_, PyAny>) -> PyResult<ThinkingTokenConfig> {
-    let ids: (u32, u32, u32) = if object.hasattr("start_token_id")? {
-        (
-            object.getattr("start_token_id")?.extract()?,
-            object.getattr("end_token_id")?.extract()?,
-            object.getattr("newline_token_id")?.extract()?,
-        )
+    const NAMES: [&str; 3] = ["start_token_id", "end_token_id", "newline_token_id"];
+    let ids: Vec<Bound<'_, PyAny>> = if object.hasattr("start_token_id").unwrap_or(false) {
+        NAMES
+            .iter()
+            .map(|name| {
+                object.getattr(*name).map_err(|_| {
+                    args::wrong_type(
+                        "thinking_tokens",
+                        "a ThinkingTokenConfig (with start_token_id, end_token_id and newline_token_id)",
+                        object,
+                    )
+                })
+            })
+            .collect::<PyResult<_>>()?
     } else {
-        object.extract().map_err(|_| {
-            new_err(
-                Kind::Argument,
-                "thinking tokens must be a ThinkingTokenConfig or (start_token_id, end_token_id, newline_token_id)",
+        let (a, b, c) = object.extract().map_err(|_| {
+            args::wrong_type(
+                "thinking_tokens",
+                "a ThinkingTokenConfig or (start_token_id, end_token_id, newline_token_id)",
+                object,
             )
-        })?
+        })?;
+        vec![a, b, c]
     };
+    let id = |i: usize| args::token_id(&ids[i], &format!("thinking_tokens.{}", NAMES[i]));
     Ok(ThinkingTokenConfig {
-        start_token_id: ids.0,
-        end_token_id: ids.1,
-        newline_token_id: ids.2,
+        start_token_id: id(0)?,
+        end_token_id: id(1)?,
+        newline_token_id: id(2)?,
     })
+}
+
+fn vocab_size_arg(vocab_size: Option<&Bound<'_, PyAny>>) -> PyResult<Option<usize>> {
+    args::given(vocab_size)
+        .map(|v| args::index(v, "vocab_size"))
+        .transpose()
 }
 
 /// The JSON text of a spec given as a string or as a dict (or list) of JSON values.
 fn json_of(object: &Bound<'_, PyAny>) -> PyResult<String> {
-    if let Ok(text) = object.cast::<PyString>() {
-        return text.extract::<String>();
+    if object.is_instance_of::<PyString>() {
+        return args::text(object, "spec").map_err(|e| {
+            to_py(Error::InvalidSpec {
+                field: "spec".into(),
+                message: e.value(object.py()).to_string(),
+            })
+        });
     }
     let dumps = object.py().import("json")?.getattr("dumps")?;
     match dumps.call1((object,)) {
+        // `json.dumps` escapes every non-ASCII character (lone surrogates too).
         Ok(text) => text.extract(),
         Err(e) => Err(to_py(Error::InvalidSpec {
             field: "spec".into(),
@@ -99,7 +126,7 @@ fn entry_of(item: &Bound<'_, PyAny>, at: &str, allow_external: bool) -> PyResult
         let specs = parse_pipeline(&json_of(item)?).map_err(|e| to_py(spec_error(e, at)))?;
         return Ok(Entry::Specs(specs));
     }
-    if let Some(processor) = builtin_processor(item) {
+    if let Some(processor) = builtin_processor(item)? {
         return Ok(Entry::Processor(processor));
     }
     if allow_external && item.is_callable() {
@@ -254,11 +281,11 @@ fn source_block(view: &TensorView, block: &Block) -> PyResult<Block> {
 #[pyo3(signature = (specs, *, vocab_size = None, hello_world = None, thinking_tokens = None))]
 pub(crate) fn validate_specs(
     specs: &Bound<'_, PyAny>,
-    vocab_size: Option<usize>,
+    vocab_size: Option<&Bound<'_, PyAny>>,
     hello_world: Option<&Bound<'_, PyAny>>,
     thinking_tokens: Option<&Bound<'_, PyAny>>,
 ) -> PyResult<()> {
-    let context = spec_context(vocab_size, hello_world, thinking_tokens)?;
+    let context = spec_context(vocab_size_arg(vocab_size)?, hello_world, thinking_tokens)?;
     steps_of(entries_of(specs, false)?, &context, 0, |_| unreachable!()).map(drop)
 }
 
@@ -288,11 +315,11 @@ pub(crate) fn validate_specs(
 #[pyo3(signature = (specs, *, vocab_size = None, hello_world = None, thinking_tokens = None))]
 pub(crate) fn resolve_specs<'py>(
     specs: &Bound<'py, PyAny>,
-    vocab_size: Option<usize>,
+    vocab_size: Option<&Bound<'py, PyAny>>,
     hello_world: Option<&Bound<'py, PyAny>>,
     thinking_tokens: Option<&Bound<'py, PyAny>>,
 ) -> PyResult<Bound<'py, PyAny>> {
-    let context = spec_context(vocab_size, hello_world, thinking_tokens)?;
+    let context = spec_context(vocab_size_arg(vocab_size)?, hello_world, thinking_tokens)?;
     let mut resolved = vec![];
     for (at, entry) in entries_of(specs, false)? {
         let Entry::Specs(specs) = entry else {
@@ -338,18 +365,27 @@ pub(crate) fn resolve_specs<'py>(
 ///     tensor([[2., 2., 2., 2.],
 ///             [-inf, -inf, 1., -inf],
 ///             [1., 1., 1., 1.]])
-#[pyclass(module = "logits_processing", name = "Batch")]
+#[pyclass(frozen, module = "logits_processing", name = "Batch")]
 pub(crate) struct PyBatch {
-    // A Mutex only to make the class Sync; methods take `&mut self`, so it is never contended.
-    batch: Mutex<Batch>,
+    state: Exclusive<BatchState>,
+}
+
+pub(crate) struct BatchState {
+    batch: Batch,
     context: SpecContext,
     externals: HashMap<u64, Py<PyAny>>,
     next_key: u64,
 }
 
 impl PyBatch {
+    fn lock(&self, py: Python<'_>) -> PyResult<Held<'_, BatchState>> {
+        self.state.lock(py, "Batch")
+    }
+}
+
+impl BatchState {
     fn batch(&mut self) -> &mut Batch {
-        self.batch.get_mut().unwrap_or_else(|e| e.into_inner())
+        &mut self.batch
     }
 
     /// Drops the Python processors of a pipeline that left the batch.
@@ -367,15 +403,18 @@ impl PyBatch {
     #[new]
     #[pyo3(signature = (vocab_size, *, hello_world = None, thinking_tokens = None))]
     fn new(
-        vocab_size: usize,
+        vocab_size: &Bound<'_, PyAny>,
         hello_world: Option<&Bound<'_, PyAny>>,
         thinking_tokens: Option<&Bound<'_, PyAny>>,
     ) -> PyResult<Self> {
+        let vocab_size = args::index(vocab_size, "vocab_size")?;
         Ok(Self {
-            batch: Mutex::new(Batch::new(vocab_size)),
-            context: spec_context(Some(vocab_size), hello_world, thinking_tokens)?,
-            externals: HashMap::new(),
-            next_key: 0,
+            state: Exclusive::new(BatchState {
+                batch: Batch::new(vocab_size),
+                context: spec_context(Some(vocab_size), hello_world, thinking_tokens)?,
+                externals: HashMap::new(),
+                next_key: 0,
+            }),
         })
     }
 
@@ -391,68 +430,99 @@ impl PyBatch {
     ///
     /// Raises:
     ///     SpecError: naming the field of a bad spec; TokenOutOfVocabError for an id >= vocab_size.
-    #[pyo3(signature = (row, pipeline, *, prompt_len = 0))]
-    fn add(&mut self, row: usize, pipeline: &Bound<'_, PyAny>, prompt_len: usize) -> PyResult<()> {
+    ///     ArgumentTypeError, InvalidArgumentError: a row or prompt_len that is not an integer
+    ///         from 0 to 2**64-1.
+    #[pyo3(
+        signature = (row, pipeline, *, prompt_len = None),
+        text_signature = "(self, row, pipeline, *, prompt_len=0)"
+    )]
+    fn add(
+        &self,
+        py: Python<'_>,
+        row: &Bound<'_, PyAny>,
+        pipeline: &Bound<'_, PyAny>,
+        prompt_len: Option<&Bound<'_, PyAny>>,
+    ) -> PyResult<()> {
+        let row = args::index(row, "row")?;
+        let prompt_len = args::given(prompt_len)
+            .map(|n| args::index(n, "prompt_len"))
+            .transpose()?
+            .unwrap_or(0);
         let entries = entries_of(pipeline, true)?;
+        let mut this = self.lock(py)?;
+        let this = &mut *this;
         let mut callables = vec![];
-        let mut next_key = self.next_key;
-        let steps = steps_of(entries, &self.context, prompt_len, |callable| {
+        let mut next_key = this.next_key;
+        let steps = steps_of(entries, &this.context, prompt_len, |callable| {
             next_key += 1;
             callables.push((next_key, callable));
             next_key
         })?;
         let pipeline = Pipeline::new(steps);
-        let vocab = self.batch().vocab_size();
+        let vocab = this.batch().vocab_size();
         pipeline
             .validate(vocab)
             .map_err(|e| to_py(spec_error(e, "")))?;
-        let replaced = self.batch().add(row, pipeline).py()?;
-        self.forget(replaced);
-        self.next_key = next_key;
-        self.externals.extend(callables);
+        let replaced = this.batch().add(row, pipeline).py()?;
+        this.forget(replaced);
+        this.next_key = next_key;
+        this.externals.extend(callables);
         Ok(())
     }
 
     /// Takes the request at `row` out of the batch. Returns whether there was one.
-    fn remove(&mut self, row: usize) -> bool {
-        let removed = self.batch().remove(row);
+    fn remove(&self, py: Python<'_>, row: &Bound<'_, PyAny>) -> PyResult<bool> {
+        let row = args::index(row, "row")?;
+        let mut this = self.lock(py)?;
+        let removed = this.batch().remove(row);
         let had = removed.is_some();
-        self.forget(removed);
-        had
+        this.forget(removed);
+        Ok(had)
     }
 
     /// Moves the request at `src` to `dst` (vLLM's unidirectional move): the request that was at
     /// `dst`, if any, is dropped, and `src` is left empty.
     #[pyo3(name = "move")]
-    fn move_row(&mut self, src: usize, dst: usize) {
-        let dropped = self.batch().move_row(src, dst);
-        self.forget(dropped);
+    fn move_row(
+        &self,
+        py: Python<'_>,
+        src: &Bound<'_, PyAny>,
+        dst: &Bound<'_, PyAny>,
+    ) -> PyResult<()> {
+        let (src, dst) = (args::index(src, "src")?, args::index(dst, "dst")?);
+        let mut this = self.lock(py)?;
+        let dropped = this.batch().move_row(src, dst);
+        this.forget(dropped);
+        Ok(())
     }
 
     /// Swaps the requests at rows `a` and `b` (either may be empty).
-    fn swap(&mut self, a: usize, b: usize) {
-        self.batch().swap_rows(a, b);
+    fn swap(&self, py: Python<'_>, a: &Bound<'_, PyAny>, b: &Bound<'_, PyAny>) -> PyResult<()> {
+        let (a, b) = (args::index(a, "a")?, args::index(b, "b")?);
+        self.lock(py)?.batch().swap_rows(a, b);
+        Ok(())
     }
 
-    fn __contains__(&mut self, row: usize) -> bool {
-        self.batch().get(row).is_some()
+    fn __contains__(&self, py: Python<'_>, row: &Bound<'_, PyAny>) -> PyResult<bool> {
+        let row = args::index(row, "row")?;
+        Ok(self.lock(py)?.batch().get(row).is_some())
     }
 
     /// The rows that hold a request, in order.
-    fn rows(&mut self) -> Vec<usize> {
-        self.batch().iter().map(|(row, _)| row).collect()
+    fn rows(&self, py: Python<'_>) -> PyResult<Vec<usize>> {
+        Ok(self.lock(py)?.rows_list())
     }
 
     /// How many rows hold a request.
     #[getter]
-    fn occupied(&mut self) -> usize {
-        self.batch().occupied()
+    fn occupied(&self, py: Python<'_>) -> PyResult<usize> {
+        Ok(self.lock(py)?.batch().occupied())
     }
 
     /// Logits per row.
     #[getter]
-    fn vocab_size(&mut self) -> usize {
-        self.batch().vocab_size()
+    fn vocab_size(&self, py: Python<'_>) -> PyResult<usize> {
+        Ok(self.lock(py)?.batch().vocab_size())
     }
 
     /// Edits every row of `logits` that holds a request, in place.
@@ -473,8 +543,12 @@ impl PyBatch {
     ///         copy), and each logit is read and written once, where a copy followed by an edit in
     ///         place would make two passes (HF transformers' rule that processors leave their
     ///         input alone).
+    ///     scores: Keyword only; the logits under the name the reference's forced sequence gives
+    ///         them (give `logits` or `scores`, not both).
     ///
     /// Raises:
+    ///     ArgumentTypeError, InvalidArgumentError: an argument of the wrong type or out of range,
+    ///         naming it.
     ///     ShapeError, DTypeError, ReadOnlyError, DeviceError: before anything is edited.
     ///     InvalidArgumentError, DTypeError: a row's ids that are not token ids (``row`` set).
     ///     TokenOutOfVocabError: a row planned a token outside the vocab (``row`` set).
@@ -483,14 +557,23 @@ impl PyBatch {
     ///         taken back, and where the memory the logits had is gone, it is not written to
     ///         (the message says so). ``KeyboardInterrupt``, ``SystemExit`` and other exceptions
     ///         that are not an ``Exception`` propagate unchanged, after the step is taken back.
-    #[pyo3(signature = (logits, input_ids, *, out = None))]
+    #[pyo3(
+        signature = (logits = None, input_ids = None, *, out = None, scores = None),
+        text_signature = "(self, logits, input_ids, *, out=None, scores=None)"
+    )]
     fn apply(
-        &mut self,
+        &self,
         py: Python<'_>,
-        logits: &Bound<'_, PyAny>,
-        input_ids: &Bound<'_, PyAny>,
+        logits: Option<&Bound<'_, PyAny>>,
+        input_ids: Option<&Bound<'_, PyAny>>,
         out: Option<&Bound<'_, PyAny>>,
+        scores: Option<&Bound<'_, PyAny>>,
     ) -> PyResult<()> {
+        let logits = logits_arg(logits, scores)?;
+        let input_ids = input_ids_arg(input_ids)?;
+        let out = args::given(out);
+        let mut this = self.lock(py)?;
+        let this = &mut *this;
         let view = TensorView::of(logits)?;
         let out_view = out.map(TensorView::of).transpose()?;
         let (source, block) = match &out_view {
@@ -500,7 +583,7 @@ impl PyBatch {
                 (Some(source_block(&view, &block)?), block)
             }
         };
-        let vocab = self.batch().vocab_size();
+        let vocab = this.batch().vocab_size();
         if block.vocab != vocab {
             return Err(new_err(
                 Kind::Shape,
@@ -510,11 +593,11 @@ impl PyBatch {
                 ),
             ));
         }
-        self.batch()
+        this.batch()
             .check_layout(block.len(), block.layout())
             .py()?;
-        let rows: Vec<usize> = self.rows_list();
-        let given = input_ids.len()?;
+        let rows: Vec<usize> = this.rows_list();
+        let given = input_ids.len().map_err(|_| not_input_ids(input_ids))?;
         if let Some(&row) = rows.last().filter(|&&row| row >= given) {
             return Err(new_err(
                 Kind::Shape,
@@ -533,7 +616,7 @@ impl PyBatch {
         }
         let refs: Vec<&dyn TokenHistory> =
             histories.iter().map(|h| h as &dyn TokenHistory).collect();
-        let planned = self.batch().plan(&refs);
+        let planned = this.batch().plan(&refs);
         // An id that could not be read was planned as `u32::MAX`: whatever the plan made of it,
         // the step is taken back (a failed plan already took back every row).
         let unreadable = histories
@@ -542,7 +625,7 @@ impl PyBatch {
             .find_map(|(row, history)| history.take_error().map(|error| (row, error)));
         if let Some((row, error)) = unreadable {
             if planned.is_ok() {
-                self.batch().undo_plan();
+                this.batch().undo_plan();
             }
             return Err(in_row(py, error, row, &format!("input_ids[{row}]")));
         }
@@ -561,15 +644,14 @@ impl PyBatch {
                     _ => Ok(()),
                 });
             if let Err(error) = unmoved {
-                self.batch().undo_plan();
+                this.batch().undo_plan();
                 return Err(error);
             }
         }
 
-        let PyBatch {
+        let BatchState {
             batch, externals, ..
-        } = self;
-        let batch = batch.get_mut().unwrap_or_else(|e| e.into_inner());
+        } = this;
         // User steps edit the rows where the result goes. They may move that memory, or the
         // source's (a tensor they hold on to): both are checked after each user step.
         let target = out.unwrap_or(logits);
@@ -650,17 +732,46 @@ impl PyBatch {
         };
         match failure {
             Some((row, failure)) => Err(failure.into_py_err(py, row)),
-            None => result,
+            None => result.and_then(|()| match (out, &out_view) {
+                (Some(out), Some(out_view)) => out_view.edited(out),
+                _ => view.edited(logits),
+            }),
         }
     }
 
-    fn __repr__(&mut self) -> String {
-        let vocab = self.batch().vocab_size();
-        format!("Batch(vocab_size={vocab}, rows={:?})", self.rows_list())
+    fn __repr__(&self, py: Python<'_>) -> PyResult<String> {
+        let mut this = self.lock(py)?;
+        let vocab = this.batch().vocab_size();
+        Ok(format!(
+            "Batch(vocab_size={vocab}, rows={:?})",
+            this.rows_list()
+        ))
     }
 }
 
-impl PyBatch {
+/// `input_ids` of `Batch.apply`: one entry per row, so anything with a length.
+fn input_ids_arg<'a, 'py>(
+    input_ids: Option<&'a Bound<'py, PyAny>>,
+) -> PyResult<&'a Bound<'py, PyAny>> {
+    match args::given(input_ids) {
+        Some(ids) => Ok(ids),
+        None => Err(new_err_with(
+            Kind::ArgumentType,
+            "input_ids must be a sequence with one entry per row (each a row's ids, or None), got None",
+            &[("field", Attr::Str("input_ids".into()))],
+        )),
+    }
+}
+
+fn not_input_ids(input_ids: &Bound<'_, PyAny>) -> PyErr {
+    args::wrong_type(
+        "input_ids",
+        "a sequence with one entry per row (each a row's ids, or None)",
+        input_ids,
+    )
+}
+
+impl BatchState {
     fn rows_list(&mut self) -> Vec<usize> {
         self.batch().iter().map(|(row, _)| row).collect()
     }

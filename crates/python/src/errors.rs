@@ -15,6 +15,7 @@ use pyo3::types::{PyDict, PyTuple, PyType};
 pub(crate) enum Kind {
     Base,
     Argument,
+    ArgumentType,
     Spec,
     TokenOutOfVocab,
     Shape,
@@ -23,6 +24,7 @@ pub(crate) enum Kind {
     Device,
     Tokenizer,
     Processor,
+    Busy,
 }
 
 /// Name, base classes (earlier entries of this table or builtins) and docstring of each class.
@@ -32,6 +34,9 @@ const CLASSES: &[(Kind, &str, &[Parent], &str)] = &[
       happened in (else None)."),
     (Kind::Argument, "InvalidArgumentError", &[Parent::Ours(Kind::Base), Parent::Builtin(Builtin::Value)],
      "A constructor or function argument out of range (a temperature <= 0, a missing EOS id, ...)."),
+    (Kind::ArgumentType, "ArgumentTypeError", &[Parent::Ours(Kind::Base), Parent::Builtin(Builtin::Type)],
+     "A constructor, method or function argument of the wrong type (a str where a number goes, ...). \
+      `field` names the argument."),
     (Kind::Spec, "SpecError", &[Parent::Ours(Kind::Base), Parent::Builtin(Builtin::Value)],
      "A request spec (JSON or dict) that cannot be accepted. `field` names the offending part."),
     (Kind::TokenOutOfVocab, "TokenOutOfVocabError", &[Parent::Ours(Kind::Spec), Parent::Builtin(Builtin::Index)],
@@ -49,6 +54,9 @@ const CLASSES: &[(Kind, &str, &[Parent], &str)] = &[
     (Kind::Processor, "ProcessorError", &[Parent::Ours(Kind::Base), Parent::Builtin(Builtin::Runtime)],
      "A user's processor failed inside a batch, or moved the logits' memory; `__cause__` is its \
       exception, `row` its row."),
+    (Kind::Busy, "BusyError", &[Parent::Ours(Kind::Base), Parent::Builtin(Builtin::Runtime)],
+     "A processor or batch called again from inside its own call (a user's processor calling the \
+      batch that runs it). Calls from several threads wait for each other instead."),
 ];
 
 #[derive(Clone, Copy)]
@@ -249,6 +257,30 @@ pub(crate) fn in_row(py: Python<'_>, error: PyErr, row: usize, field: &str) -> P
             ("field", Attr::Str(field.to_string())),
             ("row", Attr::Int(row as u64)),
         ],
+    );
+    ours.set_cause(py, Some(error));
+    ours
+}
+
+/// `error`, raised by user code while reading argument `field`, as ours: unchanged when it is
+/// ours already or not an `Exception` (`KeyboardInterrupt`); else a `DTypeError` for a
+/// `TypeError`, an `InvalidArgumentError` otherwise, with it as the cause.
+pub(crate) fn as_ours(py: Python<'_>, error: PyErr, field: &str) -> PyErr {
+    let value = error.value(py);
+    if !error.is_instance_of::<PyException>(py)
+        || value.is_instance(&class(py, Kind::Base)).unwrap_or(false)
+    {
+        return error;
+    }
+    let kind = if error.is_instance_of::<PyTypeError>(py) {
+        Kind::DType
+    } else {
+        Kind::Argument
+    };
+    let ours = new_err_with(
+        kind,
+        format!("{field} could not be read: {}", describe_exception(value)),
+        &[("field", Attr::Str(field.to_string()))],
     );
     ours.set_cause(py, Some(error));
     ours

@@ -104,6 +104,19 @@ impl<'py> PyIds<'py> {
         }
         // Any other iterable: converted whole, once per call.
         let mut ids = vec![];
+        let py = source.py();
+        if !source.hasattr(pyo3::intern!(py, "__iter__"))?
+            && !source.hasattr(pyo3::intern!(py, "__getitem__"))?
+        {
+            // Ids of the wrong type are a DTypeError, as ids that are not ints are.
+            return Err(new_err(
+                Kind::DType,
+                format!(
+                    "input_ids must be a sequence of token ids, got {}",
+                    source.get_type().name()?
+                ),
+            ));
+        }
         for item in source.try_iter()? {
             ids.push(to_id(&item?)?);
         }
@@ -115,7 +128,10 @@ fn to_id(item: &Bound<'_, PyAny>) -> PyResult<u32> {
     item.extract::<u32>().map_err(|_| {
         new_err(
             Kind::Argument,
-            format!("input_ids must be token ids (integers from 0 to 2**32-1), found {item}"),
+            format!(
+                "input_ids must be token ids (integers from 0 to 2**32-1), found {}",
+                crate::args::shown(item)
+            ),
         )
     })
 }

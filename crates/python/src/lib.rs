@@ -5,9 +5,11 @@
 //! pure-Python package `logits_processing` around it holds the protocol, the dataclass and the
 //! tokenizer glue.
 
+mod args;
 mod batch;
 mod device;
 mod errors;
+mod exclusive;
 mod history;
 mod processors;
 mod spec_processor;
@@ -46,24 +48,34 @@ impl TextEncoder for PyEncoder<'_> {
 /// only), else `(0, 0, 10)`. Wrapped by `logits_processing.get_thinking_token_config`.
 #[pyfunction]
 #[pyo3(signature = (model_name, tokenizer = None))]
-fn thinking_token_ids(model_name: &str, tokenizer: Option<Bound<'_, PyAny>>) -> (u32, u32, u32) {
+fn thinking_token_ids(
+    model_name: &Bound<'_, PyAny>,
+    tokenizer: Option<Bound<'_, PyAny>>,
+) -> PyResult<(u32, u32, u32)> {
+    let model_name = args::text(model_name, "model_name")?;
     let encoder = tokenizer.filter(|t| !t.is_none()).map(PyEncoder);
-    let c = get_thinking_token_config(model_name, encoder.as_ref().map(|e| e as &dyn TextEncoder));
-    (c.start_token_id, c.end_token_id, c.newline_token_id)
+    let c = get_thinking_token_config(&model_name, encoder.as_ref().map(|e| e as &dyn TextEncoder));
+    Ok((c.start_token_id, c.end_token_id, c.newline_token_id))
 }
 
 /// Adds or replaces `model_key.lower()` in the thinking-token table. Wrapped by
 /// `logits_processing.register_thinking_token_config`.
 #[pyfunction]
-fn register_thinking_token_ids(model_key: &str, start: u32, end: u32, newline: u32) {
+fn register_thinking_token_ids(
+    model_key: &Bound<'_, PyAny>,
+    start: &Bound<'_, PyAny>,
+    end: &Bound<'_, PyAny>,
+    newline: &Bound<'_, PyAny>,
+) -> PyResult<()> {
     register_thinking_token_config(
-        model_key,
+        &args::text(model_key, "model_key")?,
         ThinkingTokenConfig {
-            start_token_id: start,
-            end_token_id: end,
-            newline_token_id: newline,
+            start_token_id: args::token_id(start, "config.start_token_id")?,
+            end_token_id: args::token_id(end, "config.end_token_id")?,
+            newline_token_id: args::token_id(newline, "config.newline_token_id")?,
         },
     );
+    Ok(())
 }
 
 /// The ids of "Hello world!" from a `tokenizer.json`, and the EOS id: `eos_token_id` when given,
@@ -72,9 +84,13 @@ fn register_thinking_token_ids(model_key: &str, start: u32, end: u32, newline: u
 #[pyo3(signature = (path, eos_token_id = None))]
 fn hello_world_ids_from_file(
     py: Python<'_>,
-    path: std::path::PathBuf,
-    eos_token_id: Option<u32>,
+    path: &Bound<'_, PyAny>,
+    eos_token_id: Option<&Bound<'_, PyAny>>,
 ) -> PyResult<(Vec<u32>, u32)> {
+    let path = std::path::PathBuf::from(args::text(path, "tokenizer")?);
+    let eos_token_id = args::given(eos_token_id)
+        .map(|id| args::token_id(id, "eos_token_id"))
+        .transpose()?;
     let (ids, eos) = py
         .detach(|| -> CoreResult<_> {
             let tokenizer = logits_processing::tokenizer::load(&path)?;

@@ -1,14 +1,14 @@
 //! `Processor`: any spec kind as a processor of one row, with no binding code per kind.
 
-use std::sync::Mutex;
-
 use logits_processing::{Pipeline, Result as CoreResult, TokenHistory};
 use pyo3::prelude::*;
 
+use crate::args;
 use crate::batch::{entries_of, spec_context, steps_of, Entry};
 use crate::device::apply_pipeline_row;
 use crate::errors::to_py;
-use crate::processors::{call_row, RowSteps};
+use crate::exclusive::Exclusive;
+use crate::processors::{call_row, logits_arg, RowSteps};
 use crate::tensor::Block;
 
 /// A processor made from a request spec: every kind a ``Batch`` accepts, for one row.
@@ -43,10 +43,9 @@ use crate::tensor::Block;
 ///     tensor([-inf,  4., -8.])
 ///     >>> ban.kinds
 ///     ['ban_tokens', 'temperature']
-#[pyclass(module = "logits_processing", name = "Processor")]
+#[pyclass(frozen, subclass, module = "logits_processing", name = "Processor")]
 pub(crate) struct PyProcessor {
-    // A Mutex only to make the class Sync (a pipeline's processors are Send, not Sync).
-    pipeline: Mutex<Pipeline>,
+    pipeline: Exclusive<Pipeline>,
     kinds: Vec<&'static str>,
     max_token: Option<u32>,
 }
@@ -75,13 +74,20 @@ impl RowSteps for Steps<'_> {
 #[pymethods]
 impl PyProcessor {
     #[new]
-    #[pyo3(signature = (spec, *, prompt_len = 0, hello_world = None, thinking_tokens = None))]
+    #[pyo3(
+        signature = (spec, *, prompt_len = None, hello_world = None, thinking_tokens = None),
+        text_signature = "(spec, *, prompt_len=0, hello_world=None, thinking_tokens=None)"
+    )]
     fn new(
         spec: &Bound<'_, PyAny>,
-        prompt_len: usize,
+        prompt_len: Option<&Bound<'_, PyAny>>,
         hello_world: Option<&Bound<'_, PyAny>>,
         thinking_tokens: Option<&Bound<'_, PyAny>>,
     ) -> PyResult<Self> {
+        let prompt_len = args::given(prompt_len)
+            .map(|n| args::index(n, "prompt_len"))
+            .transpose()?
+            .unwrap_or(0);
         let context = spec_context(None, hello_world, thinking_tokens)?;
         let entries = entries_of(spec, false)?;
         let mut kinds = vec![];
@@ -105,7 +111,7 @@ impl PyProcessor {
         })?);
         Ok(Self {
             max_token: pipeline.max_token_id(),
-            pipeline: Mutex::new(pipeline),
+            pipeline: Exclusive::new(pipeline),
             kinds,
         })
     }
@@ -117,22 +123,26 @@ impl PyProcessor {
     }
 
     /// Back to the state of a new request (a forced sequence starts again).
-    fn reset(&mut self) {
-        self.pipeline().reset();
+    fn reset(&self, py: Python<'_>) -> PyResult<()> {
+        self.pipeline.lock(py, "Processor")?.reset();
+        Ok(())
     }
 
     /// Edits `logits` (1-D, float32/float16/bfloat16, torch or numpy) in place.
+    #[pyo3(signature = (input_ids, logits = None, *, scores = None))]
     fn __call__(
-        &mut self,
+        &self,
         py: Python<'_>,
         input_ids: &Bound<'_, PyAny>,
-        logits: &Bound<'_, PyAny>,
+        logits: Option<&Bound<'_, PyAny>>,
+        scores: Option<&Bound<'_, PyAny>>,
     ) -> PyResult<()> {
-        let max_token = self.max_token;
+        let logits = logits_arg(logits, scores)?;
+        let mut pipeline = self.pipeline.lock(py, "Processor")?;
         call_row(
             py,
-            &mut Steps(self.pipeline()),
-            max_token,
+            &mut Steps(&mut pipeline),
+            self.max_token,
             input_ids,
             logits,
         )
@@ -141,11 +151,5 @@ impl PyProcessor {
     fn __repr__(&self) -> String {
         let kinds: Vec<String> = self.kinds.iter().map(|k| format!("'{k}'")).collect();
         format!("Processor(kinds=[{}])", kinds.join(", "))
-    }
-}
-
-impl PyProcessor {
-    fn pipeline(&mut self) -> &mut Pipeline {
-        self.pipeline.get_mut().unwrap_or_else(|e| e.into_inner())
     }
 }

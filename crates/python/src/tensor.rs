@@ -14,6 +14,7 @@ use dlpark::DlpackFlags;
 use logits_processing::{BatchLayout, DType};
 use pyo3::exceptions::PyTypeError;
 use pyo3::prelude::*;
+use pyo3::sync::PyOnceLock;
 use pyo3::types::{PyDict, PyType};
 use std::sync::Mutex;
 
@@ -83,6 +84,8 @@ pub(crate) struct TensorView {
     /// The producer's current stream for `device` (torch's current CUDA stream), if it said.
     #[cfg_attr(not(feature = "cuda"), allow(dead_code))]
     pub stream: Option<u64>,
+    /// A torch tensor: an edit in place must bump its autograd version counter.
+    pub torch: bool,
     // Releases the DLPack capsule of a standard-protocol import. Must be dropped with the GIL held.
     _owner: Option<ImportedDlpack>,
 }
@@ -113,6 +116,7 @@ impl TensorView {
             unsafe { std::slice::from_raw_parts(t.strides, ndim) }.to_vec()
         };
         Self {
+            torch: false,
             data: (t.data as *mut u8).wrapping_add(t.byte_offset as usize),
             dtype: t.dtype,
             shape,
@@ -145,7 +149,10 @@ impl TensorView {
             if let Ok(view) = api.with_tensor_view_no_sync(borrowed, |t, stream| {
                 Self::from_dltensor(t, Some(stream), None)
             }) {
-                return Ok(view);
+                return Ok(Self {
+                    torch: true,
+                    ..view
+                });
             }
             let exchanged = api
                 .import_managed_no_sync(borrowed)
@@ -158,6 +165,7 @@ impl TensorView {
                 None,
             );
             view.read_only = read_only;
+            view.torch = true;
             return Ok(view);
         }
         let dlpack = pyo3::intern!(py, "__dlpack__");
@@ -189,7 +197,8 @@ impl TensorView {
                 .map_err(|e| not_exported(object, e))?,
             Err(e) => return Err(not_exported(object, e)),
         };
-        let imported = from_dlpack(capsule.as_borrowed(), None, None)?;
+        let imported =
+            from_dlpack(capsule.as_borrowed(), None, None).map_err(|e| not_exported(object, e))?;
         read_only |= imported.flags().contains(DlpackFlags::READ_ONLY);
         // SAFETY: the managed tensor was validated on import and is kept alive in the view.
         let t = unsafe {
@@ -201,6 +210,27 @@ impl TensorView {
         let mut view = Self::from_dltensor(&t, None, Some(imported));
         view.read_only = read_only;
         Ok(view)
+    }
+
+    /// After an edit in place of `object` (this view's tensor): bumps a torch tensor's autograd
+    /// version counter, as torch's own in-place ops do, so that a backward pass that saved the
+    /// tensor raises instead of using the edited values.
+    pub fn edited(&self, object: &Bound<'_, PyAny>) -> PyResult<()> {
+        static INCREMENT_VERSION: PyOnceLock<Py<PyAny>> = PyOnceLock::new();
+        if !self.torch {
+            return Ok(());
+        }
+        let py = object.py();
+        INCREMENT_VERSION
+            .get_or_try_init(py, || {
+                Ok::<_, PyErr>(
+                    py.import("torch.autograd.graph")?
+                        .getattr("increment_version")?
+                        .unbind(),
+                )
+            })?
+            .call1(py, (object,))?;
+        Ok(())
     }
 
     pub fn dtype_name(&self) -> String {

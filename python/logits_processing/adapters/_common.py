@@ -61,30 +61,54 @@ def runs_processors(role: Any) -> bool:
 def decode_specs(payload: Any) -> Any:
     """The specs in a request payload: a JSON text is parsed; a list or a dict is taken as is.
 
-    Raises ``SpecError`` (a ``ValueError``) for text that is not JSON and ``TypeError`` for
-    anything that is not data (a Python callable cannot cross a process boundary)."""
-    from logits_processing import SpecError
+    Raises ``SpecError`` (a ``ValueError``) for text that is not JSON (or bytes that are not
+    UTF-8) and ``ArgumentTypeError`` (a ``TypeError``) for anything that is not data (a Python
+    callable cannot cross a process boundary)."""
+    from logits_processing import ArgumentTypeError, SpecError
 
     if isinstance(payload, (bytes, bytearray)):
-        payload = payload.decode("utf-8")
+        try:
+            payload = bytes(payload).decode("utf-8")
+        except UnicodeDecodeError as e:
+            raise SpecError(f"spec: not UTF-8 text: {e.reason} at byte {e.start}") from None
     if isinstance(payload, str):
         try:
             return json.loads(payload)
-        except ValueError as e:
-            raise SpecError(f"spec: not JSON: {e}") from None
+        except (ValueError, RecursionError) as e:
+            raise SpecError(f"spec: not JSON: {type(e).__name__}: {e}") from None
     if isinstance(payload, Mapping):
         return dict(payload)
     if isinstance(payload, (list, tuple)):
         for i, item in enumerate(payload):
             if not isinstance(item, Mapping):
-                raise TypeError(
+                raise ArgumentTypeError(
                     f"spec [{i}]: only JSON specs ({{'kind': ...}}) travel with a request, found "
                     f"{type(item).__name__}; run Python processors in-process (HF, TRT-LLM)"
                 )
         return [dict(item) for item in payload]
-    raise TypeError(
+    raise ArgumentTypeError(
         f"specs must be a JSON text, a spec object or a list of them, found {type(payload).__name__}"
     )
+
+
+def check_in_process_pipeline(pipeline: Any, name: str = "pipeline") -> Any:
+    """A pipeline for an adapter that runs in the engine's process (HF, TRT-LLM), checked when it
+    is given rather than at the first step: JSON text or bytes (decoded here), a spec dict, or a
+    list of spec dicts, processor objects and callables. Raises ``SpecError`` for data that is
+    not a spec and ``ArgumentTypeError`` for an entry that is none of these."""
+    from logits_processing import ArgumentTypeError
+
+    if isinstance(pipeline, (str, bytes, bytearray)):
+        return decode_specs(pipeline)
+    entries = pipeline if isinstance(pipeline, (list, tuple)) else [pipeline]
+    for i, entry in enumerate(entries):
+        if not (isinstance(entry, (str, Mapping)) or callable(entry)):
+            where = f"{name}[{i}]" if entries is pipeline else name
+            raise ArgumentTypeError(
+                f"{where} must be a spec (a dict or JSON text), a processor or a callable, found "
+                f"{type(entry).__name__}"
+            )
+    return pipeline
 
 
 def _dynamo_entries(payload: Any) -> list:
@@ -95,7 +119,9 @@ def _dynamo_entries(payload: Any) -> list:
     if isinstance(decoded, dict) and "entries" in decoded and "kind" not in decoded:
         extra = set(decoded) - {"entries", "generation_only"}
         if extra:
-            raise TypeError(f"{DYNAMO_SPEC_KEY}: unknown field(s) {sorted(extra)}")
+            from logits_processing import ArgumentTypeError
+
+            raise ArgumentTypeError(f"{DYNAMO_SPEC_KEY}: unknown field(s) {sorted(extra)}")
         decoded = decode_specs(decoded["entries"])
     items = decoded if isinstance(decoded, list) else [decoded]
     return [{k: v for k, v in item.items() if k != "generation_only"} for item in items]

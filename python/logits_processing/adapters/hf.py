@@ -10,7 +10,7 @@ from typing import Any, Optional, Sequence
 import torch
 from transformers import LogitsProcessor
 
-from ._common import EngineContext
+from ._common import EngineContext, check_in_process_pipeline
 
 __all__ = ["HFLogitsProcessor", "specs_from_generation_config"]
 
@@ -72,7 +72,10 @@ class HFLogitsProcessor(LogitsProcessor):
             hello_world=hello_world,
             thinking_tokens=thinking_tokens,
         )
-        self._pipelines = [pipeline] if per_row is None else list(per_row)
+        if per_row is None:
+            self._pipelines = [check_in_process_pipeline(pipeline)]
+        else:
+            self._pipelines = [check_in_process_pipeline(p, f"per_row[{i}]") for i, p in enumerate(per_row)]
         if not self._pipelines:
             raise ValueError("per_row is empty")
         self._broadcast = per_row is None

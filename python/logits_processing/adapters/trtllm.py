@@ -24,7 +24,14 @@ from typing import Any, Callable, List, Mapping, Optional, Sequence, Union
 
 import torch
 
-from ._common import EngineContext, KeyedBatch, decode_specs, rows_of, runs_processors
+from .. import _lib
+from ._common import (
+    EngineContext,
+    KeyedBatch,
+    check_in_process_pipeline,
+    rows_of,
+    runs_processors,
+)
 
 __all__ = ["TRTLLMLogitsProcessor", "TRTLLMBatchedLogitsProcessor"]
 
@@ -90,7 +97,7 @@ class TRTLLMLogitsProcessor:
             hello_world=hello_world,
             thinking_tokens=thinking_tokens,
         )
-        self.pipeline = decode_specs(pipeline) if isinstance(pipeline, (str, bytes)) else pipeline
+        self.pipeline = check_in_process_pipeline(pipeline)
         if _is_data(self.pipeline):
             self.context.validate(self.pipeline)
         self.enabled = runs_processors(role)
@@ -183,7 +190,7 @@ class TRTLLMBatchedLogitsProcessor:
     def register(self, key: Any, specs: Any, *, prompt_len: Optional[int] = None) -> None:
         """Gives the request with this client id (or request id) its specs, checked now."""
         if not isinstance(self._specs, dict):
-            raise TypeError("register() needs the specs given as a mapping (or none)")
+            raise _lib.ArgumentTypeError("register() needs the specs given as a mapping (or none)")
         self.context.validate(specs)
         self._specs[key] = specs
         if prompt_len is not None:

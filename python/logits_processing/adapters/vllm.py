@@ -32,6 +32,7 @@ import torch
 from vllm import SamplingParams
 from vllm.v1.sample.logits_processor import BatchUpdate, LogitsProcessor, MoveDirectionality
 
+from .. import _lib
 from ._common import (
     DYNAMO_SPEC_KEY,
     PROMPT_LEN_KEY,
@@ -297,9 +298,10 @@ class VLLMLogitsProcessor(LogitsProcessor):
             refused = f"extra_args[{_key_of(params)!r}]: {e}"
         if refused is not None:
             # Dynamo's frontend answers a worker's refusal with "Invalid request" alone: the
-            # worker's log is where an operator finds what was wrong.
+            # worker's log is where an operator finds what was wrong. A SpecError is the
+            # ValueError vLLM expects from this hook to refuse a request.
             logger.warning("logits_processing: request refused: %s", refused)
-            raise ValueError(refused)
+            raise _lib.SpecError(refused)
 
     def is_argmax_invariant(self) -> bool:
         return False

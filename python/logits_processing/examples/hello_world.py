@@ -3,6 +3,7 @@
 
 from __future__ import annotations
 
+import operator
 import os
 from typing import Any, List, Optional, Tuple, Union
 
@@ -34,12 +35,37 @@ def hello_world_ids(tokenizer: Any, eos_token_id: Optional[int] = None) -> Tuple
     if isinstance(tokenizer, (str, os.PathLike)):
         ids, eos = _lib.hello_world_ids_from_file(os.fspath(tokenizer), eos_token_id)
         return list(ids), eos
-    encoded = tokenizer.encode(RESPONSE, add_special_tokens=False)
-    ids = list(getattr(encoded, "ids", encoded))  # tokenizers.Encoding has .ids
+    if not callable(getattr(tokenizer, "encode", None)):
+        raise _lib.ArgumentTypeError(
+            "tokenizer must be a tokenizer (with encode(text, add_special_tokens=False)) or the path "
+            f"of a tokenizer.json, got {type(tokenizer).__name__}"
+        )
+    try:
+        encoded = tokenizer.encode(RESPONSE, add_special_tokens=False)
+    except Exception as e:  # the tokenizer's own failure, as ours; KeyboardInterrupt passes
+        raise _lib.TokenizerError(f"tokenizer.encode({RESPONSE!r}) raised {type(e).__name__}") from e
+    ids = getattr(encoded, "ids", encoded)  # tokenizers.Encoding has .ids
     eos = eos_token_id if eos_token_id is not None else getattr(tokenizer, "eos_token_id", None)
     if eos is None:
         raise _lib.InvalidArgumentError(_NO_EOS)
-    return ids, int(eos)
+    return _checked_ids(ids), _checked_eos(eos)
+
+
+def _checked_ids(ids: Any) -> List[int]:
+    """What ``encode`` returned, as token ids, or a TokenizerError saying what it was."""
+    try:
+        return [operator.index(i) for i in ids]
+    except Exception as e:
+        raise _lib.TokenizerError(
+            f"tokenizer.encode({RESPONSE!r}) returned {type(ids).__name__}, not a list of token ids"
+        ) from e
+
+
+def _checked_eos(eos: Any) -> int:
+    try:
+        return operator.index(eos)
+    except TypeError as e:
+        raise _lib.ArgumentTypeError(f"eos_token_id must be an integer token id, got {type(eos).__name__}") from e
 
 
 class HelloWorldLogitsProcessor(ForcedSequenceLogitsProcessor):
@@ -87,3 +113,12 @@ class HelloWorldLogitsProcessor(ForcedSequenceLogitsProcessor):
 
     def __init__(self, tokenizer: Union[Any, str, os.PathLike], **kwargs: Any) -> None:
         pass  # everything happens in __new__ (the Rust base class has no __init__)
+
+    def __reduce__(self) -> Tuple[Any, ...]:
+        # Rebuilt from its ids (the tokenizer is not kept), through the base class's constructor.
+        args, kwargs = self.__getnewargs_ex__()
+        return (_rebuild, (type(self), args, kwargs), self.__getstate__())
+
+
+def _rebuild(cls: type, args: Tuple[Any, ...], kwargs: "dict[str, Any]") -> HelloWorldLogitsProcessor:
+    return ForcedSequenceLogitsProcessor.__new__(cls, *args, **kwargs)
