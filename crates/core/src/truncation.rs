@@ -4,9 +4,20 @@
 //! value) before it can say which tokens go. The tokens a rule keeps always form one interval of
 //! values (for top-k, top-p, min-p, epsilon and eta: every value from some threshold up; for
 //! typical: a band around the entropy), so a rule resolves to a [`Band`], and applying it is an
-//! element-wise compare in the row's one pass. Selection uses partial selection
-//! (`select_nth_unstable`), never a sort of the whole row, except for top-p and typical on rows
-//! whose mass is spread over most of the vocab.
+//! element-wise compare in the row's one pass. Selection avoids sorting the row:
+//! - top-k (and every rule's `min_keep`) selects among the values at or above a pivot taken from
+//!   a strided sample of the row (one compare per value; the whole row when the pivot leaves
+//!   fewer than k);
+//! - min-p reads the row once: its maximum, and the few values near `max + ln p`, the only ones
+//!   whose `exp` must be computed to decide them;
+//! - top-p computes the total `W` (one pass of [`exp`], vectorized), then selects its boundary by
+//!   weight among the values within a few units of the maximum (the whole row if they do not
+//!   hold the target mass), by a quickselect on the running mass;
+//! - typical, epsilon and eta compute both sums over the row; typical then sorts growing
+//!   prefixes of its scores (partial selections) until they hold its mass.
+//!
+//! These are algorithms only: every band is the one the definitions below give (a property test
+//! compares them with whole-row selections on rows with ties, NaN, infinities and 16-bit values).
 //!
 //! Semantics are transformers' warpers (`TopKLogitsWarper`, `TopPLogitsWarper`, `MinPLogitsWarper`,
 //! `TypicalLogitsWarper`, `EpsilonLogitsWarper`, `EtaLogitsWarper`) with two documented choices:
