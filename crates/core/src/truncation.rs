@@ -483,7 +483,7 @@ fn min_p_bounds(max: f32, p: f32) -> (f32, f32) {
 /// `max + ln p + margin` it holds, below `max + ln p - margin` it does not (the margin, 0.01 and
 /// the rounding of `max + ln p`, is far more than a relative error of one unit can bridge). One
 /// pass finds the smallest value above the lower bound; only when that is within the margin does
-/// a second pass compute `q` there. Thresholds whose `q` would be subnormal (where one unit is
+/// a second pass compute `q`, for the values within it. Thresholds whose `q` would be subnormal (where one unit is
 /// not a small relative error) compute every `q` from the lower bound up.
 #[inline(always)]
 fn min_p(values: &[f32], max: f32, p: f32) -> f32 {
@@ -504,10 +504,35 @@ fn min_p(values: &[f32], max: f32, p: f32) -> f32 {
     if lo > above {
         return lo;
     }
-    values
-        .iter()
-        .filter(|&&x| x > above || (x >= floor && exp(x - max) >= p))
-        .fold(f32::INFINITY, |m, &x| m.min(x))
+    // Values above the margin by comparison, blocks with one within it value by value.
+    let within = |m: f32, x: f32| {
+        if x >= floor && x <= above && exp(x - max) >= p {
+            m.min(x)
+        } else {
+            m
+        }
+    };
+    let blocks = values.chunks_exact(LANES);
+    let mut lo = blocks.remainder().iter().fold(f32::INFINITY, |m, &x| {
+        if x > above {
+            m.min(x)
+        } else {
+            within(m, x)
+        }
+    });
+    let mut lanes = [f32::INFINITY; LANES];
+    for block in blocks {
+        let mut near = false;
+        for (m, &x) in lanes.iter_mut().zip(block) {
+            let kept = if x > above { x } else { f32::INFINITY };
+            *m = if kept < *m { kept } else { *m };
+            near |= (x >= floor) & (x <= above);
+        }
+        if near {
+            lo = block.iter().fold(lo, |m, &x| within(m, x));
+        }
+    }
+    lanes.into_iter().fold(lo, f32::min)
 }
 
 /// The row's maximum and [`min_p`]'s value in one pass where AVX2 allows: the values within
@@ -615,8 +640,8 @@ fn top_p(values: &[f32], max: f32, p: f32, work: &mut Work) -> Option<f32> {
     };
     let target = softmax.target(p);
     for below_max in [4.0f32, 8.0, 16.0, f32::INFINITY] {
-        // `x >= max - below_max` for these is `x - max >= -below_max`: both round the same way
-        // only approximately, so the floor is a value and the candidates an upper set by value.
+        // A floor on the values: the candidates are an upper set of the row (every value above
+        // one is one), so their running mass in key order is the row's.
         collect_from(values, max - below_max, work, |x| softmax.weights(x).0);
         let mass: u64 = work.iter().map(|e| e.1).sum();
         if mass as f64 >= target {
