@@ -356,6 +356,11 @@ fn truncation(c: &mut Criterion) {
                 },
             ),
         ];
+        // Top-p's softmax total alone: one fixed-point `exp` per value near the maximum.
+        let max = source.iter().fold(f32::NEG_INFINITY, |m, &x| m.max(x));
+        group.bench_function(BenchmarkId::new("softmax_total", shape), |b| {
+            b.iter(|| logits_processing::truncation::weight_sum(black_box(&source), max))
+        });
         let mut plan = RowPlan::new();
         for (name, rule) in rules {
             group.bench_function(BenchmarkId::new(name, shape), |b| {

@@ -3,6 +3,9 @@
 
 use half::{bf16, f16};
 
+use crate::logit::Logit;
+use crate::truncation::Band;
+
 // The fused multiply-add refinement below is exact only away from overflow and underflow, so it is
 // used for divisors and dividends well inside the normal range; blocks holding anything else
 // (zeros, infinities, NaN, subnormals, huge values) take a true division.
@@ -112,6 +115,52 @@ fn divide_f16_portable(pass: Pass<f16>, divisor: f32) {
 /// The definition of the bf16 quotient, and the path for CPUs without the SIMD kernels.
 fn divide_bf16_portable(pass: Pass<bf16>, divisor: f32) {
     pass.map(|x| bf16::from_f32(x.to_f32() / divisor));
+}
+
+/// Sets every logit outside `band` to `-inf` (NaN stays): a compare and a select per logit,
+/// stored whole (the compiler turns a select into masked stores, slow on AMD's AVX2 parts).
+pub(crate) fn remove_outside<T: Logit>(row: &mut [T], band: Band) {
+    #[cfg(target_arch = "x86_64")]
+    if let Some(row) = T::as_f32_mut(row) {
+        if std::arch::is_x86_feature_detected!("avx") {
+            // SAFETY: the CPU has AVX.
+            return unsafe { remove_outside_avx(row, band) };
+        }
+    }
+    remove_outside_portable(row, band)
+}
+
+fn remove_outside_portable<T: Logit>(row: &mut [T], band: Band) {
+    for x in row.iter_mut() {
+        if band.removes(x.to_f32()) {
+            *x = T::NEG_INFINITY;
+        }
+    }
+}
+
+#[cfg(target_arch = "x86_64")]
+#[target_feature(enable = "avx")]
+fn remove_outside_avx(row: &mut [f32], band: Band) {
+    use std::arch::x86_64::*;
+    let (lo, hi) = (_mm256_set1_ps(band.lo), _mm256_set1_ps(band.hi));
+    let (infinity, sign) = (_mm256_set1_ps(f32::INFINITY), _mm256_set1_ps(-0.0));
+    let mut blocks = row.chunks_exact_mut(8);
+    for block in &mut blocks {
+        let p = block.as_mut_ptr();
+        // SAFETY: `block` holds 8 f32.
+        let x = unsafe { _mm256_loadu_ps(p) };
+        // `x < lo || x > hi`, false for NaN, as `Band::removes`.
+        let outside = _mm256_or_ps(
+            _mm256_cmp_ps::<_CMP_LT_OQ>(x, lo),
+            _mm256_cmp_ps::<_CMP_GT_OQ>(x, hi),
+        );
+        // `min(bound, x)` is `bound < x ? bound : x`: `-inf` outside, `x` (NaN too) inside. A
+        // blend of `x` would be compiled into a masked store.
+        let bound = _mm256_or_ps(infinity, _mm256_and_ps(outside, sign));
+        // SAFETY: as above.
+        unsafe { _mm256_storeu_ps(p, _mm256_min_ps(bound, x)) };
+    }
+    remove_outside_portable(blocks.into_remainder(), band);
 }
 
 /// Sets every element to `value` with streaming (non-temporal) stores where AVX2 is present: a

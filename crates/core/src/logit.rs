@@ -25,11 +25,31 @@ pub trait Logit: Copy + Send + Sync + PartialEq + std::fmt::Debug + 'static {
 
     #[doc(hidden)]
     fn divide(pass: Pass<Self>, divisor: f32);
+
+    /// The row itself when its elements are f32 (read in place, without a widened copy).
+    #[doc(hidden)]
+    fn as_f32(row: &[Self]) -> Option<&[f32]> {
+        let _ = row;
+        None
+    }
+
+    /// [`Logit::as_f32`], writable.
+    #[doc(hidden)]
+    fn as_f32_mut(row: &mut [Self]) -> Option<&mut [f32]> {
+        let _ = row;
+        None
+    }
 }
 
 impl Logit for f32 {
     fn divide(pass: Pass<Self>, divisor: f32) {
         kernels::divide_f32(pass, divisor)
+    }
+    fn as_f32(row: &[Self]) -> Option<&[f32]> {
+        Some(row)
+    }
+    fn as_f32_mut(row: &mut [Self]) -> Option<&mut [f32]> {
+        Some(row)
     }
     const DTYPE: DType = DType::F32;
     const NEG_INFINITY: Self = f32::NEG_INFINITY;

@@ -336,31 +336,46 @@ impl RowPlan {
         Ok(())
     }
 
-    /// Resolves every truncation's band from `row` (the values before the plan): one copy of the
-    /// row, with the edits before each truncation applied to it. Nothing to do without one.
+    /// Resolves every truncation's band from `row` (the values before the plan): each truncation
+    /// reads the row with the edits before it applied, in one copy of the row (a truncation with
+    /// no edit before it reads an f32 row in place). Nothing to do without one.
     pub fn resolve_truncations<T: Logit>(&mut self, row: &[T]) {
         self.bands.clear();
-        if !self.truncates() {
-            return;
-        }
-        let mut scratch = match self.scratch.take() {
-            Some(any) => any.downcast::<Vec<T>>().unwrap_or_default(),
-            None => Box::default(),
-        };
-        scratch.clear();
-        scratch.extend_from_slice(row);
+        let mut scratch: Option<Box<Vec<T>>> = None;
         let mut done = 0;
         for at in 0..self.edits.len() {
-            if let Edit::Truncate(rule) = self.edits[at] {
-                self.run(done..at, &mut scratch, Fill::Cached);
-                done = at;
-                self.values.clear();
-                self.values.extend(scratch.iter().map(|x| x.to_f32()));
-                let band = rule.band(&self.values, &mut self.selection);
-                self.bands.push((at, band));
-            }
+            let Edit::Truncate(rule) = self.edits[at] else {
+                continue;
+            };
+            let band = match (at, T::as_f32(row)) {
+                (0, Some(values)) => rule.band(values, &mut self.selection),
+                _ => {
+                    let scratch = scratch.get_or_insert_with(|| {
+                        let mut copy = match self.scratch.take() {
+                            Some(any) => any.downcast::<Vec<T>>().unwrap_or_default(),
+                            None => Box::default(),
+                        };
+                        copy.clear();
+                        copy.extend_from_slice(row);
+                        copy
+                    });
+                    self.run(done..at, scratch, Fill::Cached);
+                    done = at;
+                    match T::as_f32(scratch) {
+                        Some(values) => rule.band(values, &mut self.selection),
+                        None => {
+                            self.values.clear();
+                            self.values.extend(scratch.iter().map(|x| x.to_f32()));
+                            rule.band(&self.values, &mut self.selection)
+                        }
+                    }
+                }
+            };
+            self.bands.push((at, band));
         }
-        self.scratch = Some(scratch);
+        if let Some(scratch) = scratch {
+            self.scratch = Some(scratch);
+        }
     }
 
     /// [`RowPlan::apply`] for a plan already validated against `row.len()`.
@@ -495,14 +510,7 @@ impl RowPlan {
                     match self.edits[i] {
                         Edit::Scale { temperature } => T::divide_row(chunk, temperature),
                         Edit::Mask(id) => mask_chunk(chunk, start, self.bitmask(id)),
-                        Edit::Truncate(_) => {
-                            let band = self.band(i);
-                            for x in chunk.iter_mut() {
-                                if band.removes(x.to_f32()) {
-                                    *x = T::NEG_INFINITY;
-                                }
-                            }
-                        }
+                        Edit::Truncate(_) => kernels::remove_outside(chunk, self.band(i)),
                         _ => unreachable!("only dense edits are listed"),
                     }
                 }

@@ -4,9 +4,20 @@
 //! value) before it can say which tokens go. The tokens a rule keeps always form one interval of
 //! values (for top-k, top-p, min-p, epsilon and eta: every value from some threshold up; for
 //! typical: a band around the entropy), so a rule resolves to a [`Band`], and applying it is an
-//! element-wise compare in the row's one pass. Selection uses partial selection
-//! (`select_nth_unstable`), never a sort of the whole row, except for top-p and typical on rows
-//! whose mass is spread over most of the vocab.
+//! element-wise compare in the row's one pass. Selection avoids sorting the row:
+//! - top-k (and every rule's `min_keep`) selects among the values at or above a pivot taken from
+//!   a strided sample of the row (one compare per value; the whole row when the pivot leaves
+//!   fewer than k);
+//! - min-p reads the row once: its maximum, and the few values near `max + ln p`, the only ones
+//!   whose `exp` must be computed to decide them;
+//! - top-p computes the total `W` (one pass of [`exp`], vectorized), then selects its boundary by
+//!   weight among the values within a few units of the maximum (the whole row if they do not
+//!   hold the target mass), by a quickselect on the running mass;
+//! - typical, epsilon and eta compute both sums over the row; typical then sorts growing
+//!   prefixes of its scores (partial selections) until they hold its mass.
+//!
+//! These are algorithms only: every band is the one the definitions below give (a property test
+//! compares them with whole-row selections on rows with ties, NaN, infinities and 16-bit values).
 //!
 //! Semantics are transformers' warpers (`TopKLogitsWarper`, `TopPLogitsWarper`, `MinPLogitsWarper`,
 //! `TypicalLogitsWarper`, `EpsilonLogitsWarper`, `EtaLogitsWarper`) with two documented choices:
@@ -163,21 +174,35 @@ impl Truncation {
                 hi: f32::INFINITY,
             };
         }
-        let softmax = Softmax::of(values);
-        if !softmax.is_defined() {
+        if let Truncation::MinP { p, .. } = *self {
+            if let Some((max, lo)) = min_p_one_pass(values, p, work) {
+                return Band {
+                    lo: lo.min(match min_keep {
+                        1 => max,
+                        _ => kth_largest(values, min_keep, work),
+                    }),
+                    hi: f32::INFINITY,
+                };
+            }
+        }
+        let max = largest(values);
+        if !max.is_finite() {
+            // No distribution (as `Softmax::is_defined`).
             return Band::ALL;
         }
         let lo = match *self {
             Truncation::TopK { .. } => unreachable!("resolved above"),
-            Truncation::Typical { mass, .. } => {
-                return typical(values, &softmax, mass, min_keep, work)
-            }
-            Truncation::TopP { p, .. } => match top_p(values, &softmax, p, work) {
+            Truncation::TopP { p, .. } => match top_p(values, max, p, work) {
                 Some(lo) => lo,
                 None => return Band::ALL,
             },
-            Truncation::MinP { .. } | Truncation::Epsilon { .. } | Truncation::Eta { .. } => {
+            Truncation::MinP { p, .. } => min_p(values, max, p),
+            Truncation::Typical { mass, .. } => {
+                return typical(values, &Softmax::of(values), mass, min_keep, work)
+            }
+            Truncation::Epsilon { .. } | Truncation::Eta { .. } => {
                 // Plain loops, not closures, here and below: inlined into the FMA-compiled caller.
+                let softmax = Softmax::of(values);
                 let threshold = softmax.threshold(self);
                 let mut lo = f32::INFINITY;
                 for &x in values {
@@ -189,7 +214,10 @@ impl Truncation {
             }
         };
         Band {
-            lo: lo.min(kth_largest(values, min_keep, work)),
+            lo: lo.min(match min_keep {
+                1 => max,
+                _ => kth_largest(values, min_keep, work),
+            }),
             hi: f32::INFINITY,
         }
     }
@@ -285,22 +313,498 @@ pub fn from_order_key(key: u32) -> f32 {
     })
 }
 
-/// The k-th largest non-NaN value (`-inf` when there are fewer than k).
-fn kth_largest(values: &[f32], k: usize, work: &mut Work) -> f32 {
+/// The largest non-NaN value under `f32::total_cmp` order (`-inf` when there is none): the
+/// softmax's maximum.
+#[inline(always)]
+fn largest(values: &[f32]) -> f32 {
+    #[cfg(target_arch = "x86_64")]
+    let max = if std::arch::is_x86_feature_detected!("avx") {
+        // SAFETY: the CPU has AVX.
+        unsafe { largest_float_avx(values) }
+    } else {
+        largest_float(values)
+    };
+    #[cfg(not(target_arch = "x86_64"))]
+    let max = largest_float(values);
+    if max == 0.0 {
+        // `0.0` is above `-0.0` in the total order.
+        let positive = values.iter().any(|x| x.to_bits() == 0);
+        return if positive { 0.0 } else { -0.0 };
+    }
+    max
+}
+
+/// The largest value by float comparison (NaN never wins one; `-inf` for none): [`largest`]
+/// but for the sign of a zero.
+fn largest_float(values: &[f32]) -> f32 {
+    values
+        .iter()
+        .fold(f32::NEG_INFINITY, |m, &x| if x > m { x } else { m })
+}
+
+/// [`largest_float`] with four independent vectors of running maxima.
+#[cfg(target_arch = "x86_64")]
+#[target_feature(enable = "avx")]
+fn largest_float_avx(values: &[f32]) -> f32 {
+    use std::arch::x86_64::*;
+    let blocks = values.chunks_exact(32);
+    let rest = largest_float(blocks.remainder());
+    let mut maxima = [_mm256_set1_ps(f32::NEG_INFINITY); 4];
+    for block in blocks {
+        for (i, m) in maxima.iter_mut().enumerate() {
+            // SAFETY: `block` holds 32 f32. `max_ps(x, m)` is `x > m ? x : m`.
+            *m = _mm256_max_ps(unsafe { _mm256_loadu_ps(block.as_ptr().add(8 * i)) }, *m);
+        }
+    }
+    let mut lanes = [0f32; 32];
+    for (i, m) in maxima.into_iter().enumerate() {
+        // SAFETY: `lanes` holds 32 f32.
+        unsafe { _mm256_storeu_ps(lanes.as_mut_ptr().add(8 * i), m) };
+    }
+    lanes
+        .into_iter()
+        .fold(rest, |m, x| if x > m { x } else { m })
+}
+
+/// Values visited together by the vectorizable loops: two AVX2 vectors.
+const LANES: usize = 16;
+
+/// Collects into `work` every value `x >= floor` (an upper set of the row under
+/// `f32::total_cmp` order: NaN never, `-0.0` and `0.0` together), each with `weight(x)`.
+/// Most rows have few such values; blocks without one cost a compare.
+#[inline(always)]
+fn collect_from(values: &[f32], floor: f32, work: &mut Work, weight: impl Fn(f32) -> u64) {
     work.clear();
-    work.extend(
-        values
-            .iter()
-            .filter(|x| !x.is_nan())
-            .map(|&x| (order_key(x), 1, x)),
-    );
-    if k == 0 || k > work.len() {
+    #[cfg(target_arch = "x86_64")]
+    if std::arch::is_x86_feature_detected!("avx2") && std::arch::is_x86_feature_detected!("fma") {
+        // SAFETY: the CPU has AVX2 and FMA.
+        return unsafe { collect_from_avx2(values, floor, work, &weight) };
+    }
+    let entry = |x: f32| (order_key(x), weight(x), x);
+    work.extend(values.iter().filter(|&&x| x >= floor).map(|&x| entry(x)));
+}
+
+/// [`collect_from`] a block of 16 values at a time: two compares and a bit mask, then only the
+/// values at or above the floor visited.
+#[cfg(target_arch = "x86_64")]
+#[target_feature(enable = "avx2,fma")]
+fn collect_from_avx2(values: &[f32], floor: f32, work: &mut Work, weight: &impl Fn(f32) -> u64) {
+    use std::arch::x86_64::*;
+    let entry = |x: f32| (order_key(x), weight(x), x);
+    let blocks = values.chunks_exact(16);
+    let rest = blocks.remainder();
+    let floor_v = _mm256_set1_ps(floor);
+    for block in blocks {
+        // SAFETY: `block` holds 16 f32.
+        let (a, b) = unsafe {
+            (
+                _mm256_loadu_ps(block.as_ptr()),
+                _mm256_loadu_ps(block.as_ptr().add(8)),
+            )
+        };
+        let mut at_or_above = (_mm256_movemask_ps(_mm256_cmp_ps::<_CMP_GE_OQ>(a, floor_v))
+            | _mm256_movemask_ps(_mm256_cmp_ps::<_CMP_GE_OQ>(b, floor_v)) << 8)
+            as u32;
+        while at_or_above != 0 {
+            work.push(entry(block[at_or_above.trailing_zeros() as usize]));
+            at_or_above &= at_or_above - 1;
+        }
+    }
+    work.extend(rest.iter().filter(|&&x| x >= floor).map(|&x| entry(x)));
+}
+
+/// The k-th largest non-NaN value (`-inf` when there are fewer than k).
+///
+/// On long rows the values are first narrowed to those at or above a pivot taken from a strided
+/// sample, chosen so that the k largest are almost surely among them; the selection among them is
+/// exact, and when there are fewer than k the whole row is selected from.
+#[inline(always)]
+fn kth_largest(values: &[f32], k: usize, work: &mut Work) -> f32 {
+    if k == 0 {
         return f32::NEG_INFINITY;
     }
-    let at = work.len() - k;
-    let (_, kth, _) = work.select_nth_unstable_by_key(at, |e| e.0);
-    kth.2
+    if k == 1 {
+        return largest(values);
+    }
+    const SAMPLE: usize = 1024;
+    let n = values.len();
+    if n >= 8 * SAMPLE {
+        work.clear();
+        let step = n / SAMPLE;
+        work.extend(
+            values
+                .iter()
+                .step_by(step)
+                .filter(|x| !x.is_nan())
+                .map(|&x| (order_key(x), 0, x)),
+        );
+        // Twice the expected share of the k largest, and a margin: the candidates are about
+        // 2k + 4 * step values, fewer than k about once in a thousand rows for small k.
+        let rank = 2 * k * work.len() / n + 4;
+        if rank < work.len() {
+            let at = work.len() - rank;
+            let pivot = work.select_nth_unstable_by_key(at, |e| e.0).1 .2;
+            collect_from(values, pivot, work, |_| 0);
+            if work.len() >= k {
+                return kth_of(work, k);
+            }
+        }
+    }
+    collect_from(values, f32::NEG_INFINITY, work, |_| 0);
+    if k > work.len() {
+        return f32::NEG_INFINITY;
+    }
+    kth_of(work, k)
 }
+
+/// The value with the k-th largest key in `work` (`1 <= k <= work.len()`).
+fn kth_of(work: &mut Work, k: usize) -> f32 {
+    let at = work.len() - k;
+    work.select_nth_unstable_by_key(at, |e| e.0).1 .2
+}
+
+/// min-p's bounds: every value above the first is kept, every value below the second removed.
+#[inline(always)]
+fn min_p_bounds(max: f32, p: f32) -> (f32, f32) {
+    let ln_p = (p as f64).ln() as f32;
+    let margin = 0.01 + max.abs() * (4.0 * f32::EPSILON);
+    let above = if p >= 1e-30 {
+        max + (ln_p + margin)
+    } else {
+        f32::INFINITY
+    };
+    (above, max + (ln_p - margin))
+}
+
+/// min-p's lowest kept value before `min_keep`: the smallest `x` with `q(x) >= p`.
+///
+/// `q(x) = exp(x - max)` is within one unit in the last place of `e^(x - max)` (the [`exp`]
+/// test), so away from `max + ln p` the comparison is decided by `x` alone: above
+/// `max + ln p + margin` it holds, below `max + ln p - margin` it does not (the margin, 0.01 and
+/// the rounding of `max + ln p`, is far more than a relative error of one unit can bridge). One
+/// pass finds the smallest value above the lower bound; only when that is within the margin does
+/// a second pass compute `q`, for the values within it. Thresholds whose `q` would be subnormal (where one unit is
+/// not a small relative error) compute every `q` from the lower bound up.
+#[inline(always)]
+fn min_p(values: &[f32], max: f32, p: f32) -> f32 {
+    let (above, floor) = min_p_bounds(max, p);
+    let smaller = |m: f32, x: f32| if x >= floor && x < m { x } else { m };
+    let blocks = values.chunks_exact(LANES);
+    let mut lo = blocks
+        .remainder()
+        .iter()
+        .fold(f32::INFINITY, |m, &x| smaller(m, x));
+    let mut lanes = [f32::INFINITY; LANES];
+    for block in blocks {
+        for (m, &x) in lanes.iter_mut().zip(block) {
+            *m = smaller(*m, x);
+        }
+    }
+    lo = lanes.into_iter().fold(lo, f32::min);
+    if lo > above {
+        return lo;
+    }
+    // Values above the margin by comparison, blocks with one within it value by value.
+    let within = |m: f32, x: f32| {
+        if x >= floor && x <= above && exp(x - max) >= p {
+            m.min(x)
+        } else {
+            m
+        }
+    };
+    let blocks = values.chunks_exact(LANES);
+    let mut lo = blocks.remainder().iter().fold(f32::INFINITY, |m, &x| {
+        if x > above {
+            m.min(x)
+        } else {
+            within(m, x)
+        }
+    });
+    let mut lanes = [f32::INFINITY; LANES];
+    for block in blocks {
+        let mut near = false;
+        for (m, &x) in lanes.iter_mut().zip(block) {
+            let kept = if x > above { x } else { f32::INFINITY };
+            *m = if kept < *m { kept } else { *m };
+            near |= (x >= floor) & (x <= above);
+        }
+        if near {
+            lo = block.iter().fold(lo, |m, &x| within(m, x));
+        }
+    }
+    lanes.into_iter().fold(lo, f32::min)
+}
+
+/// The row's maximum and [`min_p`]'s value in one pass where AVX2 allows: the values within
+/// `1 - ln p` of the running maximum are collected (a superset of those min-p can keep, since the
+/// maximum only grows), then decided as [`min_p`] decides them. `None` (the caller takes two
+/// passes) without AVX2, for a row without a finite maximum, a maximum beyond `1e5` (where the
+/// margin is no longer small against the rounding), `p < 1e-30`, or more than 4,096 candidates.
+#[inline(always)]
+fn min_p_one_pass(values: &[f32], p: f32, work: &mut Work) -> Option<(f32, f32)> {
+    #[cfg(target_arch = "x86_64")]
+    if p >= 1e-30 && std::arch::is_x86_feature_detected!("avx2") {
+        let ln_p = (p as f64).ln() as f32;
+        // SAFETY: the CPU has AVX2.
+        let max = unsafe { max_and_candidates_avx2(values, ln_p - 1.0, work) }?;
+        // The sign of a zero maximum, as `largest` decides it.
+        let max = if max == 0.0 { largest(values) } else { max };
+        if !(max.is_finite() && max.abs() < 1e5) {
+            return None;
+        }
+        let (above, floor) = min_p_bounds(max, p);
+        let lo = work
+            .iter()
+            .map(|e| e.2)
+            .filter(|&x| x > above || (x >= floor && exp(x - max) >= p))
+            .fold(f32::INFINITY, f32::min);
+        return Some((max, lo));
+    }
+    let _ = (values, p, work);
+    None
+}
+
+/// The float maximum of `values` (NaN never wins a comparison; the sign of a zero is not
+/// decided), with every value at or above `running maximum + below` collected into `work`:
+/// `None` past 4,096 of them.
+#[cfg(target_arch = "x86_64")]
+#[target_feature(enable = "avx2")]
+fn max_and_candidates_avx2(values: &[f32], below: f32, work: &mut Work) -> Option<f32> {
+    use std::arch::x86_64::*;
+    const LIMIT: usize = 4096;
+    work.clear();
+    let blocks = values.chunks_exact(16);
+    let rest = blocks.remainder();
+    let below_v = _mm256_set1_ps(below);
+    let mut running = _mm256_set1_ps(f32::NEG_INFINITY);
+    for block in blocks {
+        // SAFETY: `block` holds 16 f32.
+        let (a, b) = unsafe {
+            (
+                _mm256_loadu_ps(block.as_ptr()),
+                _mm256_loadu_ps(block.as_ptr().add(8)),
+            )
+        };
+        // `max_ps(x, m)` is `x > m ? x : m`: NaN never enters.
+        running = _mm256_max_ps(a, _mm256_max_ps(b, running));
+        // Each lane's maximum is at most the row's: its floor is at most the final one.
+        let near = |floor: __m256| {
+            (_mm256_movemask_ps(_mm256_cmp_ps::<_CMP_GE_OQ>(a, floor))
+                | _mm256_movemask_ps(_mm256_cmp_ps::<_CMP_GE_OQ>(b, floor)) << 8) as u32
+        };
+        if near(_mm256_add_ps(running, below_v)) == 0 {
+            continue;
+        }
+        // Every lane to the maximum so far, then against its floor.
+        let halves = _mm256_max_ps(running, _mm256_permute2f128_ps::<1>(running, running));
+        let pairs = _mm256_max_ps(halves, _mm256_permute_ps::<0b01_00_11_10>(halves));
+        running = _mm256_max_ps(pairs, _mm256_permute_ps::<0b10_11_00_01>(pairs));
+        let mut near = near(_mm256_add_ps(running, below_v));
+        while near != 0 {
+            let x = block[near.trailing_zeros() as usize];
+            work.push((0, 0, x));
+            near &= near - 1;
+        }
+        if work.len() > LIMIT {
+            return None;
+        }
+    }
+    let mut lanes = [0f32; 8];
+    // SAFETY: `lanes` holds 8 f32.
+    unsafe { _mm256_storeu_ps(lanes.as_mut_ptr(), running) };
+    let max = lanes
+        .into_iter()
+        .chain(rest.iter().copied())
+        .fold(f32::NEG_INFINITY, |m, x| if x > m { x } else { m });
+    // The last values against the final maximum.
+    work.extend(
+        rest.iter()
+            .filter(|&&x| x >= max + below)
+            .map(|&x| (0, 0, x)),
+    );
+    Some(max)
+}
+
+/// Top-p's lowest kept value before `min_keep`: the largest value where the mass of the values
+/// at or above it reaches `p`.
+///
+/// The total `W` takes one pass of [`exp`] over the row ([`weight_sum`]); the boundary is then
+/// selected among the values within a few units of the maximum, where nearly all of the mass of
+/// most rows is (the whole row when they do not reach the target).
+#[inline(always)]
+fn top_p(values: &[f32], max: f32, p: f32, work: &mut Work) -> Option<f32> {
+    let softmax = Softmax {
+        max,
+        sum: weight_sum(values, max),
+        entropy_sum: 0,
+    };
+    let target = softmax.target(p);
+    for below_max in [4.0f32, 8.0, 16.0, f32::INFINITY] {
+        // A floor on the values: the candidates are an upper set of the row (every value above
+        // one is one), so their running mass in key order is the row's.
+        collect_from(values, max - below_max, work, |x| softmax.weights(x).0);
+        let mass: u64 = work.iter().map(|e| e.1).sum();
+        if mass as f64 >= target {
+            return Some(weighted_select(work, target));
+        }
+    }
+    None
+}
+
+/// The value `v` of `work` whose mass of larger keys is below `target` and whose mass of keys
+/// at or above it reaches `target` (the running sum in key order, largest first, first reaches
+/// the target at `v`; unique, whatever the order of ties). `work`'s whole mass must reach it.
+/// Quickselect by weight: expected linear time.
+fn weighted_select(work: &mut [(u32, u64, f32)], target: f64) -> f32 {
+    let mut part = work;
+    // The mass of the values larger than every key in `part`.
+    let mut above = 0u64;
+    loop {
+        if part.len() <= 32 {
+            part.sort_unstable_by_key(|e| std::cmp::Reverse(e.0));
+            let mut sum = above;
+            for e in part.iter() {
+                sum += e.1;
+                if sum as f64 >= target {
+                    return e.2;
+                }
+            }
+            unreachable!("the mass reaches the target");
+        }
+        // Median of three keys as the pivot.
+        let (a, b, c) = (part[0].0, part[part.len() / 2].0, part[part.len() - 1].0);
+        let pivot = a.max(b).min(a.min(b).max(c));
+        // Three-way partition: larger keys first, then the pivot's ties, then smaller ones.
+        let mut larger = 0;
+        let mut end = part.len();
+        let mut i = 0;
+        while i < end {
+            if part[i].0 > pivot {
+                part.swap(i, larger);
+                larger += 1;
+                i += 1;
+            } else if part[i].0 < pivot {
+                end -= 1;
+                part.swap(i, end);
+            } else {
+                i += 1;
+            }
+        }
+        let mass_larger = above + part[..larger].iter().map(|e| e.1).sum::<u64>();
+        if mass_larger as f64 >= target {
+            part = &mut part[..larger];
+            continue;
+        }
+        let mass_tied = mass_larger + part[larger..end].iter().map(|e| e.1).sum::<u64>();
+        if mass_tied as f64 >= target {
+            return part[larger].2;
+        }
+        above = mass_tied;
+        part = &mut part[end..];
+    }
+}
+
+/// `sum fixed(q(x))` over `values`, the softmax's `W` (NaN adds nothing): AVX2 where the CPU has
+/// it, with the same bits as [`Softmax::weights`] one value at a time (a test compares them).
+#[inline(always)]
+pub fn weight_sum(values: &[f32], max: f32) -> u64 {
+    #[cfg(target_arch = "x86_64")]
+    if values.len() < 1 << 21
+        && std::arch::is_x86_feature_detected!("fma")
+        && std::arch::is_x86_feature_detected!("avx2")
+    {
+        // SAFETY: the CPU has FMA and AVX2.
+        return unsafe { weight_sum_avx2(values, max) };
+    }
+    weight_sum_scalar(values, max)
+}
+
+#[inline(always)]
+fn weight_sum_scalar(values: &[f32], max: f32) -> u64 {
+    let softmax = Softmax {
+        max,
+        sum: 0,
+        entropy_sum: 0,
+    };
+    values.iter().map(|&x| softmax.weights(x).0).sum()
+}
+
+/// [`weight_sum`] eight values at a time: [`exp`]'s operations in the same order on each lane.
+/// Only `d = x - max` in `[-87, 0]` is computed (there `exp`'s scale `2^n` is normal); below it
+/// `q < 2^-125` and its weight is 0, as for NaN.
+#[cfg(target_arch = "x86_64")]
+#[target_feature(enable = "avx2,fma")]
+fn weight_sum_avx2(values: &[f32], max: f32) -> u64 {
+    use std::arch::x86_64::*;
+    let splat = _mm256_set1_ps;
+    let (max_v, floor, weightless) = (splat(max), splat(-87.0), splat(-WEIGHTLESS));
+    let (log2_e, shifter) = (splat(EXP_LOG2_E), splat(EXP_SHIFTER));
+    let (ln2_hi, ln2_lo) = (splat(-EXP_LN2_HI), splat(-EXP_LN2_LO));
+    let one = splat(1.0);
+    // `q * 2^32` is `y * 2^(n + 32)`: the same rounding, scaled exactly.
+    let bias = _mm256_set1_epi32(127 + FIXED_BITS as i32);
+    // `round(q * 2^32)` of eight values (0 where `d < -87` or NaN), as integral f32.
+    let fixed_weights = |x: __m256| {
+        let d = _mm256_sub_ps(x, max_v);
+        let live = _mm256_cmp_ps::<_CMP_GE_OQ>(d, floor);
+        let n = _mm256_sub_ps(_mm256_fmadd_ps(d, log2_e, shifter), shifter);
+        let r = _mm256_fmadd_ps(n, ln2_hi, d);
+        let r = _mm256_fmadd_ps(n, ln2_lo, r);
+        let mut p = splat(EXP_POLY[0]);
+        for &c in &EXP_POLY[1..] {
+            p = _mm256_fmadd_ps(p, r, splat(c));
+        }
+        let y = _mm256_add_ps(_mm256_fmadd_ps(p, _mm256_mul_ps(r, r), r), one);
+        let pow2 = _mm256_slli_epi32::<23>(_mm256_add_epi32(_mm256_cvtps_epi32(n), bias));
+        let t = _mm256_round_ps::<{ _MM_FROUND_TO_NEAREST_INT | _MM_FROUND_NO_EXC }>(
+            _mm256_mul_ps(y, _mm256_castsi256_ps(pow2)),
+        );
+        _mm256_and_ps(t, live)
+    };
+    // Sums of integers below 2^32 in f64 are exact up to 2^53: rows of up to 2^21 values.
+    let mut sums = [_mm256_setzero_pd(); 4];
+    let add = |sums: &mut [__m256d; 4], t: __m256| {
+        sums[0] = _mm256_add_pd(sums[0], _mm256_cvtps_pd(_mm256_castps256_ps128(t)));
+        sums[1] = _mm256_add_pd(sums[1], _mm256_cvtps_pd(_mm256_extractf128_ps::<1>(t)));
+    };
+    let blocks = values.chunks_exact(16);
+    let rest = blocks.remainder();
+    for block in blocks {
+        // SAFETY: `block` holds 16 f32.
+        let (a, b) = unsafe {
+            (
+                _mm256_loadu_ps(block.as_ptr()),
+                _mm256_loadu_ps(block.as_ptr().add(8)),
+            )
+        };
+        // Blocks far below the maximum weigh nothing (most of a model's row).
+        let heavy = _mm256_or_ps(
+            _mm256_cmp_ps::<_CMP_GE_OQ>(_mm256_sub_ps(a, max_v), weightless),
+            _mm256_cmp_ps::<_CMP_GE_OQ>(_mm256_sub_ps(b, max_v), weightless),
+        );
+        if _mm256_testz_ps(heavy, heavy) == 1 {
+            continue;
+        }
+        // Two independent chains of `exp`, interleaved.
+        let (ta, tb) = (fixed_weights(a), fixed_weights(b));
+        add(&mut sums, ta);
+        sums.swap(0, 2);
+        sums.swap(1, 3);
+        add(&mut sums, tb);
+    }
+    let sum = _mm256_add_pd(
+        _mm256_add_pd(sums[0], sums[1]),
+        _mm256_add_pd(sums[2], sums[3]),
+    );
+    let mut lanes = [0f64; 4];
+    // SAFETY: `lanes` holds 4 f64.
+    unsafe { _mm256_storeu_pd(lanes.as_mut_ptr(), sum) };
+    lanes.iter().map(|&sum| sum as u64).sum::<u64>() + weight_sum_scalar(rest, max)
+}
+
+/// Values more than this below the maximum have weight 0: `exp(d) < 2^-33`, which rounds to 0
+/// in fixed point (a test checks every f32 from `-104` to here).
+const WEIGHTLESS: f32 = 23.0;
 
 /// A row's softmax in the fixed-point form the module docs describe: the maximum, the sum `W`
 /// of the probabilities' fixed-point weights and the entropy sum `E`.
@@ -432,20 +936,6 @@ fn first_reaching(work: &mut [(u32, u64, f32)], target: f64, at_least: usize) ->
     None
 }
 
-/// Top-p's lowest kept value before `min_keep`: the largest value where the mass of the values
-/// at or above it reaches `p`.
-#[inline(always)]
-fn top_p(values: &[f32], softmax: &Softmax, p: f32, work: &mut Work) -> Option<f32> {
-    work.clear();
-    // Largest first: keyed by the complemented order key.
-    for &x in values {
-        if !x.is_nan() {
-            work.push((!order_key(x), softmax.weights(x).0, x));
-        }
-    }
-    first_reaching(work, softmax.target(p), 0).map(|rank| work[rank].2)
-}
-
 /// transformers keeps the tokens up to and including the first whose cumulative mass, in order of
 /// score, reaches `mass`, at least `min_keep` of them, and (here) every token of a smaller or
 /// equal score.
@@ -565,6 +1055,176 @@ mod tests {
         ]
     }
 
+    /// The rules as first defined, by whole-row selections: every value's weight, a partial
+    /// selection of the k-th largest over all of them. The fast paths must give the same bands.
+    fn band_by_definition(rule: &Truncation, values: &[f32]) -> Band {
+        let kth_largest = |k: usize| {
+            let mut keys: Vec<(u32, f32)> = values
+                .iter()
+                .filter(|x| !x.is_nan())
+                .map(|&x| (order_key(x), x))
+                .collect();
+            if k == 0 || k > keys.len() {
+                return f32::NEG_INFINITY;
+            }
+            let at = keys.len() - k;
+            keys.select_nth_unstable_by_key(at, |e| e.0).1 .1
+        };
+        let min_keep = rule.min_keep() as usize;
+        if let Truncation::TopK { k, min_keep } = *rule {
+            return Band {
+                lo: kth_largest(k.max(min_keep) as usize),
+                hi: f32::INFINITY,
+            };
+        }
+        let softmax = Softmax::of(values);
+        if !softmax.is_defined() {
+            return Band::ALL;
+        }
+        let lo = match *rule {
+            Truncation::TopK { .. } | Truncation::Typical { .. } => {
+                return rule.band(values, &mut vec![])
+            }
+            Truncation::TopP { p, .. } => {
+                let mut by_key: Vec<(u32, u64, f32)> = values
+                    .iter()
+                    .filter(|x| !x.is_nan())
+                    .map(|&x| (order_key(x), softmax.weights(x).0, x))
+                    .collect();
+                by_key.sort_unstable_by_key(|e| std::cmp::Reverse(e.0));
+                let mut sum = 0u64;
+                let reached = by_key.iter().find(|e| {
+                    sum += e.1;
+                    sum as f64 >= softmax.target(p)
+                });
+                match reached {
+                    Some(e) => e.2,
+                    None => return Band::ALL,
+                }
+            }
+            _ => {
+                let threshold = softmax.threshold(rule);
+                values
+                    .iter()
+                    .filter(|&&x| !x.is_nan() && softmax.q(x) >= threshold)
+                    .fold(f32::INFINITY, |lo, &x| lo.min(x))
+            }
+        };
+        Band {
+            lo: lo.min(kth_largest(min_keep)),
+            hi: f32::INFINITY,
+        }
+    }
+
+    /// Rows with what the fast paths must get right: ties (few distinct values, or values
+    /// rounded to f16 / bf16), NaN, infinities, signed zeros, every value equal, values far
+    /// below the maximum, and lengths past the sampled pivot's threshold.
+    fn awkward_row() -> impl Strategy<Value = Vec<f32>> {
+        let len = prop_oneof![1usize..300, 8_000usize..20_000];
+        (len, 0u8..7, any::<u64>()).prop_map(|(len, shape, seed)| {
+            let mut state = seed | 1;
+            let mut next = move || {
+                state ^= state << 13;
+                state ^= state >> 7;
+                state ^= state << 17;
+                state
+            };
+            (0..len)
+                .map(|_| {
+                    let r = next();
+                    let uniform = (r >> 40) as f32 / (1u64 << 24) as f32;
+                    let x = match shape {
+                        0 => (r % 7) as f32 - 3.0,
+                        1 => 3.25,
+                        2 => half::f16::from_f32(uniform * 30.0 - 20.0).to_f32(),
+                        3 => half::bf16::from_f32(uniform * 30.0 - 20.0).to_f32(),
+                        4 => uniform * 200.0 - 150.0,
+                        6 => 30_000.0 + (r % 9) as f32 * 0.25,
+                        _ => uniform * 20.0 - 2.0 + if r % 500 == 0 { 12.0 } else { 0.0 },
+                    };
+                    match (r >> 8) % 97 {
+                        0 => f32::NAN,
+                        1 => f32::NEG_INFINITY,
+                        2 => -0.0,
+                        3 => 0.0,
+                        4 if shape == 4 => f32::INFINITY,
+                        _ => x,
+                    }
+                })
+                .collect()
+        })
+    }
+
+    fn awkward_rule() -> impl Strategy<Value = Truncation> {
+        let min_keep = prop_oneof![Just(1u32), 2u32..6, 50u32..200];
+        prop_oneof![
+            (prop_oneof![1u32..60, 1u32..5000], min_keep.clone())
+                .prop_map(|(k, min_keep)| Truncation::TopK { k, min_keep }),
+            (prop_oneof![0.001f32..1.0, Just(1.0)], min_keep.clone())
+                .prop_map(|(p, min_keep)| Truncation::TopP { p, min_keep }),
+            (
+                prop_oneof![
+                    0.0f32..1.0,
+                    Just(0.0),
+                    Just(1.0),
+                    1e-40f32..1e-20,
+                    (1u8..4).prop_map(|k| (-(k as f32)).exp()),
+                ],
+                min_keep.clone()
+            )
+                .prop_map(|(p, min_keep)| Truncation::MinP { p, min_keep }),
+            (0.0001f32..0.2, min_keep.clone())
+                .prop_map(|(epsilon, min_keep)| Truncation::Epsilon { epsilon, min_keep }),
+            (0.0001f32..0.2, min_keep)
+                .prop_map(|(epsilon, min_keep)| Truncation::Eta { epsilon, min_keep }),
+        ]
+    }
+
+    proptest! {
+        #![proptest_config(ProptestConfig::with_cases(400))]
+        /// The fast paths (sampled pivots, the min-p cut by comparison, the candidates near the
+        /// maximum, the vectorized weight sum) give the band of the definition: the same bits
+        /// for a selected value, the same kept values for min-p, epsilon and eta.
+        #[test]
+        fn fast_bands_are_the_definitions(row in awkward_row(), rule in awkward_rule()) {
+            let fast = rule.band(&row, &mut vec![]);
+            let slow = band_by_definition(&rule, &row);
+            let portable = rule.band_portable(&row, &mut vec![]);
+            let differ = |band: Band| row.iter().filter(|&&x| band.removes(x) != slow.removes(x)).count();
+            prop_assert_eq!(differ(fast), 0, "{:?}: {:?} against {:?}", rule, fast, slow);
+            prop_assert_eq!(differ(portable), 0, "{:?}: {:?} against {:?}", rule, portable, slow);
+            if matches!(rule, Truncation::TopK { .. } | Truncation::TopP { .. }) {
+                prop_assert_eq!(fast.lo.to_bits(), slow.lo.to_bits(), "{:?}", rule);
+            }
+        }
+
+        /// The vectorized sum of weights is the one-value-at-a-time sum, bit for bit, over
+        /// values around every range `exp` distinguishes (normal, subnormal, zero results).
+        #[test]
+        fn weight_sum_is_the_sum_of_weights(
+            row in proptest::collection::vec(
+                prop_oneof![
+                    -110.0f32..0.0,
+                    -90.0f32..-84.0,
+                    -24.0f32..0.0,
+                    Just(f32::NAN),
+                    Just(f32::NEG_INFINITY),
+                    Just(-0.0f32),
+                ],
+                0..200,
+            ),
+            // Mostly weightless: whole blocks skipped.
+            far in proptest::collection::vec(prop_oneof![9 => -110.0f32..-22.0, 1 => -30.0f32..0.0], 0..400),
+        ) {
+            let softmax = Softmax { max: 0.0, sum: 0, entropy_sum: 0 };
+            for row in [row, far] {
+                let one_by_one: u64 = row.iter().map(|&x| softmax.weights(x).0).sum();
+                prop_assert_eq!(weight_sum(&row, 0.0), one_by_one);
+                prop_assert_eq!(weight_sum_scalar(&row, 0.0), one_by_one);
+            }
+        }
+    }
+
     proptest! {
         /// On rows of distinct values the band keeps exactly what the sorted reference keeps,
         /// unless a probability sits within rounding of the rule's threshold.
@@ -654,6 +1314,24 @@ mod tests {
         }
         assert!(worst.0 < 1.0, "{} ulp at {}", worst.0, worst.1);
         println!("exp: worst {} ulp at {}", worst.0, worst.1);
+    }
+
+    /// Every f32 from `-104` (below which `exp` is 0) up to `-WEIGHTLESS` has weight 0: the
+    /// vectorized sum may skip blocks below it.
+    #[test]
+    fn values_far_below_the_maximum_weigh_nothing() {
+        let softmax = Softmax {
+            max: 0.0,
+            sum: 0,
+            entropy_sum: 0,
+        };
+        let (from, to) = (EXP_MIN.to_bits(), (-WEIGHTLESS).to_bits());
+        // Negative floats: larger bits are further from zero.
+        for bits in to..=from {
+            let d = f32::from_bits(bits);
+            assert_eq!(softmax.weights(d).0, 0, "{d}");
+        }
+        assert!(softmax.weights(-WEIGHTLESS + 0.5).0 > 0);
     }
 
     #[test]
