@@ -5,8 +5,8 @@ use std::sync::Mutex;
 
 use logits_processing::spec::MAX_PIPELINE_LEN;
 use logits_processing::{
-    parse_pipeline, Batch, Error, Pipeline, ProcessorSpec, SpecContext, Step, ThinkingTokenConfig,
-    TokenHistory,
+    parse_pipeline, Batch, Error, GrammarEnv, Pipeline, ProcessorSpec, SpecContext, Step,
+    StepBitmask, ThinkingTokenConfig, TokenHistory,
 };
 use pyo3::exceptions::PyException;
 use pyo3::prelude::*;
@@ -18,7 +18,7 @@ use crate::errors::{
 };
 use crate::history::PyIds;
 use crate::processors::builtin_processor;
-use crate::tensor::{Block, Device, TensorView};
+use crate::tensor::{bitmask_words, Block, Device, TensorView};
 use crate::watch::{check_unmoved, row_moved, Moved, Watched};
 
 /// The engine's start-up knowledge that specs may rely on, from Python arguments.
@@ -46,7 +46,55 @@ pub(crate) fn spec_context(
         vocab_size,
         hello_world,
         thinking_tokens,
+        grammar: None,
     })
+}
+
+/// llguidance's view of the engine's tokenizer, from a ``tokenizer.json`` path, a
+/// ``tokenizers.Tokenizer`` or a transformers fast tokenizer (its ``backend_tokenizer``; its
+/// ``eos_token_id`` unless `eos_token_id` is given). Built without the GIL (about a second for a
+/// 150k-token vocab).
+pub(crate) fn grammar_env(
+    tokenizer: &Bound<'_, PyAny>,
+    eos_token_id: Option<u32>,
+) -> PyResult<GrammarEnv> {
+    let py = tokenizer.py();
+    let mut eos = eos_token_id;
+    let source = if let Ok(path) = tokenizer.extract::<std::path::PathBuf>() {
+        Ok(path)
+    } else {
+        let backend = match tokenizer.getattr("backend_tokenizer") {
+            Ok(backend) => {
+                if eos.is_none() {
+                    eos = tokenizer
+                        .getattr("eos_token_id")?
+                        .extract::<Option<u32>>()?;
+                }
+                backend
+            }
+            Err(_) => tokenizer.clone(),
+        };
+        match backend.call_method0("to_str") {
+            Ok(json) => Err(json.extract::<String>()?),
+            Err(_) => {
+                return Err(new_err(
+                    Kind::Tokenizer,
+                    format!(
+                        "tokenizer must be a tokenizer.json path, a tokenizers.Tokenizer or a                          transformers fast tokenizer, got {}",
+                        tokenizer.get_type().name()?
+                    ),
+                ))
+            }
+        }
+    };
+    py.detach(|| {
+        let tokenizer = match source {
+            Ok(path) => logits_processing::tokenizer::load(path)?,
+            Err(json) => logits_processing::tokenizer::from_json(&json)?,
+        };
+        GrammarEnv::new(tokenizer, eos)
+    })
+    .py()
 }
 
 /// A `ThinkingTokenConfig` (anything with its three attributes) or a 3-tuple of ids.
@@ -259,7 +307,16 @@ pub(crate) fn validate_specs(
     thinking_tokens: Option<&Bound<'_, PyAny>>,
 ) -> PyResult<()> {
     let context = spec_context(vocab_size, hello_world, thinking_tokens)?;
-    steps_of(entries_of(specs, false)?, &context, 0, |_| unreachable!()).map(drop)
+    for (at, entry) in entries_of(specs, false)? {
+        let Entry::Specs(specs) = entry else {
+            unreachable!("entries_of refuses processors and callables here")
+        };
+        for spec in specs {
+            spec.validate(&context)
+                .map_err(|e| to_py(spec_error(e, &at)))?;
+        }
+    }
+    Ok(())
 }
 
 /// The specs with what they take from the engine made explicit, for a worker that has not got
@@ -325,6 +382,11 @@ pub(crate) fn resolve_specs<'py>(
 ///         ``"Hello world!"`` and the EOS id, for ``hello_world`` specs.
 ///     thinking_tokens (ThinkingTokenConfig | None): Keyword only. The model's thinking ids, for
 ///         ``thinking_budget`` specs that do not name them.
+///     tokenizer: Keyword only. The engine's tokenizer, for ``grammar`` and ``json_object``
+///         specs: a ``tokenizer.json`` path, a ``tokenizers.Tokenizer`` or a transformers fast
+///         tokenizer. Turned into llguidance's token environment once, shared by every request.
+///     eos_token_id (int | None): Keyword only. The EOS id a finished grammar allows (default:
+///         the transformers tokenizer's, else the one the tokenizer declares).
 ///
 /// Example:
 ///     >>> import torch
@@ -365,15 +427,31 @@ impl PyBatch {
 #[pymethods]
 impl PyBatch {
     #[new]
-    #[pyo3(signature = (vocab_size, *, hello_world = None, thinking_tokens = None))]
+    #[pyo3(signature = (vocab_size, *, hello_world = None, thinking_tokens = None, tokenizer = None, eos_token_id = None))]
     fn new(
         vocab_size: usize,
         hello_world: Option<&Bound<'_, PyAny>>,
         thinking_tokens: Option<&Bound<'_, PyAny>>,
+        tokenizer: Option<&Bound<'_, PyAny>>,
+        eos_token_id: Option<u32>,
     ) -> PyResult<Self> {
+        let mut context = spec_context(Some(vocab_size), hello_world, thinking_tokens)?;
+        if let Some(tokenizer) = tokenizer.filter(|t| !t.is_none()) {
+            let env = grammar_env(tokenizer, eos_token_id)?;
+            if env.vocab_size() > vocab_size {
+                return Err(new_err(
+                    Kind::Tokenizer,
+                    format!(
+                        "the tokenizer has {} tokens, more than vocab_size {vocab_size}",
+                        env.vocab_size()
+                    ),
+                ));
+            }
+            context.grammar = Some(env);
+        }
         Ok(Self {
             batch: Mutex::new(Batch::new(vocab_size)),
-            context: spec_context(Some(vocab_size), hello_world, thinking_tokens)?,
+            context,
             externals: HashMap::new(),
             next_key: 0,
         })
@@ -473,9 +551,15 @@ impl PyBatch {
     ///         copy), and each logit is read and written once, where a copy followed by an edit in
     ///         place would make two passes (HF transformers' rule that processors leave their
     ///         input alone).
+    ///     bitmask: For rows whose pipeline has a ``{"kind": "bitmask"}`` step: the caller's own
+    ///         mask, an int32 (or uint32) host tensor or array ``[rows, ceil(vocab_size / 32)]``,
+    ///         C-contiguous, bit ``i % 32`` of word ``i // 32`` set allowing token ``i``
+    ///         (llguidance's and xgrammar's layout). It is applied in that step's place in the
+    ///         row's one pass; other rows ignore it.
     ///
     /// Raises:
-    ///     ShapeError, DTypeError, ReadOnlyError, DeviceError: before anything is edited.
+    ///     ShapeError, DTypeError, ReadOnlyError, DeviceError: before anything is edited
+    ///         (a bitmask of the wrong shape or dtype, or none when a row takes one, included).
     ///     InvalidArgumentError, DTypeError: a row's ids that are not token ids (``row`` set).
     ///     TokenOutOfVocabError: a row planned a token outside the vocab (``row`` set).
     ///     ProcessorError: a user's processor raised (its exception is the ``__cause__``), or
@@ -483,13 +567,14 @@ impl PyBatch {
     ///         taken back, and where the memory the logits had is gone, it is not written to
     ///         (the message says so). ``KeyboardInterrupt``, ``SystemExit`` and other exceptions
     ///         that are not an ``Exception`` propagate unchanged, after the step is taken back.
-    #[pyo3(signature = (logits, input_ids, *, out = None))]
+    #[pyo3(signature = (logits, input_ids, *, out = None, bitmask = None))]
     fn apply(
         &mut self,
         py: Python<'_>,
         logits: &Bound<'_, PyAny>,
         input_ids: &Bound<'_, PyAny>,
         out: Option<&Bound<'_, PyAny>>,
+        bitmask: Option<&Bound<'_, PyAny>>,
     ) -> PyResult<()> {
         let view = TensorView::of(logits)?;
         let out_view = out.map(TensorView::of).transpose()?;
@@ -522,6 +607,10 @@ impl PyBatch {
             ));
         }
         crate::device::check_supported(block.device)?;
+        let mask_view = bitmask
+            .filter(|m| !m.is_none())
+            .map(|m| bitmask_words(m, block.rows, vocab.div_ceil(32)))
+            .transpose()?;
         let mut histories: Vec<PyIds<'_>> = (0..rows.last().map_or(0, |r| r + 1))
             .map(|_| PyIds::empty())
             .collect();
@@ -533,7 +622,7 @@ impl PyBatch {
         }
         let refs: Vec<&dyn TokenHistory> =
             histories.iter().map(|h| h as &dyn TokenHistory).collect();
-        let planned = self.batch().plan(&refs);
+        let planned = self.batch().plan_ids(&refs);
         // An id that could not be read was planned as `u32::MAX`: whatever the plan made of it,
         // the step is taken back (a failed plan already took back every row).
         let unreadable = histories
@@ -547,6 +636,19 @@ impl PyBatch {
             return Err(in_row(py, error, row, &format!("input_ids[{row}]")));
         }
         planned.py()?;
+        let step_mask = mask_view.as_ref().map(|view| StepBitmask {
+            // SAFETY: checked by `bitmask_words`: host memory of this many aligned 32-bit words,
+            // kept alive by `bitmask` for the call.
+            words: unsafe { view.words() },
+            words_per_row: vocab.div_ceil(32),
+        });
+        if let Err(error) = self.batch().fill_bitmask(step_mask) {
+            self.batch().undo_plan();
+            return Err(to_py(error));
+        }
+        // The costly part of planning (grammar masks), rows in parallel, without the GIL.
+        let batch = self.batch();
+        py.detach(|| batch.finish_plans());
         // Reading input_ids may have run Python code (a sequence type, an iterator, `__index__`),
         // which may have moved the logits; a list or tuple of lists of ints runs none.
         let ran_python = !(input_ids.is_exact_instance_of::<PyList>()
@@ -652,6 +754,14 @@ impl PyBatch {
             Some((row, failure)) => Err(failure.into_py_err(py, row)),
             None => result,
         }
+    }
+
+    /// Why the request at `row` stopped being constrained as asked, or None: a grammar that
+    /// rejected a token the engine chose (another processor forced it, or the mask was not
+    /// applied) allows only EOS from then on, and says why here. Such a row never fails a step.
+    fn failure(&mut self, row: usize) -> Option<String> {
+        let failures = self.batch().get(row)?.failures();
+        (!failures.is_empty()).then(|| failures.join("; "))
     }
 
     fn __repr__(&mut self) -> String {
