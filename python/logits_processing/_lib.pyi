@@ -65,6 +65,11 @@ class Batch:
             ``"Hello world!"`` and the EOS id, for ``hello_world`` specs.
         thinking_tokens (ThinkingTokenConfig | None): Keyword only. The model's thinking ids, for
             ``thinking_budget`` specs that do not name them.
+        tokenizer: Keyword only. The engine's tokenizer, for ``grammar`` and ``json_object``
+            specs: a ``tokenizer.json`` path, a ``tokenizers.Tokenizer`` or a transformers fast
+            tokenizer. Turned into llguidance's token environment once, shared by every request.
+        eos_token_id (int | None): Keyword only. The EOS id a finished grammar allows (default:
+            the transformers tokenizer's, else the one the tokenizer declares).
 
     Example:
         >>> import torch
@@ -85,6 +90,8 @@ class Batch:
         *,
         hello_world: Optional[Tuple[Sequence[int], int]] = None,
         thinking_tokens: Optional[Any] = None,
+        tokenizer: Optional[Any] = None,
+        eos_token_id: Optional[int] = None,
     ) -> None: ...
     def __contains__(self, row: int) -> bool: ...
     def add(
@@ -113,6 +120,7 @@ class Batch:
         input_ids: Sequence[Optional[InputIds]],
         *,
         out: Optional[Logits] = None,
+        bitmask: Optional[Any] = None,
     ) -> None:
         """Edits every row of `logits` that holds a request, in place.
 
@@ -132,9 +140,15 @@ class Batch:
                 copy), and each logit is read and written once, where a copy followed by an edit in
                 place would make two passes (HF transformers' rule that processors leave their
                 input alone).
+            bitmask: For rows whose pipeline has a ``{"kind": "bitmask"}`` step: the caller's own
+                mask, an int32 (or uint32) host tensor or array ``[rows, ceil(vocab_size / 32)]``,
+                C-contiguous, bit ``i % 32`` of word ``i // 32`` set allowing token ``i``
+                (llguidance's and xgrammar's layout). It is applied in that step's place in the
+                row's one pass; other rows ignore it.
 
         Raises:
-            ShapeError, DTypeError, ReadOnlyError, DeviceError: before anything is edited.
+            ShapeError, DTypeError, ReadOnlyError, DeviceError: before anything is edited
+                (a bitmask of the wrong shape or dtype, or none when a row takes one, included).
             InvalidArgumentError, DTypeError: a row's ids that are not token ids (``row`` set).
             TokenOutOfVocabError: a row planned a token outside the vocab (``row`` set).
             ProcessorError: a user's processor raised (its exception is the ``__cause__``), or
@@ -142,6 +156,11 @@ class Batch:
                 taken back, and where the memory the logits had is gone, it is not written to
                 (the message says so). ``KeyboardInterrupt``, ``SystemExit`` and other exceptions
                 that are not an ``Exception`` propagate unchanged, after the step is taken back.
+        """
+    def failure(self, row: int) -> Optional[str]:
+        """Why the request at `row` stopped being constrained as asked, or None: a grammar that
+        rejected a token the engine chose (another processor forced it, or the mask was not
+        applied) allows only EOS from then on, and says why here. Such a row never fails a step.
         """
     def move(self, src: int, dst: int) -> None:
         """Moves the request at `src` to `dst` (vLLM's unidirectional move): the request that was at
@@ -409,7 +428,7 @@ def resolve_specs(
     Example:
         >>> from logits_processing import resolve_specs
         >>> resolve_specs({"kind": "hello_world"}, hello_world=([9, 8], 2))
-        [{'eos_token_id': 2, 'kind': 'forced_sequence', 'position': 'calls', 'token_ids': [9, 8]}]
+        [{'kind': 'forced_sequence', 'token_ids': [9, 8], 'eos_token_id': 2, 'position': 'calls'}]
     """
 
 def thinking_token_ids(model_name: str, tokenizer: Optional[Any] = None) -> Tuple[int, int, int]:

@@ -49,6 +49,7 @@ TYPES = {
     "hello_world": "Tuple[Sequence[int], int]",
     "in_pool": "bool",
     "Batch.apply.input_ids": "Sequence[Optional[InputIds]]",
+    "bitmask": "Any",
     "logits": "Logits",
     "max_thinking_tokens": "int",
     "model_key": "str",
@@ -78,6 +79,7 @@ TYPES = {
 
 # Return types; anything not named returns None.
 RETURNS = {
+    "Batch.failure": "Optional[str]",
     "Batch.remove": "bool",
     "Batch.rows": "list[int]",
     "hello_world_ids_from_file": "Tuple[list[int], int]",

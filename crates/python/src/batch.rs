@@ -340,7 +340,7 @@ pub(crate) fn validate_specs(
 /// Example:
 ///     >>> from logits_processing import resolve_specs
 ///     >>> resolve_specs({"kind": "hello_world"}, hello_world=([9, 8], 2))
-///     [{'eos_token_id': 2, 'kind': 'forced_sequence', 'position': 'calls', 'token_ids': [9, 8]}]
+///     [{'kind': 'forced_sequence', 'token_ids': [9, 8], 'eos_token_id': 2, 'position': 'calls'}]
 #[pyfunction]
 #[pyo3(signature = (specs, *, vocab_size = None, hello_world = None, thinking_tokens = None))]
 pub(crate) fn resolve_specs<'py>(
