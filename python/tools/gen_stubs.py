@@ -91,6 +91,8 @@ RETURNS = {
 PROPERTIES = {
     "Batch.occupied": ("int", None),
     "Batch.vocab_size": ("int", None),
+    "GrammarEnv.eos_token_id": ("int", None),
+    "GrammarEnv.vocab_size": ("int", None),
     "ForcedSequenceLogitsProcessor.eos_id": ("int", "int"),
     "ForcedSequenceLogitsProcessor.position": ('Literal["calls", "tokens"]', None),
     "ForcedSequenceLogitsProcessor.state": ("int", "int"),

@@ -4,10 +4,10 @@
 //! token trie llguidance walks to compute masks, the EOS ids, and a bounded cache of compiled
 //! grammars shared by every request, so a server that sees one schema a thousand times compiles
 //! it once. Building it costs about a second for a 150k-token vocab; every grammar spec then
-//! reuses it.
+//! reuses it. It is built on first use.
 
 use std::num::NonZeroUsize;
-use std::sync::{Arc, Mutex};
+use std::sync::{Arc, Mutex, OnceLock};
 
 use llguidance::api::{ParserLimits, TopLevelGrammar};
 use llguidance::toktrie::{SimpleVob, TokEnv};
@@ -44,11 +44,19 @@ pub fn grammar_limits() -> ParserLimits {
 }
 
 /// llguidance's view of the engine's tokenizer, and the grammars compiled for it. Cheap to
-/// clone (shared).
+/// clone (shared). Built when the first grammar needs it: an engine that is given its tokenizer
+/// but never sees a grammar pays only for reading the tokenizer.
 #[derive(Clone)]
 pub struct GrammarEnv(Arc<Inner>);
 
 struct Inner {
+    tokenizer_vocab: usize,
+    // The tokenizer and EOS override, until the environment is built from them.
+    source: Mutex<Option<(tokenizers::Tokenizer, Option<u32>)>>,
+    built: OnceLock<std::result::Result<Built, String>>,
+}
+
+struct Built {
     factory: ParserFactory,
     eos: SimpleVob,
     eos_token_id: u32,
@@ -57,12 +65,7 @@ struct Inner {
 
 impl std::fmt::Debug for GrammarEnv {
     fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
-        write!(
-            f,
-            "GrammarEnv(vocab_size={}, eos_token_id={})",
-            self.vocab_size(),
-            self.eos_token_id()
-        )
+        write!(f, "GrammarEnv(vocab_size={})", self.vocab_size())
     }
 }
 
@@ -76,51 +79,61 @@ impl PartialEq for GrammarEnv {
 impl GrammarEnv {
     /// The environment of `tokenizer`. `eos_token_id` overrides the EOS the tokenizer declares
     /// (toktrie finds it from the tokenizer's special tokens otherwise).
-    pub fn new(tokenizer: tokenizers::Tokenizer, eos_token_id: Option<u32>) -> Result<Self> {
-        let mut bytes = toktrie_hf_tokenizers::ByteTokenizer::from_tokenizer(tokenizer)
-            .map_err(tokenizer_error)?;
-        if let Some(eos) = eos_token_id {
-            bytes.set_eos_token(eos);
-        }
-        let env: TokEnv = bytes.into_tok_env(None).map_err(tokenizer_error)?;
-        let mut factory = ParserFactory::new_simple(&env).map_err(tokenizer_error)?;
-        factory.quiet();
-        *factory.limits_mut() = grammar_limits();
-        let trie = env.tok_trie();
-        Ok(Self(Arc::new(Inner {
-            eos: trie.eos_token_set(),
-            eos_token_id: trie.eos_token(),
-            factory,
-            cache: Mutex::new(LruCache::new(
-                NonZeroUsize::new(GRAMMAR_CACHE_SIZE).expect("not zero"),
-            )),
-        })))
+    pub fn new(tokenizer: tokenizers::Tokenizer, eos_token_id: Option<u32>) -> Self {
+        Self(Arc::new(Inner {
+            tokenizer_vocab: tokenizer.get_vocab_size(true),
+            source: Mutex::new(Some((tokenizer, eos_token_id))),
+            built: OnceLock::new(),
+        }))
     }
 
     /// The environment of the `tokenizer.json` at `path`.
     pub fn from_file(path: impl AsRef<std::path::Path>, eos_token_id: Option<u32>) -> Result<Self> {
-        Self::new(crate::tokenizer::load(path)?, eos_token_id)
+        Ok(Self::new(crate::tokenizer::load(path)?, eos_token_id))
     }
 
-    /// Tokens the tokenizer knows: masks cover these, and a wider (padded) logits row has the
-    /// rest masked out.
+    /// The token trie and parser factory, built on first use (about a second for a 150k-token
+    /// vocab). A tokenizer llguidance cannot read is a [`Error::Tokenizer`], at every use.
+    fn built(&self) -> Result<&Built> {
+        self.0
+            .built
+            .get_or_init(|| {
+                let source = self
+                    .0
+                    .source
+                    .lock()
+                    .unwrap_or_else(|e| e.into_inner())
+                    .take();
+                let (tokenizer, eos) = source.ok_or("the tokenizer was lost by a panic")?;
+                build(tokenizer, eos).map_err(|e| e.to_string())
+            })
+            .as_ref()
+            .map_err(|e| Error::Tokenizer(e.clone()))
+    }
+
+    /// Builds the environment now rather than at the first grammar (for a caller that wants
+    /// its cost, or its error, up front).
+    pub fn prepare(&self) -> Result<()> {
+        self.built().map(drop)
+    }
+
+    /// Tokens the tokenizer knows (its added tokens included): masks cover these, and a wider
+    /// (padded) logits row has the rest masked out.
     pub fn vocab_size(&self) -> usize {
-        self.0.factory.tok_env().tok_trie().vocab_size()
+        match self.0.built.get() {
+            Some(Ok(built)) => built.factory.tok_env().tok_trie().vocab_size(),
+            _ => self.0.tokenizer_vocab,
+        }
     }
 
     /// The EOS id a finished grammar allows.
-    pub fn eos_token_id(&self) -> u32 {
-        self.0.eos_token_id
+    pub fn eos_token_id(&self) -> Result<u32> {
+        Ok(self.built()?.eos_token_id)
     }
 
     /// The mask that allows only the EOS ids, in words.
-    pub(crate) fn eos_words(&self) -> &[u32] {
-        self.0.eos.as_slice()
-    }
-
-    /// Mask words per row: one bit per token of the tokenizer.
-    pub(crate) fn mask_words(&self) -> usize {
-        self.vocab_size().div_ceil(32)
+    pub(crate) fn eos_words(&self) -> Result<&[u32]> {
+        Ok(self.built()?.eos.as_slice())
     }
 
     /// The matcher of `grammar` before any token, compiled once per `key` (the grammar's spec
@@ -132,35 +145,58 @@ impl GrammarEnv {
         key: &str,
         grammar: impl FnOnce() -> Result<TopLevelGrammar>,
     ) -> Result<Arc<Matcher>> {
-        let cached = self.lock().get(key).cloned();
-        let template = match cached {
-            Some(template) => template,
-            None => {
-                let parser = self
-                    .0
-                    .factory
-                    .create_parser(grammar()?)
-                    .map_err(|e| Error::spec(field, e.to_string()))?;
-                let matcher = Matcher::new(Ok(parser));
-                if let Some(error) = matcher.get_error() {
-                    return Err(Error::spec(field, error));
-                }
-                let template = Arc::new(matcher);
-                self.lock().put(key.to_string(), template.clone());
-                template
-            }
-        };
+        let built = self.built()?;
+        let cached = built.lock().get(key).cloned();
+        if let Some(template) = cached {
+            return Ok(template);
+        }
+        let parser = built
+            .factory
+            .create_parser(grammar()?)
+            .map_err(|e| Error::spec(field, e.to_string()))?;
+        let matcher = Matcher::new(Ok(parser));
+        if let Some(error) = matcher.get_error() {
+            return Err(Error::spec(field, error));
+        }
+        let template = Arc::new(matcher);
+        built.lock().put(key.to_string(), template.clone());
         Ok(template)
     }
 
     /// Compiled grammars in the cache.
     pub fn cached(&self) -> usize {
-        self.lock().len()
+        match self.0.built.get() {
+            Some(Ok(built)) => built.lock().len(),
+            _ => 0,
+        }
     }
+}
 
+fn build(tokenizer: tokenizers::Tokenizer, eos_token_id: Option<u32>) -> Result<Built> {
+    let mut bytes =
+        toktrie_hf_tokenizers::ByteTokenizer::from_tokenizer(tokenizer).map_err(tokenizer_error)?;
+    if let Some(eos) = eos_token_id {
+        bytes.set_eos_token(eos);
+    }
+    let env: TokEnv = bytes.into_tok_env(None).map_err(tokenizer_error)?;
+    let mut factory = ParserFactory::new_simple(&env).map_err(tokenizer_error)?;
+    factory.quiet();
+    *factory.limits_mut() = grammar_limits();
+    let trie = env.tok_trie();
+    Ok(Built {
+        eos: trie.eos_token_set(),
+        eos_token_id: trie.eos_token(),
+        factory,
+        cache: Mutex::new(LruCache::new(
+            NonZeroUsize::new(GRAMMAR_CACHE_SIZE).expect("not zero"),
+        )),
+    })
+}
+
+impl Built {
     fn lock(&self) -> std::sync::MutexGuard<'_, LruCache<String, Arc<Matcher>>> {
         // The cache holds no invariant a panic could break.
-        self.0.cache.lock().unwrap_or_else(|e| e.into_inner())
+        self.cache.lock().unwrap_or_else(|e| e.into_inner())
     }
 }
 

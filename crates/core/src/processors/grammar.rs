@@ -83,6 +83,7 @@ impl KindSpec for GrammarSpec {
         let key = serde_json::to_string(self).expect("specs are plain data");
         let env = env_of(context)?;
         let compiled = env.compiled(field, &key, || self.grammar(field))?;
+        check_vocab(env, context)?;
         Ok(Box::new(Grammar::new(env.clone(), compiled, prompt_len)))
     }
 
@@ -124,23 +125,27 @@ impl KindSpec for JsonObjectSpec {
 }
 
 fn env_of(context: &SpecContext) -> Result<&GrammarEnv> {
-    let env = context.grammar.as_ref().ok_or_else(|| {
+    context.grammar.as_ref().ok_or_else(|| {
         Error::spec(
             "kind",
             "a grammar needs the engine's tokenizer; give it to the batch (in Python \
              Batch(vocab_size, tokenizer=...))",
         )
-    })?;
-    if let Some(vocab) = context.vocab_size.filter(|&v| v < env.vocab_size()) {
-        return Err(Error::spec(
+    })
+}
+
+/// The logits must have a place for each of the tokenizer's tokens.
+fn check_vocab(env: &GrammarEnv, context: &SpecContext) -> Result<()> {
+    match context.vocab_size.filter(|&v| v < env.vocab_size()) {
+        Some(vocab) => Err(Error::spec(
             "kind",
             format!(
                 "the tokenizer has {} tokens, more than the vocab size {vocab}",
                 env.vocab_size()
             ),
-        ));
+        )),
+        None => Ok(()),
     }
-    Ok(env)
 }
 
 /// Constrains a request's output to a grammar, through llguidance: each step its matcher reads
@@ -231,6 +236,17 @@ impl Grammar {
             }
         };
         self.accepted.extend_from_slice(&new[..taken]);
+        // EOS after the grammar's end (an engine padding a finished row) is not output: it is
+        // left unconsumed and looked at again with the next ids.
+        let eos = self.env.eos_words().unwrap_or_default();
+        let is_eos = |t: &u32| {
+            eos.get(*t as usize / 32)
+                .is_some_and(|w| w >> (t % 32) & 1 == 1)
+        };
+        if self.matcher.is_stopped() && !self.matcher.is_error() && new[taken..].iter().all(is_eos)
+        {
+            return;
+        }
         if let Some(&token) = new.get(taken) {
             let reason = if taken < known {
                 format!(
@@ -282,7 +298,7 @@ impl LogitsProcessor for Grammar {
             let new: Vec<u32> = (shared..generated).map(output).collect();
             self.consume(&new);
         }
-        self.mask = Some(plan.reserve_mask(self.env.mask_words(), false));
+        self.mask = Some(plan.reserve_mask(self.env.vocab_size().div_ceil(32), false));
         Ok(())
     }
 
@@ -305,7 +321,8 @@ impl LogitsProcessor for Grammar {
                 Err(e) => self.fail(None, format!("the grammar's mask failed: {e}")),
             }
         }
-        let eos = self.env.eos_words();
+        // Built: this grammar was compiled in it.
+        let eos = self.env.eos_words().unwrap_or_default();
         let words = plan.mask_words_mut(id);
         let n = words.len().min(eos.len());
         words[..n].copy_from_slice(&eos[..n]);
