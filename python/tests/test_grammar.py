@@ -373,3 +373,21 @@ def test_a_caller_bitmask_is_applied_in_place_and_checked(batch_factory):
     logits = torch.ones(2, vocab)
     batch.apply(logits, [[0], [0]], bitmask=full)
     assert (logits[1] == 2).all()
+
+
+def test_a_shared_env_compiles_once_and_eos_after_the_end_is_padding(tokenizer_path, hf_tokenizers):
+    env = lp.GrammarEnv(tokenizer_path)
+    eos = env.eos_token_id
+    yes = hf_tokenizers.token_to_id("yes")
+    batches = [lp.Batch(VOCAB, tokenizer=env) for _ in range(2)]
+    for batch in batches:
+        batch.add(0, {"kind": "grammar", "regex": "(yes|no)"})
+    batch = batches[1]
+    for ids in ([yes], [yes, eos], [yes, eos, eos]):  # a finished row, padded with EOS
+        logits = torch.zeros(1, VOCAB)
+        batch.apply(logits, [ids])
+        assert torch.nonzero(logits[0] == 0).flatten().tolist() == [eos]
+        assert batch.failure(0) is None
+    logits = torch.zeros(1, VOCAB)
+    batch.apply(logits, [[yes, eos, yes]])  # text after the end
+    assert "not allowed" in batch.failure(0)
