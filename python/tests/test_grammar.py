@@ -391,3 +391,18 @@ def test_a_shared_env_compiles_once_and_eos_after_the_end_is_padding(tokenizer_p
     logits = torch.zeros(1, VOCAB)
     batch.apply(logits, [[yes, eos, yes]])  # text after the end
     assert "not allowed" in batch.failure(0)
+
+
+def test_the_hf_adapter_carries_grammar_specs_with_the_tokenizer_it_is_given(deepseek_hf_tokenizer, hf_tokenizers):
+    from logits_processing.adapters.hf import HFLogitsProcessor
+
+    processor = HFLogitsProcessor({"kind": "grammar", "regex": "(yes|no)"}, tokenizer=deepseek_hf_tokenizer)
+    prompt = torch.tensor([[5, 6, 7], [5, 6, 8]])
+    scores = torch.zeros(2, VOCAB)
+    out = processor(prompt, scores)
+    allowed = set(torch.nonzero(out[0] == 0).flatten().tolist())
+    assert {hf_tokenizers.token_to_id("yes"), hf_tokenizers.token_to_id("no")} <= allowed
+    assert (scores == 0).all()  # HF's rule: the input is left alone
+    yes = hf_tokenizers.token_to_id("yes")
+    out = processor(torch.cat([prompt, torch.tensor([[yes], [yes]])], 1), scores)
+    assert torch.nonzero(out[1] == 0).flatten().tolist() == [deepseek_hf_tokenizer.eos_token_id]

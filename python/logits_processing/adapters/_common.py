@@ -8,6 +8,7 @@ from __future__ import annotations
 
 import json
 import logging
+import weakref
 from dataclasses import dataclass
 from typing import Any, Mapping, Optional, Sequence, Tuple
 
@@ -171,18 +172,31 @@ def thinking_tokens_for(tokenizer: Any = None, model_name: Optional[str] = None)
     return config
 
 
+_GRAMMAR_ENVS: "weakref.WeakKeyDictionary[Any, Any]" = weakref.WeakKeyDictionary()
+
+
 def grammar_env_of(tokenizer: Any) -> Any:
-    """A ``GrammarEnv`` for a transformers fast tokenizer (or a ``tokenizers.Tokenizer``), or
-    None for no tokenizer or one llguidance cannot read (grammar specs are then refused, naming
-    the tokenizer)."""
+    """The ``GrammarEnv`` of a transformers fast tokenizer (or a ``tokenizers.Tokenizer``), one
+    per tokenizer object (reading it costs about half a second at a 129k vocab, and its compiled
+    grammars are shared), or None for no tokenizer or one llguidance cannot read (grammar specs
+    are then refused, naming the tokenizer)."""
     import logits_processing as lp
 
     if tokenizer is None:
         return None
     try:
-        return lp.GrammarEnv(tokenizer)
+        return _GRAMMAR_ENVS[tokenizer]
+    except (KeyError, TypeError):  # not seen yet, or not weakly referenceable
+        pass
+    try:
+        env = lp.GrammarEnv(tokenizer)
     except (lp.TokenizerError, TypeError):  # not a fast tokenizer (a test double, a slow one)
         return None
+    try:
+        _GRAMMAR_ENVS[tokenizer] = env
+    except TypeError:
+        pass
+    return env
 
 
 @dataclass
