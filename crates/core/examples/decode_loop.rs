@@ -9,8 +9,8 @@ use std::time::Instant;
 
 use logits_processing::tokenizer::{eos_token_id_from_config, load};
 use logits_processing::{
-    get_thinking_token_config, hello_world, parse_pipeline, Batch, BatchLayout, Pipeline,
-    SpecContext, TextEncoder, TokenHistory,
+    get_thinking_token_config, hello_world, parse_pipeline, Batch, BatchLayout, GrammarEnv,
+    Pipeline, SpecContext, TextEncoder, TokenHistory,
 };
 
 const STEPS: usize = 24;
@@ -50,6 +50,8 @@ fn main() -> Result<(), Box<dyn std::error::Error>> {
             eos,
         )),
         thinking_tokens: Some(thinking),
+        // For the grammar request: llguidance's view of the same tokenizer.
+        grammar: Some(GrammarEnv::new(tokenizer.clone(), Some(eos))),
     };
     let think = |text: &str| tokenizer.encode_plain(text).unwrap_or_default();
 
@@ -72,6 +74,15 @@ fn main() -> Result<(), Box<dyn std::error::Error>> {
             r#"[{"kind": "thinking_budget", "max_thinking_tokens": 8},
                 {"kind": "temperature", "temperature": 0.7}]"#,
             "<think>",
+        ),
+        (
+            "grammar (JSON schema)",
+            r#"{"kind": "grammar", "json_schema": {"type": "object",
+                "properties": {"answer": {"type": "integer", "minimum": 0, "maximum": 99},
+                               "sure": {"type": "boolean"}},
+                "required": ["answer", "sure"], "additionalProperties": false,
+                "x-guidance": {"whitespace_flexible": false}}}"#,
+            "Answer in JSON.",
         ),
         ("none", "[]", "Free text."),
     ];
@@ -121,6 +132,18 @@ fn main() -> Result<(), Box<dyn std::error::Error>> {
             .decode(generated, false)
             .map_err(|e| e.to_string())?;
         println!("{name:>34}: {text:?}");
+        if name.starts_with("grammar") {
+            let body = generated.strip_suffix(&[eos]).unwrap_or(generated);
+            let json = tokenizer.decode(body, false).map_err(|e| e.to_string())?;
+            let value: serde_json::Value = serde_json::from_str(&json)?;
+            let valid = value["answer"].as_u64().is_some_and(|a| a <= 99)
+                && value["sure"].is_boolean()
+                && value.as_object().is_some_and(|o| o.len() == 2);
+            println!("{:>34}  parses as JSON; follows its schema: {valid}", "");
+            if !valid {
+                return Err("the grammar's output does not follow its schema".into());
+            }
+        }
     }
     step_times.sort();
     println!(

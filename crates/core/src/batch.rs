@@ -1,5 +1,6 @@
 //! The engine-facing object: one pipeline per row of a `[rows, vocab]` block, edited in one call.
 
+use rayon::prelude::*;
 use std::collections::BTreeMap;
 
 use crate::error::{Error, Result};
@@ -45,6 +46,15 @@ fn edit_rows_with_caller<W: Send>(work: Vec<W>, edit: impl Fn(&mut W) + Sync) {
 
 /// The caller's hook for a pipeline's external steps: `(row, key, logits_row)`.
 pub type ExternalCall<'a, T> = dyn FnMut(usize, u64, &mut [T]) -> Result<()> + 'a;
+
+/// A caller's bitmask for one step (`{"kind": "bitmask"}` rows): `words_per_row` packed words
+/// per batch row (`ceil(vocab_size / 32)`), bit `i % 32` of word `i / 32` set allowing token `i`,
+/// rows one after the other (llguidance's and xgrammar's layout).
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct StepBitmask<'a> {
+    pub words: &'a [u32],
+    pub words_per_row: usize,
+}
 
 /// Where the rows of a logits block lie in its buffer.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
@@ -207,14 +217,89 @@ impl Batch {
     }
 
     /// Plans every occupied row from its ids (`histories[row]`); the first phase of
-    /// [`Batch::apply`]. Cheap: each processor reads only the ids new since its last step. Every
-    /// plan is then checked against the vocab. On error no processor's state has changed.
+    /// [`Batch::apply`]: [`Batch::plan_ids`], then [`Batch::finish_plans`]. On error no
+    /// processor's state has changed.
     pub fn plan(&mut self, histories: &[&dyn TokenHistory]) -> Result<()> {
+        self.plan_with_bitmask(histories, None)
+    }
+
+    /// [`Batch::plan`] with the caller's bitmask for the rows that take one
+    /// (`{"kind": "bitmask"}`); a step without one fails when a row takes one.
+    pub fn plan_with_bitmask(
+        &mut self,
+        histories: &[&dyn TokenHistory],
+        bitmask: Option<StepBitmask<'_>>,
+    ) -> Result<()> {
+        self.plan_ids(histories)?;
+        if let Err(error) = self.fill_bitmask(bitmask) {
+            self.undo_plan();
+            return Err(error);
+        }
+        self.finish_plans();
+        Ok(())
+    }
+
+    /// Copies the caller's bitmask rows into the plans of the rows that take one; the shape is
+    /// checked against the vocab first.
+    pub fn fill_bitmask(&mut self, bitmask: Option<StepBitmask<'_>>) -> Result<()> {
+        let needed = self.vocab_size.div_ceil(32);
+        if let Some(mask) = bitmask {
+            if mask.words_per_row != needed {
+                return Err(Error::Shape(format!(
+                    "the bitmask has {} words per row, a vocab of {} needs {needed}",
+                    mask.words_per_row, self.vocab_size
+                )));
+            }
+        }
+        for (&row, pipeline) in self.rows.iter_mut().filter(|(_, p)| p.takes_bitmask()) {
+            let words = bitmask
+                .ok_or_else(|| Error::Row {
+                    row,
+                    message: "has a bitmask spec but the step was given no bitmask".into(),
+                })
+                .and_then(|mask| {
+                    let start = row
+                        .checked_mul(needed)
+                        .filter(|s| s + needed <= mask.words.len());
+                    start
+                        .map(|s| &mask.words[s..s + needed])
+                        .ok_or_else(|| Error::Row {
+                            row,
+                            message: format!(
+                                "holds a bitmask spec but the bitmask has only {} rows",
+                                mask.words.len() / needed.max(1)
+                            ),
+                        })
+                })?;
+            pipeline
+                .fill_caller_masks(words)
+                .map_err(|e| e.in_row(row))?;
+        }
+        Ok(())
+    }
+
+    /// The costly part of planning (a grammar's mask), after [`Batch::plan_ids`]: the rows that
+    /// have any, in parallel. Never fails; it reads no ids, so a binding runs it without its
+    /// interpreter's lock.
+    pub fn finish_plans(&mut self) {
+        let mut rows: Vec<&mut Pipeline> =
+            self.rows.values_mut().filter(|p| p.finishes()).collect();
+        if rows.len() > 1 && rayon::current_num_threads() > 1 {
+            rows.par_iter_mut().for_each(|p| p.finish());
+        } else {
+            rows.iter_mut().for_each(|p| p.finish());
+        }
+    }
+
+    /// Plans every occupied row from its ids (`histories[row]`), leaving costly work to
+    /// [`Batch::finish_plans`]. Cheap: each processor reads only the ids new since its last step.
+    /// Every plan is then checked against the vocab. On error no processor's state has changed.
+    pub fn plan_ids(&mut self, histories: &[&dyn TokenHistory]) -> Result<()> {
         let vocab = self.vocab_size;
         let mut failed = None;
         for (&row, pipeline) in self.rows.iter_mut() {
             let planned = match histories.get(row) {
-                Some(ids) => pipeline.plan(*ids),
+                Some(ids) => pipeline.plan_ids(*ids),
                 None => Err(Error::Row {
                     row,
                     message: format!("no token ids given ({} histories)", histories.len()),
@@ -459,6 +544,16 @@ impl Batch {
         layout: BatchLayout,
         histories: &[&dyn TokenHistory],
     ) -> Result<()> {
+        self.apply_masked(logits, layout, histories, None)
+    }
+
+    fn apply_masked<T: Logit>(
+        &mut self,
+        logits: &mut [T],
+        layout: BatchLayout,
+        histories: &[&dyn TokenHistory],
+        bitmask: Option<StepBitmask<'_>>,
+    ) -> Result<()> {
         self.check_layout(logits.len(), layout)?;
         if let Some((&row, _)) = self.rows.iter().find(|(_, p)| p.has_external()) {
             return Err(Error::Row {
@@ -467,8 +562,21 @@ impl Batch {
                     .into(),
             });
         }
-        self.plan(histories)?;
+        self.plan_with_bitmask(histories, bitmask)?;
         self.apply_planned(logits, layout, &mut |_, _, _| Ok(()))
+    }
+
+    /// [`Batch::apply`] with the caller's bitmask for the rows that take one
+    /// (`{"kind": "bitmask"}`). A bitmask of the wrong shape, or none when a row takes one, is an
+    /// error before anything is edited.
+    pub fn apply_with_bitmask<T: Logit>(
+        &mut self,
+        logits: &mut [T],
+        layout: BatchLayout,
+        histories: &[&dyn TokenHistory],
+        bitmask: StepBitmask<'_>,
+    ) -> Result<()> {
+        self.apply_masked(logits, layout, histories, Some(bitmask))
     }
 
     /// Every row index holding a request, with its pipeline, in row order.

@@ -20,6 +20,8 @@
 
 mod batch;
 mod error;
+#[cfg(feature = "grammar")]
+pub mod grammar;
 mod history;
 mod kernels;
 mod logit;
@@ -32,8 +34,10 @@ pub mod spec;
 pub mod tokenizer;
 pub mod truncation;
 
-pub use batch::{Batch, BatchLayout, ExternalCall};
+pub use batch::{Batch, BatchLayout, ExternalCall, StepBitmask};
 pub use error::{Error, Result};
+#[cfg(feature = "grammar")]
+pub use grammar::GrammarEnv;
 pub use history::TokenHistory;
 pub use logit::{DType, Logit};
 pub use pipeline::{Pipeline, Stage, Step};

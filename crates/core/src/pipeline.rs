@@ -131,9 +131,79 @@ impl Pipeline {
         }
     }
 
-    /// Decides this step's edits from the ids, into [`Pipeline::stages`]. On error every
-    /// processor's state is as it was before the call.
+    /// Decides this step's edits from the ids, into [`Pipeline::stages`]: [`Pipeline::plan_ids`]
+    /// then [`Pipeline::finish`]. On error every processor's state is as it was before the call.
     pub fn plan(&mut self, ids: &dyn TokenHistory) -> Result<()> {
+        self.plan_ids(ids)?;
+        self.finish();
+        Ok(())
+    }
+
+    /// Whether a step of this pipeline has costly work after planning ([`Pipeline::finish`]).
+    pub fn finishes(&self) -> bool {
+        self.steps
+            .iter()
+            .any(|s| matches!(s, Step::Processor(p) if p.finishes()))
+    }
+
+    /// The second phase of [`Pipeline::plan`]: each processor's [`LogitsProcessor::finish`]
+    /// (a grammar's mask). Never fails.
+    pub fn finish(&mut self) {
+        for j in 0..self.steps.len() {
+            if let (Step::Processor(processor), Stage::Plan(plan)) =
+                (&mut self.steps[j], &mut self.stages[self.stage_of[j]])
+            {
+                if processor.finishes() {
+                    processor.finish(plan);
+                }
+            }
+        }
+    }
+
+    /// Whether a step of this pipeline applies the caller's bitmask (`{"kind": "bitmask"}`).
+    pub fn takes_bitmask(&self) -> bool {
+        self.steps
+            .iter()
+            .any(|s| matches!(s, Step::Processor(p) if p.caller_mask().is_some()))
+    }
+
+    /// Copies the caller's mask words for this row into the masks the last plan reserved for
+    /// them (see [`Pipeline::takes_bitmask`]).
+    pub fn fill_caller_masks(&mut self, words: &[u32]) -> Result<()> {
+        for j in 0..self.steps.len() {
+            if let (Step::Processor(processor), Stage::Plan(plan)) =
+                (&self.steps[j], &mut self.stages[self.stage_of[j]])
+            {
+                if let Some(id) = processor.caller_mask() {
+                    let slot = plan.mask_words_mut(id);
+                    if slot.len() != words.len() {
+                        return Err(crate::Error::Shape(format!(
+                            "the bitmask has {} words per row, the vocab needs {}",
+                            words.len(),
+                            slot.len()
+                        )));
+                    }
+                    slot.copy_from_slice(words);
+                }
+            }
+        }
+        Ok(())
+    }
+
+    /// The failures its processors keep as state (see [`LogitsProcessor::failure`]).
+    pub fn failures(&self) -> Vec<String> {
+        self.steps
+            .iter()
+            .filter_map(|s| match s {
+                Step::Processor(p) => p.failure(),
+                Step::External(_) => None,
+            })
+            .collect()
+    }
+
+    /// The first phase of [`Pipeline::plan`]: every processor reads its new ids and plans, costly
+    /// work left to [`Pipeline::finish`]. On error every processor's state is as it was.
+    pub fn plan_ids(&mut self, ids: &dyn TokenHistory) -> Result<()> {
         for stage in &mut self.stages {
             if let Stage::Plan(plan) = stage {
                 plan.clear();
@@ -241,6 +311,13 @@ impl Pipeline {
             return Err(crate::Error::External(
                 "a pipeline with external steps needs a callback; use apply_planned".into(),
             ));
+        }
+        if self.takes_bitmask() {
+            return Err(crate::Error::InvalidArgument {
+                field: "bitmask".into(),
+                message: "a bitmask spec needs the step's bitmask; use Batch::plan_with_bitmask"
+                    .into(),
+            });
         }
         self.validate(row.len())?;
         self.plan(ids)?;

@@ -246,6 +246,20 @@ impl RowPlan {
             .push(Edit::Mask(MaskId(self.masks.len() as u32 - 1)));
     }
 
+    /// Adds a mask edit of `len` words, all clear (nothing allowed) until written through
+    /// [`RowPlan::mask_words_mut`]: for a processor that decides its mask after planning (a
+    /// grammar's, computed in [`crate::LogitsProcessor::finish`]).
+    pub fn reserve_mask(&mut self, len: usize, beyond_allowed: bool) -> MaskId {
+        self.push_mask_with(len, beyond_allowed, |_| {});
+        MaskId(self.masks.len() as u32 - 1)
+    }
+
+    /// The words of a mask of this plan, to write.
+    pub fn mask_words_mut(&mut self, id: MaskId) -> &mut [u32] {
+        let span = self.masks[id.0 as usize];
+        &mut self.mask_words[span.start..span.start + span.len]
+    }
+
     pub fn edits(&self) -> &[Edit] {
         &self.edits
     }

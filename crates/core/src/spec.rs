@@ -34,6 +34,9 @@ pub struct SpecContext {
     pub hello_world: Option<(Vec<u32>, u32)>,
     /// The model's thinking tokens, for `thinking_budget` specs that do not name them.
     pub thinking_tokens: Option<ThinkingTokenConfig>,
+    /// The engine's tokenizer as llguidance sees it, for `grammar` and `json_object` specs.
+    #[cfg(feature = "grammar")]
+    pub grammar: Option<crate::grammar::GrammarEnv>,
 }
 
 impl SpecContext {
@@ -69,6 +72,12 @@ pub trait KindSpec: std::fmt::Debug + Send + Sync + 'static {
     /// will pass. Ids must be checked against `context` here, naming the field.
     fn realize(&self, context: &SpecContext, prompt_len: usize)
         -> Result<Box<dyn LogitsProcessor>>;
+
+    /// Checks the spec against `context` where realizing it there is not possible (a grammar
+    /// without the engine's tokenizer is compiled on its own); `None`: it is realized.
+    fn validate(&self, _context: &SpecContext) -> Option<Result<()>> {
+        None
+    }
 
     /// The spec with what it takes from the engine made explicit (e.g. `hello_world` as the
     /// forced sequence of the tokenizer's ids), for a worker that does not have the engine's
@@ -286,7 +295,10 @@ impl ProcessorSpec {
 
     /// Checks the spec against an engine: everything [`ProcessorSpec::realize`] would check.
     pub fn validate(&self, context: &SpecContext) -> Result<()> {
-        self.realize(context, 0).map(drop)
+        match self.spec.validate(context) {
+            Some(checked) => checked.map_err(|e| e.in_spec(&self.at)),
+            None => self.realize(context, 0).map(drop),
+        }
     }
 
     /// The spec as JSON, with what it takes from `context` made explicit where `context` has it

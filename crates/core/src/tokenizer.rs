@@ -12,6 +12,13 @@ pub fn load(path: impl AsRef<Path>) -> Result<Tokenizer> {
     Tokenizer::from_file(path).map_err(|e| Error::Tokenizer(format!("{}: {e}", path.display())))
 }
 
+/// Reads a tokenizer from the text of a `tokenizer.json` (what `tokenizers.Tokenizer.to_str()`
+/// gives in Python).
+pub fn from_json(json: &str) -> Result<Tokenizer> {
+    json.parse()
+        .map_err(|e| Error::Tokenizer(format!("tokenizer.json text: {e}")))
+}
+
 /// The id of the EOS token named in the `tokenizer_config.json` beside a `tokenizer.json`
 /// (`eos_token`, a string or `{"content": ...}`), if there is one and the tokenizer knows it.
 pub fn eos_token_id_from_config(

@@ -190,7 +190,7 @@ impl CudaBatchApplier {
         if slots == 0 || vocab_size == 0 {
             return Ok(());
         }
-        if logits == 0 || logits % dtype.size() as u64 != 0 {
+        if logits == 0 || !logits.is_multiple_of(dtype.size() as u64) {
             return Err(CudaError::InvalidArgument(format!(
                 "logits pointer {logits:#x} is null or not aligned to its {} elements",
                 dtype.name()

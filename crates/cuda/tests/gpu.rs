@@ -178,10 +178,10 @@ fn many_steps_in_flight_keep_their_own_plans() {
                 token: (step * 997 + row as u32) % vocab as u32,
                 bias: step as f32 * 0.125,
             });
-            if (row as u32 + step) % 9 == 0 {
+            if (row as u32 + step).is_multiple_of(9) {
                 edits.push(Edit::Ban { token: step });
             }
-            if (row as u32 + step) % 13 == 0 {
+            if (row as u32 + step).is_multiple_of(13) {
                 edits.push(Edit::Truncate(Truncation::TopK {
                     k: 1 + step * 3,
                     min_keep: 1,
@@ -189,7 +189,7 @@ fn many_steps_in_flight_keep_their_own_plans() {
             }
             let mut plan = plan_of(&edits);
             // Each step's own mask words travel in its own staging slot.
-            if (row as u32 + step) % 7 == 0 {
+            if (row as u32 + step).is_multiple_of(7) {
                 let words: Vec<u32> = (0..vocab as u32 / 32)
                     .map(|w| (w ^ step).wrapping_mul(0x9e37_79b9))
                     .collect();

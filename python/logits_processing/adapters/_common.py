@@ -8,6 +8,7 @@ from __future__ import annotations
 
 import json
 import logging
+import weakref
 from dataclasses import dataclass
 from typing import Any, Mapping, Optional, Sequence, Tuple
 
@@ -235,6 +236,33 @@ def thinking_tokens_for(tokenizer: Any = None, model_name: Optional[str] = None)
     return config
 
 
+_GRAMMAR_ENVS: "weakref.WeakKeyDictionary[Any, Any]" = weakref.WeakKeyDictionary()
+
+
+def grammar_env_of(tokenizer: Any) -> Any:
+    """The ``GrammarEnv`` of a transformers fast tokenizer (or a ``tokenizers.Tokenizer``), one
+    per tokenizer object (reading it costs about half a second at a 129k vocab, and its compiled
+    grammars are shared), or None for no tokenizer or one llguidance cannot read (grammar specs
+    are then refused, naming the tokenizer)."""
+    import logits_processing as lp
+
+    if tokenizer is None:
+        return None
+    try:
+        return _GRAMMAR_ENVS[tokenizer]
+    except (KeyError, TypeError):  # not seen yet, or not weakly referenceable
+        pass
+    try:
+        env = lp.GrammarEnv(tokenizer)
+    except (lp.TokenizerError, TypeError):  # not a fast tokenizer (a test double, a slow one)
+        return None
+    try:
+        _GRAMMAR_ENVS[tokenizer] = env
+    except TypeError:
+        pass
+    return env
+
+
 @dataclass
 class EngineContext:
     """What an engine knows at start-up that specs may rely on."""
@@ -242,6 +270,9 @@ class EngineContext:
     vocab_size: Optional[int] = None
     hello_world: Optional[Tuple[list, int]] = None
     thinking_tokens: Any = None
+    #: The tokenizer as llguidance sees it (a ``GrammarEnv``), for ``grammar`` and
+    #: ``json_object`` specs; shared by every batch made here, so grammars compile once.
+    grammar: Any = None
 
     @classmethod
     def resolve(
@@ -260,7 +291,12 @@ class EngineContext:
             hello_world = ([int(i) for i in hello_world[0]], int(hello_world[1]))
         if thinking_tokens is None:
             thinking_tokens = thinking_tokens_for(tokenizer, model_name)
-        return cls(vocab_size=vocab_size, hello_world=hello_world, thinking_tokens=thinking_tokens)
+        return cls(
+            vocab_size=vocab_size,
+            hello_world=hello_world,
+            thinking_tokens=thinking_tokens,
+            grammar=grammar_env_of(tokenizer),
+        )
 
     def batch(self, vocab_size: Optional[int] = None):
         """A new ``logits_processing.Batch`` for this engine."""
@@ -269,7 +305,9 @@ class EngineContext:
         vocab = vocab_size if vocab_size is not None else self.vocab_size
         if vocab is None:
             raise ValueError("the vocab size is not known yet")
-        return lp.Batch(vocab, hello_world=self.hello_world, thinking_tokens=self.thinking_tokens)
+        return lp.Batch(
+            vocab, hello_world=self.hello_world, thinking_tokens=self.thinking_tokens, tokenizer=self.grammar
+        )
 
     def validate(self, specs: Any) -> None:
         """Everything a request's specs can be checked for here (structure, values, and token

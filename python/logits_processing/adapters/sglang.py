@@ -157,6 +157,17 @@ def _history(req: Any) -> Any:
 STORE = KeyedBatch(EngineContext(), position="tokens")
 
 
+def use_tokenizer(tokenizer: Any) -> None:
+    """Gives this scheduler process the model's tokenizer (a transformers fast tokenizer, a
+    ``tokenizers.Tokenizer``, a ``tokenizer.json`` path or a ``GrammarEnv``), for ``grammar`` and
+    ``json_object`` specs: SGLang hands custom logit processors none. Call it before the first
+    request that carries a grammar."""
+    import logits_processing as lp
+
+    STORE.context.grammar = tokenizer if isinstance(tokenizer, lp.GrammarEnv) else lp.GrammarEnv(tokenizer)
+    STORE.batch = None  # the next call builds its batch with it
+
+
 class SGLangLogitProcessor(CustomLogitProcessor):
     """Runs each opted-in request's pipeline on its row, the whole ``[rows, vocab]`` block in one
     call into Rust. Rows without specs are left as they were."""

@@ -43,9 +43,15 @@ impl KindSpec for HelloWorldSpec {
         if context.hello_world.is_none() {
             return Ok(None);
         }
-        let mut value = serde_json::to_value(self.forced(context)?).expect("plain data");
-        value["kind"] = "forced_sequence".into();
-        Ok(Some(value))
+        // "kind" first, as every spec is written back (maps keep their order).
+        let mut object = serde_json::Map::new();
+        object.insert("kind".into(), "forced_sequence".into());
+        if let serde_json::Value::Object(fields) =
+            serde_json::to_value(self.forced(context)?).expect("plain data")
+        {
+            object.extend(fields);
+        }
+        Ok(Some(object.into()))
     }
 }
 

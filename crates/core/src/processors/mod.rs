@@ -3,6 +3,7 @@
 mod allowed_token_ids;
 mod bad_words;
 mod ban_tokens;
+mod bitmask;
 mod counts;
 mod cursor;
 mod eos;
@@ -12,6 +13,8 @@ mod exponential_decay_length_penalty;
 mod forced_eos;
 mod forced_sequence;
 mod frequency_penalty;
+#[cfg(feature = "grammar")]
+mod grammar;
 mod hello_world;
 mod logit_bias;
 mod matcher;
@@ -36,6 +39,7 @@ mod typical_p;
 pub use allowed_token_ids::{AllowedTokenIds, AllowedTokenIdsSpec};
 pub use bad_words::{BadWords, BadWordsSpec};
 pub use ban_tokens::{BanTokens, BanTokensSpec};
+pub use bitmask::{BitmaskSpec, CallerBitmask};
 pub use epsilon_cutoff::EpsilonCutoffSpec;
 pub use eta_cutoff::EtaCutoffSpec;
 pub use exponential_decay_length_penalty::{
@@ -44,6 +48,8 @@ pub use exponential_decay_length_penalty::{
 pub use forced_eos::{ForcedEos, ForcedEosSpec};
 pub use forced_sequence::{ForcedSequence, ForcedSequenceSpec, Position, PositionSpec};
 pub use frequency_penalty::{FrequencyPenalty, FrequencyPenaltySpec};
+#[cfg(feature = "grammar")]
+pub use grammar::{Grammar, GrammarSpec, JsonObjectSpec};
 pub use hello_world::{hello_world, HelloWorldSpec, TextEncoder, HELLO_WORLD_TEXT};
 pub use logit_bias::{LogitBias, LogitBiasSpec};
 pub use min_length::{MinLength, MinLengthSpec};
@@ -87,6 +93,12 @@ pub(crate) static KINDS: &[Kind] = &[
     Kind::new::<MinNewTokensSpec>("min_new_tokens"),
     Kind::new::<SuppressTokensAtBeginSpec>("suppress_tokens_at_begin"),
     Kind::new::<AllowedTokenIdsSpec>("allowed_token_ids"),
+    // Grammars and the caller's own bitmask: masks, like the allowed ids.
+    #[cfg(feature = "grammar")]
+    Kind::new::<GrammarSpec>("grammar"),
+    #[cfg(feature = "grammar")]
+    Kind::new::<JsonObjectSpec>("json_object"),
+    Kind::new::<BitmaskSpec>("bitmask"),
     Kind::new::<ForcedEosSpec>("forced_eos"),
     Kind::new::<ForcedSequenceSpec>("forced_sequence"),
     Kind::new::<HelloWorldSpec>("hello_world"),
@@ -160,7 +172,7 @@ pub(crate) fn push_bans(plan: &mut RowPlan, tokens: &[u32]) {
     }
 }
 use crate::logit::Logit;
-use crate::plan::{Edit, RowPlan};
+use crate::plan::{Edit, MaskId, RowPlan};
 use crate::spec::ProcessorSpec;
 
 /// Per-request state that decides, each step, how one row of logits is edited.
@@ -177,6 +189,30 @@ pub trait LogitsProcessor: Send + std::fmt::Debug {
     /// before that call. A batch calls it when another step of the same call failed, so a failed
     /// step never loses or repeats a token. Called at most once after each `plan`.
     fn undo(&mut self);
+
+    /// Whether [`LogitsProcessor::finish`] has work to do: a batch then runs it for this row in
+    /// parallel with the other rows' (and, in Python, without the GIL).
+    fn finishes(&self) -> bool {
+        false
+    }
+
+    /// The costly part of a step, after every row's [`LogitsProcessor::plan`] succeeded: a
+    /// grammar's mask, computed into the mask its `plan` reserved in `plan`. It cannot fail (a
+    /// failure becomes the processor's state, see [`LogitsProcessor::failure`]); an
+    /// [`LogitsProcessor::undo`] after it takes back the plan and the finish together.
+    fn finish(&mut self, _plan: &mut RowPlan) {}
+
+    /// The mask its last plan reserved for the bitmask the caller gives with the step
+    /// (`{"kind": "bitmask"}`), which the batch copies in.
+    fn caller_mask(&self) -> Option<MaskId> {
+        None
+    }
+
+    /// Why the processor stopped constraining as asked, when it did (a grammar that rejected a
+    /// token the engine chose): such a failure is state, not an error, so the other rows go on.
+    fn failure(&self) -> Option<String> {
+        None
+    }
 
     /// The largest token id this processor can name, so a vocab can be checked at admission.
     fn max_token_id(&self) -> Option<u32> {
@@ -199,6 +235,7 @@ pub fn process_row<T: Logit>(
     }
     let mut plan = RowPlan::new();
     processor.plan(ids, &mut plan)?;
+    processor.finish(&mut plan);
     if let Err(error) = plan.validate(row.len()) {
         processor.undo();
         return Err(error);

@@ -1,0 +1,206 @@
+//! The engine's tokenizer as llguidance sees it, and the grammars compiled for it.
+//!
+//! A [`GrammarEnv`] is built once per engine (per batch) from its `tokenizers` tokenizer: the
+//! token trie llguidance walks to compute masks, the EOS ids, and a bounded cache of compiled
+//! grammars shared by every request, so a server that sees one schema a thousand times compiles
+//! it once. Building it costs about a second for a 150k-token vocab; every grammar spec then
+//! reuses it. It is built on first use.
+
+use std::num::NonZeroUsize;
+use std::sync::{Arc, Mutex, OnceLock};
+
+use llguidance::api::{ParserLimits, TopLevelGrammar};
+use llguidance::toktrie::{SimpleVob, TokEnv};
+use llguidance::{Matcher, ParserFactory};
+use lru::LruCache;
+
+use crate::error::{Error, Result};
+
+/// Compiled grammars kept per environment (least recently used dropped first).
+pub const GRAMMAR_CACHE_SIZE: usize = 256;
+
+/// The limits every grammar is compiled and run under, so a hostile grammar cannot stall a
+/// step: past them the grammar's compile fails (a `SpecError`) or its row stops with a failure
+/// (only EOS allowed; [`crate::LogitsProcessor::failure`]). They are llguidance's defaults,
+/// stated here so they are ours to keep.
+pub fn grammar_limits() -> ParserLimits {
+    ParserLimits {
+        // Earley items in one row: the grammar's branching factor.
+        max_items_in_row: 2_000,
+        // Lexer work to build the initial regex nodes (compile time; about 50k a millisecond).
+        initial_lexer_fuel: 1_000_000,
+        // Lexer work for one mask (about 14k a millisecond).
+        step_lexer_fuel: 200_000,
+        // Earley items for one mask (about 20k a millisecond).
+        step_max_items: 50_000,
+        // Lexer states (memory: 1-2 kB each).
+        max_lexer_states: 250_000,
+        // Symbols in the grammar's productions (a few megabytes of JSON schema).
+        max_grammar_size: 500_000,
+        precompute_large_lexemes: true,
+        // Errors carry llguidance's message, not a dump of the parser's state.
+        verbose_errors: false,
+    }
+}
+
+/// llguidance's view of the engine's tokenizer, and the grammars compiled for it. Cheap to
+/// clone (shared). Built when the first grammar needs it: an engine that is given its tokenizer
+/// but never sees a grammar pays only for reading the tokenizer.
+#[derive(Clone)]
+pub struct GrammarEnv(Arc<Inner>);
+
+struct Inner {
+    tokenizer_vocab: usize,
+    // The tokenizer and EOS override, until the environment is built from them.
+    source: Mutex<Option<(tokenizers::Tokenizer, Option<u32>)>>,
+    built: OnceLock<std::result::Result<Built, String>>,
+}
+
+struct Built {
+    factory: ParserFactory,
+    eos: SimpleVob,
+    eos_token_id: u32,
+    cache: Mutex<LruCache<String, Arc<Matcher>>>,
+}
+
+impl std::fmt::Debug for GrammarEnv {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        write!(f, "GrammarEnv(vocab_size={})", self.vocab_size())
+    }
+}
+
+/// Two environments are equal when they are the same one.
+impl PartialEq for GrammarEnv {
+    fn eq(&self, other: &Self) -> bool {
+        Arc::ptr_eq(&self.0, &other.0)
+    }
+}
+
+impl GrammarEnv {
+    /// The environment of `tokenizer`. `eos_token_id` overrides the EOS the tokenizer declares
+    /// (toktrie finds it from the tokenizer's special tokens otherwise).
+    pub fn new(tokenizer: tokenizers::Tokenizer, eos_token_id: Option<u32>) -> Self {
+        Self(Arc::new(Inner {
+            tokenizer_vocab: tokenizer.get_vocab_size(true),
+            source: Mutex::new(Some((tokenizer, eos_token_id))),
+            built: OnceLock::new(),
+        }))
+    }
+
+    /// The environment of the `tokenizer.json` at `path`.
+    pub fn from_file(path: impl AsRef<std::path::Path>, eos_token_id: Option<u32>) -> Result<Self> {
+        Ok(Self::new(crate::tokenizer::load(path)?, eos_token_id))
+    }
+
+    /// The token trie and parser factory, built on first use (about a second for a 150k-token
+    /// vocab). A tokenizer llguidance cannot read is a [`Error::Tokenizer`], at every use.
+    fn built(&self) -> Result<&Built> {
+        self.0
+            .built
+            .get_or_init(|| {
+                let source = self
+                    .0
+                    .source
+                    .lock()
+                    .unwrap_or_else(|e| e.into_inner())
+                    .take();
+                let (tokenizer, eos) = source.ok_or("the tokenizer was lost by a panic")?;
+                build(tokenizer, eos).map_err(|e| e.to_string())
+            })
+            .as_ref()
+            .map_err(|e| Error::Tokenizer(e.clone()))
+    }
+
+    /// Builds the environment now rather than at the first grammar (for a caller that wants
+    /// its cost, or its error, up front).
+    pub fn prepare(&self) -> Result<()> {
+        self.built().map(drop)
+    }
+
+    /// Tokens the tokenizer knows (its added tokens included): masks cover these, and a wider
+    /// (padded) logits row has the rest masked out.
+    pub fn vocab_size(&self) -> usize {
+        match self.0.built.get() {
+            Some(Ok(built)) => built.factory.tok_env().tok_trie().vocab_size(),
+            _ => self.0.tokenizer_vocab,
+        }
+    }
+
+    /// The EOS id a finished grammar allows.
+    pub fn eos_token_id(&self) -> Result<u32> {
+        Ok(self.built()?.eos_token_id)
+    }
+
+    /// The mask that allows only the EOS ids, in words.
+    pub(crate) fn eos_words(&self) -> Result<&[u32]> {
+        Ok(self.built()?.eos.as_slice())
+    }
+
+    /// The matcher of `grammar` before any token, compiled once per `key` (the grammar's spec
+    /// text) and then taken from the cache. A grammar that does not compile is a spec error at
+    /// `field` carrying llguidance's message.
+    pub(crate) fn compiled(
+        &self,
+        field: &str,
+        key: &str,
+        grammar: impl FnOnce() -> Result<TopLevelGrammar>,
+    ) -> Result<Arc<Matcher>> {
+        let built = self.built()?;
+        let cached = built.lock().get(key).cloned();
+        if let Some(template) = cached {
+            return Ok(template);
+        }
+        let parser = built
+            .factory
+            .create_parser(grammar()?)
+            .map_err(|e| Error::spec(field, e.to_string()))?;
+        let matcher = Matcher::new(Ok(parser));
+        if let Some(error) = matcher.get_error() {
+            return Err(Error::spec(field, error));
+        }
+        let template = Arc::new(matcher);
+        built.lock().put(key.to_string(), template.clone());
+        Ok(template)
+    }
+
+    /// Compiled grammars in the cache.
+    pub fn cached(&self) -> usize {
+        match self.0.built.get() {
+            Some(Ok(built)) => built.lock().len(),
+            _ => 0,
+        }
+    }
+}
+
+fn build(tokenizer: tokenizers::Tokenizer, eos_token_id: Option<u32>) -> Result<Built> {
+    let mut bytes =
+        toktrie_hf_tokenizers::ByteTokenizer::from_tokenizer(tokenizer).map_err(tokenizer_error)?;
+    if let Some(eos) = eos_token_id {
+        bytes.set_eos_token(eos);
+    }
+    let env: TokEnv = bytes.into_tok_env(None).map_err(tokenizer_error)?;
+    let mut factory = ParserFactory::new_simple(&env).map_err(tokenizer_error)?;
+    factory.quiet();
+    *factory.limits_mut() = grammar_limits();
+    let trie = env.tok_trie();
+    Ok(Built {
+        eos: trie.eos_token_set(),
+        eos_token_id: trie.eos_token(),
+        factory,
+        cache: Mutex::new(LruCache::new(
+            NonZeroUsize::new(GRAMMAR_CACHE_SIZE).expect("not zero"),
+        )),
+    })
+}
+
+impl Built {
+    fn lock(&self) -> std::sync::MutexGuard<'_, LruCache<String, Arc<Matcher>>> {
+        // The cache holds no invariant a panic could break.
+        self.cache.lock().unwrap_or_else(|e| e.into_inner())
+    }
+}
+
+/// llguidance's errors are `anyhow` errors; only their text is kept.
+fn tokenizer_error(error: impl std::fmt::Display) -> Error {
+    Error::Tokenizer(error.to_string())
+}
