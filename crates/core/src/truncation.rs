@@ -417,7 +417,8 @@ fn collect_from_avx2(values: &[f32], floor: f32, work: &mut Work, weight: &impl 
 ///
 /// On long rows the values are first narrowed to those at or above a pivot taken from a strided
 /// sample, chosen so that the k largest are almost surely among them; the selection among them is
-/// exact, and when there are fewer than k the whole row is selected from.
+/// exact, and when there are fewer than k the whole row is selected from. `-inf` values are never
+/// collected: a row a grammar masked is mostly `-inf`, and selecting among them all is slow.
 #[inline(always)]
 fn kth_largest(values: &[f32], k: usize, work: &mut Work) -> f32 {
     if k == 0 {
@@ -444,13 +445,13 @@ fn kth_largest(values: &[f32], k: usize, work: &mut Work) -> f32 {
         if rank < work.len() {
             let at = work.len() - rank;
             let pivot = work.select_nth_unstable_by_key(at, |e| e.0).1 .2;
-            collect_from(values, pivot, work, |_| 0);
+            collect_from(values, pivot.max(f32::MIN), work, |_| 0);
             if work.len() >= k {
                 return kth_of(work, k);
             }
         }
     }
-    collect_from(values, f32::NEG_INFINITY, work, |_| 0);
+    collect_from(values, f32::MIN, work, |_| 0);
     if k > work.len() {
         return f32::NEG_INFINITY;
     }
@@ -1342,6 +1343,19 @@ mod tests {
         assert_eq!(kept, [false, true, true, false, false]);
         let all = Truncation::TopK { k: 50, min_keep: 1 }.band(&x, &mut vec![]);
         assert_eq!(all.lo, f32::NEG_INFINITY);
+    }
+
+    #[test]
+    fn top_k_over_a_long_row_mostly_masked_to_minus_infinity() {
+        let mut x = vec![f32::NEG_INFINITY; 20_000];
+        for (i, v) in [(7, 2.0f32), (900, -1.0), (12_345, 5.0), (19_999, 2.0)] {
+            x[i] = v;
+        }
+        for (k, lo) in [(1, 5.0), (2, 2.0), (3, 2.0), (4, -1.0), (5, f32::NEG_INFINITY)] {
+            let rule = Truncation::TopK { k, min_keep: 1 };
+            assert_eq!(rule.band(&x, &mut vec![]).lo, lo, "k {k}");
+            assert_eq!(band_by_definition(&rule, &x).lo, lo, "k {k}");
+        }
     }
 
     #[test]
