@@ -1351,7 +1351,13 @@ mod tests {
         for (i, v) in [(7, 2.0f32), (900, -1.0), (12_345, 5.0), (19_999, 2.0)] {
             x[i] = v;
         }
-        for (k, lo) in [(1, 5.0), (2, 2.0), (3, 2.0), (4, -1.0), (5, f32::NEG_INFINITY)] {
+        for (k, lo) in [
+            (1, 5.0),
+            (2, 2.0),
+            (3, 2.0),
+            (4, -1.0),
+            (5, f32::NEG_INFINITY),
+        ] {
             let rule = Truncation::TopK { k, min_keep: 1 };
             assert_eq!(rule.band(&x, &mut vec![]).lo, lo, "k {k}");
             assert_eq!(band_by_definition(&rule, &x).lo, lo, "k {k}");
