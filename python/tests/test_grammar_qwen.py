@@ -110,8 +110,8 @@ def test_a_json_schema_mask_at_the_padded_width_equals_llguidance_s(batch, token
 
 def test_eos_is_endoftext_unless_im_end_is_given(tokenizer_path, hf_tokenizers):
     """llguidance takes <|endoftext|> as EOS (it reads <|im_end|> as end of turn, not EOS); Qwen3's
-    chat models end on <|im_end|>, so that is given as eos_token_id or by a transformers tokenizer
-    whose config names it."""
+    chat models end on <|im_end|> (or either, as their generation config lists both), so that is
+    given as eos_token_id or by a transformers tokenizer whose config names it."""
     transformers = pytest.importorskip("transformers")
     with open(tokenizer_path) as f:
         assert llguidance.LLTokenizer(f.read()).eos_tokens == [qwen.ENDOFTEXT]
@@ -119,11 +119,12 @@ def test_eos_is_endoftext_unless_im_end_is_given(tokenizer_path, hf_tokenizers):
     text = json.dumps({"name": "a", "age": 3, "tags": [], "zip": "12345"}, separators=(",", ":"))
     ids = hf_tokenizers.encode(text).ids
     for tokenizer, eos in [
-        (tokenizer_path, qwen.ENDOFTEXT),
-        (lp.GrammarEnv(tokenizer_path, eos_token_id=qwen.IM_END), qwen.IM_END),
-        (chat, qwen.IM_END),
+        (tokenizer_path, [qwen.ENDOFTEXT]),
+        (lp.GrammarEnv(tokenizer_path, eos_token_id=qwen.IM_END), [qwen.IM_END]),
+        (chat, [qwen.IM_END]),
+        (lp.GrammarEnv(tokenizer_path, eos_token_id=[qwen.IM_END, qwen.ENDOFTEXT]), [qwen.ENDOFTEXT, qwen.IM_END]),
     ]:
         batch = lp.Batch(LOGITS, tokenizer=tokenizer)
         batch.add(0, {"kind": "grammar", "json_schema": SCHEMA})
         bits = np.unpackbits(our_mask(batch, ids).view(np.uint8), bitorder="little")
-        assert np.flatnonzero(bits).tolist() == [eos], tokenizer
+        assert np.flatnonzero(bits).tolist() == eos, tokenizer

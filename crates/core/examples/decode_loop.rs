@@ -51,7 +51,7 @@ fn main() -> Result<(), Box<dyn std::error::Error>> {
         )),
         thinking_tokens: Some(thinking),
         // For the grammar request: llguidance's view of the same tokenizer.
-        grammar: Some(GrammarEnv::new(tokenizer.clone(), Some(eos))),
+        grammar: Some(GrammarEnv::new(tokenizer.clone(), &[eos])?),
     };
     let think = |text: &str| tokenizer.encode_plain(text).unwrap_or_default();
 

@@ -51,15 +51,16 @@ pub struct GrammarEnv(Arc<Inner>);
 
 struct Inner {
     tokenizer_vocab: usize,
-    // The tokenizer and EOS override, until the environment is built from them.
-    source: Mutex<Option<(tokenizers::Tokenizer, Option<u32>)>>,
+    // The tokenizer and EOS override (empty: the tokenizer's own), until the environment is
+    // built from them.
+    source: Mutex<Option<(tokenizers::Tokenizer, Vec<u32>)>>,
     built: OnceLock<std::result::Result<Built, String>>,
 }
 
 struct Built {
     factory: ParserFactory,
     eos: SimpleVob,
-    eos_token_id: u32,
+    eos_token_ids: Vec<u32>,
     cache: Mutex<LruCache<String, Arc<Matcher>>>,
 }
 
@@ -77,19 +78,32 @@ impl PartialEq for GrammarEnv {
 }
 
 impl GrammarEnv {
-    /// The environment of `tokenizer`. `eos_token_id` overrides the EOS the tokenizer declares
-    /// (toktrie finds it from the tokenizer's special tokens otherwise).
-    pub fn new(tokenizer: tokenizers::Tokenizer, eos_token_id: Option<u32>) -> Self {
-        Self(Arc::new(Inner {
-            tokenizer_vocab: tokenizer.get_vocab_size(true),
-            source: Mutex::new(Some((tokenizer, eos_token_id))),
+    /// The environment of `tokenizer`. `eos_token_ids`, when not empty, are the ids a finished
+    /// grammar allows (a chat model often ends on either of two, e.g. Qwen3's `<|im_end|>` and
+    /// `<|endoftext|>`), in place of the EOS the tokenizer declares (which toktrie finds from its
+    /// special tokens). An id outside the tokenizer's vocab is a [`Error::TokenOutOfVocab`].
+    pub fn new(tokenizer: tokenizers::Tokenizer, eos_token_ids: &[u32]) -> Result<Self> {
+        let tokenizer_vocab = tokenizer.get_vocab_size(true);
+        if let Some(&id) = eos_token_ids
+            .iter()
+            .find(|&&id| id as usize >= tokenizer_vocab)
+        {
+            return Err(Error::TokenOutOfVocab {
+                field: "eos_token_id".into(),
+                token_id: id.into(),
+                vocab_size: tokenizer_vocab,
+            });
+        }
+        Ok(Self(Arc::new(Inner {
+            tokenizer_vocab,
+            source: Mutex::new(Some((tokenizer, eos_token_ids.to_vec()))),
             built: OnceLock::new(),
-        }))
+        })))
     }
 
     /// The environment of the `tokenizer.json` at `path`.
-    pub fn from_file(path: impl AsRef<std::path::Path>, eos_token_id: Option<u32>) -> Result<Self> {
-        Ok(Self::new(crate::tokenizer::load(path)?, eos_token_id))
+    pub fn from_file(path: impl AsRef<std::path::Path>, eos_token_ids: &[u32]) -> Result<Self> {
+        Self::new(crate::tokenizer::load(path)?, eos_token_ids)
     }
 
     /// The token trie and parser factory, built on first use (about a second for a 150k-token
@@ -126,9 +140,14 @@ impl GrammarEnv {
         }
     }
 
-    /// The EOS id a finished grammar allows.
+    /// The first of the EOS ids a finished grammar allows.
     pub fn eos_token_id(&self) -> Result<u32> {
-        Ok(self.built()?.eos_token_id)
+        Ok(self.built()?.eos_token_ids[0])
+    }
+
+    /// Every EOS id a finished grammar allows.
+    pub fn eos_token_ids(&self) -> Result<&[u32]> {
+        Ok(&self.built()?.eos_token_ids)
     }
 
     /// The mask that allows only the EOS ids, in words.
@@ -172,11 +191,27 @@ impl GrammarEnv {
     }
 }
 
-fn build(tokenizer: tokenizers::Tokenizer, eos_token_id: Option<u32>) -> Result<Built> {
+/// The token trie and parser factory of `tokenizer`. toktrie and llguidance read a tokenizer they
+/// were never tested on; a panic there is this tokenizer's error, not the caller's crash.
+fn build(tokenizer: tokenizers::Tokenizer, eos_token_ids: Vec<u32>) -> Result<Built> {
+    let read = std::panic::AssertUnwindSafe(move || build_unchecked(tokenizer, &eos_token_ids));
+    std::panic::catch_unwind(read).unwrap_or_else(|panic| {
+        let message = panic
+            .downcast_ref::<String>()
+            .map(String::as_str)
+            .or_else(|| panic.downcast_ref::<&str>().copied())
+            .unwrap_or("a panic");
+        Err(Error::Tokenizer(format!(
+            "llguidance cannot read it: {message}"
+        )))
+    })
+}
+
+fn build_unchecked(tokenizer: tokenizers::Tokenizer, eos_token_ids: &[u32]) -> Result<Built> {
     let mut bytes =
         toktrie_hf_tokenizers::ByteTokenizer::from_tokenizer(tokenizer).map_err(tokenizer_error)?;
-    if let Some(eos) = eos_token_id {
-        bytes.set_eos_token(eos);
+    if !eos_token_ids.is_empty() {
+        bytes.set_eos_tokens(eos_token_ids);
     }
     let env: TokEnv = bytes.into_tok_env(None).map_err(tokenizer_error)?;
     let mut factory = ParserFactory::new_simple(&env).map_err(tokenizer_error)?;
@@ -185,7 +220,7 @@ fn build(tokenizer: tokenizers::Tokenizer, eos_token_id: Option<u32>) -> Result<
     let trie = env.tok_trie();
     Ok(Built {
         eos: trie.eos_token_set(),
-        eos_token_id: trie.eos_token(),
+        eos_token_ids: trie.eos_tokens().to_vec(),
         factory,
         cache: Mutex::new(LruCache::new(
             NonZeroUsize::new(GRAMMAR_CACHE_SIZE).expect("not zero"),

