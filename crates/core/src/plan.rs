@@ -566,48 +566,25 @@ impl RowPlan {
 const CHUNK: usize = 4096;
 
 /// Sets the logits of `chunk` (starting at token `start`, a multiple of 32) that `mask` does not
-/// allow to `-inf`. Whole words of allowed tokens are skipped unread; words with many banned
-/// tokens are written whole, as a branch-free select on the logits' bits (random bits would
-/// mispredict a branch per token).
+/// allow to `-inf`: whole words through [`kernels::mask_groups`], a row's last part-word one logit
+/// at a time, and the tokens past the mask's words filled or left whole.
 fn mask_chunk<T: Logit>(chunk: &mut [T], start: usize, mask: Bitmask<'_>) {
     debug_assert_eq!(start % 32, 0);
-    for (w, group) in chunk.chunks_mut(32).enumerate() {
-        let allowed = match mask.words.get(start / 32 + w) {
-            Some(&bits) => bits,
-            None if mask.beyond_allowed => u32::MAX,
-            None => 0,
-        };
-        let mut banned = !allowed & (u32::MAX >> (32 - group.len()));
-        if banned.count_ones() > 4 && group.len() == 32 {
-            select_word(group, allowed);
-            continue;
-        }
-        while banned != 0 {
-            group[banned.trailing_zeros() as usize] = T::NEG_INFINITY;
-            banned &= banned - 1;
-        }
-    }
-}
-
-/// `group[j]` kept where bit `j` of `allowed` is set, `-inf` elsewhere, computed on the bits of
-/// each logit (an and, an and-not and an or per lane, which the compiler vectorizes).
-fn select_word<T: Logit>(group: &mut [T], allowed: u32) {
-    macro_rules! select {
-        ($bits:ty) => {{
-            // SAFETY: T is a float type of exactly this size and alignment (checked by DTYPE).
-            let lanes: &mut [$bits; 32] = unsafe { &mut *(group.as_mut_ptr() as *mut [$bits; 32]) };
-            let neg_inf: $bits = unsafe { std::mem::transmute_copy(&T::NEG_INFINITY) };
-            for (j, x) in lanes.iter_mut().enumerate() {
-                let keep: $bits = if allowed & (1 << j) != 0 { !0 } else { 0 };
-                *x = (*x & keep) | (neg_inf & !keep);
+    let first = (start / 32).min(mask.words.len());
+    let words = &mask.words[first..mask.words.len().min(first + chunk.len().div_ceil(32))];
+    let (covered, beyond) = chunk.split_at_mut(chunk.len().min(words.len() * 32));
+    let whole = covered.len() / 32;
+    let (groups, part) = covered.split_at_mut(whole * 32);
+    kernels::mask_groups(groups, &words[..whole]);
+    if let Some(&word) = words.get(whole) {
+        for (j, x) in part.iter_mut().enumerate() {
+            if word >> j & 1 == 0 {
+                *x = T::NEG_INFINITY;
             }
-        }};
+        }
     }
-    debug_assert_eq!(group.len(), 32);
-    match T::DTYPE.size() {
-        4 => select!(u32),
-        2 => select!(u16),
-        _ => unreachable!("logits are 2 or 4 bytes"),
+    if !mask.beyond_allowed {
+        beyond.fill(T::NEG_INFINITY);
     }
 }
 
