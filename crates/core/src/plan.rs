@@ -824,6 +824,53 @@ mod tests {
     }
 
     #[test]
+    fn masks_of_whole_and_mixed_words_equal_step_by_step_across_chunk_and_row_ends() {
+        // Runs of banned, allowed and mixed words, of lengths that straddle the pass's chunks
+        // (128 words) and the kernel's eight-word blocks.
+        let word = |run: usize, w: usize| match (w / run) % 3 {
+            0 => 0,
+            1 => u32::MAX,
+            _ => (w as u32).wrapping_mul(0x9e37_79b9) | 1,
+        };
+        let specials = [f32::NAN, f32::INFINITY, f32::NEG_INFINITY, -0.0];
+        for len in [
+            1,
+            31,
+            32,
+            33,
+            255,
+            257,
+            CHUNK - 1,
+            CHUNK,
+            CHUNK + 1,
+            CHUNK + 31,
+            2 * CHUNK + 40,
+            3 * CHUNK - 7,
+        ] {
+            let row: Vec<f32> = (0..len)
+                .map(|i| match i % 97 {
+                    s @ 0..4 => specials[s],
+                    _ => (i % 1013) as f32 / 7.0 - 50.0,
+                })
+                .collect();
+            let full = len.div_ceil(32);
+            for run in [1, 5, 9, 200] {
+                // Every word, one short (the row's last part-word past the mask), half of them.
+                for words in [full, full - 1, full / 2] {
+                    let words: Vec<u32> = (0..words).map(|w| word(run, w)).collect();
+                    for beyond_allowed in [false, true] {
+                        let mut plan = RowPlan::new();
+                        plan.push_mask(&words, beyond_allowed);
+                        check_fused::<f32>(&mut plan, &row).unwrap();
+                        check_fused::<f16>(&mut plan, &row).unwrap();
+                        check_fused::<bf16>(&mut plan, &row).unwrap();
+                    }
+                }
+            }
+        }
+    }
+
+    #[test]
     fn out_of_vocab_token_leaves_the_row_untouched() {
         let mut plan = RowPlan::new();
         plan.push(Edit::Scale { temperature: 0.5 });

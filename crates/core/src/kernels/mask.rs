@@ -115,6 +115,8 @@ mod avx2 {
                     }
                 }
                 _ => {
+                    // A byte blend: LLVM turns a float blend of the loaded logits into a masked
+                    // store of the `-inf`s, measured 3-4x slower on AMD's AVX2 parts.
                     for k in 0..vectors {
                         let spread = if wide {
                             _mm256_set1_epi32(word as i32)
@@ -210,18 +212,19 @@ mod tests {
             })
             .collect();
         let expected = masked(&row, words);
+        let result = |row: &[T]| row.iter().map(|&x| bits(x)).collect::<Vec<_>>();
         let mut portable = row.clone();
         mask_groups_portable(&mut portable, words);
-        prop_assert_eq!(portable.iter().map(|&x| bits(x)).collect::<Vec<_>>(), &expected);
+        prop_assert_eq!(result(&portable), expected.clone());
         let mut dispatched = row.clone();
         mask_groups(&mut dispatched, words);
-        prop_assert_eq!(dispatched.iter().map(|&x| bits(x)).collect::<Vec<_>>(), &expected);
+        prop_assert_eq!(result(&dispatched), expected.clone());
         #[cfg(target_arch = "x86_64")]
         if std::arch::is_x86_feature_detected!("avx2") {
             let mut simd = row.clone();
             // SAFETY: the CPU has AVX2; 32 logits per word.
             unsafe { avx2::mask_groups(&mut simd, words) };
-            prop_assert_eq!(simd.iter().map(|&x| bits(x)).collect::<Vec<_>>(), &expected);
+            prop_assert_eq!(result(&simd), expected);
         }
         Ok(())
     }
