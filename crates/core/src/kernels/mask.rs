@@ -117,13 +117,12 @@ mod avx2 {
                 _ => {
                     // A byte blend: LLVM turns a float blend of the loaded logits into a masked
                     // store of the `-inf`s, measured 3-4x slower on AMD's AVX2 parts.
-                    for k in 0..vectors {
+                    for (k, &bit) in lane_bits[..vectors].iter().enumerate() {
                         let spread = if wide {
                             _mm256_set1_epi32(word as i32)
                         } else {
                             _mm256_set1_epi16((word >> (16 * k)) as i16)
                         };
-                        let bit = lane_bits[k];
                         let keep = if wide {
                             _mm256_cmpeq_epi32(_mm256_and_si256(spread, bit), bit)
                         } else {
