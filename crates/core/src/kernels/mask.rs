@@ -8,7 +8,8 @@ use crate::logit::Logit;
 /// Sets each logit of `row` (whole groups of 32, one word of `words` each) whose bit is clear to
 /// `-inf`; bit `j` of word `w` is logit `32 * w + j`.
 pub(crate) fn mask_groups<T: Logit>(row: &mut [T], words: &[u32]) {
-    debug_assert_eq!(row.len(), words.len() * 32);
+    // Checked always: the AVX2 path writes through raw pointers (one compare a chunk).
+    assert_eq!(row.len(), words.len() * 32, "32 logits per mask word");
     #[cfg(target_arch = "x86_64")]
     if std::arch::is_x86_feature_detected!("avx2") {
         // SAFETY: the CPU has AVX2; `row` holds 32 logits per word.
@@ -75,34 +76,15 @@ mod avx2 {
             };
             _mm256_set1_epi32(bits as i32)
         };
-        // Lane `j` of vector `k` holds bit `8k + j` (32-bit lanes) or bit `16k + j` (16-bit).
-        let lane_bits: [__m256i; 4] = if wide {
-            std::array::from_fn(|k| {
-                let b = |j: i32| 1i32 << (8 * k as i32 + j);
-                _mm256_setr_epi32(b(0), b(1), b(2), b(3), b(4), b(5), b(6), b(7))
-            })
-        } else {
-            let b = |j: i32| (1i32 << j) as i16;
-            let bits = _mm256_setr_epi16(
-                b(0),
-                b(1),
-                b(2),
-                b(3),
-                b(4),
-                b(5),
-                b(6),
-                b(7),
-                b(8),
-                b(9),
-                b(10),
-                b(11),
-                b(12),
-                b(13),
-                b(14),
-                b(15),
-            );
-            [bits; 4]
-        };
+        // Lane `j` of vector `k` holds bit `8k + j` of the word (32-bit lanes), or bit `j` of the
+        // word's half `k` (16-bit lanes, two to each 32-bit lane here).
+        let lane_bits: [__m256i; 4] = std::array::from_fn(|k| {
+            let lanes: [u32; 8] = std::array::from_fn(|j| match wide {
+                true => 1 << (8 * k + j),
+                false => 1 << (2 * j) | 1 << (2 * j + 17),
+            });
+            _mm256_loadu_si256(lanes.as_ptr() as *const __m256i)
+        });
         let out = row.as_mut_ptr() as *mut __m256i;
         // One group of 32 logits, at vector `v` of the row.
         let group = |v: usize, word: u32| {
