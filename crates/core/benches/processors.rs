@@ -8,8 +8,8 @@ use std::time::{Duration, Instant};
 use criterion::{criterion_group, criterion_main, BenchmarkId, Criterion, Throughput};
 use logits_processing::{
     bf16, f16, parse_pipeline, process_row, BanTokens, Batch, BatchLayout, Edit, ForcedSequence,
-    Logit, LogitsProcessor, Pipeline, ProcessorSpec, RowPlan, SpecContext, Step, Temperature,
-    ThinkingBudget, ThinkingTokenConfig, TokenHistory, Truncation,
+    Logit, LogitsProcessor, Pipeline, ProcessorSpec, RowPlan, SpecContext, Step, StepBitmask,
+    Temperature, ThinkingBudget, ThinkingTokenConfig, TokenHistory, Truncation,
 };
 
 const VOCAB: usize = 151_936;
@@ -140,6 +140,88 @@ fn sparse_and_masks(c: &mut Criterion) {
         b.iter(|| row.copy_from_slice(black_box(&source)))
     });
     group.finish();
+}
+
+/// A mask applied to one row in place, beside the row's memcpy in the same group: the masks a
+/// grammar gives (mostly whole words of banned tokens: a JSON-schema step allows a few dozen; or
+/// mostly whole words of allowed ones) and random bits, the worst case (every word mixed). A mask
+/// applied twice gives the same row, so the row is not restored between iterations: each figure
+/// is the apply alone (with the plan's copy of the mask words), as an engine's step pays it.
+fn bitmask_row<T: Logit>(c: &mut Criterion, dtype: &str) {
+    let mut group = c.benchmark_group(format!("bitmask_{dtype}"));
+    group.throughput(Throughput::Bytes((VOCAB * std::mem::size_of::<T>()) as u64));
+    let source = logits::<T>(VOCAB);
+    let mut row = source.clone();
+    group.bench_function("memcpy", |b| {
+        b.iter(|| row.copy_from_slice(black_box(&source)))
+    });
+    let words = VOCAB.div_ceil(32);
+    let mut rng = Rng(0x9e37_79b9_7f4a_7c15);
+    let random: Vec<u32> = (0..words).map(|_| rng.next() as u32).collect();
+    // 48 allowed tokens spread over the vocab, as a grammar step between structural tokens.
+    let mut mostly_banned = vec![0u32; words];
+    // 48 banned tokens, as a grammar step inside a free string.
+    let mut mostly_allowed = vec![u32::MAX; words];
+    for _ in 0..48 {
+        let token = (rng.next() % VOCAB as u64) as usize;
+        mostly_banned[token / 32] |= 1 << (token % 32);
+        mostly_allowed[token / 32] &= !(1 << (token % 32));
+    }
+    let mut plan = RowPlan::new();
+    for (name, mask) in [
+        ("mostly_banned", &mostly_banned),
+        ("mostly_allowed", &mostly_allowed),
+        ("random", &random),
+    ] {
+        group.bench_function(name, |b| {
+            b.iter(|| {
+                plan.clear();
+                plan.push_mask(mask, false);
+                plan.apply(black_box(&mut row)).unwrap()
+            })
+        });
+    }
+    group.finish();
+}
+
+/// The caller's own bitmask (`{"kind": "bitmask"}`) through a one-row batch step, random bits,
+/// beside the row's memcpy: what `Batch.apply(..., bitmask=...)` costs before Python's share.
+fn caller_bitmask(c: &mut Criterion) {
+    let mut group = c.benchmark_group("caller_bitmask_f32");
+    group.throughput(Throughput::Bytes((VOCAB * 4) as u64));
+    let source = logits::<f32>(VOCAB);
+    let mut row = source.clone();
+    group.bench_function("memcpy", |b| {
+        b.iter(|| row.copy_from_slice(black_box(&source)))
+    });
+    let mut batch = Batch::new(VOCAB);
+    let caller = logits_processing::processors::CallerBitmask::new(VOCAB.div_ceil(32));
+    batch
+        .add(0, Pipeline::new(vec![Step::Processor(Box::new(caller))]))
+        .unwrap();
+    let mut rng = Rng(7);
+    let words: Vec<u32> = (0..VOCAB.div_ceil(32)).map(|_| rng.next() as u32).collect();
+    let mask = StepBitmask {
+        words: &words,
+        words_per_row: words.len(),
+    };
+    let ids = history(100);
+    let histories: [&dyn TokenHistory; 1] = [&ids];
+    let layout = BatchLayout::contiguous(1, VOCAB);
+    group.bench_function("random", |b| {
+        b.iter(|| {
+            batch
+                .apply_with_bitmask(black_box(&mut row), layout, &histories, mask)
+                .unwrap()
+        })
+    });
+    group.finish();
+}
+
+fn bitmasks(c: &mut Criterion) {
+    bitmask_row::<f32>(c, "f32");
+    bitmask_row::<bf16>(c, "bf16");
+    caller_bitmask(c);
 }
 
 /// One decode step of the thinking budget (plan, and the forced row when over budget), with the
@@ -516,7 +598,7 @@ criterion_group! {
     config = Criterion::default()
         .warm_up_time(Duration::from_millis(500))
         .measurement_time(Duration::from_secs(2));
-    targets = rows, sparse_and_masks, thinking_budget, batch, contention, truncation, history_steps,
+    targets = rows, sparse_and_masks, bitmasks, thinking_budget, batch, contention, truncation, history_steps,
         sampling_batch
 }
 criterion_main!(benches);

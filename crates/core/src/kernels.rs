@@ -6,6 +6,9 @@ use half::{bf16, f16};
 use crate::logit::Logit;
 use crate::truncation::Band;
 
+mod mask;
+pub(crate) use mask::mask_groups;
+
 // The fused multiply-add refinement below is exact only away from overflow and underflow, so it is
 // used for divisors and dividends well inside the normal range; blocks holding anything else
 // (zeros, infinities, NaN, subnormals, huge values) take a true division.

@@ -566,48 +566,25 @@ impl RowPlan {
 const CHUNK: usize = 4096;
 
 /// Sets the logits of `chunk` (starting at token `start`, a multiple of 32) that `mask` does not
-/// allow to `-inf`. Whole words of allowed tokens are skipped unread; words with many banned
-/// tokens are written whole, as a branch-free select on the logits' bits (random bits would
-/// mispredict a branch per token).
+/// allow to `-inf`: whole words through [`kernels::mask_groups`], a row's last part-word one logit
+/// at a time, and the tokens past the mask's words filled or left whole.
 fn mask_chunk<T: Logit>(chunk: &mut [T], start: usize, mask: Bitmask<'_>) {
     debug_assert_eq!(start % 32, 0);
-    for (w, group) in chunk.chunks_mut(32).enumerate() {
-        let allowed = match mask.words.get(start / 32 + w) {
-            Some(&bits) => bits,
-            None if mask.beyond_allowed => u32::MAX,
-            None => 0,
-        };
-        let mut banned = !allowed & (u32::MAX >> (32 - group.len()));
-        if banned.count_ones() > 4 && group.len() == 32 {
-            select_word(group, allowed);
-            continue;
-        }
-        while banned != 0 {
-            group[banned.trailing_zeros() as usize] = T::NEG_INFINITY;
-            banned &= banned - 1;
-        }
-    }
-}
-
-/// `group[j]` kept where bit `j` of `allowed` is set, `-inf` elsewhere, computed on the bits of
-/// each logit (an and, an and-not and an or per lane, which the compiler vectorizes).
-fn select_word<T: Logit>(group: &mut [T], allowed: u32) {
-    macro_rules! select {
-        ($bits:ty) => {{
-            // SAFETY: T is a float type of exactly this size and alignment (checked by DTYPE).
-            let lanes: &mut [$bits; 32] = unsafe { &mut *(group.as_mut_ptr() as *mut [$bits; 32]) };
-            let neg_inf: $bits = unsafe { std::mem::transmute_copy(&T::NEG_INFINITY) };
-            for (j, x) in lanes.iter_mut().enumerate() {
-                let keep: $bits = if allowed & (1 << j) != 0 { !0 } else { 0 };
-                *x = (*x & keep) | (neg_inf & !keep);
+    let first = (start / 32).min(mask.words.len());
+    let words = &mask.words[first..mask.words.len().min(first + chunk.len().div_ceil(32))];
+    let (covered, beyond) = chunk.split_at_mut(chunk.len().min(words.len() * 32));
+    let whole = covered.len() / 32;
+    let (groups, part) = covered.split_at_mut(whole * 32);
+    kernels::mask_groups(groups, &words[..whole]);
+    if let Some(&word) = words.get(whole) {
+        for (j, x) in part.iter_mut().enumerate() {
+            if word >> j & 1 == 0 {
+                *x = T::NEG_INFINITY;
             }
-        }};
+        }
     }
-    debug_assert_eq!(group.len(), 32);
-    match T::DTYPE.size() {
-        4 => select!(u32),
-        2 => select!(u16),
-        _ => unreachable!("logits are 2 or 4 bytes"),
+    if !mask.beyond_allowed {
+        beyond.fill(T::NEG_INFINITY);
     }
 }
 
@@ -843,6 +820,53 @@ mod tests {
             rayon::scope(|_| plan.clone().apply(&mut inside).unwrap());
             assert_eq!(bits(&outside), bits(&expected));
             assert_eq!(bits(&inside), bits(&expected));
+        }
+    }
+
+    #[test]
+    fn masks_of_whole_and_mixed_words_equal_step_by_step_across_chunk_and_row_ends() {
+        // Runs of banned, allowed and mixed words, of lengths that straddle the pass's chunks
+        // (128 words) and the kernel's eight-word blocks.
+        let word = |run: usize, w: usize| match (w / run) % 3 {
+            0 => 0,
+            1 => u32::MAX,
+            _ => (w as u32).wrapping_mul(0x9e37_79b9) | 1,
+        };
+        let specials = [f32::NAN, f32::INFINITY, f32::NEG_INFINITY, -0.0];
+        for len in [
+            1,
+            31,
+            32,
+            33,
+            255,
+            257,
+            CHUNK - 1,
+            CHUNK,
+            CHUNK + 1,
+            CHUNK + 31,
+            2 * CHUNK + 40,
+            3 * CHUNK - 7,
+        ] {
+            let row: Vec<f32> = (0..len)
+                .map(|i| match i % 97 {
+                    s @ 0..4 => specials[s],
+                    _ => (i % 1013) as f32 / 7.0 - 50.0,
+                })
+                .collect();
+            let full = len.div_ceil(32);
+            for run in [1, 5, 9, 200] {
+                // Every word, one short (the row's last part-word past the mask), half of them.
+                for words in [full, full - 1, full / 2] {
+                    let words: Vec<u32> = (0..words).map(|w| word(run, w)).collect();
+                    for beyond_allowed in [false, true] {
+                        let mut plan = RowPlan::new();
+                        plan.push_mask(&words, beyond_allowed);
+                        check_fused::<f32>(&mut plan, &row).unwrap();
+                        check_fused::<f16>(&mut plan, &row).unwrap();
+                        check_fused::<bf16>(&mut plan, &row).unwrap();
+                    }
+                }
+            }
         }
     }
 
