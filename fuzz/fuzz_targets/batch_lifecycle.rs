@@ -89,6 +89,7 @@ fuzz_target!(|ops: Vec<Op>| {
             end_token_id: 2,
             newline_token_id: 3,
         }),
+        ..Default::default()
     };
     let build = |text: &str, external: Option<u64>| {
         let specs = parse_pipeline(text).unwrap();

@@ -21,6 +21,7 @@ fuzz_target!(|data: &[u8]| {
             end_token_id: 6,
             newline_token_id: 7,
         }),
+        ..Default::default()
     };
     for spec in &specs {
         if let Ok(value) = spec.resolve(&context) {

@@ -1,9 +1,11 @@
 """Threads: an object shared between threads takes one call at a time (no lost or repeated step,
 never "Already borrowed"); a call from inside its own call is a BusyError; threads with their own
-objects get the answers one thread gets. Every wait is bounded, so a deadlock fails the test."""
+objects get the answers one thread gets; two objects whose calls call each other from two threads
+never deadlock. Every wait is bounded, so a deadlock fails the test."""
 
 from __future__ import annotations
 
+import threading
 from concurrent.futures import ThreadPoolExecutor
 
 import pytest
@@ -105,6 +107,53 @@ def test_a_call_from_inside_its_own_call_is_a_busy_error():
     budget = ThinkingBudgetLogitsProcessor(1, 2, 3, 0)
     with pytest.raises(lp.BusyError):
         budget(Reentrant(), torch.zeros(4))
+
+
+def test_two_batches_calling_each_other_from_two_threads_never_deadlock():
+    # Thread 0 in a step of batch 0 calls batch 1 while thread 1 in a step of batch 1 calls
+    # batch 0: each would wait for the other forever. The call that would close the cycle raises
+    # BusyError (its step rolled back, its batch as it was); the other thread then finishes.
+    batches = [Batch(4), Batch(4)]
+    both_inside = threading.Barrier(2, timeout=TIMEOUT_S)
+
+    def calls(other):
+        def step(ids, row):
+            both_inside.wait()
+            other.rows()
+
+        return step
+
+    for i, batch in enumerate(batches):
+        batch.add(0, [{"kind": "forced_sequence", "token_ids": [2, 3], "eos_token_id": 1}, calls(batches[1 - i])])
+    outcomes = [None, None]
+    blocks = [torch.ones(1, 4), torch.ones(1, 4)]
+
+    def work(i):
+        try:
+            batches[i].apply(blocks[i], [[1]])
+            outcomes[i] = "done"
+        except lp.ProcessorError as error:
+            outcomes[i] = error
+
+    threads = [threading.Thread(target=work, args=(i,), daemon=True) for i in range(2)]
+    for thread in threads:
+        thread.start()
+    for thread in threads:
+        thread.join(TIMEOUT_S)
+    assert not any(thread.is_alive() for thread in threads), "deadlocked"
+
+    failed = [i for i in range(2) if outcomes[i] != "done"]
+    assert len(failed) == 1, outcomes
+    (loser,) = failed
+    assert isinstance(outcomes[loser].__cause__, lp.BusyError), outcomes[loser]
+    assert torch.equal(blocks[loser], torch.ones(1, 4))
+    assert int(blocks[1 - loser].argmax()) == 2
+    # The failed step was taken back: its batch forces the first token again (alone now: the
+    # steps' barrier lets one thread through).
+    both_inside = threading.Barrier(1)
+    block = torch.ones(1, 4)
+    batches[loser].apply(block, [[1]])
+    assert int(block.argmax()) == 2
 
 
 def test_threads_with_their_own_objects_match_one_thread():

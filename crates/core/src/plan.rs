@@ -562,6 +562,33 @@ impl RowPlan {
     }
 }
 
+impl RowPlan {
+    /// The meaning [`RowPlan::apply`] keeps, the slow way, for tests and fuzzing: each edit
+    /// applied to the whole row in turn (a truncation's band resolved from the row as it stands
+    /// there), rounding to `T` after each. On error (a token outside the row) the row is
+    /// untouched.
+    #[doc(hidden)]
+    pub fn apply_edit_by_edit<T: Logit>(&self, row: &mut [T]) -> Result<()> {
+        self.validate(row.len())?;
+        for (i, edit) in self.edits.iter().enumerate() {
+            let band = match edit {
+                // The rule's own resolution, checked against sorts in `truncation`'s tests; here
+                // the point is the plan's composition.
+                Edit::Truncate(rule) => {
+                    let values: Vec<f32> = row.iter().map(|x| x.to_f32()).collect();
+                    rule.band(&values, &mut Default::default())
+                }
+                _ => Band::ALL,
+            };
+            for (index, x) in row.iter_mut().enumerate() {
+                let allowed = |id| self.bitmask(id).allows(index);
+                *x = T::from_f32(self.edits[i].value(index, x.to_f32(), allowed, band));
+            }
+        }
+        Ok(())
+    }
+}
+
 /// Logits per chunk of the chunked dense pass: 16 KiB of f32, well inside L1 with its mask words.
 const CHUNK: usize = 4096;
 
@@ -632,27 +659,8 @@ mod tests {
     use half::{bf16, f16};
     use proptest::prelude::*;
 
-    /// Each edit applied to the whole row in turn, a truncation from a full sort of the row: the
-    /// meaning a plan must keep.
-    pub(crate) fn step_by_step<T: Logit>(plan: &RowPlan, row: &mut [T]) {
-        for (i, edit) in plan.edits().iter().enumerate() {
-            let band = match edit {
-                Edit::Truncate(rule) => sorted_band(rule, row),
-                _ => Band::ALL,
-            };
-            for (index, x) in row.iter_mut().enumerate() {
-                let allowed = |id| plan.bitmask(id).allows(index);
-                *x = T::from_f32(plan.edits()[i].value(index, x.to_f32(), allowed, band));
-            }
-        }
-    }
-
-    /// The band of a rule computed as transformers does, from a whole sorted row.
-    fn sorted_band<T: Logit>(rule: &Truncation, row: &[T]) -> Band {
-        let values: Vec<f32> = row.iter().map(|x| x.to_f32()).collect();
-        // The rule's own resolution, checked separately against sorts in `truncation`'s tests;
-        // here the point is the plan's composition.
-        rule.band(&values, &mut vec![])
+    fn step_by_step<T: Logit>(plan: &RowPlan, row: &mut [T]) {
+        plan.apply_edit_by_edit(row).unwrap();
     }
 
     fn edit_strategy(vocab: u32) -> impl Strategy<Value = Edit> {

@@ -242,24 +242,15 @@ pub(crate) fn in_row(py: Python<'_>, error: PyErr, row: usize, field: &str) -> P
             Err(other) => other,
         };
     }
-    let kind = if error.is_instance_of::<PyTypeError>(py) {
-        Kind::DType
-    } else {
-        Kind::Argument
-    };
-    let ours = new_err_with(
-        kind,
-        format!(
-            "row {row}: {field} could not be read: {}",
-            describe_exception(value)
-        ),
+    wrap_foreign(
+        py,
+        error,
+        format!("row {row}: {field}"),
         &[
             ("field", Attr::Str(field.to_string())),
             ("row", Attr::Int(row as u64)),
         ],
-    );
-    ours.set_cause(py, Some(error));
-    ours
+    )
 }
 
 /// `error`, raised by user code while reading argument `field`, as ours: unchanged when it is
@@ -272,16 +263,27 @@ pub(crate) fn as_ours(py: Python<'_>, error: PyErr, field: &str) -> PyErr {
     {
         return error;
     }
+    wrap_foreign(
+        py,
+        error,
+        field.to_string(),
+        &[("field", Attr::Str(field.to_string()))],
+    )
+}
+
+/// A user's `Exception` (not ours) raised while reading `what`, as ours with it as the cause: a
+/// `DTypeError` for a `TypeError`, an `InvalidArgumentError` otherwise.
+fn wrap_foreign(py: Python<'_>, error: PyErr, what: String, attrs: &[(&str, Attr)]) -> PyErr {
     let kind = if error.is_instance_of::<PyTypeError>(py) {
         Kind::DType
     } else {
         Kind::Argument
     };
-    let ours = new_err_with(
-        kind,
-        format!("{field} could not be read: {}", describe_exception(value)),
-        &[("field", Attr::Str(field.to_string()))],
+    let message = format!(
+        "{what} could not be read: {}",
+        describe_exception(error.value(py))
     );
+    let ours = new_err_with(kind, message, attrs);
     ours.set_cause(py, Some(error));
     ours
 }
