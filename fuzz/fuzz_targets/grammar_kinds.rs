@@ -73,7 +73,7 @@ fn tokenizer() -> tokenizers::Tokenizer {
 fn env() -> &'static GrammarEnv {
     static ENV: OnceLock<GrammarEnv> = OnceLock::new();
     ENV.get_or_init(|| {
-        let env = GrammarEnv::new(tokenizer(), None);
+        let env = GrammarEnv::new(tokenizer(), &[]).expect("no EOS ids to check");
         env.prepare().expect("llguidance reads the tiny tokenizer");
         env
     })
