@@ -28,6 +28,8 @@ from ._lib import (
     SpecError,
     TokenizerError,
     TokenOutOfVocabError,
+    kinds,
+    reads_history,
     resolve_specs,
     validate_specs,
 )
@@ -62,6 +64,8 @@ __all__ = [
     "TokenizerError",
     "__version__",
     "get_thinking_token_config",
+    "kinds",
+    "reads_history",
     "register_thinking_token_config",
     "resolve_specs",
     "validate_specs",

@@ -479,6 +479,20 @@ def register_thinking_token_ids(model_key: str, start: int, end: int, newline: i
     `logits_processing.register_thinking_token_config`.
     """
 
+def kinds() -> list[str]:
+    """Every spec kind's name, in the canonical order (biases and penalties, bans and masks,
+    forced tokens, the thinking budget, temperature, truncation)."""
+
+def reads_history(specs: Any) -> bool:
+    """Whether any of `specs` reads the request's token ids (or counts its steps). Rows whose
+    specs read none (temperature, biases, bans, allowed ids, the caller's bitmask, truncation)
+    can be planned without the newest sampled token, so an engine that runs ahead of its history
+    (vLLM's Model Runner V2) need not wait for the device to process them.
+
+    Raises:
+        SpecError: for a spec that does not parse, naming the field.
+    """
+
 def resolve_specs(
     specs: Union[Spec, Sequence[Spec]],
     *,

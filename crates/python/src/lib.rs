@@ -110,6 +110,46 @@ fn hello_world_ids_from_file(
     Ok((ids, eos))
 }
 
+/// Whether any of `specs` reads the request's token ids (or counts its steps). Rows whose specs
+/// read none (temperature, biases, bans, allowed ids, the caller's bitmask, truncation) can be
+/// planned without the newest sampled token, so an engine that runs ahead of its history (vLLM's
+/// Model Runner V2) need not wait for the device to process them.
+///
+/// Args:
+///     specs: JSON text (one spec object or a list), a dict, or a list of dicts / JSON texts.
+///
+/// Raises:
+///     SpecError: for a spec that does not parse, naming the field.
+///
+/// Example:
+///     >>> from logits_processing import reads_history
+///     >>> reads_history([{"kind": "temperature", "temperature": 0.7}, {"kind": "top_p", "p": 0.9}])
+///     False
+///     >>> reads_history({"kind": "repetition_penalty", "penalty": 1.2})
+///     True
+#[pyfunction]
+fn reads_history(specs: &Bound<'_, PyAny>) -> PyResult<bool> {
+    let entries = batch::entries_of(specs, false)?;
+    Ok(entries.iter().any(|(_, entry)| match entry {
+        batch::Entry::Specs(specs) => specs
+            .iter()
+            .any(|spec| logits_processing::reads_history(spec.kind())),
+        _ => true,
+    }))
+}
+
+/// Every spec kind's name, in the canonical order (biases and penalties, bans and masks, forced
+/// tokens, the thinking budget, temperature, truncation).
+///
+/// Example:
+///     >>> from logits_processing import kinds
+///     >>> kinds()[:3]
+///     ['logit_bias', 'sequence_bias', 'repetition_penalty']
+#[pyfunction]
+fn kinds() -> Vec<&'static str> {
+    logits_processing::spec::kinds().collect()
+}
+
 /// Panics inside Rust, for the tests that show a panic becomes an exception, never an abort.
 /// With `in_pool`, the panic happens on a worker thread with the GIL released.
 #[pyfunction]
@@ -140,6 +180,8 @@ fn _lib(m: &Bound<'_, PyModule>) -> PyResult<()> {
     m.add_class::<spec_processor::PyProcessor>()?;
     m.add_function(wrap_pyfunction!(batch::validate_specs, m)?)?;
     m.add_function(wrap_pyfunction!(batch::resolve_specs, m)?)?;
+    m.add_function(wrap_pyfunction!(reads_history, m)?)?;
+    m.add_function(wrap_pyfunction!(kinds, m)?)?;
     m.add_function(wrap_pyfunction!(thinking_token_ids, m)?)?;
     m.add_function(wrap_pyfunction!(register_thinking_token_ids, m)?)?;
     m.add_function(wrap_pyfunction!(hello_world_ids_from_file, m)?)?;

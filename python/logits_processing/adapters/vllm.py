@@ -1,21 +1,27 @@
-"""vLLM (v1): a batch-level logits processor driven by JSON specs in ``SamplingParams.extra_args``.
+"""vLLM: batch-level logits processors driven by JSON specs in ``SamplingParams.extra_args``, for
+both of vLLM's model runners.
 
 Load it by name::
 
     vllm serve MODEL --logits-processors logits_processing.adapters.vllm:VLLMLogitsProcessor
 
 or install the package, whose ``vllm.logits_processors`` entry point loads it in every engine
-(both at once is fine: the second instance in an engine does nothing). A request opts in with
-specs under ``extra_args["logits_processing"]`` (a JSON text or a list of spec objects), or with
-Dynamo's entries under ``extra_args["dynamo_logits"]``; requests without either are not touched
-and cost nothing. A request re-sent with its generated tokens appended to its prompt (Dynamo's
-migration) says where its original prompt ended under ``extra_args["logits_processing_prompt_len"]``
-and continues exactly; so does a request vLLM resumes after preempting it.
+(both at once is fine: the second instance in an engine does nothing). :class:`VLLMLogitsProcessor`
+is a subclass of both runners' interfaces, so both loaders accept it by entry point, by name and
+by class; constructing it gives the processor of the runner that builds it:
+:class:`VLLMV1LogitsProcessor` for the V1 runner (``(vllm_config, device, is_pin_memory)``) and
+:class:`VLLMV2LogitsProcessor` for Model Runner V2 (``(vllm_config, req_states)``), the default
+on GPUs since vLLM 0.32.
 
-vLLM calls :meth:`VLLMLogitsProcessor.update_state` with the persistent batch's changes (rows
-added, removed, moved or swapped) and :meth:`VLLMLogitsProcessor.apply` once per step with the
-``[rows, vocab]`` logits; both map onto one ``logits_processing.Batch``, so each step crosses
-into Rust once for the whole batch, not once per request.
+A request opts in with specs under ``extra_args["logits_processing"]`` (a JSON text or a list of
+spec objects), or with Dynamo's entries under ``extra_args["dynamo_logits"]``; requests without
+either are not touched and cost nothing. A request re-sent with its generated tokens appended to
+its prompt (Dynamo's migration) says where its original prompt ended under
+``extra_args["logits_processing_prompt_len"]`` and continues exactly; so does a request vLLM
+resumes after preempting it.
+
+Either runner's calls map onto one ``logits_processing.Batch``, so each step crosses into Rust
+once for the whole batch, not once per request.
 
 Imports vLLM when this module is imported.
 """
@@ -28,9 +34,17 @@ import sys
 import weakref
 from typing import Any, Optional
 
+import numpy as np
 import torch
 from vllm import SamplingParams
 from vllm.v1.sample.logits_processor import BatchUpdate, LogitsProcessor, MoveDirectionality
+
+try:  # Model Runner V2's interface (vLLM 0.31 and later)
+    from vllm.v1.worker.gpu.sample.logits_processor import LogitsContext
+    from vllm.v1.worker.gpu.sample.logits_processor import LogitsProcessor as V2LogitsProcessor
+except ImportError:  # an older vLLM: the V1 runner only
+    LogitsContext = None
+    V2LogitsProcessor = None
 
 from .. import _lib
 from ._common import (
@@ -38,6 +52,7 @@ from ._common import (
     PROMPT_LEN_KEY,
     SPEC_KEY,
     EngineContext,
+    KeyedBatch,
     check_prompt_len,
     decode_specs,
     normalize_role,
@@ -55,6 +70,8 @@ __all__ = [
     "QUALIFIED_NAME",
     "SPEC_KEY",
     "VLLMLogitsProcessor",
+    "VLLMV1LogitsProcessor",
+    "VLLMV2LogitsProcessor",
     "activate",
     "request_specs",
 ]
@@ -211,18 +228,93 @@ def _tokenizer_of(model_config: Any) -> Any:
         return None
 
 
-def _named_in(model_config: Any) -> bool:
-    """Whether the engine was given this class in ``logits_processors=`` (by class or name)."""
-    for entry in getattr(model_config, "logits_processors", None) or ():
-        if entry is VLLMLogitsProcessor or entry == QUALIFIED_NAME:
-            return True
-        if isinstance(entry, str) and entry.replace(":", ".") == QUALIFIED_NAME.replace(":", "."):
-            return True
-    return False
+def no_caller_mask(specs: Any) -> Any:
+    """``specs``, refused when one of them is ``{"kind": "bitmask"}``: that kind takes its mask
+    from the caller of ``Batch.apply`` each step, and vLLM has no way to give one (every step of
+    the batch would fail)."""
+    for i, spec in enumerate(specs if isinstance(specs, list) else [specs]):
+        if isinstance(spec, dict) and spec.get("kind") == "bitmask":
+            raise _lib.SpecError(
+                f"[{i}].kind: 'bitmask' takes its mask from the caller each step, and vLLM gives "
+                "none; constrain the output with a 'grammar' spec instead"
+            )
+    return specs
 
 
-class VLLMLogitsProcessor(LogitsProcessor):
-    """vLLM v1 logits processor running each opted-in request's pipeline on its batch row.
+def validate_request(params: SamplingParams) -> None:
+    """Refuses a request whose specs are bad, for either runner (vLLM turns the ``ValueError`` into
+    an HTTP 400 naming the field): unknown kind or field, wrong type, bad value, over the size
+    limits; and, with the model known (vLLM's frontend), a token id beyond its vocab, a
+    ``hello_world`` or id-less thinking budget the tokenizer cannot resolve, a grammar that does
+    not compile, and any spec while speculative decoding is on (see :data:`SPEC_DECODING_REFUSED`)."""
+    refused = None
+    try:
+        frontend = _frontend()
+        context, speculative, dynamo = (
+            _frontend_context(frontend) if frontend is not None else (None, False, True)
+        )
+        specs = request_specs(params, dynamo=dynamo)
+        if specs is None:
+            return
+        decoded = no_caller_mask(validate_structure(specs))
+        if speculative:
+            raise ValueError(SPEC_DECODING_REFUSED)
+        if context is not None:
+            context.validate(decoded)
+        try:
+            check_prompt_len((params.extra_args or {}).get(PROMPT_LEN_KEY, 0))
+        except ValueError as e:
+            refused = f"extra_args[{PROMPT_LEN_KEY!r}]: {e}"
+    except (TypeError, ValueError) as e:
+        refused = f"extra_args[{_key_of(params)!r}]: {e}"
+    if refused is not None:
+        # Dynamo's frontend answers a worker's refusal with "Invalid request" alone: the
+        # worker's log is where an operator finds what was wrong. A SpecError is the
+        # ValueError vLLM expects from this hook to refuse a request.
+        logger.warning("logits_processing: request refused: %s", refused)
+        raise _lib.SpecError(refused)
+
+
+class _EngineSide:
+    """What both runners' processors set up once per engine: the serving role, whether this
+    instance is the engine's first (a second one, from the entry point plus the class named in
+    ``logits_processors=``, does nothing), which request key to read, and the engine context."""
+
+    def _start(self, vllm_config: Any, runner: str) -> None:
+        model_config = getattr(vllm_config, "model_config", None)
+        self.role = _role_from_config(vllm_config)
+        key = (id(vllm_config), runner)
+        first = _ENGINES.get(key)
+        self.duplicate_of = first() if first is not None else None
+        self.enabled = self.duplicate_of is None and runs_processors(self.role)
+        if self.duplicate_of is not None:
+            logger.info(
+                "logits_processing: %s is loaded twice in this engine (entry point and "
+                "logits_processors=); the second instance does nothing",
+                QUALIFIED_NAME,
+            )
+            self.context = None
+            return
+        # Keeps the config alive with this instance, so its id names this engine only.
+        self._vllm_config = vllm_config
+        _ENGINES[key] = weakref.ref(self)
+        self.speculative = getattr(vllm_config, "speculative_config", None) is not None
+        self._dynamo_key = not _dynamo_adapter_in(model_config)
+        tokenizer = _tokenizer_of(model_config) if self.enabled else None
+        self.context = EngineContext.resolve(
+            tokenizer=tokenizer,
+            model_name=getattr(model_config, "model", None),
+            vocab_size=model_config.get_vocab_size(),
+        )
+
+    @classmethod
+    def validate_params(cls, params: SamplingParams) -> None:
+        """See :func:`validate_request`."""
+        validate_request(params)
+
+
+class VLLMV1LogitsProcessor(_EngineSide, LogitsProcessor):
+    """vLLM's V1 runner: runs each opted-in request's pipeline on its persistent-batch row.
 
     ``is_argmax_invariant`` is False: forced tokens and budgets change greedy picks, so vLLM
     calls it for greedy requests too. ``needs_output_token_ids`` is True: histories must be real
@@ -234,74 +326,16 @@ class VLLMLogitsProcessor(LogitsProcessor):
     """
 
     def __init__(self, vllm_config: Any, device: torch.device, is_pin_memory: bool) -> None:
-        model_config = getattr(vllm_config, "model_config", None)
-        vocab = model_config.get_vocab_size()
         self.device = device
         self._histories: dict[int, _History] = {}
-        self._ask_for_ids = False
-        self.role = _role_from_config(vllm_config)
-        first = _ENGINES.get(id(vllm_config))
-        self.duplicate_of = first() if first is not None else None
-        if self.duplicate_of is not None:
-            logger.info(
-                "logits_processing: %s is loaded twice in this engine (entry point and "
-                "logits_processors=); the second instance does nothing",
-                QUALIFIED_NAME,
-            )
-            self.enabled = False
-            self.batch = None
-            return
-        # Keeps the config alive with this instance, so its id names this engine only.
-        self._vllm_config = vllm_config
-        _ENGINES[id(vllm_config)] = weakref.ref(self)
-        self.enabled = runs_processors(self.role)
+        self._start(vllm_config, "v1")
+        self.batch = self.context.batch() if self.context is not None else None
         # vLLM versions without needs_output_token_ids() keep real ids under async scheduling
         # only when a custom processor was named in logits_processors=; loaded by entry point
         # alone, rows get -1 placeholders. On those versions update_state asks the persistent
         # batch for real ids itself (see _ask_for_real_ids).
         self._ask_for_ids = self.enabled and "needs_output_token_ids" not in vars(LogitsProcessor)
         self._asked: Any = None
-        self._dynamo_key = not _dynamo_adapter_in(model_config)
-        tokenizer = _tokenizer_of(model_config) if self.enabled else None
-        self.context = EngineContext.resolve(
-            tokenizer=tokenizer, model_name=getattr(model_config, "model", None), vocab_size=vocab
-        )
-        # row -> the request's ids (self._histories); the Batch holds the pipelines.
-        self.batch = self.context.batch()
-
-    @classmethod
-    def validate_params(cls, params: SamplingParams) -> None:
-        """Rejects a request whose specs are bad (vLLM turns the ``ValueError`` into an HTTP
-        400 naming the field): unknown kind or field, wrong type, bad value, over the size
-        limits; and, with the model known (vLLM's frontend), a token id beyond its vocab, a
-        ``hello_world`` or id-less thinking budget the tokenizer cannot resolve, and any spec
-        while speculative decoding is on (vLLM skips logits processors on speculative steps)."""
-        refused = None
-        try:
-            frontend = _frontend()
-            context, speculative, dynamo = (
-                _frontend_context(frontend) if frontend is not None else (None, False, True)
-            )
-            specs = request_specs(params, dynamo=dynamo)
-            if specs is None:
-                return
-            decoded = validate_structure(specs)
-            if speculative:
-                raise ValueError(SPEC_DECODING_REFUSED)
-            if context is not None:
-                context.validate(decoded)
-            try:
-                check_prompt_len((params.extra_args or {}).get(PROMPT_LEN_KEY, 0))
-            except ValueError as e:
-                refused = f"extra_args[{PROMPT_LEN_KEY!r}]: {e}"
-        except (TypeError, ValueError) as e:
-            refused = f"extra_args[{_key_of(params)!r}]: {e}"
-        if refused is not None:
-            # Dynamo's frontend answers a worker's refusal with "Invalid request" alone: the
-            # worker's log is where an operator finds what was wrong. A SpecError is the
-            # ValueError vLLM expects from this hook to refuse a request.
-            logger.warning("logits_processing: request refused: %s", refused)
-            raise _lib.SpecError(refused)
 
     def is_argmax_invariant(self) -> bool:
         return False
@@ -325,7 +359,7 @@ class VLLMLogitsProcessor(LogitsProcessor):
             if specs is None:
                 continue
             try:
-                specs = decode_specs(specs) if isinstance(specs, (str, bytes)) else specs
+                specs = no_caller_mask(decode_specs(specs) if isinstance(specs, (str, bytes)) else specs)
                 # A migrated request's prompt holds the ids it generated before; a resumed
                 # one (preempted by vLLM) has them in its output already.
                 prompt_len = original_prompt_len(params.extra_args, len(prompt or ()))
@@ -411,3 +445,136 @@ class _History:
 
 def _real(token: int) -> int:
     return PLACEHOLDER_ID if token < 0 else token
+
+
+class _Slot:
+    """One request in a Model Runner V2 slot: its specs, where its prompt ends, and the ids read
+    back from the device so far (only for specs that read them)."""
+
+    __slots__ = ("key", "specs", "prompt_len", "prefill_len", "ids")
+
+    def __init__(self, key: int, specs: Any, prompt_len: int, prefill_len: int, reads: bool) -> None:
+        self.key = key
+        self.specs = specs
+        self.prompt_len = prompt_len
+        self.prefill_len = prefill_len
+        # None: the specs read no history, and the row is planned without waiting for the device.
+        self.ids: Optional[list] = [] if reads else None
+
+
+_NO_IDS: list = []
+
+
+class VLLMV2LogitsProcessor(_EngineSide, *((V2LogitsProcessor,) if V2LogitsProcessor else ())):
+    """vLLM's Model Runner V2 (the default on GPUs since vLLM 0.32): runs each opted-in request's
+    pipeline on the rows of its slot.
+
+    V2 hands over its request slots' on-device history (``req_states``) once, calls
+    :meth:`add_request` when a request takes a slot (slots are recycled: the slot's state is
+    built afresh there) and :meth:`apply` once per step with that step's rows mapped to slots by
+    ``ctx.idx_mapping``. Rows of requests without specs are not touched and cost nothing
+    (``add_request`` returns False for them). Rows whose specs read no history (temperature,
+    biases, bans, allowed ids, the caller's bitmask, truncation: :func:`logits_processing.reads_history`)
+    are planned without waiting for the device; the others copy the ids new since their last step
+    from ``req_states.all_token_ids`` in one gather, which waits for the step that sampled them.
+    A row whose request is still prefilling (its sample is discarded) is left alone. A request
+    resumed after preemption (its prefill holds its earlier output) or re-sent with
+    ``logits_processing_prompt_len`` continues exactly. With speculative decoding on, specs are
+    refused at admission and any that arrive run unprocessed, as on the V1 runner.
+    """
+
+    def __init__(self, vllm_config: Any, req_states: Any) -> None:
+        self.req_states = req_states
+        self.slots: dict[int, _Slot] = {}
+        self._generation = 0
+        #: Steps that read ids back from the device (each is one gather and one wait).
+        self.device_reads = 0
+        self._start(vllm_config, "v2")
+        self.batch = KeyedBatch(self.context, position="tokens") if self.context is not None else None
+
+    def add_request(self, req_idx: int, sampling_params: SamplingParams) -> bool:
+        self.slots.pop(req_idx, None)
+        if not self.enabled:
+            return False
+        specs = request_specs(sampling_params, dynamo=self._dynamo_key)
+        if specs is None:
+            return False
+        try:
+            if self.speculative:
+                raise ValueError(SPEC_DECODING_REFUSED)
+            specs = no_caller_mask(decode_specs(specs) if isinstance(specs, (str, bytes)) else specs)
+            reads = _lib.reads_history(specs)
+            prompt = int(self.req_states.prompt_len.np[req_idx])
+            prompt_len = original_prompt_len(sampling_params.extra_args, prompt)
+        except Exception as e:  # noqa: BLE001 - one bad request must not stop the engine
+            logger.error("logits_processing: request in slot %d runs unprocessed: %s", req_idx, e)
+            return False
+        self._generation += 1
+        prefill_len = int(self.req_states.prefill_len.np[req_idx])
+        self.slots[req_idx] = _Slot(self._generation, specs, prompt_len, prefill_len, reads)
+        return True
+
+    def apply(self, logits: torch.Tensor, ctx: Any) -> torch.Tensor:
+        if not self.slots:
+            return logits
+        slots = np.asarray(ctx.idx_mapping_np)
+        rows = logits.shape[0]
+        if rows != len(slots):  # draft rows: never ours (specs are refused under speculative decoding)
+            return logits
+        position = np.full(self.req_states.max_num_reqs, -1, dtype=np.int64)
+        position[slots] = np.arange(rows)
+        requests: list = [None] * rows
+        unread: list = []
+        for slot, entry in self.slots.items():
+            row = int(position[slot])
+            if row < 0:
+                continue
+            seq_len = int(ctx.seq_lens_upper_bound_np[row])
+            if seq_len < entry.prefill_len:  # a prefill chunk: its sample is discarded
+                continue
+            if entry.ids is None:
+                history = _NO_IDS
+            else:
+                del entry.ids[seq_len:]
+                if len(entry.ids) < seq_len:
+                    unread.append((slot, entry, seq_len))
+                history = entry.ids
+            requests[row] = (entry.key, entry.specs, entry.prompt_len, history)
+        if unread:
+            self._read_ids(unread)
+        self.batch.apply(logits, requests)
+        return logits
+
+    def _read_ids(self, unread: list) -> None:
+        """Appends each slot's ids from where it stopped to ``seq_len``, read from the device's
+        history in one gather and one copy back (the copy waits for the step that sampled them)."""
+        tokens = self.req_states.all_token_ids.gpu
+        stride = tokens.stride(0)
+        index = np.concatenate(
+            [np.arange(slot * stride + len(e.ids), slot * stride + seq_len) for slot, e, seq_len in unread]
+        )
+        read = tokens.view(-1).index_select(0, torch.from_numpy(index).to(tokens.device)).tolist()
+        self.device_reads += 1
+        at = 0
+        for _, entry, seq_len in unread:
+            n = seq_len - len(entry.ids)
+            entry.ids.extend(read[at : at + n])
+            at += n
+
+
+class VLLMLogitsProcessor(LogitsProcessor, *((V2LogitsProcessor,) if V2LogitsProcessor else ())):
+    """The class to name: a subclass of both runners' interfaces, so vLLM's V1 and V2 loaders
+    both accept it (by the package's entry point, by :data:`QUALIFIED_NAME` and by class).
+    Constructing it gives the building runner's own processor: ``(vllm_config, device,
+    is_pin_memory)`` a :class:`VLLMV1LogitsProcessor`, ``(vllm_config, req_states)`` a
+    :class:`VLLMV2LogitsProcessor`."""
+
+    def __new__(cls, vllm_config: Any, *args: Any, **kwargs: Any) -> Any:
+        if "req_states" in kwargs or (len(args) == 1 and hasattr(args[0], "all_token_ids")):
+            return VLLMV2LogitsProcessor(vllm_config, *args, **kwargs)
+        return VLLMV1LogitsProcessor(vllm_config, *args, **kwargs)
+
+    @classmethod
+    def validate_params(cls, params: SamplingParams) -> None:
+        """See :func:`validate_request`."""
+        validate_request(params)

@@ -114,6 +114,30 @@ pub(crate) static KINDS: &[Kind] = &[
     Kind::new::<EtaCutoffSpec>("eta_cutoff"),
 ];
 
+/// Kinds whose edits depend on nothing a request accumulates: neither its ids nor how many steps
+/// came before. An engine that runs ahead of its history (vLLM's Model Runner V2, SGLang's overlap
+/// scheduler) can plan a row of these kinds without waiting for the newest sampled token; every
+/// other kind reads the ids. A property test holds each listed kind to it.
+static HISTORY_FREE: &[&str] = &[
+    "logit_bias",
+    "ban_tokens",
+    "allowed_token_ids",
+    "bitmask",
+    "temperature",
+    "top_k",
+    "top_p",
+    "min_p",
+    "typical_p",
+    "epsilon_cutoff",
+    "eta_cutoff",
+];
+
+/// Whether a spec of `kind` reads the request's token ids (or counts its steps); see
+/// [`HISTORY_FREE`]. Unknown kinds read them (the safe answer).
+pub fn reads_history(kind: &str) -> bool {
+    !HISTORY_FREE.contains(&kind)
+}
+
 /// In the canonical order, user processors (external steps) go before the first spec of this
 /// kind or of a kind after it in [`KINDS`].
 pub const USER_STEPS_BEFORE: &str = "thinking_budget";

@@ -482,3 +482,41 @@ fn spec_numbers_are_read_correctly_rounded() {
     assert_eq!(read.to_bits(), text.parse::<f64>().unwrap().to_bits());
     assert_eq!(read as f32, 1.863_951_9_f32);
 }
+
+proptest! {
+    /// A kind said to read no history plans the same edits whatever the ids and however many
+    /// steps came before: a fresh processor given no ids agrees with a running one at every step.
+    #[test]
+    fn history_free_kinds_plan_without_the_ids(
+        spec in proptest::sample::select(
+            crate::spec::kinds().filter(|&k| !reads_history(k)).collect::<Vec<_>>()
+        ).prop_flat_map(spec_of),
+        prompt_len in 0usize..6,
+        moves in moves(),
+    ) {
+        let spec = ProcessorSpec::from_value(&spec).unwrap();
+        let mut running = realize(&spec, prompt_len);
+        let mut ids: Vec<u32> = (0..prompt_len as u32).collect();
+        let (mut got, mut want) = (RowPlan::new(), RowPlan::new());
+        for step in &moves {
+            match step {
+                Move::Extend(new) | Move::Undone(new) => ids.extend(new),
+                Move::Rewind(n) => ids.truncate(ids.len().saturating_sub(*n)),
+                Move::Replace(new) => ids.clone_from(new),
+            }
+            got.clear();
+            want.clear();
+            running.plan(&ids, &mut got).unwrap();
+            realize(&spec, 0).plan(&Vec::<u32>::new(), &mut want).unwrap();
+            prop_assert_eq!(&got, &want, "{} after {:?}", spec.to_value(), ids);
+        }
+    }
+}
+
+#[test]
+fn history_free_kinds_are_kinds() {
+    assert!(HISTORY_FREE
+        .iter()
+        .all(|k| crate::spec::kinds().any(|known| known == *k)));
+    assert!(reads_history("forced_sequence") && reads_history("no such kind"));
+}

