@@ -2,8 +2,9 @@
 # The CUDA path's check on a GPU machine, in under 5 minutes on an H200: the GPU tests (ignored in
 # a plain `cargo test`; GPU vs CPU bit for bit, the self-check) with the embedded PTX and again
 # with NVRTC, the kernel's compile check,
-# compute-sanitizer's memcheck on the many-steps-in-flight test, then python/benchmarks/bench_cuda.py;
-# it ends with a short table.
+# compute-sanitizer's memcheck on the many-steps-in-flight test, then python/benchmarks/bench_cuda.py
+# and python/benchmarks/bench_vllm_v2.py (vLLM's Model Runner V2 processor on CUDA tensors laid out
+# as V2's); it ends with a short table.
 #
 #   scripts/gpu-check.sh --prepare   on a CPU machine with the toolchain and the venv
 #                                    (scripts/venv.sh): builds the release test binaries and the
@@ -72,7 +73,7 @@ run_step() { # name, timeout seconds, command...
   record "$name" "$status" "$(($(date +%s) - t0))"
 }
 
-mkdir -p "$out" && rm -f "$out"/bench*.txt "$out/bench.json" "$out/summary.txt"
+mkdir -p "$out" && rm -f "$out"/bench*.txt "$out"/bench*.json "$out/summary.txt"
 echo "== machine"
 nvidia-smi --query-gpu=name,driver_version,memory.total --format=csv,noheader || true
 
@@ -161,6 +162,15 @@ if [ -n "$pypath" ]; then
   else
     record "benchmark (python/benchmarks/bench_cuda.py)" FAIL "$(($(date +%s) - t0))"
   fi
+  # vLLM's Model Runner V2 processor on CUDA tensors laid out as V2's (stand-ins for vLLM's types:
+  # the GPU machine has no vLLM): every row against the CPU path, a step's cost, device waits.
+  t0=$(date +%s)
+  if PYTHONPATH="$pypath" timeout 180 "$python" python/benchmarks/bench_vllm_v2.py --device cuda \
+    --json "$out/bench_vllm_v2.json" "${quick[@]}" | tee "$out/bench_vllm_v2.txt"; then
+    record "vLLM V2 processor (bench_vllm_v2.py)" PASS "$(($(date +%s) - t0))"
+  else
+    record "vLLM V2 processor (bench_vllm_v2.py)" FAIL "$(($(date +%s) - t0))"
+  fi
 else
   record "benchmark: no wheel (run --prepare) and no maturin" FAIL 0
 fi
@@ -178,10 +188,15 @@ fi
     echo
     sed -n '/^ *B /,/^$/p' "$out/bench.txt"
   fi
+  if [ -f "$out/bench_vllm_v2.txt" ]; then
+    echo
+    cat "$out/bench_vllm_v2.txt"
+  fi
 } | tee "$out/summary.txt"
 if [ -n "${OUT:-}" ] && [ -d "${OUT:-}" ]; then
   cp "$out/summary.txt" "$OUT/gpu-check.txt"
   [ -f "$out/bench.json" ] && cp "$out/bench.json" "$OUT/bench.json"
   [ -f "$out/bench_kernel.txt" ] && cp "$out/bench_kernel.txt" "$OUT/bench_kernel.txt"
+  [ -f "$out/bench_vllm_v2.json" ] && cp "$out/bench_vllm_v2.json" "$OUT/bench_vllm_v2.json"
 fi
 exit $failed

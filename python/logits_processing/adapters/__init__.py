@@ -2,9 +2,10 @@
 imported; importing this package imports no engine.
 
 - :mod:`logits_processing.adapters.hf`: ``HFLogitsProcessor`` for transformers ``generate()``.
-- :mod:`logits_processing.adapters.vllm`: ``VLLMLogitsProcessor``, a vLLM v1 batch-level logits
-  processor (``--logits-processors logits_processing.adapters.vllm:VLLMLogitsProcessor`` or the
-  ``vllm.logits_processors`` entry point).
+- :mod:`logits_processing.adapters.vllm`: ``VLLMLogitsProcessor``, a vLLM batch-level logits
+  processor for both the V1 runner and Model Runner V2 (``--logits-processors
+  logits_processing.adapters.vllm:VLLMLogitsProcessor`` or the ``vllm.logits_processors`` entry
+  point).
 - :mod:`logits_processing.adapters.sglang`: ``SGLangLogitProcessor``, an SGLang
   ``CustomLogitProcessor`` whose requests carry JSON specs.
 - :mod:`logits_processing.adapters.trtllm`: ``TRTLLMLogitsProcessor`` (per request) and
