@@ -510,3 +510,20 @@ def test_requests_without_specs_cost_nothing():
     logits = torch.randn(1, V)
     ctx = SimpleNamespace(idx_mapping_np=np.array([0], dtype=np.int32))
     assert two.proc.apply(logits, ctx) is logits
+
+
+def test_dynamo_entries_on_v2():
+    """Dynamo's ``dynamo_logits`` entries run on V2 as on V1."""
+    two = V2Runner()
+    request = Request("dyn", [1, 2], None)
+    request.params = SamplingParams(
+        max_tokens=4,
+        extra_args={adapter.DYNAMO_SPEC_KEY: [{"kind": "forced_sequence", "token_ids": [40, 41], "eos_token_id": EOS}]},
+    )
+    two.add(request)
+    assert two.added["dyn"] is True
+    for step in range(3):
+        token = int(torch.argmax(two.step([request], step)["dyn"]))
+        request.output.append(token)
+        two.sampled(request, token)
+    assert request.output == [40, 41, EOS]
