@@ -233,6 +233,22 @@ def test_one_processor_serves_generate_calls_in_turn(model, tokenizer, ids):
     assert second == [ids.enc("Hello world!") + [ids.eos]] * 3
 
 
+@pytest.mark.parametrize("position", ["calls", "tokens"])
+@pytest.mark.parametrize("first_tokens", [2, 8])  # cut short, and run to the end
+def test_a_reused_processor_gives_what_a_fresh_one_gives(model, tokenizer, ids, position, first_tokens):
+    """One processor (a LogitsProcessorList built once) for two generate() calls, the second on a
+    longer prompt than the first call's ids: the second call starts over, as a fresh one would."""
+    spec = {"kind": "forced_sequence", "token_ids": [100, 101, 102, 103], "eos_token_id": ids.eos, "position": position}
+    forced = [100, 101, 102, 103, ids.eos]
+    processor = HFLogitsProcessor(spec)
+    first = demo.generate(model, [ids.enc("Hi")], processor, max_new_tokens=first_tokens)
+    assert first == [forced[:first_tokens]]
+    longer = ids.enc("Say hello please, say hello please, say hello please")
+    assert len(longer) > len(ids.enc("Hi")) + first_tokens
+    second = demo.generate(model, [longer], processor, max_new_tokens=8)
+    assert second == demo.generate(model, [longer], HFLogitsProcessor(spec), max_new_tokens=8) == [forced]
+
+
 def test_bad_specs_fail_when_the_processor_is_built():
     from logits_processing import SpecError
 

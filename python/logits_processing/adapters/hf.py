@@ -19,12 +19,15 @@ class HFLogitsProcessor(LogitsProcessor):
     """Runs one ``logits_processing`` pipeline per batch row of ``generate()``, the whole
     ``[rows, vocab]`` block in one call into Rust per step.
 
-    HF's contract is that a processor returns new scores and leaves its input as it was, so each
-    call copies the scores once and edits the copy in place; nothing else is allocated per step.
+    HF's contract is that a processor returns new scores and leaves its input as it was: on the
+    CPU each call reads ``scores`` and writes a new tensor in one pass (``out=``); on a GPU it
+    copies the scores once and edits the copy in place. Nothing else is allocated per step.
     The ids HF passes are the prompt and the tokens generated so far, so the first call's length
     is taken as the prompt length (forced sequences positioned by ``"tokens"`` count from there).
-    Calling it with shorter ids, or a different number of rows, starts a new generation: the same
-    object can serve several ``generate()`` calls in turn, not at once.
+    A call whose ids do not extend the previous call's (a new prompt, even a longer one, or a
+    different number of rows) starts a new generation, so one object (one ``LogitsProcessorList``
+    built once) serves several ``generate()`` calls in turn, each as a fresh processor would; not
+    at once. :meth:`reset` starts over explicitly.
 
     Args:
         pipeline: the pipeline every row runs: a JSON text, a spec dict, or a list of spec dicts,
@@ -82,17 +85,24 @@ class HFLogitsProcessor(LogitsProcessor):
         for p in self._pipelines:
             if _is_data(p):
                 self.context.validate(p)
-        self._batch = None
-        self._rows = 0
-        self._last_len = 0
-        self.prompt_len: Optional[int] = None
+        self.reset()
 
     def reset(self) -> None:
         """Forgets the current generation; the next call starts a new one."""
         self._batch = None
-        self._rows = 0
-        self._last_len = 0
-        self.prompt_len = None
+        self._last_ids: Optional[torch.Tensor] = None
+        self.prompt_len: Optional[int] = None
+
+    def _continues(self, input_ids: torch.Tensor) -> bool:
+        """Whether ``input_ids`` extend the previous call's ids (same rows, longer, same prefix):
+        the same generation. One comparison of the previous call's ids a step."""
+        last = self._last_ids
+        return (
+            self._batch is not None
+            and input_ids.shape[0] == last.shape[0]
+            and input_ids.shape[1] > last.shape[1]
+            and torch.equal(input_ids[:, : last.shape[1]], last)
+        )
 
     def _start(self, rows: int, length: int, vocab: int) -> None:
         if self._broadcast:
@@ -108,13 +118,13 @@ class HFLogitsProcessor(LogitsProcessor):
         batch = self.context.batch(self.context.vocab_size or vocab)
         for row, p in enumerate(per_row):
             batch.add(row, p, prompt_len=length)
-        self._batch, self._rows, self.prompt_len = batch, rows, length
+        self._batch, self.prompt_len = batch, length
 
     def __call__(self, input_ids: torch.LongTensor, scores: torch.FloatTensor) -> torch.FloatTensor:
-        rows, length = input_ids.shape
-        if self._batch is None or rows != self._rows or length <= self._last_len:
-            self._start(rows, length, scores.shape[-1])
-        self._last_len = length
+        if not self._continues(input_ids):
+            self._start(*input_ids.shape, scores.shape[-1])
+        # A copy: generate() makes a new tensor each step, but nothing promises it.
+        self._last_ids = input_ids.clone()
         processed = torch.empty_like(scores)
         if scores.is_cuda or processed.stride() != scores.stride():
             processed.copy_(scores)
