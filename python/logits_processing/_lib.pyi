@@ -466,6 +466,32 @@ def _panic_for_tests(in_pool: bool) -> None:
     With `in_pool`, the panic happens on a worker thread with the GIL released.
     """
 
+def canonical_order(specs: Union[Spec, Sequence[Spec]]) -> None:
+    """The specs in the canonical order: biases and penalties; bans and masks (allowed ids, grammars,
+    the caller's bitmask), then forced tokens; the thinking budget; temperature; truncation. Specs
+    of one kind keep their order. A list that runs a mask after a truncation step is refused (a
+    row could be left with no token); this is the order that never is.
+
+    Args:
+        specs: JSON text (one spec object or a list), a dict, or a list of dicts / JSON texts.
+
+    Returns:
+        list[dict]: the specs, as given, reordered.
+
+    Raises:
+        SpecError: for a spec that does not parse, naming the field.
+
+    Example:
+        >>> from logits_processing import canonical_order
+        >>> [s["kind"] for s in canonical_order([
+        ...     {"kind": "temperature", "temperature": 0.7},
+        ...     {"kind": "top_p", "p": 0.9},
+        ...     {"kind": "repetition_penalty", "penalty": 1.1},
+        ...     {"kind": "json_object"},
+        ... ])]
+        ['repetition_penalty', 'json_object', 'temperature', 'top_p']
+    """
+
 def hello_world_ids_from_file(
     path: Union[str, PathLike[str]],
     eos_token_id: Optional[int] = None,
@@ -474,23 +500,39 @@ def hello_world_ids_from_file(
     else the `eos_token` of the `tokenizer_config.json` beside it.
     """
 
-def register_thinking_token_ids(model_key: str, start: int, end: int, newline: int) -> None:
-    """Adds or replaces `model_key.lower()` in the thinking-token table. Wrapped by
-    `logits_processing.register_thinking_token_config`.
+def kinds() -> None:
+    """Every spec kind's name, in the canonical order (biases and penalties, bans and masks, forced
+    tokens, the thinking budget, temperature, truncation).
+
+    Example:
+        >>> from logits_processing import kinds
+        >>> kinds()[:3]
+        ['logit_bias', 'sequence_bias', 'repetition_penalty']
     """
 
-def kinds() -> list[str]:
-    """Every spec kind's name, in the canonical order (biases and penalties, bans and masks,
-    forced tokens, the thinking budget, temperature, truncation)."""
+def reads_history(specs: Union[Spec, Sequence[Spec]]) -> None:
+    """Whether any of `specs` reads the request's token ids (or counts its steps). Rows whose specs
+    read none (temperature, biases, bans, allowed ids, the caller's bitmask, truncation) can be
+    planned without the newest sampled token, so an engine that runs ahead of its history (vLLM's
+    Model Runner V2) need not wait for the device to process them.
 
-def reads_history(specs: Any) -> bool:
-    """Whether any of `specs` reads the request's token ids (or counts its steps). Rows whose
-    specs read none (temperature, biases, bans, allowed ids, the caller's bitmask, truncation)
-    can be planned without the newest sampled token, so an engine that runs ahead of its history
-    (vLLM's Model Runner V2) need not wait for the device to process them.
+    Args:
+        specs: JSON text (one spec object or a list), a dict, or a list of dicts / JSON texts.
 
     Raises:
         SpecError: for a spec that does not parse, naming the field.
+
+    Example:
+        >>> from logits_processing import reads_history
+        >>> reads_history([{"kind": "temperature", "temperature": 0.7}, {"kind": "top_p", "p": 0.9}])
+        False
+        >>> reads_history({"kind": "repetition_penalty", "penalty": 1.2})
+        True
+    """
+
+def register_thinking_token_ids(model_key: str, start: int, end: int, newline: int) -> None:
+    """Adds or replaces `model_key.lower()` in the thinking-token table. Wrapped by
+    `logits_processing.register_thinking_token_config`.
     """
 
 def resolve_specs(

@@ -430,3 +430,28 @@ def test_the_hf_adapter_carries_grammar_specs_with_the_tokenizer_it_is_given(dee
     yes = hf_tokenizers.token_to_id("yes")
     out = processor(torch.cat([prompt, torch.tensor([[yes], [yes]])], 1), scores)
     assert torch.nonzero(out[1] == 0).flatten().tolist() == [deepseek_hf_tokenizer.eos_token_id]
+
+
+NEWCOMER = [
+    {"kind": "temperature", "temperature": 0.7},
+    {"kind": "top_p", "p": 0.9},
+    {"kind": "repetition_penalty", "penalty": 1.1},
+    {"kind": "grammar", "json_schema": {"type": "object", "properties": {"ok": {"type": "boolean"}}, "required": ["ok"], "additionalProperties": False, "x-guidance": {"whitespace_flexible": False}}},
+]
+
+
+def test_a_mask_after_truncation_is_refused_and_canonical_order_runs_it(batch_factory, ll_tokenizer, hf_tokenizers):
+    """The request a newcomer writes: top-p before the grammar could cut every token the grammar
+    allows (a row of -inf). It is refused when the row is added, naming both specs; in the
+    canonical order it yields valid JSON, sampled as an engine samples."""
+    batch = batch_factory()
+    with pytest.raises(lp.SpecError, match=re.escape("'grammar' comes after the truncation step [1] 'top_p'")) as e:
+        batch.add(1, NEWCOMER, prompt_len=3)
+    assert e.value.field == "[3].kind" and 1 not in batch
+    with pytest.raises(lp.SpecError, match=re.escape("[3].kind")):
+        lp.validate_specs(NEWCOMER)
+    ordered = lp.canonical_order(NEWCOMER)
+    assert [s["kind"] for s in ordered] == ["repetition_penalty", "grammar", "temperature", "top_p"]
+    for seed in range(3):
+        ids, ended = generate(batch, ordered, seed, True, ll_tokenizer.eos_token)
+        assert ended and json.loads(hf_tokenizers.decode(ids))["ok"] in (True, False)

@@ -43,9 +43,9 @@ pub use logit::{DType, Logit};
 pub use pipeline::{Pipeline, Stage, Step};
 pub use plan::{Band, Bitmask, Edit, ForcedValue, MaskId, RowPlan, Truncation};
 pub use processors::{
-    get_thinking_token_config, hello_world, process_row, reads_history,
-    register_thinking_token_config, BanTokens, ForcedSequence, LogitBias, LogitsProcessor,
-    Position, Temperature, TextEncoder, ThinkingBudget, ThinkingTokenConfig,
+    canonical_order, check_order, get_thinking_token_config, hello_world, process_row,
+    reads_history, register_thinking_token_config, BanTokens, ForcedSequence, LogitBias,
+    LogitsProcessor, Position, Temperature, TextEncoder, ThinkingBudget, ThinkingTokenConfig,
 };
 pub use spec::{parse_pipeline, KindSpec, ProcessorSpec, SpecContext};
 

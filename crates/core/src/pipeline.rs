@@ -77,6 +77,7 @@ impl Pipeline {
         context: &SpecContext,
         prompt_len: usize,
     ) -> Result<Self> {
+        crate::processors::check_order(specs.iter().map(|spec| (spec.position(), spec)))?;
         let steps = specs
             .iter()
             .map(|spec| Ok(Step::Processor(spec.realize(context, prompt_len)?)))

@@ -327,6 +327,11 @@ impl ProcessorSpec {
     pub fn kind(&self) -> &'static str {
         self.kind
     }
+
+    /// Where the spec stood in the pipeline it was read from (`"[1]"`), or `""`.
+    pub fn position(&self) -> &str {
+        &self.at
+    }
 }
 
 /// The names of the registered kinds, in registration order.

@@ -4,8 +4,8 @@ use std::collections::HashMap;
 
 use logits_processing::spec::MAX_PIPELINE_LEN;
 use logits_processing::{
-    parse_pipeline, Batch, Error, GrammarEnv, Pipeline, ProcessorSpec, SpecContext, Step,
-    StepBitmask, ThinkingTokenConfig, TokenHistory,
+    check_order, parse_pipeline, Batch, Error, GrammarEnv, Pipeline, ProcessorSpec, SpecContext,
+    Step, StepBitmask, ThinkingTokenConfig, TokenHistory,
 };
 use pyo3::exceptions::PyException;
 use pyo3::prelude::*;
@@ -290,8 +290,27 @@ fn entry_of(item: &Bound<'_, PyAny>, at: &str, allow_external: bool) -> PyResult
     }))
 }
 
-/// Parses a pipeline given as JSON text, a dict, a processor, a callable, or a list of these.
+/// Parses a pipeline as [`entries_any_order`] does, refusing a mask after a truncation step.
 pub(crate) fn entries_of(
+    pipeline: &Bound<'_, PyAny>,
+    allow_external: bool,
+) -> PyResult<Vec<(String, Entry)>> {
+    let entries = entries_any_order(pipeline, allow_external)?;
+    let mut specs = vec![];
+    for (at, entry) in &entries {
+        if let Entry::Specs(list) = entry {
+            specs.extend(
+                list.iter()
+                    .map(|spec| (format!("{at}{}", spec.position()), spec)),
+            );
+        }
+    }
+    check_order(specs.iter().map(|(at, spec)| (at.as_str(), *spec))).py()?;
+    Ok(entries)
+}
+
+/// Parses a pipeline given as JSON text, a dict, a processor, a callable, or a list of these.
+pub(crate) fn entries_any_order(
     pipeline: &Bound<'_, PyAny>,
     allow_external: bool,
 ) -> PyResult<Vec<(String, Entry)>> {

@@ -138,6 +138,45 @@ fn reads_history(specs: &Bound<'_, PyAny>) -> PyResult<bool> {
     }))
 }
 
+/// The specs in the canonical order: biases and penalties; bans and masks (allowed ids, grammars,
+/// the caller's bitmask), then forced tokens; the thinking budget; temperature; truncation. Specs
+/// of one kind keep their order. A list that runs a mask after a truncation step is refused (a
+/// row could be left with no token); this is the order that never is.
+///
+/// Args:
+///     specs: JSON text (one spec object or a list), a dict, or a list of dicts / JSON texts.
+///
+/// Returns:
+///     list[dict]: the specs, as given, reordered.
+///
+/// Raises:
+///     SpecError: for a spec that does not parse, naming the field.
+///
+/// Example:
+///     >>> from logits_processing import canonical_order
+///     >>> [s["kind"] for s in canonical_order([
+///     ...     {"kind": "temperature", "temperature": 0.7},
+///     ...     {"kind": "top_p", "p": 0.9},
+///     ...     {"kind": "repetition_penalty", "penalty": 1.1},
+///     ...     {"kind": "json_object"},
+///     ... ])]
+///     ['repetition_penalty', 'json_object', 'temperature', 'top_p']
+#[pyfunction]
+fn canonical_order<'py>(specs: &Bound<'py, PyAny>) -> PyResult<Bound<'py, PyAny>> {
+    let mut parsed = vec![];
+    for (_, entry) in batch::entries_any_order(specs, false)? {
+        if let batch::Entry::Specs(specs) = entry {
+            parsed.extend(specs);
+        }
+    }
+    let ordered: Vec<_> = logits_processing::canonical_order(parsed)
+        .iter()
+        .map(|spec| spec.to_value())
+        .collect();
+    let text = serde_json::to_string(&ordered).expect("specs are plain data");
+    specs.py().import("json")?.call_method1("loads", (text,))
+}
+
 /// Every spec kind's name, in the canonical order (biases and penalties, bans and masks, forced
 /// tokens, the thinking budget, temperature, truncation).
 ///
@@ -182,6 +221,7 @@ fn _lib(m: &Bound<'_, PyModule>) -> PyResult<()> {
     m.add_function(wrap_pyfunction!(batch::resolve_specs, m)?)?;
     m.add_function(wrap_pyfunction!(reads_history, m)?)?;
     m.add_function(wrap_pyfunction!(kinds, m)?)?;
+    m.add_function(wrap_pyfunction!(canonical_order, m)?)?;
     m.add_function(wrap_pyfunction!(thinking_token_ids, m)?)?;
     m.add_function(wrap_pyfunction!(register_thinking_token_ids, m)?)?;
     m.add_function(wrap_pyfunction!(hello_world_ids_from_file, m)?)?;

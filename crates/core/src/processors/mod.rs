@@ -138,6 +138,52 @@ pub fn reads_history(kind: &str) -> bool {
     !HISTORY_FREE.contains(&kind)
 }
 
+/// Kinds that allow only some tokens, whatever their logits.
+static MASKS: &[&str] = &["allowed_token_ids", "grammar", "json_object", "bitmask"];
+
+/// Kinds that cut a row by its values.
+static TRUNCATIONS: &[&str] = &[
+    "top_k",
+    "top_p",
+    "min_p",
+    "typical_p",
+    "epsilon_cutoff",
+    "eta_cutoff",
+];
+
+/// Refuses a mask (allowed ids, a grammar, the caller's bitmask) listed after a truncation step:
+/// truncating first keeps a few tokens by their logits, and the mask can then allow none of them,
+/// which leaves the row with no token at all. Every engine applies its grammar before truncation,
+/// and so does [`canonical_order`]. `specs` come with where each stood in the pipeline
+/// (`"[3]"`); the error names the mask's `kind` field there and the truncation step it follows.
+pub fn check_order<'a>(
+    specs: impl IntoIterator<Item = (&'a str, &'a ProcessorSpec)>,
+) -> Result<()> {
+    let mut truncation: Option<(&str, &ProcessorSpec)> = None;
+    for (at, spec) in specs {
+        if let (Some((cut_at, cut)), true) = (truncation, MASKS.contains(&spec.kind())) {
+            return Err(crate::error::Error::InvalidSpec {
+                field: crate::error::field_at(at, "kind"),
+                message: format!(
+                    "'{}' comes after the truncation step {}'{}': truncating first can leave no \
+                     token the mask allows (a row of -inf); list masks before truncation, as \
+                     canonical_order() does",
+                    spec.kind(),
+                    match cut_at {
+                        "" => String::new(),
+                        at => format!("{at} "),
+                    },
+                    cut.kind(),
+                ),
+            });
+        }
+        if truncation.is_none() && TRUNCATIONS.contains(&spec.kind()) {
+            truncation = Some((at, spec));
+        }
+    }
+    Ok(())
+}
+
 /// In the canonical order, user processors (external steps) go before the first spec of this
 /// kind or of a kind after it in [`KINDS`].
 pub const USER_STEPS_BEFORE: &str = "thinking_budget";

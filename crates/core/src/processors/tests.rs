@@ -263,6 +263,7 @@ proptest! {
     ) {
         let specs = parse_pipeline(&Value::Array(specs).to_string()).unwrap();
         let ordered = canonical_order(specs);
+        prop_assert!(check_order(ordered.iter().map(|s| (s.position(), s))).is_ok());
         let ranks: Vec<usize> = ordered.iter().map(|s| kind_rank(s.kind())).collect();
         prop_assert!(ranks.windows(2).all(|w| w[0] <= w[1]));
         let ids: Vec<u32> = (0..prompt_len as u32).chain(ids).collect();
@@ -519,4 +520,29 @@ fn history_free_kinds_are_kinds() {
         .iter()
         .all(|k| crate::spec::kinds().any(|known| known == *k)));
     assert!(reads_history("forced_sequence") && reads_history("no such kind"));
+}
+
+#[test]
+fn a_mask_after_truncation_is_refused_naming_both() {
+    let specs = parse_pipeline(
+        r#"[{"kind": "temperature", "temperature": 0.7}, {"kind": "top_p", "p": 0.9},
+            {"kind": "repetition_penalty", "penalty": 1.1},
+            {"kind": "allowed_token_ids", "token_ids": [1, 2]}, {"kind": "top_k", "k": 2}]"#,
+    )
+    .unwrap();
+    let at = |specs: &[ProcessorSpec]| check_order(specs.iter().map(|s| (s.position(), s)));
+    let error = at(&specs).unwrap_err().to_string();
+    assert!(
+        error.contains("[3].kind") && error.contains("truncation step [1] 'top_p'"),
+        "{error}"
+    );
+    assert!(crate::Pipeline::from_specs(&specs, &context(), 0).is_err());
+    assert!(at(&canonical_order(specs)).is_ok());
+    // Masks before truncation, and truncation with no mask after it, are fine.
+    let fine = parse_pipeline(
+        r#"[{"kind": "allowed_token_ids", "token_ids": [1, 2]}, {"kind": "top_k", "k": 2},
+            {"kind": "temperature", "temperature": 0.7}, {"kind": "ban_tokens", "token_ids": [1]}]"#,
+    )
+    .unwrap();
+    assert!(at(&fine).is_ok());
 }
