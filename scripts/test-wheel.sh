@@ -34,6 +34,9 @@ if [ "$(cat "$tools/.stamp" 2>/dev/null)" != "$tool_reqs" ]; then
   echo "$tool_reqs" > "$tools/.stamp"
 fi
 export PATH="$tools/bin:$PATH"   # maturin runs zig as `python3 -m ziglang`
+# The tools' interpreter builds the wheel whoever calls this (scripts/lib.sh exports the dev
+# venv's, and a different one would rebuild pyo3 in the cached target dir).
+unset VIRTUAL_ENV PYO3_PYTHON
 
 work="$(mktemp -d)"
 trap 'rm -rf "$work"' EXIT
