@@ -24,6 +24,11 @@ build="$cache/wheel-build"
 started=$SECONDS
 stage() { echo "-- $1 ($((SECONDS - started)) s)"; }
 
+# One run at a time: the cached build dir and the tools' venv are shared by every checkout.
+mkdir -p "$cache"
+exec 9>"$cache/wheel-build.lock"
+flock 9
+
 # The build tools, in a venv of their own (zig is 50 MB; the dev venv does not need it).
 tool_reqs="maturin==1.16.0 ziglang==0.17.1 auditwheel==6.8.2"
 if [ "$(cat "$tools/.stamp" 2>/dev/null)" != "$tool_reqs" ]; then
