@@ -278,23 +278,43 @@ def _bench(args: argparse.Namespace) -> int:
 def _installed(name: str) -> str | None:
     from importlib import metadata
 
+    for dist in (name, name.replace("_", "-")):
+        try:
+            return metadata.version(dist)
+        except metadata.PackageNotFoundError:
+            pass
+    return None
+
+
+# Each adapter module and the packages it imports.
+_ADAPTERS = {"hf": ("torch", "transformers"), "vllm": ("torch", "vllm"), "sglang": ("torch", "sglang"),
+             "trtllm": ("torch",)}
+
+
+def _adapter_loads(name: str, needs: tuple[str, ...]) -> str:
+    import importlib
+    import importlib.util
+
+    missing = [n for n in needs if importlib.util.find_spec(n) is None]
+    if missing:
+        return f"no ({', '.join(missing)} not installed)"
     try:
-        return metadata.version(name)
-    except metadata.PackageNotFoundError:
-        return None
+        importlib.import_module(f"logits_processing.adapters.{name}")
+        return "loads"
+    except Exception as e:  # an engine version the adapter does not know, a broken install
+        return f"fails: {type(e).__name__}: {e}"
 
 
 def info() -> dict:
-    """What :func:`_lib.build_info` says, and the packages the adapters and tensors come from."""
+    """What :func:`_lib.build_info` says, the versions of the packages the tensors and engines come
+    from, and which engine adapters load here (each is imported: a few seconds with an engine)."""
     out = dict(_lib.build_info())
     out["python"] = sys.version.split()[0]
     out["extension"] = os.path.realpath(_lib.__file__)
-    packages = {"torch": "torch", "numpy": "numpy", "transformers": "transformers (HF adapter)",
-                "vllm": "vllm (vLLM adapter)", "sglang": "sglang (SGLang adapter)",
-                "tensorrt_llm": "tensorrt_llm (TRT-LLM adapter)", "llguidance": "llguidance",
-                "xgrammar": "xgrammar"}
-    out["packages"] = {label: _installed(dist.replace("_", "-")) or _installed(dist)
-                       for dist, label in packages.items()}
+    out["packages"] = {name: _installed(name) for name in
+                       ("torch", "numpy", "transformers", "vllm", "sglang", "tensorrt_llm", "llguidance",
+                        "xgrammar")}
+    out["adapters"] = {name: _adapter_loads(name, needs) for name, needs in _ADAPTERS.items()}
     return out
 
 
@@ -310,8 +330,9 @@ def _info(args: argparse.Namespace) -> int:
     print(f"  CUDA:      {'compiled in' if data['cuda_support'] else 'not compiled in'}; "
           f"{'a GPU can be used' if data['cuda'] is None else data['cuda']}")
     print(f"  NVRTC:     {data['nvrtc']}")
-    for label, version in data["packages"].items():
-        print(f"  {label}: {version or 'not installed'}")
+    print("  packages:  " + ", ".join(f"{name} {version or '-'}" for name, version in data["packages"].items()))
+    for name, verdict in data["adapters"].items():
+        print(f"  adapter {name}: {verdict}")
     return 0
 
 
