@@ -1,8 +1,9 @@
 #!/usr/bin/env bash
 # Every test: formatting and lints, the Rust workspace's tests (unit, property, doc), a short run of
 # each fuzz target, the Python package built into the venv and its tests (differential against the
-# reference, adapters, docs' examples, bad input, threads, the slow churn test), then the engine
-# adapters against the real vLLM and SGLang packages in their own venvs.
+# reference, adapters, docs' examples, bad input, threads, the slow churn test), the portable wheel
+# and the sdist (scripts/test-wheel.sh), then the engine adapters against the real vLLM and SGLang
+# packages in their own venvs.
 set -euo pipefail
 cd "$(dirname "${BASH_SOURCE[0]}")/.."
 source scripts/lib.sh
@@ -29,6 +30,9 @@ echo "== python package"
 "$venv/bin/ruff" check python
 "$venv/bin/maturin" develop --release --quiet --manifest-path crates/python/Cargo.toml
 "$venv/bin/python" -m pytest -q python/tests
+
+echo "== the portable wheel (manylinux2014, abi3) and the sdist, installed where there is no Rust"
+venv="$venv" scripts/test-wheel.sh
 
 echo "== engine adapters against vLLM and SGLang"
 scripts/test-engines.sh

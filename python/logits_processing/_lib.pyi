@@ -466,6 +466,17 @@ def _panic_for_tests(in_pool: bool) -> None:
     With `in_pool`, the panic happens on a worker thread with the GIL released.
     """
 
+def build_info() -> dict[str, Any]:
+    """What this build uses on this machine: the version, the CPU paths taken (the row pass's AVX2
+    and FMA kernels, else portable loops), whether the CUDA path is compiled in and whether a
+    CUDA driver with a GPU and NVRTC were found.
+
+    Returns:
+        dict: ``version``, ``cpu_path``, ``cpu_features`` (detected), ``cuda_support``,
+        ``cuda`` (``None`` when a GPU can be used, else why not), ``nvrtc`` (its version, or why
+        not).
+    """
+
 def canonical_order(specs: Union[Spec, Sequence[Spec]]) -> None:
     """The specs in the canonical order: biases and penalties; bans and masks (allowed ids, grammars,
     the caller's bitmask), then forced tokens; the thinking budget; temperature; truncation. Specs
@@ -564,6 +575,20 @@ def resolve_specs(
         >>> from logits_processing import resolve_specs
         >>> resolve_specs({"kind": "hello_world"}, hello_world=([9, 8], 2))
         [{'kind': 'forced_sequence', 'token_ids': [9, 8], 'eos_token_id': 2, 'position': 'calls'}]
+    """
+
+def spec_schema() -> str:
+    """The JSON Schema (draft 2020-12) of the spec language, generated from the core's registry of
+    kinds: the text published as docs/spec.schema.json.
+
+    Returns:
+        str: The schema as JSON text (two-space indents, a final newline).
+
+    Example:
+        >>> import json
+        >>> from logits_processing import _lib
+        >>> "temperature" in json.loads(_lib.spec_schema())["$defs"]
+        True
     """
 
 def thinking_token_ids(model_name: str, tokenizer: Optional[Any] = None) -> Tuple[int, int, int]:

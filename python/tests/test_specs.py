@@ -28,23 +28,25 @@ def test_accepts_the_reference_form_and_every_kind():
     )
 
 
-@pytest.mark.parametrize(
-    "specs, field",
-    [
-        ({"kind": "nope"}, "kind"),
-        ({"token_ids": []}, "kind"),
-        ({"kind": "forced_sequence", "token_ids": [1]}, "eos_token_id"),
-        ({"kind": "forced_sequence", "token_ids": "1", "eos_token_id": 2}, "token_ids"),
-        ({"kind": "forced_sequence", "token_ids": [1, -4], "eos_token_id": 2}, "token_ids[1]"),
-        ({"kind": "forced_sequence", "token_ids": [1], "eos_token_id": 2, "eos": 3}, "eos"),
-        ({"kind": "temperature", "temperature": "hot"}, "temperature"),
-        ([{"kind": "temperature", "temperature": 1}, {"kind": "ban_tokens"}], "[1].token_ids"),
-        ('[{"kind": "temperature", "temperature": 1}, {"kind": "ban_tokens"}]', "[1].token_ids"),
-        ("not json", "spec"),
-        ([{"kind": "hello_world"}], "[0].kind"),
-        ([lambda ids, logits: None], "[0]"),
-    ],
-)
+# Specs admission refuses, and the field each error names (test_cli.py checks the command line
+# gives the same verdicts).
+BAD_SPECS = [
+    ({"kind": "nope"}, "kind"),
+    ({"token_ids": []}, "kind"),
+    ({"kind": "forced_sequence", "token_ids": [1]}, "eos_token_id"),
+    ({"kind": "forced_sequence", "token_ids": "1", "eos_token_id": 2}, "token_ids"),
+    ({"kind": "forced_sequence", "token_ids": [1, -4], "eos_token_id": 2}, "token_ids[1]"),
+    ({"kind": "forced_sequence", "token_ids": [1], "eos_token_id": 2, "eos": 3}, "eos"),
+    ({"kind": "temperature", "temperature": "hot"}, "temperature"),
+    ([{"kind": "temperature", "temperature": 1}, {"kind": "ban_tokens"}], "[1].token_ids"),
+    ('[{"kind": "temperature", "temperature": 1}, {"kind": "ban_tokens"}]', "[1].token_ids"),
+    ("not json", "spec"),
+    ([{"kind": "hello_world"}], "[0].kind"),
+    ([lambda ids, logits: None], "[0]"),
+]
+
+
+@pytest.mark.parametrize("specs, field", BAD_SPECS)
 def test_errors_name_the_field(specs, field):
     with pytest.raises(SpecError) as info:
         validate_specs(specs)

@@ -86,12 +86,14 @@ RETURNS = {
     "Batch.failure": "Optional[str]",
     "Batch.remove": "bool",
     "Batch.rows": "list[int]",
+    "build_info": "dict[str, Any]",
     "ForcedSequenceLogitsProcessor.__getnewargs_ex__": "Tuple[tuple, dict]",
     "ForcedSequenceLogitsProcessor.__getstate__": "Tuple[int, Optional[dict]]",
     "TemperatureProcessor.__getnewargs_ex__": "Tuple[tuple, dict]",
     "ThinkingBudgetLogitsProcessor.__getnewargs_ex__": "Tuple[tuple, dict]",
     "hello_world_ids_from_file": "Tuple[list[int], int]",
     "resolve_specs": "list[dict]",
+    "spec_schema": "str",
     "thinking_token_ids": "Tuple[int, int, int]",
 }
 

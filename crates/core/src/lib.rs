@@ -30,6 +30,7 @@ mod plan;
 pub mod processors;
 mod raw;
 pub mod spec;
+pub mod spec_schema;
 #[cfg(feature = "tokenizers")]
 pub mod tokenizer;
 pub mod truncation;

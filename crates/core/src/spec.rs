@@ -106,20 +106,23 @@ impl<S: KindSpec + Serialize + Clone> AnySpec for S {
 type ParseResult =
     std::result::Result<Box<dyn AnySpec>, serde_path_to_error::Error<serde_json::Error>>;
 
-/// One registered kind: its name and how its spec is read.
+/// One registered kind: its name, how its spec is read, and its JSON Schema (derived from the
+/// same struct, see [`crate::spec_schema`]).
 pub struct Kind {
     pub name: &'static str,
     parse: fn(Value) -> ParseResult,
+    pub(crate) schema: fn(&mut schemars::SchemaGenerator) -> schemars::Schema,
 }
 
 impl Kind {
     /// The kind `name`, whose spec is `S`.
-    pub const fn new<S: KindSpec + Serialize + DeserializeOwned + Clone>(
+    pub const fn new<S: KindSpec + Serialize + DeserializeOwned + Clone + schemars::JsonSchema>(
         name: &'static str,
     ) -> Self {
         Self {
             name,
             parse: parse_as::<S>,
+            schema: S::json_schema,
         }
     }
 }

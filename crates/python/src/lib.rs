@@ -11,6 +11,7 @@ mod device;
 mod errors;
 mod exclusive;
 mod history;
+mod info;
 mod processors;
 mod spec_processor;
 mod tensor;
@@ -225,6 +226,8 @@ fn _lib(m: &Bound<'_, PyModule>) -> PyResult<()> {
     m.add_function(wrap_pyfunction!(thinking_token_ids, m)?)?;
     m.add_function(wrap_pyfunction!(register_thinking_token_ids, m)?)?;
     m.add_function(wrap_pyfunction!(hello_world_ids_from_file, m)?)?;
+    m.add_function(wrap_pyfunction!(info::spec_schema, m)?)?;
+    m.add_function(wrap_pyfunction!(info::build_info, m)?)?;
     m.add_function(wrap_pyfunction!(_panic_for_tests, m)?)?;
     m.add_class::<processors::PyOutOfVocabForTests>()?;
     Ok(())

@@ -1,3 +1,4 @@
+use schemars::JsonSchema;
 use serde::{Deserialize, Serialize};
 
 use crate::error::{Error, Result};
@@ -6,8 +7,8 @@ use crate::plan::RowPlan;
 use crate::processors::LogitsProcessor;
 use crate::spec::{check_len, KindSpec, SpecContext};
 
-/// `{"kind": "allowed_token_ids", "token_ids": [..]}`: at least one id.
-#[derive(Debug, Clone, Serialize, Deserialize)]
+/// `{"kind": "allowed_token_ids", "token_ids": [5, 6]}`: at least one id.
+#[derive(Debug, Clone, Serialize, Deserialize, JsonSchema)]
 #[serde(deny_unknown_fields)]
 pub struct AllowedTokenIdsSpec {
     pub token_ids: Vec<u32>,

@@ -1,5 +1,6 @@
 use std::sync::Arc;
 
+use schemars::JsonSchema;
 use serde::{Deserialize, Serialize};
 
 use crate::error::{Error, Result};
@@ -10,7 +11,7 @@ use crate::processors::{push_bans, LogitsProcessor};
 use crate::spec::{check_len, KindSpec, SpecContext, MAX_TOKEN_IDS};
 
 /// `{"kind": "bad_words", "sequences": [[5], [7, 8, 9]]}`: token sequences never to generate.
-#[derive(Debug, Clone, Serialize, Deserialize)]
+#[derive(Debug, Clone, Serialize, Deserialize, JsonSchema)]
 #[serde(deny_unknown_fields)]
 pub struct BadWordsSpec {
     pub sequences: Vec<Vec<u32>>,

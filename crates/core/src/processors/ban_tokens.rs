@@ -1,3 +1,4 @@
+use schemars::JsonSchema;
 use serde::{Deserialize, Serialize};
 
 use crate::error::Result;
@@ -6,8 +7,8 @@ use crate::plan::{Edit, RowPlan};
 use crate::processors::{LogitsProcessor, MASK_FROM};
 use crate::spec::{check_len, KindSpec, SpecContext};
 
-/// `{"kind": "ban_tokens", "token_ids": [..]}`.
-#[derive(Debug, Clone, Serialize, Deserialize)]
+/// `{"kind": "ban_tokens", "token_ids": [5, 6]}`: the ids whose logits become `-inf`.
+#[derive(Debug, Clone, Serialize, Deserialize, JsonSchema)]
 #[serde(deny_unknown_fields)]
 pub struct BanTokensSpec {
     pub token_ids: Vec<u32>,

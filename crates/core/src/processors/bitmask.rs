@@ -1,3 +1,4 @@
+use schemars::JsonSchema;
 use serde::{Deserialize, Serialize};
 
 use crate::error::Result;
@@ -7,7 +8,7 @@ use crate::processors::LogitsProcessor;
 use crate::spec::{KindSpec, SpecContext};
 
 /// `{"kind": "bitmask"}`: no fields.
-#[derive(Debug, Clone, Serialize, Deserialize)]
+#[derive(Debug, Clone, Serialize, Deserialize, JsonSchema)]
 #[serde(deny_unknown_fields)]
 pub struct BitmaskSpec {}
 

@@ -1,3 +1,4 @@
+use schemars::JsonSchema;
 use serde::{Deserialize, Serialize};
 
 use crate::error::Result;
@@ -9,7 +10,7 @@ use crate::spec::{KindSpec, SpecContext};
 /// `{"kind": "eta_cutoff", "epsilon": 0.0003, "min_tokens_to_keep": 1}`: keeps the logits whose
 /// probability is at least `min(epsilon, sqrt(epsilon) * exp(-entropy))` (`0 < epsilon < 1`);
 /// `min_tokens_to_keep` (at least 1, default 1) as in transformers' `EtaLogitsWarper`.
-#[derive(Debug, Clone, Serialize, Deserialize)]
+#[derive(Debug, Clone, Serialize, Deserialize, JsonSchema)]
 #[serde(deny_unknown_fields)]
 pub struct EtaCutoffSpec {
     pub epsilon: f64,

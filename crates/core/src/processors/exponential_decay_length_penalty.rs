@@ -1,3 +1,4 @@
+use schemars::JsonSchema;
 use serde::{Deserialize, Serialize};
 
 use crate::error::{Error, Result};
@@ -9,7 +10,7 @@ use crate::spec::{KindSpec, SpecContext};
 
 /// `{"kind": "exponential_decay_length_penalty", "start_index": 20, "decay_factor": 1.05,
 /// "eos_token_ids": [2]}`: `decay_factor` finite and > 0; `start_index` counts generated ids.
-#[derive(Debug, Clone, Serialize, Deserialize)]
+#[derive(Debug, Clone, Serialize, Deserialize, JsonSchema)]
 #[serde(deny_unknown_fields)]
 pub struct ExponentialDecayLengthPenaltySpec {
     pub start_index: usize,

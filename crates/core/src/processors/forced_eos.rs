@@ -1,3 +1,4 @@
+use schemars::JsonSchema;
 use serde::{Deserialize, Serialize};
 
 use crate::error::Result;
@@ -8,7 +9,7 @@ use crate::processors::LogitsProcessor;
 use crate::spec::{KindSpec, SpecContext};
 
 /// `{"kind": "forced_eos", "max_length": 64, "eos_token_ids": [2]}`.
-#[derive(Debug, Clone, Serialize, Deserialize)]
+#[derive(Debug, Clone, Serialize, Deserialize, JsonSchema)]
 #[serde(deny_unknown_fields)]
 pub struct ForcedEosSpec {
     pub max_length: usize,

@@ -1,3 +1,4 @@
+use schemars::JsonSchema;
 use serde::{Deserialize, Serialize};
 
 use crate::error::{Error, Result};
@@ -9,7 +10,7 @@ use crate::spec::{check_len, KindSpec, SpecContext};
 /// How a spec's forced sequence finds its position: by counting calls (`"calls"`, the reference's
 /// way and the default) or from the number of generated tokens (`"tokens"`: robust to
 /// preemption, prefill/decode splits and migration).
-#[derive(Debug, Clone, Copy, PartialEq, Eq, Default, Serialize, Deserialize)]
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Default, Serialize, Deserialize, JsonSchema)]
 #[serde(rename_all = "lowercase")]
 pub enum PositionSpec {
     #[default]
@@ -26,8 +27,10 @@ impl PositionSpec {
     }
 }
 
-/// `{"kind": "forced_sequence", "token_ids": [..], "eos_token_id": 2, "position": "calls"}`.
-#[derive(Debug, Clone, Serialize, Deserialize)]
+/// `{"kind": "forced_sequence", "token_ids": [9906, 1917], "eos_token_id": 2, "position": "calls"}`:
+/// the ids to force, one per step, then the EOS id forever; `position` `"calls"` (the default)
+/// counts calls, `"tokens"` counts the generated ids.
+#[derive(Debug, Clone, Serialize, Deserialize, JsonSchema)]
 #[serde(deny_unknown_fields)]
 pub struct ForcedSequenceSpec {
     pub token_ids: Vec<u32>,

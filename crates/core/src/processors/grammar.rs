@@ -2,6 +2,7 @@ use std::sync::Arc;
 
 use llguidance::api::{GrammarInit, TopLevelGrammar};
 use llguidance::Matcher;
+use schemars::JsonSchema;
 use serde::{Deserialize, Serialize};
 use serde_json::{json, Value};
 
@@ -12,10 +13,11 @@ use crate::plan::{MaskId, RowPlan};
 use crate::processors::LogitsProcessor;
 use crate::spec::{KindSpec, SpecContext};
 
-/// `{"kind": "grammar", <one of>}`: `"json_schema": {...}` (a JSON Schema), `"regex": "..."`,
+/// `{"kind": "grammar", "regex": "(yes|no)"}`: output constrained to one of `"json_schema": {...}`
+/// (a JSON Schema), `"regex": "..."`,
 /// `"lark": "..."` (llguidance's Lark dialect) or `"llguidance": {...}` (llguidance's own
 /// top-level grammar object). Exactly one.
-#[derive(Debug, Clone, Default, Serialize, Deserialize)]
+#[derive(Debug, Clone, Default, Serialize, Deserialize, JsonSchema)]
 #[serde(deny_unknown_fields)]
 pub struct GrammarSpec {
     #[serde(default, skip_serializing_if = "Option::is_none")]
@@ -102,7 +104,7 @@ impl KindSpec for GrammarSpec {
 }
 
 /// `{"kind": "json_object"}`: any JSON object (the engines' "JSON mode").
-#[derive(Debug, Clone, Serialize, Deserialize)]
+#[derive(Debug, Clone, Serialize, Deserialize, JsonSchema)]
 #[serde(deny_unknown_fields)]
 pub struct JsonObjectSpec {}
 

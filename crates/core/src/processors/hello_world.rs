@@ -1,3 +1,4 @@
+use schemars::JsonSchema;
 use serde::{Deserialize, Serialize};
 
 use crate::error::{Error, Result};
@@ -7,7 +8,7 @@ use crate::spec::{KindSpec, SpecContext};
 
 /// `{"kind": "hello_world", "position": "calls"}`: the ids come from the engine's tokenizer
 /// ([`SpecContext::hello_world`]).
-#[derive(Debug, Clone, Serialize, Deserialize)]
+#[derive(Debug, Clone, Serialize, Deserialize, JsonSchema)]
 #[serde(deny_unknown_fields)]
 pub struct HelloWorldSpec {
     #[serde(default)]

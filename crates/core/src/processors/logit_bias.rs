@@ -1,5 +1,6 @@
 use std::collections::BTreeMap;
 
+use schemars::JsonSchema;
 use serde::{Deserialize, Serialize};
 
 use crate::error::{Error, Result};
@@ -10,7 +11,7 @@ use crate::spec::{check_len, KindSpec, SpecContext};
 
 /// `{"kind": "logit_bias", "bias": {"123": -1.5}}`: an object from token id (a string, as JSON
 /// keys are) to a finite bias (OpenAI's form).
-#[derive(Debug, Clone, Serialize, Deserialize)]
+#[derive(Debug, Clone, Serialize, Deserialize, JsonSchema)]
 #[serde(deny_unknown_fields)]
 pub struct LogitBiasSpec {
     pub bias: BTreeMap<u32, f32>,

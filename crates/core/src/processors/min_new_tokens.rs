@@ -1,3 +1,4 @@
+use schemars::JsonSchema;
 use serde::{Deserialize, Serialize};
 
 use crate::error::Result;
@@ -8,7 +9,7 @@ use crate::processors::{push_bans, LogitsProcessor};
 use crate::spec::{KindSpec, SpecContext};
 
 /// `{"kind": "min_new_tokens", "min_new_tokens": 5, "eos_token_ids": [2]}`.
-#[derive(Debug, Clone, Serialize, Deserialize)]
+#[derive(Debug, Clone, Serialize, Deserialize, JsonSchema)]
 #[serde(deny_unknown_fields)]
 pub struct MinNewTokensSpec {
     pub min_new_tokens: usize,

@@ -1,3 +1,4 @@
+use schemars::JsonSchema;
 use serde::{Deserialize, Serialize};
 
 use crate::error::Result;
@@ -9,7 +10,7 @@ use crate::spec::{KindSpec, SpecContext};
 /// `{"kind": "min_p", "p": 0.05, "min_tokens_to_keep": 1}`: keeps the logits whose probability is
 /// at least `p` (`0 <= p <= 1`) times the largest; `min_tokens_to_keep` (at least 1, default 1) as
 /// in transformers' `MinPLogitsWarper`.
-#[derive(Debug, Clone, Serialize, Deserialize)]
+#[derive(Debug, Clone, Serialize, Deserialize, JsonSchema)]
 #[serde(deny_unknown_fields)]
 pub struct MinPSpec {
     pub p: f64,

@@ -1,5 +1,6 @@
 use std::collections::HashMap;
 
+use schemars::JsonSchema;
 use serde::{Deserialize, Serialize};
 
 use crate::error::{Error, Result};
@@ -11,7 +12,7 @@ use crate::processors::{push_bans, LogitsProcessor};
 use crate::spec::{KindSpec, SpecContext};
 
 /// `{"kind": "no_repeat_ngram", "n": 3}`: `n` at least 1.
-#[derive(Debug, Clone, Serialize, Deserialize)]
+#[derive(Debug, Clone, Serialize, Deserialize, JsonSchema)]
 #[serde(deny_unknown_fields)]
 pub struct NoRepeatNGramSpec {
     pub n: u32,

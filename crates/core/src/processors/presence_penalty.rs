@@ -1,3 +1,4 @@
+use schemars::JsonSchema;
 use serde::{Deserialize, Serialize};
 
 use crate::error::Result;
@@ -10,7 +11,7 @@ use crate::processors::LogitsProcessor;
 use crate::spec::{KindSpec, SpecContext};
 
 /// `{"kind": "presence_penalty", "penalty": 0.5}`: `penalty` in `-2..=2`, over the generated ids.
-#[derive(Debug, Clone, Serialize, Deserialize)]
+#[derive(Debug, Clone, Serialize, Deserialize, JsonSchema)]
 #[serde(deny_unknown_fields)]
 pub struct PresencePenaltySpec {
     pub penalty: f64,

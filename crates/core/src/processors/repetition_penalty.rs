@@ -1,3 +1,4 @@
+use schemars::JsonSchema;
 use serde::{Deserialize, Serialize};
 
 use crate::error::{Error, Result};
@@ -8,7 +9,7 @@ use crate::processors::LogitsProcessor;
 use crate::spec::{KindSpec, SpecContext};
 
 /// Which ids a repetition penalty looks at.
-#[derive(Debug, Clone, Copy, PartialEq, Eq, Default, Serialize, Deserialize)]
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Default, Serialize, Deserialize, JsonSchema)]
 #[serde(rename_all = "lowercase")]
 pub enum Scope {
     /// The prompt and the generated ids (transformers' default for decoder-only models).
@@ -21,7 +22,7 @@ pub enum Scope {
 }
 
 /// `{"kind": "repetition_penalty", "penalty": 1.2, "scope": "all"}`.
-#[derive(Debug, Clone, Serialize, Deserialize)]
+#[derive(Debug, Clone, Serialize, Deserialize, JsonSchema)]
 #[serde(deny_unknown_fields)]
 pub struct RepetitionPenaltySpec {
     pub penalty: f64,

@@ -1,5 +1,6 @@
 use std::sync::Arc;
 
+use schemars::JsonSchema;
 use serde::{Deserialize, Serialize};
 
 use crate::error::{Error, Result};
@@ -12,7 +13,7 @@ use crate::spec::{KindSpec, SpecContext};
 
 /// `{"kind": "sequence_bias", "biases": [[[5], -1.0], [[7, 8], 2.5]]}`: a list of
 /// `[token ids, bias]` pairs, each bias finite.
-#[derive(Debug, Clone, Serialize, Deserialize)]
+#[derive(Debug, Clone, Serialize, Deserialize, JsonSchema)]
 #[serde(deny_unknown_fields)]
 pub struct SequenceBiasSpec {
     pub biases: Vec<(Vec<u32>, f64)>,

@@ -1,3 +1,4 @@
+use schemars::JsonSchema;
 use serde::{Deserialize, Serialize};
 
 use crate::error::Result;
@@ -10,7 +11,7 @@ use crate::spec::{check_len, KindSpec, SpecContext};
 /// `{"kind": "suppress_tokens_at_begin", "token_ids": [220, 50256], "begin_index": 12}`;
 /// `begin_index` defaults to the prompt's length (the first generated token, as `generate()`
 /// sets it for a decoder-only model).
-#[derive(Debug, Clone, Serialize, Deserialize)]
+#[derive(Debug, Clone, Serialize, Deserialize, JsonSchema)]
 #[serde(deny_unknown_fields)]
 pub struct SuppressTokensAtBeginSpec {
     pub token_ids: Vec<u32>,

@@ -1,3 +1,4 @@
+use schemars::JsonSchema;
 use serde::{Deserialize, Serialize};
 
 use crate::error::{Error, Result};
@@ -7,7 +8,7 @@ use crate::processors::LogitsProcessor;
 use crate::spec::{KindSpec, SpecContext};
 
 /// `{"kind": "temperature", "temperature": 0.7}`: the temperature, finite and > 0.
-#[derive(Debug, Clone, Serialize, Deserialize)]
+#[derive(Debug, Clone, Serialize, Deserialize, JsonSchema)]
 #[serde(deny_unknown_fields)]
 pub struct TemperatureSpec {
     pub temperature: f64,

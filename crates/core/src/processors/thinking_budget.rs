@@ -1,3 +1,4 @@
+use schemars::JsonSchema;
 use serde::{Deserialize, Serialize};
 
 use crate::error::{Error, Result};
@@ -9,7 +10,7 @@ use crate::spec::{KindSpec, SpecContext};
 /// `{"kind": "thinking_budget", "max_thinking_tokens": 100, "overflow_percentage": 0.1}`, plus
 /// `start_token_id` / `end_token_id` / `newline_token_id` (all three, or none to take the
 /// model's from [`SpecContext::thinking_tokens`]).
-#[derive(Debug, Clone, Serialize, Deserialize)]
+#[derive(Debug, Clone, Serialize, Deserialize, JsonSchema)]
 #[serde(deny_unknown_fields)]
 pub struct ThinkingBudgetSpec {
     pub max_thinking_tokens: usize,

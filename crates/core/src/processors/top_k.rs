@@ -1,3 +1,4 @@
+use schemars::JsonSchema;
 use serde::{Deserialize, Serialize};
 
 use crate::error::Result;
@@ -9,7 +10,7 @@ use crate::spec::{KindSpec, SpecContext};
 /// `{"kind": "top_k", "k": 50, "min_tokens_to_keep": 1}`: keeps the `k` (at least 1) largest logits
 /// and every logit tied with the k-th; `min_tokens_to_keep` (at least 1, default 1) as in
 /// transformers' `TopKLogitsWarper`.
-#[derive(Debug, Clone, Serialize, Deserialize)]
+#[derive(Debug, Clone, Serialize, Deserialize, JsonSchema)]
 #[serde(deny_unknown_fields)]
 pub struct TopKSpec {
     pub k: u32,

@@ -1,3 +1,4 @@
+use schemars::JsonSchema;
 use serde::{Deserialize, Serialize};
 
 use crate::error::Result;
@@ -9,7 +10,7 @@ use crate::spec::{KindSpec, SpecContext};
 /// `{"kind": "top_p", "p": 0.9, "min_tokens_to_keep": 1}`: keeps the smallest set of largest logits
 /// whose probability reaches `p` (`0 < p <= 1`); `min_tokens_to_keep` (at least 1, default 1) as in
 /// transformers' `TopPLogitsWarper`.
-#[derive(Debug, Clone, Serialize, Deserialize)]
+#[derive(Debug, Clone, Serialize, Deserialize, JsonSchema)]
 #[serde(deny_unknown_fields)]
 pub struct TopPSpec {
     pub p: f64,

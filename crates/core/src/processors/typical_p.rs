@@ -1,3 +1,4 @@
+use schemars::JsonSchema;
 use serde::{Deserialize, Serialize};
 
 use crate::error::Result;
@@ -9,7 +10,7 @@ use crate::spec::{KindSpec, SpecContext};
 /// `{"kind": "typical_p", "mass": 0.9, "min_tokens_to_keep": 1}`: locally typical sampling with
 /// mass `mass` (`0 < mass < 1`); `min_tokens_to_keep` (at least 1, default 1) as in transformers'
 /// `TypicalLogitsWarper`.
-#[derive(Debug, Clone, Serialize, Deserialize)]
+#[derive(Debug, Clone, Serialize, Deserialize, JsonSchema)]
 #[serde(deny_unknown_fields)]
 pub struct TypicalPSpec {
     pub mass: f64,
