@@ -15,6 +15,7 @@ from hypothesis import strategies as st
 from logits_processing import (
     Batch,
     DTypeError,
+    EngineContext,
     Processor,
     ReadOnlyError,
     ShapeError,
@@ -46,7 +47,7 @@ SPECS = st.one_of(
         st.dictionaries(st.integers(0, VOCAB - 1), st.floats(-5, 5), max_size=4),
     ),
 )
-CONTEXT = {"hello_world": ([7, 8, 9], 0), "thinking_tokens": TOKENS}
+CONTEXT = {"context": EngineContext(hello_world=([7, 8, 9], 0), thinking_tokens=TOKENS)}
 
 
 @settings(max_examples=60, deadline=None)

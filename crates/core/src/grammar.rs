@@ -51,9 +51,10 @@ pub struct GrammarEnv(Arc<Inner>);
 
 struct Inner {
     tokenizer_vocab: usize,
-    // The tokenizer and EOS override (empty: the tokenizer's own), until the environment is
-    // built from them.
-    source: Mutex<Option<(tokenizers::Tokenizer, Vec<u32>)>>,
+    // The tokenizer (kept to encode the text of specs) and the EOS override (empty: the
+    // tokenizer's own), which the environment is built from.
+    tokenizer: tokenizers::Tokenizer,
+    eos_override: Vec<u32>,
     built: OnceLock<std::result::Result<Built, String>>,
 }
 
@@ -96,7 +97,8 @@ impl GrammarEnv {
         }
         Ok(Self(Arc::new(Inner {
             tokenizer_vocab,
-            source: Mutex::new(Some((tokenizer, eos_token_ids.to_vec()))),
+            tokenizer,
+            eos_override: eos_token_ids.to_vec(),
             built: OnceLock::new(),
         })))
     }
@@ -112,14 +114,8 @@ impl GrammarEnv {
         self.0
             .built
             .get_or_init(|| {
-                let source = self
-                    .0
-                    .source
-                    .lock()
-                    .unwrap_or_else(|e| e.into_inner())
-                    .take();
-                let (tokenizer, eos) = source.ok_or("the tokenizer was lost by a panic")?;
-                build(tokenizer, eos).map_err(|e| e.to_string())
+                build(self.0.tokenizer.clone(), self.0.eos_override.clone())
+                    .map_err(|e| e.to_string())
             })
             .as_ref()
             .map_err(|e| Error::Tokenizer(e.clone()))
@@ -182,6 +178,11 @@ impl GrammarEnv {
         Ok(template)
     }
 
+    /// The tokenizer it was made from.
+    pub fn tokenizer(&self) -> &tokenizers::Tokenizer {
+        &self.0.tokenizer
+    }
+
     /// Compiled grammars in the cache.
     pub fn cached(&self) -> usize {
         match self.0.built.get() {
@@ -232,6 +233,13 @@ impl Built {
     fn lock(&self) -> std::sync::MutexGuard<'_, LruCache<String, Arc<Matcher>>> {
         // The cache holds no invariant a panic could break.
         self.cache.lock().unwrap_or_else(|e| e.into_inner())
+    }
+}
+
+/// The tokenizer's encoding (no special tokens), for the text of specs.
+impl crate::processors::TextEncoder for GrammarEnv {
+    fn encode_plain(&self, text: &str) -> Result<Vec<u32>> {
+        crate::processors::TextEncoder::encode_plain(&self.0.tokenizer, text)
     }
 }
 

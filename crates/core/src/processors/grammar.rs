@@ -243,32 +243,34 @@ impl Grammar {
             eos.get(*t as usize / 32)
                 .is_some_and(|w| w >> (t % 32) & 1 == 1)
         };
-        if self.matcher.is_stopped() && !self.matcher.is_error() && new[taken..].iter().all(is_eos)
-        {
-            return;
-        }
-        if let Some(&token) = new.get(taken) {
-            let reason = if taken < known {
-                format!(
-                    "output token {} (id {token}) is not allowed by the grammar",
-                    self.accepted.len()
-                )
+        // The token at fault is the first that is neither accepted nor such padding.
+        let padding = if self.matcher.is_stopped() && !self.matcher.is_error() {
+            new[taken..].iter().take_while(|t| is_eos(t)).count()
+        } else {
+            0
+        };
+        let at = taken + padding;
+        if let Some(&token) = new.get(at) {
+            let position = self.accepted.len() + padding;
+            let reason = if at < known {
+                format!("output token {position} (id {token}) is not allowed by the grammar")
             } else {
                 format!(
-                    "output token {} (id {token}) is not a token of the tokenizer ({vocab} tokens)",
-                    self.accepted.len()
+                    "output token {position} (id {token}) is not a token of the tokenizer \
+                     ({vocab} tokens)"
                 )
             };
-            self.fail(Some(token), reason);
+            self.fail_at(position, Some(token), reason);
         }
     }
 
     fn fail(&mut self, token: Option<u32>, reason: String) {
-        self.failure = Some(Failure {
-            at: self.accepted.len(),
-            token,
-            reason,
-        });
+        self.fail_at(self.accepted.len(), token, reason);
+    }
+
+    /// Fails at output position `at` (every output token before it accepted or padding).
+    fn fail_at(&mut self, at: usize, token: Option<u32>, reason: String) {
+        self.failure = Some(Failure { at, token, reason });
     }
 }
 

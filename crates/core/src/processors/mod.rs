@@ -63,7 +63,8 @@ pub use suppress_tokens_at_begin::{SuppressTokensAtBegin, SuppressTokensAtBeginS
 pub use temperature::{Temperature, TemperatureSpec};
 pub use thinking_budget::{ThinkingBudget, ThinkingBudgetSpec, CHECKED_TAIL};
 pub use thinking_config::{
-    get_thinking_token_config, register_thinking_token_config, ThinkingTokenConfig,
+    get_thinking_token_config, lookup_thinking_token_config, register_thinking_token_config,
+    thinking_token_table, ThinkingTokenConfig,
 };
 pub use top_k::TopKSpec;
 pub use top_p::TopPSpec;
