@@ -571,18 +571,6 @@ class ThinkingBudgetLogitsProcessor:
     @property
     def thinking_start_token_id(self) -> int: ...
 
-class _OutOfVocabForTests:
-    """For the tests of a batch's plan validation: a pipeline step that, when the last id is
-    `on_id`, plans a token outside any vocab without saying so in `max_token_id` (no built-in
-    does; a processor added later might).
-    """
-    def __init__(self, on_id: int) -> None: ...
-
-def _panic_for_tests(in_pool: bool) -> None:
-    """Panics inside Rust, for the tests that show a panic becomes an exception, never an abort.
-    With `in_pool`, the panic happens on a worker thread with the GIL released.
-    """
-
 def hello_world_ids(tokenizer: Any, eos_token_id: Optional[int] = None) -> Tuple[list[int], int]:
     """`(ids of "Hello world!", eos id)` from a tokenizer: a transformers tokenizer (or anything
     with ``encode``), a ``tokenizers.Tokenizer`` or a ``tokenizer.json`` path; the EOS id is

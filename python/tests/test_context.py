@@ -271,3 +271,18 @@ def test_specs_from_generation_config_refuses_what_generate_refuses(field, value
     with pytest.raises(lp.InvalidArgumentError, match=field) as raised:
         specs_from_generation_config(config)
     assert raised.value.field == field
+
+
+@pytest.mark.parametrize(
+    "spec, field",
+    [
+        ({"kind": "grammar", "regex": "a{1000000}"}, "regex"),
+        ({"kind": "grammar", "regex": "x{1000}{1000}"}, "regex"),
+        ({"kind": "grammar", "json_schema": {"type": "string", "pattern": "(a{1000}){1000}"}}, "json_schema.pattern"),
+    ],
+)
+def test_grammar_work_past_a_steps_budget_is_refused_at_admission(spec, field):
+    for context in (lp.EngineContext.structure_only(), lp.EngineContext()):
+        with pytest.raises(lp.SpecError, match="limit") as raised:
+            lp.validate_specs(spec, context=context)
+        assert raised.value.field == field

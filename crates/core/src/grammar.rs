@@ -43,6 +43,82 @@ pub fn grammar_limits() -> ParserLimits {
     }
 }
 
+/// The most work a grammar's regex may expand to ([`check_regex_size`]): llguidance builds a
+/// counted repetition or a literal one element at a time, about 0.6 µs each in a mask (10,000:
+/// about 6 ms for the first mask of `a{10000}`), and a million (`a{1000000}`, `(a{1000}){1000}`)
+/// stalls a step for a second before failing.
+pub const MAX_REGEX_SIZE: u64 = 10_000;
+
+/// Refuses a regex whose counted repetitions and literals expand past [`MAX_REGEX_SIZE`]
+/// elements (repetitions multiply: `x{1000}{1000}` is a million), naming `field`. A regex the
+/// parser here does not read is left to llguidance, which reports its own errors.
+pub(crate) fn check_regex_size(field: &str, pattern: &str) -> Result<()> {
+    use regex_syntax::hir::{Hir, HirKind};
+    fn size(hir: &Hir) -> u64 {
+        match hir.kind() {
+            HirKind::Empty | HirKind::Look(_) | HirKind::Class(_) => 1,
+            HirKind::Literal(literal) => literal.0.len() as u64,
+            HirKind::Repetition(repetition) => {
+                let count = repetition.max.unwrap_or(repetition.min).max(1);
+                size(&repetition.sub).saturating_mul(u64::from(count))
+            }
+            HirKind::Capture(capture) => size(&capture.sub),
+            HirKind::Concat(parts) | HirKind::Alternation(parts) => parts
+                .iter()
+                .fold(0u64, |total, part| total.saturating_add(size(part))),
+        }
+    }
+    let parsed = regex_syntax::ParserBuilder::new()
+        .utf8(false)
+        .unicode(false)
+        .build()
+        .parse(pattern);
+    let Ok(hir) = parsed else {
+        return Ok(());
+    };
+    let expanded = size(&hir);
+    if expanded > MAX_REGEX_SIZE {
+        return Err(Error::spec(
+            field,
+            format!(
+                "the regex expands to {expanded} elements (counted repetitions multiply, literals \
+                 count each byte), over the limit of {MAX_REGEX_SIZE}: a mask would stall a step"
+            ),
+        ));
+    }
+    Ok(())
+}
+
+/// The regexes of a JSON schema (`pattern`, and the keys of `patternProperties`), each checked
+/// with [`check_regex_size`]; `at` names the schema's field (`json_schema`).
+pub(crate) fn check_schema_regexes(at: &str, schema: &serde_json::Value) -> Result<()> {
+    match schema {
+        serde_json::Value::Object(object) => {
+            for (key, value) in object {
+                let field = format!("{at}.{key}");
+                match (key.as_str(), value) {
+                    ("pattern", serde_json::Value::String(pattern)) => {
+                        check_regex_size(&field, pattern)?
+                    }
+                    ("patternProperties", serde_json::Value::Object(patterns)) => {
+                        for (pattern, sub) in patterns {
+                            check_regex_size(&format!("{field}[{pattern:?}]"), pattern)?;
+                            check_schema_regexes(&format!("{field}.{pattern}"), sub)?;
+                        }
+                    }
+                    _ => check_schema_regexes(&field, value)?,
+                }
+            }
+            Ok(())
+        }
+        serde_json::Value::Array(items) => items
+            .iter()
+            .enumerate()
+            .try_for_each(|(i, item)| check_schema_regexes(&format!("{at}[{i}]"), item)),
+        _ => Ok(()),
+    }
+}
+
 /// llguidance's view of the engine's tokenizer, and the grammars compiled for it. Cheap to
 /// clone (shared). Built when the first grammar needs it: an engine that is given its tokenizer
 /// but never sees a grammar pays only for reading the tokenizer.

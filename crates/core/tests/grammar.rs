@@ -570,3 +570,54 @@ fn a_token_after_eos_in_the_same_step_is_blamed_not_the_eos() {
         );
     }
 }
+
+/// A grammar whose regex expands past the limit is refused when it is parsed (no tokenizer
+/// needed), naming the field: llguidance admits it, then its first mask takes 0.7-2.7 s and the
+/// row fails with "too many expressions constructed".
+#[test]
+fn regexes_that_would_stall_a_step_are_refused_at_admission() {
+    let field = |spec: Value| match parse_pipeline(&spec.to_string()) {
+        Err(Error::InvalidSpec { field, message }) => {
+            assert!(message.contains("limit"), "{message}");
+            Some(field)
+        }
+        Err(other) => panic!("{other:?}"),
+        Ok(_) => None,
+    };
+    let long = "a".repeat(500_000);
+    for (spec, expected) in [
+        (json!({"kind": "grammar", "regex": "a{1000000}"}), "regex"),
+        (
+            json!({"kind": "grammar", "regex": "(a{1000}){1000}"}),
+            "regex",
+        ),
+        (
+            json!({"kind": "grammar", "regex": "x{1000}{1000}"}),
+            "regex",
+        ),
+        (json!({"kind": "grammar", "regex": long}), "regex"),
+        (
+            json!([{"kind": "top_k", "k": 3},
+                   {"kind": "grammar", "json_schema": {"type": "object", "properties":
+                       {"name": {"type": "string", "pattern": "^a{1000000}$"}}}}]),
+            "[1].json_schema.properties.name.pattern",
+        ),
+        (
+            json!({"kind": "grammar", "json_schema": {"type": "object",
+                   "patternProperties": {"^b{100000}$": {"type": "integer"}}}}),
+            r#"json_schema.patternProperties["^b{100000}$"]"#,
+        ),
+    ] {
+        assert_eq!(field(spec.clone()).as_deref(), Some(expected), "{spec}");
+    }
+    // What real grammars use stays well inside the limit.
+    for spec in [
+        json!({"kind": "grammar", "regex": "[0-9]{3}"}),
+        json!({"kind": "grammar", "regex": "a{10000}"}),
+        json!({"kind": "grammar", "regex": ".{0,5000}"}),
+        json!({"kind": "grammar", "regex": "[a-f0-9]{8}-[a-f0-9]{4}-[a-f0-9]{4}-[a-f0-9]{4}-[a-f0-9]{12}"}),
+        json!({"kind": "grammar", "json_schema": {"type": "string", "pattern": "^[A-Z][a-z]{1,64}$"}}),
+    ] {
+        assert_eq!(field(spec.clone()), None, "{spec}");
+    }
+}

@@ -1,6 +1,6 @@
 //! The packed format and the kernel's algorithm, checked on the host: the emulation of the kernel
 //! (`packed::emulate`) must give what `RowPlan::apply` gives, bit for bit, for random plans, every
-//! dtype, the vocab sizes and ragged batches. No GPU needed.
+//! dtype, the vocab sizes of `common::VOCABS` and ragged batches. No GPU needed.
 
 mod common;
 

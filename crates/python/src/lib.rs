@@ -99,7 +99,13 @@ fn _lib(m: &Bound<'_, PyModule>) -> PyResult<()> {
     m.add_function(wrap_pyfunction!(context::hello_world_ids, m)?)?;
     m.add_function(wrap_pyfunction!(context::thinking_token_table, m)?)?;
     m.add_function(wrap_pyfunction!(batch::position_by_tokens, m)?)?;
-    m.add_function(wrap_pyfunction!(_panic_for_tests, m)?)?;
-    m.add_class::<processors::PyOutOfVocabForTests>()?;
+    // Hooks for the test suite, kept out of the shipped module's surface: only with
+    // LOGITS_PROCESSING_TEST_HOOKS set when it is imported (python/tests/conftest.py sets it).
+    if std::env::var_os("LOGITS_PROCESSING_TEST_HOOKS").is_some() {
+        let testing = PyModule::new(m.py(), "_testing")?;
+        testing.add_function(wrap_pyfunction!(_panic_for_tests, &testing)?)?;
+        testing.add_class::<processors::PyOutOfVocabForTests>()?;
+        m.add_submodule(&testing)?;
+    }
     Ok(())
 }

@@ -6,7 +6,7 @@ use serde::{Deserialize, Serialize};
 use serde_json::{json, Value};
 
 use crate::error::{Error, Result};
-use crate::grammar::{grammar_limits, GrammarEnv};
+use crate::grammar::{check_regex_size, check_schema_regexes, grammar_limits, GrammarEnv};
 use crate::history::TokenHistory;
 use crate::plan::{MaskId, RowPlan};
 use crate::processors::LogitsProcessor;
@@ -71,7 +71,15 @@ impl GrammarSpec {
 
 impl KindSpec for GrammarSpec {
     fn check(&self) -> Result<()> {
-        self.field().map(drop)
+        self.field()?;
+        // Work bounds llguidance's fuel does not keep to a step's budget: refused here.
+        if let Some(regex) = &self.regex {
+            check_regex_size("regex", regex)?;
+        }
+        if let Some(schema) = &self.json_schema {
+            check_schema_regexes("json_schema", schema)?;
+        }
+        Ok(())
     }
 
     fn realize(

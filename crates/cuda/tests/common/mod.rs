@@ -8,7 +8,7 @@ use logits_processing::{
     TokenHistory, Truncation,
 };
 
-/// The vocab sizes the issue names: Qwen3's, DeepSeek's, an odd Llama-like one, a tiny one.
+/// The vocab sizes every test runs: Qwen3's, DeepSeek's, an odd Llama-like one, a tiny one.
 pub const VOCABS: [usize; 4] = [151_936, 129_280, 32_001, 7];
 
 /// splitmix64: a seeded stream of numbers, so a proptest case is one seed.
