@@ -80,6 +80,7 @@ const MAX_DENSE: usize = 1 << (32 - OP_BITS);
 
 /// The kernel's op codes: one per edit meaning, each carried out as [`Edit::value`] says.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
+#[cfg_attr(test, derive(strum::EnumIter))]
 #[repr(u32)]
 pub enum Op {
     Scale = 0,
@@ -154,6 +155,7 @@ impl Op {
 
 /// A truncation rule's code in a band record.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
+#[cfg_attr(test, derive(strum::EnumIter))]
 #[repr(u32)]
 pub enum Rule {
     TopK = 0,
@@ -1078,73 +1080,31 @@ mod tests {
         }
     }
 
+    /// `ALL` (which the header, the decoder and the self-check go by) holds every variant, as
+    /// the enums themselves list them: a variant left out of `ALL` fails here. (`Op::of` is an
+    /// exhaustive match: a new kind of edit does not compile without its op.)
     #[test]
-    fn every_edit_has_its_op() {
-        let mut plan = RowPlan::new();
-        plan.push_mask(&[1], false);
-        let edits = [
-            (Edit::Scale { temperature: 0.5 }, Op::Scale),
-            (
-                Edit::Force {
-                    token: 1,
-                    value: ForcedValue::Keep,
-                },
-                Op::ForceKeep,
-            ),
-            (
-                Edit::Force {
-                    token: 1,
-                    value: ForcedValue::Set(2.0),
-                },
-                Op::ForceSet,
-            ),
-            (Edit::Ban { token: 1 }, Op::Ban),
-            (
-                Edit::Bias {
-                    token: 1,
-                    bias: 1.0,
-                },
-                Op::Bias,
-            ),
-            (
-                Edit::Penalty {
-                    token: 1,
-                    penalty: 1.5,
-                },
-                Op::Penalty,
-            ),
-            (
-                Edit::Raise {
-                    token: 1,
-                    factor: 0.5,
-                },
-                Op::Raise,
-            ),
-            (
-                Edit::Set {
-                    token: 1,
-                    value: 2.0,
-                },
-                Op::Set,
-            ),
-            (plan.edits()[0], Op::Mask),
-            (
-                Edit::Truncate(Truncation::TopK { k: 2, min_keep: 1 }),
-                Op::Truncate,
-            ),
-        ];
-        for (edit, op) in edits {
-            assert_eq!(Op::of(&edit), op);
+    fn all_lists_every_variant_in_code_order() {
+        use strum::IntoEnumIterator;
+        assert_eq!(Op::iter().collect::<Vec<_>>().len(), Op::ALL.len());
+        for op in Op::iter() {
+            assert_eq!(Op::ALL[op as usize], op, "{op:?}");
+        }
+        assert_eq!(Rule::iter().collect::<Vec<_>>().len(), Rule::ALL.len());
+        for rule in Rule::iter() {
+            assert_eq!(Rule::ALL[rule as usize], rule, "{rule:?}");
         }
     }
 
     #[test]
     fn the_header_defines_every_constant() {
+        use strum::IntoEnumIterator;
         let header = kernel_header();
-        for op in Op::ALL {
+        // Every variant of the enums themselves, not of the `ALL` the header is written from.
+        for op in Op::iter() {
             assert!(header.contains(&format!("#define {} {}u\n", op.c_name(), op as u32)));
         }
-        for rule in Rule::ALL {
+        for rule in Rule::iter() {
             assert!(header.contains(&format!("#define {} {}u\n", rule.c_name(), rule as u32)));
         }
         assert!(header.contains(&format!("#define THREADS {THREADS}\n")));
