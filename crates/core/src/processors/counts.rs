@@ -116,10 +116,10 @@ impl TokenCounts {
 }
 
 /// New ids past which an update sorts and merges them rather than inserting each.
-const BULK: usize = 64;
+pub(crate) const BULK: usize = 64;
 
 /// `counts` (sorted by token) with `tokens` counted in.
-fn merged(counts: &[(u32, u32)], mut tokens: Vec<u32>) -> Vec<(u32, u32)> {
+pub(crate) fn merged(counts: &[(u32, u32)], mut tokens: Vec<u32>) -> Vec<(u32, u32)> {
     tokens.sort_unstable();
     let mut fresh: Vec<(u32, u32)> = Vec::new();
     for token in tokens {
