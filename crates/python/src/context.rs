@@ -731,7 +731,7 @@ impl PyEngineContext {
 
     /// :func:`validate_specs` with this context.
     fn validate(slf: &Bound<'_, Self>, specs: &Bound<'_, PyAny>) -> PyResult<()> {
-        crate::batch::validate_with(specs, &slf.get().context)
+        crate::specs::validate_with(specs, &slf.get().context)
     }
 
     /// :func:`resolve_specs` with this context.
@@ -739,7 +739,7 @@ impl PyEngineContext {
         slf: &Bound<'py, Self>,
         specs: &Bound<'py, PyAny>,
     ) -> PyResult<Bound<'py, PyAny>> {
-        crate::batch::resolve_with(specs, &slf.get().context)
+        crate::specs::resolve_with(specs, &slf.get().context)
     }
 
     fn __repr__(slf: &Bound<'_, Self>) -> PyResult<String> {

@@ -12,8 +12,9 @@ mod device;
 mod errors;
 mod exclusive;
 mod history;
-mod processors;
+mod reference;
 mod spec_processor;
+mod specs;
 mod tensor;
 mod watch;
 
@@ -85,26 +86,26 @@ fn _lib(m: &Bound<'_, PyModule>) -> PyResult<()> {
         logits_processing::processors::HELLO_WORLD_TEXT,
     )?;
     errors::register(m)?;
-    m.add_class::<processors::PyTemperature>()?;
-    m.add_class::<processors::PyForcedSequence>()?;
-    m.add_class::<processors::PyThinkingBudget>()?;
+    m.add_class::<reference::PyTemperature>()?;
+    m.add_class::<reference::PyForcedSequence>()?;
+    m.add_class::<reference::PyThinkingBudget>()?;
     m.add_class::<batch::PyBatch>()?;
     m.add_class::<context::PyGrammarEnv>()?;
     m.add_class::<context::PyEngineContext>()?;
     m.add_class::<spec_processor::PyProcessor>()?;
-    m.add_function(wrap_pyfunction!(batch::validate_specs, m)?)?;
-    m.add_function(wrap_pyfunction!(batch::resolve_specs, m)?)?;
+    m.add_function(wrap_pyfunction!(specs::validate_specs, m)?)?;
+    m.add_function(wrap_pyfunction!(specs::resolve_specs, m)?)?;
     m.add_function(wrap_pyfunction!(thinking_token_ids, m)?)?;
     m.add_function(wrap_pyfunction!(register_thinking_token_ids, m)?)?;
     m.add_function(wrap_pyfunction!(context::hello_world_ids, m)?)?;
     m.add_function(wrap_pyfunction!(context::thinking_token_table, m)?)?;
-    m.add_function(wrap_pyfunction!(batch::position_by_tokens, m)?)?;
+    m.add_function(wrap_pyfunction!(specs::position_by_tokens, m)?)?;
     // Hooks for the test suite, kept out of the shipped module's surface: only with
     // LOGITS_PROCESSING_TEST_HOOKS set when it is imported (python/tests/conftest.py sets it).
     if std::env::var_os("LOGITS_PROCESSING_TEST_HOOKS").is_some() {
         let testing = PyModule::new(m.py(), "_testing")?;
         testing.add_function(wrap_pyfunction!(_panic_for_tests, &testing)?)?;
-        testing.add_class::<processors::PyOutOfVocabForTests>()?;
+        testing.add_class::<reference::PyOutOfVocabForTests>()?;
         m.add_submodule(&testing)?;
     }
     Ok(())

@@ -4,12 +4,12 @@ use logits_processing::{Pipeline, Result as CoreResult, TokenHistory};
 use pyo3::prelude::*;
 
 use crate::args;
-use crate::batch::{entries_of, steps_of, Entry};
 use crate::context::{context_arg, Legacy};
 use crate::device::apply_pipeline_row;
 use crate::errors::to_py;
 use crate::exclusive::Exclusive;
-use crate::processors::{call_row, logits_arg, RowSteps};
+use crate::reference::{call_row, logits_arg, RowSteps};
+use crate::specs::{entries_of, steps_of, Entry};
 use crate::tensor::Block;
 
 /// A processor made from a request spec: every kind a ``Batch`` accepts, for one row.
