@@ -31,7 +31,7 @@
 //! unless an [`Edit::Set`] after the force (and before the truncation) names it.
 //!
 //! Sparse op: `[op | dense_before << OP_BITS, value bits]` for [`Op::Ban`], [`Op::Bias`] (the bias),
-//! [`Op::Penalty`] (the penalty), [`Op::Raise`] (the factor), [`Op::Set`] (the value).
+//! [`Op::Penalty`] (the penalty), [`Op::AddScaledAbs`] (the factor), [`Op::Set`] (the value).
 //!
 //! Band record ([`BAND_WORDS`] words): `[lo, hi, rule, parameter, min_keep]`. The band kernel
 //! (`lp_bands_*`, one block per truncating row) resolves each truncation of a row in order over
@@ -91,7 +91,7 @@ pub enum Op {
     Penalty = 5,
     Mask = 6,
     Truncate = 7,
-    Raise = 8,
+    AddScaledAbs = 8,
     Set = 9,
 }
 
@@ -105,7 +105,7 @@ impl Op {
         Op::Penalty,
         Op::Mask,
         Op::Truncate,
-        Op::Raise,
+        Op::AddScaledAbs,
         Op::Set,
     ];
 
@@ -125,7 +125,7 @@ impl Op {
             Edit::Ban { .. } => Op::Ban,
             Edit::Bias { .. } => Op::Bias,
             Edit::Penalty { .. } => Op::Penalty,
-            Edit::Raise { .. } => Op::Raise,
+            Edit::AddScaledAbs { .. } => Op::AddScaledAbs,
             Edit::Set { .. } => Op::Set,
             Edit::Mask(_) => Op::Mask,
             Edit::Truncate(_) => Op::Truncate,
@@ -143,7 +143,8 @@ impl Op {
             Op::Penalty => "OP_PENALTY",
             Op::Mask => "OP_MASK",
             Op::Truncate => "OP_TRUNCATE",
-            Op::Raise => "OP_RAISE",
+            // The kernel source's name for it (the checked-in PTX carries a hash of that source).
+            Op::AddScaledAbs => "OP_RAISE",
             Op::Set => "OP_SET",
         }
     }
@@ -415,7 +416,7 @@ impl PackedPlans {
                     Edit::Ban { token } => (token, 0),
                     Edit::Bias { token, bias } => (token, bias.to_bits()),
                     Edit::Penalty { token, penalty } => (token, penalty.to_bits()),
-                    Edit::Raise { token, factor } => (token, factor.to_bits()),
+                    Edit::AddScaledAbs { token, factor } => (token, factor.to_bits()),
                     Edit::Set { token, value } => (token, value.to_bits()),
                     _ => unreachable!("only ban, bias, penalty, raise and set are sparse"),
                 };
@@ -473,7 +474,7 @@ impl PackedPlans {
                 Edit::Ban { .. }
                 | Edit::Bias { .. }
                 | Edit::Penalty { .. }
-                | Edit::Raise { .. }
+                | Edit::AddScaledAbs { .. }
                 | Edit::Set { .. } => unreachable!(),
             };
             let at = dense_begin + dense * DENSE_WORDS;
@@ -636,7 +637,7 @@ impl Row<'_> {
             Some(Op::Ban) => Edit::Ban { token },
             Some(Op::Bias) => Edit::Bias { token, bias: x },
             Some(Op::Penalty) => Edit::Penalty { token, penalty: x },
-            Some(Op::Raise) => Edit::Raise { token, factor: x },
+            Some(Op::AddScaledAbs) => Edit::AddScaledAbs { token, factor: x },
             Some(Op::Set) => Edit::Set { token, value: x },
             other => unreachable!("{other:?} is not a sparse op"),
         };
