@@ -8,7 +8,9 @@ use pyo3::prelude::*;
 use pyo3::types::{PyList, PyTuple};
 
 use crate::args;
-use crate::context::{context_arg, context_of, eos_token_ids_arg, grammar_env, Legacy};
+use crate::context::{
+    check_grammar_vocab, context_arg, context_of, eos_token_ids_arg, grammar_env, Legacy,
+};
 use crate::device::{apply_batch_host, apply_batch_host_into, unsupported};
 use crate::errors::{
     describe_exception, in_row, new_err, new_err_with, spec_error, to_py, Attr, IntoPyResult, Kind,
@@ -183,15 +185,7 @@ impl PyBatch {
             context.grammar = Some(grammar_env(tokenizer, eos_token_ids_arg(eos_token_id)?)?);
         }
         if let Some(env) = &context.grammar {
-            if env.vocab_size() > vocab_size {
-                return Err(new_err(
-                    Kind::Tokenizer,
-                    format!(
-                        "the tokenizer has {} tokens, more than vocab_size {vocab_size}",
-                        env.vocab_size()
-                    ),
-                ));
-            }
+            check_grammar_vocab(env, vocab_size)?;
         }
         Ok(Self {
             state: Exclusive::new(BatchState {

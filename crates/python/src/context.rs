@@ -253,6 +253,20 @@ impl PyGrammarEnv {
     }
 }
 
+/// The logits must have a place for each of the tokenizer's tokens.
+pub(crate) fn check_grammar_vocab(env: &GrammarEnv, vocab_size: usize) -> PyResult<()> {
+    if env.vocab_size() > vocab_size {
+        return Err(new_err(
+            Kind::Tokenizer,
+            format!(
+                "the tokenizer has {} tokens, more than vocab_size {vocab_size}",
+                env.vocab_size()
+            ),
+        ));
+    }
+    Ok(())
+}
+
 /// A `ThinkingTokenConfig` (anything with its three attributes) or a 3-tuple of ids.
 pub(crate) fn thinking_config_of(object: &Bound<'_, PyAny>) -> PyResult<ThinkingTokenConfig> {
     const NAMES: [&str; 3] = ["start_token_id", "end_token_id", "newline_token_id"];
@@ -551,15 +565,7 @@ impl PyEngineContext {
             ),
         };
         if let (Some(env), Some(vocab)) = (&grammar, vocab_size) {
-            if env.vocab_size() > vocab {
-                return Err(new_err(
-                    Kind::Tokenizer,
-                    format!(
-                        "the tokenizer has {} tokens, more than vocab_size {vocab}",
-                        env.vocab_size()
-                    ),
-                ));
-            }
+            check_grammar_vocab(env, vocab)?;
         }
         let mut eos_token_ids = explicit_eos;
         if eos_token_ids.is_empty() {
