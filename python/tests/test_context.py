@@ -286,3 +286,37 @@ def test_grammar_work_past_a_steps_budget_is_refused_at_admission(spec, field):
         with pytest.raises(lp.SpecError, match="limit") as raised:
             lp.validate_specs(spec, context=context)
         assert raised.value.field == field
+
+
+@pytest.mark.parametrize(
+    "kwargs, error, field",
+    [
+        ({"tokenizer": 5}, lp.ArgumentTypeError, "tokenizer"),
+        ({"tokenizer": "/nonexistent/\ud800.json"}, lp.InvalidArgumentError, "tokenizer"),
+        ({"vocab_size": -1}, lp.InvalidArgumentError, "vocab_size"),
+        ({"vocab_size": 2**64}, lp.InvalidArgumentError, "vocab_size"),
+        ({"model_name": 5}, lp.ArgumentTypeError, "model_name"),
+        ({"grammar": True}, lp.InvalidArgumentError, "grammar"),
+        ({"grammar": "env"}, lp.ArgumentTypeError, "grammar"),
+        ({"eos_token_id": []}, lp.InvalidArgumentError, "eos_token_id"),
+        ({"eos_token_id": -1}, lp.InvalidArgumentError, "eos_token_id"),
+        ({"hello_world": "hi"}, lp.ArgumentTypeError, "hello_world"),
+        ({"thinking_tokens": (1, 2)}, lp.ArgumentTypeError, "thinking_tokens"),
+    ],
+)
+def test_bad_engine_context_arguments_are_ours_and_named(kwargs, error, field):
+    with pytest.raises(error) as raised:
+        lp.EngineContext(**kwargs)
+    assert raised.value.field == field
+
+
+def test_a_tokenizer_that_fails_is_a_tokenizer_error_with_its_cause():
+    class Raising:
+        eos_token_id = 0
+
+        def encode(self, text, add_special_tokens=False):
+            raise RuntimeError("the tokenizer's own failure")
+
+    with pytest.raises(lp.TokenizerError) as raised:
+        lp.EngineContext(Raising())
+    assert isinstance(raised.value.__cause__, RuntimeError)
