@@ -89,6 +89,59 @@ pub(crate) fn check_regex_size(field: &str, pattern: &str) -> Result<()> {
     Ok(())
 }
 
+/// The regex terminals of a Lark grammar (`/.../flags`, as Lark's lexer reads them: up to the
+/// first `/` not escaped), each checked with [`check_regex_size`] under `field` (`lark`); quoted
+/// strings and `//` comments are skipped.
+pub(crate) fn check_lark_regexes(field: &str, lark: &str) -> Result<()> {
+    let mut chars = lark.char_indices().peekable();
+    while let Some((_, c)) = chars.next() {
+        match c {
+            '"' => {
+                // A string literal, escapes included.
+                while let Some((_, c)) = chars.next() {
+                    match c {
+                        '\\' => drop(chars.next()),
+                        '"' => break,
+                        _ => {}
+                    }
+                }
+            }
+            '/' if chars.peek().is_some_and(|&(_, next)| next == '/') => {
+                // A comment, to the end of the line.
+                for (_, c) in chars.by_ref() {
+                    if c == '\n' {
+                        break;
+                    }
+                }
+            }
+            '/' => {
+                let start = chars.peek().map_or(lark.len(), |&(i, _)| i);
+                let mut end = lark.len();
+                while let Some((i, c)) = chars.next() {
+                    match c {
+                        '\\' => drop(chars.next()),
+                        '/' => {
+                            end = i;
+                            break;
+                        }
+                        _ => {}
+                    }
+                }
+                let regex = &lark[start..end];
+                check_regex_size(field, regex).map_err(|e| match e {
+                    Error::InvalidSpec { field, message } => {
+                        let shown: String = regex.chars().take(40).collect();
+                        Error::spec(field, format!("/{shown}/: {message}"))
+                    }
+                    other => other,
+                })?;
+            }
+            _ => {}
+        }
+    }
+    Ok(())
+}
+
 /// The regexes of a JSON schema (`pattern`, and the keys of `patternProperties`), each checked
 /// with [`check_regex_size`]; `at` names the schema's field (`json_schema`).
 pub(crate) fn check_schema_regexes(at: &str, schema: &serde_json::Value) -> Result<()> {

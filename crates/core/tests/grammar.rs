@@ -607,6 +607,10 @@ fn regexes_that_would_stall_a_step_are_refused_at_admission() {
                    "patternProperties": {"^b{100000}$": {"type": "integer"}}}}),
             r#"json_schema.patternProperties["^b{100000}$"]"#,
         ),
+        (
+            json!({"kind": "grammar", "lark": "// a comment with /slashes/\nstart: \"/\" x\nx: /a{1000000}/"}),
+            "lark",
+        ),
     ] {
         assert_eq!(field(spec.clone()).as_deref(), Some(expected), "{spec}");
     }
@@ -617,6 +621,8 @@ fn regexes_that_would_stall_a_step_are_refused_at_admission() {
         json!({"kind": "grammar", "regex": ".{0,5000}"}),
         json!({"kind": "grammar", "regex": "[a-f0-9]{8}-[a-f0-9]{4}-[a-f0-9]{4}-[a-f0-9]{4}-[a-f0-9]{12}"}),
         json!({"kind": "grammar", "json_schema": {"type": "string", "pattern": "^[A-Z][a-z]{1,64}$"}}),
+        json!({"kind": "grammar", "lark": "start: \"a/b\" NUMBER // one /a{1000000}/ here\nNUMBER: /[0-9]{1,9}/"}),
+        json!({"kind": "grammar", "lark": "start: /a\\/b{3}/i"}),
     ] {
         assert_eq!(field(spec.clone()), None, "{spec}");
     }

@@ -6,7 +6,9 @@ use serde::{Deserialize, Serialize};
 use serde_json::{json, Value};
 
 use crate::error::{Error, Result};
-use crate::grammar::{check_regex_size, check_schema_regexes, grammar_limits, GrammarEnv};
+use crate::grammar::{
+    check_lark_regexes, check_regex_size, check_schema_regexes, grammar_limits, GrammarEnv,
+};
 use crate::history::TokenHistory;
 use crate::plan::{MaskId, RowPlan};
 use crate::processors::LogitsProcessor;
@@ -78,6 +80,9 @@ impl KindSpec for GrammarSpec {
         }
         if let Some(schema) = &self.json_schema {
             check_schema_regexes("json_schema", schema)?;
+        }
+        if let Some(lark) = &self.lark {
+            check_lark_regexes("lark", lark)?;
         }
         Ok(())
     }
