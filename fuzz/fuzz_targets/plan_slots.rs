@@ -134,7 +134,7 @@ fn plan_of(edits: &[EditInput], len: usize) -> RowPlan {
                 token: token(t, len),
                 penalty: (p as f32 + 1.0) / 32.0,
             }),
-            EditInput::Raise(t, f) => Some(Edit::Raise {
+            EditInput::Raise(t, f) => Some(Edit::AddScaledAbs {
                 token: token(t, len),
                 factor: f as f32 / 32.0,
             }),

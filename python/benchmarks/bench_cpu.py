@@ -21,7 +21,7 @@ import numpy as np
 import torch
 from reference_rules import RefThinkingBudget  # beside this script
 
-from logits_processing import Batch, ThinkingBudgetLogitsProcessor, ThinkingTokenConfig
+from logits_processing import Batch, EngineContext, ThinkingBudgetLogitsProcessor, ThinkingTokenConfig
 from logits_processing.examples import ForcedSequenceLogitsProcessor, TemperatureProcessor
 
 try:
@@ -111,7 +111,7 @@ def mixed_batch(dtype, rows, rounds):
     master = (torch.randn(rows, VOCAB) * 8).to(dtype)
     data = master.clone()
     dst = torch.empty_like(master)
-    batch = Batch(VOCAB, thinking_tokens=ThinkingTokenConfig(START, END, NEWLINE))
+    batch = Batch(VOCAB, context=EngineContext(thinking_tokens=ThinkingTokenConfig(START, END, NEWLINE)))
     refs = []
     for row in range(rows):
         kind = row % 3

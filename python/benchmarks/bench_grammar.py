@@ -70,7 +70,7 @@ def bench_one_row(name, path, ll_tok, steps, rounds):
     grammar = llguidance.LLMatcher.grammar_from_json_schema(SCHEMA)
     tokens = trajectory(ll_tok, grammar, steps)
     env = lp.GrammarEnv(path)
-    batch = lp.Batch(vocab, tokenizer=env)
+    batch = lp.Batch(vocab, context=lp.EngineContext(env))
     logits = torch.randn(1, vocab)
     work = logits.clone()
     bitmask = llguidance.torch.allocate_token_bitmask(1, vocab)
@@ -164,7 +164,7 @@ def bench_batch(name, path, ll_tok, steps, rounds):
     with_g, without = [], []
     for _ in range(rounds):
         plain = lp.Batch(vocab)
-        mixed = lp.Batch(vocab, tokenizer=env)
+        mixed = lp.Batch(vocab, context=lp.EngineContext(env))
         for row in range(64):
             plain.add(row, sampling)
             mixed.add(row, sampling if row % 3 else [{"kind": "grammar", "json_schema": SCHEMA}, *sampling])

@@ -60,15 +60,11 @@ class _ConfigTable(dict):
         super().__setitem__(key, config)
 
 
-#: The built-in table, matched in order by case-insensitive substring of the model name: the
-#: reference's four entries (``deepseek``, ``qwen3``, ``glm4``, ``glm-4``).
+#: The table, matched in order by case-insensitive substring of the model name: the
+#: reference's four entries (``deepseek``, ``qwen3``, ``glm4``, ``glm-4``), read from the core,
+#: which holds the table and does the matching.
 THINKING_TOKEN_CONFIGS: "dict[str, ThinkingTokenConfig]" = _ConfigTable(
-    {
-        "deepseek": ThinkingTokenConfig(128798, 128799, 201),
-        "qwen3": ThinkingTokenConfig(151667, 151668, 198),
-        "glm4": ThinkingTokenConfig(151350, 151351, 198),
-        "glm-4": ThinkingTokenConfig(151350, 151351, 198),
-    }
+    {key: ThinkingTokenConfig(*ids) for key, ids in _lib.thinking_token_table()}
 )
 
 
@@ -99,13 +95,10 @@ def get_thinking_token_config(model_name: str, tokenizer: Optional[Any] = None) 
         >>> get_thinking_token_config("Qwen/Qwen3-8B")
         ThinkingTokenConfig(start_token_id=151667, end_token_id=151668, newline_token_id=198)
     """
-    ids = _lib.thinking_token_ids(model_name, tokenizer)
-    model_lower = model_name.lower()
-    for key, config in THINKING_TOKEN_CONFIGS.items():
-        if key in model_lower:
-            if (config.start_token_id, config.end_token_id, config.newline_token_id) == ids:
-                return config  # the table's own object, as the reference returns it
-            break
+    ids, key = _lib.thinking_token_ids(model_name, tokenizer)
+    config = THINKING_TOKEN_CONFIGS.get(key) if key is not None else None
+    if config is not None:
+        return config  # the table's own object, as the reference returns it
     if ids[0] == 0 or ids[1] == 0:
         logger.warning(
             "%s: no single-token <think> / </think> ids known; the thinking budget is disabled",

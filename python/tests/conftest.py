@@ -6,6 +6,10 @@ import importlib.util
 import os
 from pathlib import Path
 
+# The extension's test hooks (`logits_processing._lib._testing`), which it registers only when this
+# is set as it is imported.
+os.environ.setdefault("LOGITS_PROCESSING_TEST_HOOKS", "1")
+
 import numpy as np
 import pytest
 import torch

@@ -104,7 +104,7 @@ def twins(kinds, failing_row, failure):
             kind, seed = entry or (None, 0)
             extra = None
             if row == failing_row:
-                extra = lp._lib._OutOfVocabForTests(OUT_OF_VOCAB_ON) if failure == "plan" else trap
+                extra = lp._lib._testing._OutOfVocabForTests(OUT_OF_VOCAB_ON) if failure == "plan" else trap
             if kind is not None:
                 batch.add(row, pipeline(kind, seed, extra))
             elif extra is not None:
@@ -258,7 +258,7 @@ def test_a_bad_row_of_input_ids_names_the_row_and_keeps_the_cause():
 
 def test_an_error_of_one_row_is_its_inner_class_with_the_row():
     batch = Batch(VOCAB)
-    batch.add(3, [lp._lib._OutOfVocabForTests(9)])
+    batch.add(3, [lp._lib._testing._OutOfVocabForTests(9)])
     with pytest.raises(TokenOutOfVocabError) as info:
         batch.apply(torch.zeros(4, VOCAB), [None, None, None, [9]])
     error = info.value

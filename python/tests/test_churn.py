@@ -46,7 +46,7 @@ def flat_memory(run, total, warmup_share=0.1):
 
 
 def test_a_million_requests_through_a_batch():
-    batch = lp.Batch(VOCAB, thinking_tokens=lp.ThinkingTokenConfig(1, 2, 3))
+    batch = lp.Batch(VOCAB, context=lp.EngineContext(thinking_tokens=lp.ThinkingTokenConfig(1, 2, 3)))
     logits = torch.zeros(ROWS, VOCAB)
     ids = [[1, 9, 9, 9]] * ROWS
     counter = iter(range(10**9))
@@ -106,7 +106,7 @@ def test_per_request_objects_are_freed(which):
         for _ in range(requests):
             specs = SPECS[next(counter) % len(SPECS)]
             if which == "processor":
-                lp.Processor(specs, thinking_tokens=(1, 2, 3))([1, 9, 9], row)
+                lp.Processor(specs, context=context)([1, 9, 9], row)
             elif which == "hf":
                 HFLogitsProcessor(specs, vocab_size=VOCAB, thinking_tokens=lp.ThinkingTokenConfig(1, 2, 3))(
                     input_ids, scores

@@ -37,6 +37,10 @@ def test_docstring_examples(name, obj):
     for test in tests:
         runner.run(test)
     assert runner.failures == 0, f"{name}: {runner.failures} failing example(s)"
+    # A function or class without an example would pass above having run nothing. The exception
+    # classes are shown in docs/python.md's table and examples instead.
+    if not (inspect.isclass(obj) and issubclass(obj, BaseException)):
+        assert sum(len(test.examples) for test in tests) > 0, f"{name} has no runnable example"
 
 
 def test_every_public_class_has_an_example():

@@ -86,7 +86,7 @@ def test_writing_the_table_is_what_register_does():
     with pytest.raises(TypeError, match="THINKING_TOKEN_CONFIGS"):
         THINKING_TOKEN_CONFIGS["bad"] = (1, 2, 3)
     # A core-built batch sees the registered ids (the table is shared with the Rust side).
-    assert lp._lib.thinking_token_ids("org/other-key-model-7b") == (31, 32, 33)
+    assert lp._lib.thinking_token_ids("org/other-key-model-7b") == ((31, 32, 33), "other-key-model")
 
 
 def _reference_thinking_state(start, end, ids):

@@ -35,13 +35,12 @@ def test_a_rust_panic_is_an_exception_not_an_abort(in_pool):
     code = (
         "import logits_processing as lp\n"
         "try:\n"
-        f"    lp._lib._panic_for_tests({in_pool})\n"
+        f"    lp._lib._testing._panic_for_tests({in_pool})\n"
         "except BaseException as e:\n"
         "    print(type(e).__name__)\n"
         "print('alive')\n"
     )
-    out = subprocess.run(
-        [sys.executable, "-c", code], capture_output=True, text=True, env={"RUST_BACKTRACE": "0"}
-    )
+    env = {"RUST_BACKTRACE": "0", "LOGITS_PROCESSING_TEST_HOOKS": "1"}
+    out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, env=env)
     assert out.returncode == 0, out.stderr
     assert out.stdout.split() == ["PanicException", "alive"]

@@ -15,6 +15,7 @@ from hypothesis import strategies as st
 from logits_processing import (
     Batch,
     DTypeError,
+    EngineContext,
     Processor,
     ReadOnlyError,
     ShapeError,
@@ -46,7 +47,61 @@ SPECS = st.one_of(
         st.dictionaries(st.integers(0, VOCAB - 1), st.floats(-5, 5), max_size=4),
     ),
 )
-CONTEXT = {"hello_world": ([7, 8, 9], 0), "thinking_tokens": TOKENS}
+_ID = st.integers(0, VOCAB - 1)
+_IDS = st.lists(_ID, min_size=1, max_size=3)
+_KEEP = st.integers(1, 3)
+# Every other kind a single-row Processor takes (grammar and json_object need a tokenizer,
+# test_grammar.py; bitmask takes the caller's mask, which only Batch.apply is given).
+SPECS = st.one_of(
+    SPECS,
+    st.builds(
+        lambda seqs: {"kind": "sequence_bias", "biases": seqs},
+        st.lists(st.tuples(_IDS, st.floats(-4, 4)).map(list), min_size=1, max_size=3),
+    ),
+    st.builds(
+        lambda p, scope: {"kind": "repetition_penalty", "penalty": p, "scope": scope},
+        st.floats(0.5, 2.0),
+        st.sampled_from(["all", "output", "prompt"]),
+    ),
+    st.builds(lambda p: {"kind": "frequency_penalty", "penalty": p}, st.floats(-2, 2)),
+    st.builds(lambda p: {"kind": "presence_penalty", "penalty": p}, st.floats(-2, 2)),
+    st.builds(
+        lambda i, f, e: {
+            "kind": "exponential_decay_length_penalty",
+            "start_index": i,
+            "decay_factor": f,
+            "eos_token_ids": e,
+        },
+        st.integers(0, 4),
+        st.floats(1.0, 2.0),
+        _IDS,
+    ),
+    st.builds(lambda seqs: {"kind": "bad_words", "sequences": seqs}, st.lists(_IDS, min_size=1, max_size=3)),
+    st.builds(lambda n: {"kind": "no_repeat_ngram", "n": n}, st.integers(1, 3)),
+    st.builds(lambda n, e: {"kind": "min_length", "min_length": n, "eos_token_ids": e}, st.integers(0, 6), _IDS),
+    st.builds(
+        lambda n, e: {"kind": "min_new_tokens", "min_new_tokens": n, "eos_token_ids": e}, st.integers(0, 6), _IDS
+    ),
+    st.builds(
+        lambda ids, begin: {"kind": "suppress_tokens_at_begin", "token_ids": ids}
+        | ({} if begin is None else {"begin_index": begin}),
+        _IDS,
+        st.none() | st.integers(0, 6),
+    ),
+    st.builds(lambda ids: {"kind": "allowed_token_ids", "token_ids": ids}, _IDS),
+    st.builds(lambda n, e: {"kind": "forced_eos", "max_length": n, "eos_token_ids": e}, st.integers(0, 8), _IDS),
+    st.builds(lambda k, m: {"kind": "top_k", "k": k, "min_tokens_to_keep": m}, st.integers(1, 10), _KEEP),
+    st.builds(lambda p, m: {"kind": "top_p", "p": p, "min_tokens_to_keep": m}, st.floats(0.05, 1.0), _KEEP),
+    st.builds(lambda p, m: {"kind": "min_p", "p": p, "min_tokens_to_keep": m}, st.floats(0.0, 1.0), _KEEP),
+    st.builds(lambda p, m: {"kind": "typical_p", "mass": p, "min_tokens_to_keep": m}, st.floats(0.05, 0.95), _KEEP),
+    st.builds(
+        lambda e, m: {"kind": "epsilon_cutoff", "epsilon": e, "min_tokens_to_keep": m}, st.floats(1e-4, 0.5), _KEEP
+    ),
+    st.builds(lambda e, m: {"kind": "eta_cutoff", "epsilon": e, "min_tokens_to_keep": m}, st.floats(1e-4, 0.5), _KEEP),
+)
+#: The kinds SPECS does not cover, and why.
+NOT_COVERED = {"grammar", "json_object", "bitmask"}
+CONTEXT = {"context": EngineContext(hello_world=([7, 8, 9], 0), thinking_tokens=TOKENS)}
 
 
 @settings(max_examples=60, deadline=None)
@@ -115,3 +170,26 @@ def test_bad_logits_and_out_of_vocab_change_nothing():
     row = torch.zeros(VOCAB)
     p([], row)  # still the first step
     assert int(row.argmax()) == 3
+
+
+def registered_kinds() -> set:
+    """Every kind the core registers (as its error for an unknown kind lists them)."""
+    try:
+        Processor({"kind": "?"})
+    except SpecError as e:
+        return {k.strip() for k in str(e).split("expected one of ")[1].split(",")}
+    raise AssertionError("an unknown kind was accepted")
+
+
+def test_the_strategy_covers_every_kind():
+    covered = set()
+
+    @settings(max_examples=400, deadline=None)
+    @given(SPECS)
+    def collect(spec):
+        covered.add(spec["kind"])
+
+    collect()
+    kinds = registered_kinds()
+    assert len(kinds) > 20
+    assert covered | NOT_COVERED == kinds, kinds - covered - NOT_COVERED

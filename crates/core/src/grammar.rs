@@ -43,6 +43,135 @@ pub fn grammar_limits() -> ParserLimits {
     }
 }
 
+/// The most work a grammar's regex may expand to ([`check_regex_size`]): llguidance builds a
+/// counted repetition or a literal one element at a time, about 0.6 µs each in a mask (10,000:
+/// about 6 ms for the first mask of `a{10000}`), and a million (`a{1000000}`, `(a{1000}){1000}`)
+/// stalls a step for a second before failing.
+pub const MAX_REGEX_SIZE: u64 = 10_000;
+
+/// Refuses a regex whose counted repetitions and literals expand past [`MAX_REGEX_SIZE`]
+/// elements (repetitions multiply: `x{1000}{1000}` is a million), naming `field`. A regex the
+/// parser here does not read is left to llguidance, which reports its own errors.
+pub(crate) fn check_regex_size(field: &str, pattern: &str) -> Result<()> {
+    use regex_syntax::hir::{Hir, HirKind};
+    fn size(hir: &Hir) -> u64 {
+        match hir.kind() {
+            HirKind::Empty | HirKind::Look(_) | HirKind::Class(_) => 1,
+            HirKind::Literal(literal) => literal.0.len() as u64,
+            HirKind::Repetition(repetition) => {
+                let count = repetition.max.unwrap_or(repetition.min).max(1);
+                size(&repetition.sub).saturating_mul(u64::from(count))
+            }
+            HirKind::Capture(capture) => size(&capture.sub),
+            HirKind::Concat(parts) | HirKind::Alternation(parts) => parts
+                .iter()
+                .fold(0u64, |total, part| total.saturating_add(size(part))),
+        }
+    }
+    let parsed = regex_syntax::ParserBuilder::new()
+        .utf8(false)
+        .unicode(false)
+        .build()
+        .parse(pattern);
+    let Ok(hir) = parsed else {
+        return Ok(());
+    };
+    let expanded = size(&hir);
+    if expanded > MAX_REGEX_SIZE {
+        return Err(Error::spec(
+            field,
+            format!(
+                "the regex expands to {expanded} elements (counted repetitions multiply, literals \
+                 count each byte), over the limit of {MAX_REGEX_SIZE}: a mask would stall a step"
+            ),
+        ));
+    }
+    Ok(())
+}
+
+/// The regex terminals of a Lark grammar (`/.../flags`, as Lark's lexer reads them: up to the
+/// first `/` not escaped), each checked with [`check_regex_size`] under `field` (`lark`); quoted
+/// strings and `//` comments are skipped.
+pub(crate) fn check_lark_regexes(field: &str, lark: &str) -> Result<()> {
+    let mut chars = lark.char_indices().peekable();
+    while let Some((_, c)) = chars.next() {
+        match c {
+            '"' => {
+                // A string literal, escapes included.
+                while let Some((_, c)) = chars.next() {
+                    match c {
+                        '\\' => drop(chars.next()),
+                        '"' => break,
+                        _ => {}
+                    }
+                }
+            }
+            '/' if chars.peek().is_some_and(|&(_, next)| next == '/') => {
+                // A comment, to the end of the line.
+                for (_, c) in chars.by_ref() {
+                    if c == '\n' {
+                        break;
+                    }
+                }
+            }
+            '/' => {
+                let start = chars.peek().map_or(lark.len(), |&(i, _)| i);
+                let mut end = lark.len();
+                while let Some((i, c)) = chars.next() {
+                    match c {
+                        '\\' => drop(chars.next()),
+                        '/' => {
+                            end = i;
+                            break;
+                        }
+                        _ => {}
+                    }
+                }
+                let regex = &lark[start..end];
+                check_regex_size(field, regex).map_err(|e| match e {
+                    Error::InvalidSpec { field, message } => {
+                        let shown: String = regex.chars().take(40).collect();
+                        Error::spec(field, format!("/{shown}/: {message}"))
+                    }
+                    other => other,
+                })?;
+            }
+            _ => {}
+        }
+    }
+    Ok(())
+}
+
+/// The regexes of a JSON schema (`pattern`, and the keys of `patternProperties`), each checked
+/// with [`check_regex_size`]; `at` names the schema's field (`json_schema`).
+pub(crate) fn check_schema_regexes(at: &str, schema: &serde_json::Value) -> Result<()> {
+    match schema {
+        serde_json::Value::Object(object) => {
+            for (key, value) in object {
+                let field = format!("{at}.{key}");
+                match (key.as_str(), value) {
+                    ("pattern", serde_json::Value::String(pattern)) => {
+                        check_regex_size(&field, pattern)?
+                    }
+                    ("patternProperties", serde_json::Value::Object(patterns)) => {
+                        for (pattern, sub) in patterns {
+                            check_regex_size(&format!("{field}[{pattern:?}]"), pattern)?;
+                            check_schema_regexes(&format!("{field}.{pattern}"), sub)?;
+                        }
+                    }
+                    _ => check_schema_regexes(&field, value)?,
+                }
+            }
+            Ok(())
+        }
+        serde_json::Value::Array(items) => items
+            .iter()
+            .enumerate()
+            .try_for_each(|(i, item)| check_schema_regexes(&format!("{at}[{i}]"), item)),
+        _ => Ok(()),
+    }
+}
+
 /// llguidance's view of the engine's tokenizer, and the grammars compiled for it. Cheap to
 /// clone (shared). Built when the first grammar needs it: an engine that is given its tokenizer
 /// but never sees a grammar pays only for reading the tokenizer.
@@ -51,9 +180,10 @@ pub struct GrammarEnv(Arc<Inner>);
 
 struct Inner {
     tokenizer_vocab: usize,
-    // The tokenizer and EOS override (empty: the tokenizer's own), until the environment is
-    // built from them.
-    source: Mutex<Option<(tokenizers::Tokenizer, Vec<u32>)>>,
+    // The tokenizer (kept to encode the text of specs) and the EOS override (empty: the
+    // tokenizer's own), which the environment is built from.
+    tokenizer: tokenizers::Tokenizer,
+    eos_override: Vec<u32>,
     built: OnceLock<std::result::Result<Built, String>>,
 }
 
@@ -96,7 +226,8 @@ impl GrammarEnv {
         }
         Ok(Self(Arc::new(Inner {
             tokenizer_vocab,
-            source: Mutex::new(Some((tokenizer, eos_token_ids.to_vec()))),
+            tokenizer,
+            eos_override: eos_token_ids.to_vec(),
             built: OnceLock::new(),
         })))
     }
@@ -112,14 +243,8 @@ impl GrammarEnv {
         self.0
             .built
             .get_or_init(|| {
-                let source = self
-                    .0
-                    .source
-                    .lock()
-                    .unwrap_or_else(|e| e.into_inner())
-                    .take();
-                let (tokenizer, eos) = source.ok_or("the tokenizer was lost by a panic")?;
-                build(tokenizer, eos).map_err(|e| e.to_string())
+                build(self.0.tokenizer.clone(), self.0.eos_override.clone())
+                    .map_err(|e| e.to_string())
             })
             .as_ref()
             .map_err(|e| Error::Tokenizer(e.clone()))
@@ -182,6 +307,11 @@ impl GrammarEnv {
         Ok(template)
     }
 
+    /// The tokenizer it was made from.
+    pub fn tokenizer(&self) -> &tokenizers::Tokenizer {
+        &self.0.tokenizer
+    }
+
     /// Compiled grammars in the cache.
     pub fn cached(&self) -> usize {
         match self.0.built.get() {
@@ -232,6 +362,13 @@ impl Built {
     fn lock(&self) -> std::sync::MutexGuard<'_, LruCache<String, Arc<Matcher>>> {
         // The cache holds no invariant a panic could break.
         self.cache.lock().unwrap_or_else(|e| e.into_inner())
+    }
+}
+
+/// The tokenizer's encoding (no special tokens), for the text of specs.
+impl crate::processors::TextEncoder for GrammarEnv {
+    fn encode_plain(&self, text: &str) -> Result<Vec<u32>> {
+        crate::processors::TextEncoder::encode_plain(&self.0.tokenizer, text)
     }
 }
 

@@ -19,6 +19,7 @@
 //! ```
 
 mod batch;
+pub mod context;
 mod error;
 #[cfg(feature = "grammar")]
 pub mod grammar;

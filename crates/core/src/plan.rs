@@ -6,7 +6,7 @@
 //!   band of kept values by one extra read of the row). They run over the row in cache-sized
 //!   chunks, all of them on a chunk before the next, so each logit is read and written once.
 //! - *sparse* edits name one token: [`Edit::Ban`], [`Edit::Bias`], [`Edit::Penalty`],
-//!   [`Edit::Raise`], [`Edit::Set`]. They are
+//!   [`Edit::AddScaledAbs`], [`Edit::Set`]. They are
 //!   sorted by token once (`O(e log e)`, linear for the sorted runs processors push), and each
 //!   touched token's final value is computed once from its original, with the dense edits
 //!   between them in their order.
@@ -54,7 +54,7 @@ pub enum Edit {
     /// `token`'s logit `x`, when finite, becomes `x + |x| * factor` (transformers' exponential
     /// decay length penalty, which raises a negative logit and a positive one alike); a
     /// non-finite one stays as it is.
-    Raise { token: u32, factor: f32 },
+    AddScaledAbs { token: u32, factor: f32 },
     /// `token`'s logit becomes `value`, whatever it was (transformers' forced EOS with several
     /// EOS ids). Like [`ForcedValue::Set`], it can bring back a banned token.
     Set { token: u32, value: f32 },
@@ -73,7 +73,7 @@ impl Edit {
             | Edit::Ban { token }
             | Edit::Bias { token, .. }
             | Edit::Penalty { token, .. }
-            | Edit::Raise { token, .. }
+            | Edit::AddScaledAbs { token, .. }
             | Edit::Set { token, .. } => Some(token),
             Edit::Scale { .. } | Edit::Mask(_) | Edit::Truncate(_) => None,
         }
@@ -86,7 +86,7 @@ impl Edit {
             Edit::Ban { .. }
                 | Edit::Bias { .. }
                 | Edit::Penalty { .. }
-                | Edit::Raise { .. }
+                | Edit::AddScaledAbs { .. }
                 | Edit::Set { .. }
         )
     }
@@ -115,12 +115,14 @@ impl Edit {
                 }
             }
             // Two roundings in f32, as torch's `x + abs(x) * factor` on an f32 row.
-            Edit::Raise { token, factor } if here(token) && x.is_finite() => x + x.abs() * factor,
+            Edit::AddScaledAbs { token, factor } if here(token) && x.is_finite() => {
+                x + x.abs() * factor
+            }
             Edit::Set { token, value } if here(token) => value,
             Edit::Ban { .. }
             | Edit::Bias { .. }
             | Edit::Penalty { .. }
-            | Edit::Raise { .. }
+            | Edit::AddScaledAbs { .. }
             | Edit::Set { .. } => x,
             Edit::Mask(mask) if allowed(mask) => x,
             Edit::Mask(_) => f32::NEG_INFINITY,
@@ -669,7 +671,8 @@ mod tests {
             (0..vocab).prop_map(|token| Edit::Ban { token }),
             (0..vocab, -5.0f32..5.0).prop_map(|(token, bias)| Edit::Bias { token, bias }),
             (0..vocab, 0.2f32..3.0).prop_map(|(token, penalty)| Edit::Penalty { token, penalty }),
-            (0..vocab, -0.9f32..4.0).prop_map(|(token, factor)| Edit::Raise { token, factor }),
+            (0..vocab, -0.9f32..4.0)
+                .prop_map(|(token, factor)| Edit::AddScaledAbs { token, factor }),
             (0..vocab, -3.0f32..3.0).prop_map(|(token, value)| Edit::Set { token, value }),
             (0..vocab).prop_map(|token| Edit::Force {
                 token,

@@ -15,8 +15,9 @@ use serde::de::DeserializeOwned;
 use serde::Serialize;
 use serde_json::{Map, Value};
 
+pub use crate::context::SpecContext;
 use crate::error::{check_token, field_at, Error, Result};
-use crate::processors::{LogitsProcessor, ThinkingTokenConfig, KINDS};
+use crate::processors::{LogitsProcessor, KINDS};
 
 /// The largest JSON text [`parse_pipeline`] accepts, in bytes.
 pub const MAX_SPEC_BYTES: usize = 1 << 20;
@@ -24,41 +25,6 @@ pub const MAX_SPEC_BYTES: usize = 1 << 20;
 pub const MAX_TOKEN_IDS: usize = 65_536;
 /// The most processors one pipeline may hold.
 pub const MAX_PIPELINE_LEN: usize = 64;
-
-/// What an engine knows at start-up that specs may rely on.
-#[derive(Debug, Clone, Default, PartialEq)]
-pub struct SpecContext {
-    /// Token ids must be below this, when set.
-    pub vocab_size: Option<usize>,
-    /// The encoding of "Hello world!" and the EOS id, for `hello_world` specs.
-    pub hello_world: Option<(Vec<u32>, u32)>,
-    /// The model's thinking tokens, for `thinking_budget` specs that do not name them.
-    pub thinking_tokens: Option<ThinkingTokenConfig>,
-    /// The engine's tokenizer as llguidance sees it, for `grammar` and `json_object` specs.
-    #[cfg(feature = "grammar")]
-    pub grammar: Option<crate::grammar::GrammarEnv>,
-}
-
-impl SpecContext {
-    /// Checks the ids of the list `field` against the vocab, when it is known; the error names
-    /// the entry (`token_ids[3]`).
-    pub fn check_ids(&self, field: &str, ids: impl IntoIterator<Item = u32>) -> Result<()> {
-        let Some(vocab) = self.vocab_size else {
-            return Ok(());
-        };
-        ids.into_iter()
-            .enumerate()
-            .try_for_each(|(i, id)| check_token(&format!("{field}[{i}]"), id, vocab))
-    }
-
-    /// Checks one id against the vocab, when it is known.
-    pub fn check_id(&self, field: &str, id: u32) -> Result<()> {
-        match self.vocab_size {
-            Some(vocab) => check_token(field, id, vocab),
-            None => Ok(()),
-        }
-    }
-}
 
 /// What each kind's spec struct provides (besides serde, with unknown fields denied).
 pub trait KindSpec: std::fmt::Debug + Send + Sync + 'static {
@@ -85,6 +51,18 @@ pub trait KindSpec: std::fmt::Debug + Send + Sync + 'static {
     /// (then the engine resolves it).
     fn resolve(&self, _context: &SpecContext) -> Result<Option<Value>> {
         Ok(None)
+    }
+
+    /// Makes a kind that counts its steps by calls count them by generated tokens instead
+    /// (`"position": "tokens"`), for a pipeline rebuilt from a request's ids part-way through
+    /// (a migrated or resumed request, an engine that drops and rebuilds state). Kinds without
+    /// such a choice do nothing.
+    fn position_by_tokens(&mut self) {}
+
+    /// Whether the step takes the caller's own mask each step (`Batch::fill_bitmask`), which
+    /// only a batch is given.
+    fn takes_caller_mask(&self) -> bool {
+        false
     }
 }
 
@@ -215,6 +193,29 @@ fn serde_field(error: &serde_path_to_error::Error<serde_json::Error>) -> String 
     }
 }
 
+/// The key that failed to parse, where a map key did (serde's path ends in `?` there, and its
+/// message may not show the key): the key the message quotes, else the first that is not an
+/// id (the maps of specs are keyed by token id).
+fn failed_key(path: &serde_path_to_error::Path, fields: &Value, message: &str) -> Option<String> {
+    use serde_path_to_error::Segment;
+    let mut value = fields;
+    for segment in path.iter() {
+        value = match segment {
+            Segment::Map { key } => value.get(key)?,
+            Segment::Seq { index } => value.get(index)?,
+            Segment::Unknown => {
+                let keys = value.as_object()?.keys();
+                let quoted = keys.clone().find(|k| message.contains(&format!("{k:?}")));
+                return quoted
+                    .or_else(|| keys.clone().find(|k| k.parse::<u32>().is_err()))
+                    .cloned();
+            }
+            Segment::Enum { .. } => return None,
+        };
+    }
+    None
+}
+
 impl ProcessorSpec {
     /// Parses one spec object.
     pub fn parse(json: &str) -> Result<Self> {
@@ -265,10 +266,16 @@ impl ProcessorSpec {
             .filter(|(key, _)| *key != "kind")
             .map(|(key, value)| (key.clone(), value.clone()))
             .collect();
-        let spec = (kind.parse)(Value::Object(fields)).map_err(|e| {
+        let fields = Value::Object(fields);
+        let spec = (kind.parse)(fields.clone()).map_err(|e| {
             let message = e.inner().to_string();
             let message = message.split(" at line ").next().unwrap_or(&message);
-            Error::spec(field_at(at, &serde_field(&e)), message.to_string())
+            let field = match failed_key(e.path(), &fields, message) {
+                // The map key at fault: `bias["x"]`.
+                Some(key) => format!("{}[{key:?}]", serde_field(&e)),
+                None => serde_field(&e),
+            };
+            Error::spec(field_at(at, &field), message.to_string())
         })?;
         spec.check().map_err(|e| e.in_spec(at))?;
         Ok(Self {
@@ -315,6 +322,24 @@ impl ProcessorSpec {
             Some(value) => Ok(value),
             None => Ok(self.to_value()),
         }
+    }
+
+    /// The spec with its position counted by generated tokens where its kind counts calls
+    /// (see [`KindSpec::position_by_tokens`]); as it is otherwise.
+    pub fn positioned_by_tokens(&self) -> Self {
+        let mut spec = self.spec.clone_box();
+        spec.position_by_tokens();
+        Self {
+            kind: self.kind,
+            spec,
+            at: self.at.clone(),
+        }
+    }
+
+    /// Whether the step takes the caller's own mask each step (see
+    /// [`KindSpec::takes_caller_mask`]).
+    pub fn takes_caller_mask(&self) -> bool {
+        self.spec.takes_caller_mask()
     }
 
     /// The spec as JSON, `"kind"` first.
@@ -458,7 +483,18 @@ mod tests {
                 r#"{"kind": "thinking_budget", "max_thinking_tokens": 1, "start_token_id": 4}"#,
                 "end_token_id",
             ),
-            (r#"{"kind": "logit_bias", "bias": {"x": 1}}"#, "bias"),
+            (
+                r#"{"kind": "logit_bias", "bias": {"x": 1}}"#,
+                r#"bias["x"]"#,
+            ),
+            (
+                r#"{"kind": "logit_bias", "bias": {"3": 1, "x": 1, "-4": 2}}"#,
+                r#"bias["x"]"#,
+            ),
+            (
+                r#"[{"kind": "top_k", "k": 2}, {"kind": "logit_bias", "bias": {"1e3": 1}}]"#,
+                r#"[1].bias["1e3"]"#,
+            ),
             (r#"{"kind": "logit_bias", "bias": {"3": 1e300}}"#, "bias.3"),
             (
                 r#"[{"kind": "temperature", "temperature": 1}, {"kind": "ban_tokens"}]"#,

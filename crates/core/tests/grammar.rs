@@ -539,4 +539,91 @@ fn eos_after_the_end_is_padding_and_anything_else_a_failure() {
     let (kept, failures) = step(&[yes, eos, yes]);
     assert_eq!(kept, [eos as usize]);
     assert_eq!(failures.len(), 1, "{failures:?}");
+    assert!(
+        failures[0].contains(&format!("output token 2 (id {yes})")),
+        "{failures:?}"
+    );
+}
+
+#[test]
+#[ignore = "needs the DeepSeek tokenizer.json (DEEPSEEK_TOKENIZER_JSON); scripts/test.sh runs it"]
+fn a_token_after_eos_in_the_same_step_is_blamed_not_the_eos() {
+    let env = env();
+    let context = context(&env);
+    let eos = env.eos_token_id().unwrap();
+    let path = std::env::var("DEEPSEEK_TOKENIZER_JSON").unwrap();
+    let tokenizer = logits_processing::tokenizer::load(path).unwrap();
+    let (yes, no) = (
+        tokenizer.token_to_id("yes").unwrap(),
+        tokenizer.token_to_id("no").unwrap(),
+    );
+    for ids in [vec![yes, eos, no], vec![yes, eos, eos, no]] {
+        let mut row = pipeline(json!({"kind": "grammar", "regex": "(yes|no)"}), &context, 0);
+        allowed(&mut row, &[yes]);
+        assert_eq!(allowed(&mut row, &ids), [eos]);
+        let failures = row.failures();
+        let at = ids.len() - 1;
+        assert_eq!(failures.len(), 1, "{failures:?}");
+        assert!(
+            failures[0].contains(&format!("output token {at} (id {no})")),
+            "{ids:?}: {failures:?}"
+        );
+    }
+}
+
+/// A grammar whose regex expands past the limit is refused when it is parsed (no tokenizer
+/// needed), naming the field: llguidance admits it, then its first mask takes 0.7-2.7 s and the
+/// row fails with "too many expressions constructed".
+#[test]
+fn regexes_that_would_stall_a_step_are_refused_at_admission() {
+    let field = |spec: Value| match parse_pipeline(&spec.to_string()) {
+        Err(Error::InvalidSpec { field, message }) => {
+            assert!(message.contains("limit"), "{message}");
+            Some(field)
+        }
+        Err(other) => panic!("{other:?}"),
+        Ok(_) => None,
+    };
+    let long = "a".repeat(500_000);
+    for (spec, expected) in [
+        (json!({"kind": "grammar", "regex": "a{1000000}"}), "regex"),
+        (
+            json!({"kind": "grammar", "regex": "(a{1000}){1000}"}),
+            "regex",
+        ),
+        (
+            json!({"kind": "grammar", "regex": "x{1000}{1000}"}),
+            "regex",
+        ),
+        (json!({"kind": "grammar", "regex": long}), "regex"),
+        (
+            json!([{"kind": "top_k", "k": 3},
+                   {"kind": "grammar", "json_schema": {"type": "object", "properties":
+                       {"name": {"type": "string", "pattern": "^a{1000000}$"}}}}]),
+            "[1].json_schema.properties.name.pattern",
+        ),
+        (
+            json!({"kind": "grammar", "json_schema": {"type": "object",
+                   "patternProperties": {"^b{100000}$": {"type": "integer"}}}}),
+            r#"json_schema.patternProperties["^b{100000}$"]"#,
+        ),
+        (
+            json!({"kind": "grammar", "lark": "// a comment with /slashes/\nstart: \"/\" x\nx: /a{1000000}/"}),
+            "lark",
+        ),
+    ] {
+        assert_eq!(field(spec.clone()).as_deref(), Some(expected), "{spec}");
+    }
+    // What real grammars use stays well inside the limit.
+    for spec in [
+        json!({"kind": "grammar", "regex": "[0-9]{3}"}),
+        json!({"kind": "grammar", "regex": "a{10000}"}),
+        json!({"kind": "grammar", "regex": ".{0,5000}"}),
+        json!({"kind": "grammar", "regex": "[a-f0-9]{8}-[a-f0-9]{4}-[a-f0-9]{4}-[a-f0-9]{4}-[a-f0-9]{12}"}),
+        json!({"kind": "grammar", "json_schema": {"type": "string", "pattern": "^[A-Z][a-z]{1,64}$"}}),
+        json!({"kind": "grammar", "lark": "start: \"a/b\" NUMBER // one /a{1000000}/ here\nNUMBER: /[0-9]{1,9}/"}),
+        json!({"kind": "grammar", "lark": "start: /a\\/b{3}/i"}),
+    ] {
+        assert_eq!(field(spec.clone()), None, "{spec}");
+    }
 }

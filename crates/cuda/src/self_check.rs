@@ -196,16 +196,16 @@ pub(crate) fn plans() -> Vec<(usize, RowPlan)> {
             // Raises of negative and positive logits around a scale; a set, and a set that brings
             // back a banned token, raised after.
             plan(&[
-                Edit::Raise {
+                Edit::AddScaledAbs {
                     token: 5,
                     factor: 0.25,
                 },
-                Edit::Raise {
+                Edit::AddScaledAbs {
                     token: 900,
                     factor: 1.5,
                 },
                 Edit::Scale { temperature: 0.9 },
-                Edit::Raise {
+                Edit::AddScaledAbs {
                     token: 5,
                     factor: 0.125,
                 },
@@ -218,7 +218,7 @@ pub(crate) fn plans() -> Vec<(usize, RowPlan)> {
                     token: 2052,
                     value: 1.3,
                 },
-                Edit::Raise {
+                Edit::AddScaledAbs {
                     token: 2052,
                     factor: 0.7,
                 },
@@ -245,7 +245,7 @@ pub(crate) fn plans() -> Vec<(usize, RowPlan)> {
                     token: 1100,
                     value: 3.0,
                 },
-                Edit::Raise {
+                Edit::AddScaledAbs {
                     token: 1100,
                     factor: 0.5,
                 },

@@ -1,5 +1,5 @@
 //! The GPU against the CPU, bit for bit: random plans (every kind of edit), every dtype, the
-//! issue's vocab sizes, ragged batches with external steps, many steps in flight, the self-check.
+//! vocab sizes of `common::VOCABS`, ragged batches with external steps, many steps in flight, the self-check.
 //! They need a CUDA GPU, so they are ignored in a plain `cargo test` (where they would have
 //! nothing to run on); `scripts/gpu-check.sh` runs them (`--include-ignored`) on a GPU machine,
 //! with the embedded PTX and again with NVRTC, and there they fail, never skip, when the GPU

@@ -1,6 +1,6 @@
 //! The packed format and the kernel's algorithm, checked on the host: the emulation of the kernel
 //! (`packed::emulate`) must give what `RowPlan::apply` gives, bit for bit, for random plans, every
-//! dtype, the vocab sizes and ragged batches. No GPU needed.
+//! dtype, the vocab sizes of `common::VOCABS` and ragged batches. No GPU needed.
 
 mod common;
 
@@ -323,7 +323,7 @@ fn sets_after_a_force_survive_as_on_the_cpu() {
         value: ForcedValue::Keep,
     };
     let set = |token, value| Edit::Set { token, value };
-    let raise = |token, factor| Edit::Raise { token, factor };
+    let raise = |token, factor| Edit::AddScaledAbs { token, factor };
     let top_k = |k| Edit::Truncate(Truncation::TopK { k, min_keep: 1 });
     let cases: Vec<Vec<Edit>> = vec![
         vec![force(1023), set(1024, 2.0), set(7, -1.5), set(1024, 3.0)],

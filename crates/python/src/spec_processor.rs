@@ -4,11 +4,12 @@ use logits_processing::{Pipeline, Result as CoreResult, TokenHistory};
 use pyo3::prelude::*;
 
 use crate::args;
-use crate::batch::{entries_of, spec_context, steps_of, Entry};
+use crate::context::{context_arg, Legacy};
 use crate::device::apply_pipeline_row;
 use crate::errors::to_py;
 use crate::exclusive::Exclusive;
-use crate::processors::{call_row, logits_arg, RowSteps};
+use crate::reference::{call_row, logits_arg, RowSteps};
+use crate::specs::{entries_of, steps_of, Entry};
 use crate::tensor::Block;
 
 /// A processor made from a request spec: every kind a ``Batch`` accepts, for one row.
@@ -23,13 +24,14 @@ use crate::tensor::Block;
 ///     spec: A spec dict, JSON text (one spec object or a list), or a list of dicts / JSON texts.
 ///     prompt_len (int): Keyword only. Where generated ids start in ``input_ids`` (for
 ///         ``"position": "tokens"`` forced sequences).
-///     hello_world (tuple[list[int], int] | None): Keyword only. The encoding of
-///         ``"Hello world!"`` and the EOS id, for ``hello_world`` specs.
-///     thinking_tokens (ThinkingTokenConfig | None): Keyword only. The model's thinking ids, for
-///         ``thinking_budget`` specs that do not name them.
+///     context (EngineContext | None): Keyword only. What the engine knows, for specs that
+///         need it (``hello_world``, thinking budgets without ids, grammars).
+///     hello_world, thinking_tokens: Keyword only. Deprecated (a ``DeprecationWarning``): give
+///         ``context=EngineContext(hello_world=..., thinking_tokens=...)``.
 ///
 /// Raises:
-///     SpecError: (a ValueError) naming the field of a bad spec, e.g. ``"[1].token_ids"``.
+///     SpecError: (a ValueError) naming the field of a bad spec, e.g. ``"[1].token_ids"``; a
+///         ``bitmask`` step, whose mask only :meth:`Batch.apply` takes.
 ///     TokenOutOfVocabError: at a call, for a spec naming a token outside the row.
 ///
 /// Example:
@@ -75,12 +77,14 @@ impl RowSteps for Steps<'_> {
 impl PyProcessor {
     #[new]
     #[pyo3(
-        signature = (spec, *, prompt_len = None, hello_world = None, thinking_tokens = None),
-        text_signature = "(spec, *, prompt_len=0, hello_world=None, thinking_tokens=None)"
+        signature = (spec, *, prompt_len = None, context = None, hello_world = None, thinking_tokens = None),
+        text_signature = "(spec, *, prompt_len=0, context=None, hello_world=None, thinking_tokens=None)"
     )]
     fn new(
+        py: Python<'_>,
         spec: &Bound<'_, PyAny>,
         prompt_len: Option<&Bound<'_, PyAny>>,
+        context: Option<&Bound<'_, PyAny>>,
         hello_world: Option<&Bound<'_, PyAny>>,
         thinking_tokens: Option<&Bound<'_, PyAny>>,
     ) -> PyResult<Self> {
@@ -88,12 +92,41 @@ impl PyProcessor {
             .map(|n| args::index(n, "prompt_len"))
             .transpose()?
             .unwrap_or(0);
-        let context = spec_context(None, hello_world, thinking_tokens)?;
+        let context = context_arg(
+            py,
+            "Processor",
+            context,
+            Legacy(&[
+                ("hello_world", hello_world),
+                ("thinking_tokens", thinking_tokens),
+            ]),
+        )?;
         let entries = entries_of(spec, false)?;
         let mut kinds = vec![];
         for (at, entry) in &entries {
             match entry {
-                Entry::Specs(specs) => kinds.extend(specs.iter().map(|s| s.kind())),
+                Entry::Specs(specs) => {
+                    for (i, spec) in specs.iter().enumerate() {
+                        if spec.takes_caller_mask() {
+                            // Entry `at` of a list, one spec object, or spec `i` of a JSON list.
+                            let place = match (at.is_empty(), specs.len()) {
+                                (false, _) => format!("{at}.kind"),
+                                (true, 1) => "kind".into(),
+                                _ => format!("[{i}].kind"),
+                            };
+                            return Err(to_py(logits_processing::Error::InvalidSpec {
+                                field: place,
+                                message: format!(
+                                    "a {:?} step applies the caller's mask given each step to \
+                                     Batch.apply(bitmask=...); a Processor has no way to be given \
+                                     one",
+                                    spec.kind()
+                                ),
+                            }));
+                        }
+                        kinds.push(spec.kind());
+                    }
+                }
                 _ => {
                     return Err(to_py(logits_processing::Error::InvalidSpec {
                         field: if at.is_empty() {

@@ -128,8 +128,13 @@ impl TensorView {
         }
     }
 
-    /// Reads `object`'s DLPack descriptor without copying its data.
+    /// Reads `object` (the logits)'s DLPack descriptor without copying its data.
     pub fn of(object: &Bound<'_, PyAny>) -> PyResult<Self> {
+        Self::of_named(object, "logits")
+    }
+
+    /// [`TensorView::of`] for the argument `name`, which its errors name.
+    pub fn of_named(object: &Bound<'_, PyAny>, name: &str) -> PyResult<Self> {
         let py = object.py();
         let borrowed = object.as_borrowed();
         if let Some(api) = exchange_api(object)? {
@@ -139,8 +144,10 @@ impl TensorView {
                 if requires_grad.is_truthy()? {
                     return Err(new_err(
                         Kind::ReadOnly,
-                        "logits require grad and cannot be edited in place; pass logits.detach() \
-                         or call under torch.no_grad()",
+                        format!(
+                            "{name} require grad and cannot be edited in place; pass \
+                             {name}.detach() or call under torch.no_grad()"
+                        ),
                     ));
                 }
             }
@@ -156,7 +163,7 @@ impl TensorView {
             }
             let exchanged = api
                 .import_managed_no_sync(borrowed)
-                .map_err(|e| not_exported(object, e))?;
+                .map_err(|e| not_exported(object, name, e))?;
             let read_only = exchanged.tensor().flags().contains(DlpackFlags::READ_ONLY);
             // SAFETY: the managed tensor was validated on import and is alive here.
             let mut view = Self::from_dltensor(
@@ -173,7 +180,8 @@ impl TensorView {
             return Err(new_err(
                 Kind::DType,
                 format!(
-                    "expected a torch tensor or a numpy array (anything with __dlpack__), got {}",
+                    "{name}: expected a torch tensor or a numpy array (anything with __dlpack__), \
+                     got {}",
                     object.get_type().name()?
                 ),
             ));
@@ -194,11 +202,11 @@ impl TensorView {
             Ok(capsule) => capsule,
             Err(e) if e.is_instance_of::<PyTypeError>(py) => object
                 .call_method0(dlpack)
-                .map_err(|e| not_exported(object, e))?,
-            Err(e) => return Err(not_exported(object, e)),
+                .map_err(|e| not_exported(object, name, e))?,
+            Err(e) => return Err(not_exported(object, name, e)),
         };
-        let imported =
-            from_dlpack(capsule.as_borrowed(), None, None).map_err(|e| not_exported(object, e))?;
+        let imported = from_dlpack(capsule.as_borrowed(), None, None)
+            .map_err(|e| not_exported(object, name, e))?;
         read_only |= imported.flags().contains(DlpackFlags::READ_ONLY);
         // SAFETY: the managed tensor was validated on import and is kept alive in the view.
         let t = unsafe {
@@ -249,7 +257,7 @@ impl TensorView {
 /// The error for an object whose producer refused to export it (a meta tensor, a byte-swapped
 /// array, ...): a `DeviceError` naming its device where that is not the host, else a `DTypeError`,
 /// with the producer's first line of explanation and its exception as the cause.
-fn not_exported(object: &Bound<'_, PyAny>, error: PyErr) -> PyErr {
+fn not_exported(object: &Bound<'_, PyAny>, name: &str, error: PyErr) -> PyErr {
     let py = object.py();
     let why = error.to_string();
     let why = why.lines().next().unwrap_or_default();
@@ -261,11 +269,11 @@ fn not_exported(object: &Bound<'_, PyAny>, error: PyErr) -> PyErr {
     let ours = match device {
         Some(device) => new_err(
             Kind::Device,
-            format!("logits are on {device}, which cannot be read through DLPack ({why})"),
+            format!("{name} is on {device}, which cannot be read through DLPack ({why})"),
         ),
         None => new_err(
             Kind::DType,
-            format!("these logits cannot be read through DLPack ({why})"),
+            format!("{name} cannot be read through DLPack ({why})"),
         ),
     };
     ours.set_cause(py, Some(error));
@@ -561,7 +569,7 @@ pub(crate) fn bitmask_words(
     rows: usize,
     words_per_row: usize,
 ) -> PyResult<BitmaskView> {
-    let view = TensorView::of(object)?;
+    let view = TensorView::of_named(object, "bitmask")?;
     if !matches!(IntKind::of(view.dtype), Some(IntKind::I32 | IntKind::U32)) {
         return Err(new_err(
             Kind::DType,

@@ -1,5 +1,5 @@
 """What every engine adapter shares: the request key, the spec payload, the serving role and the
-engine context (vocab size, the tokenizer's "Hello world!" and thinking tokens).
+engine context (:class:`EngineContext`, built once per engine in Rust).
 
 Nothing here imports an engine, torch or transformers.
 """
@@ -9,8 +9,9 @@ from __future__ import annotations
 import json
 import logging
 import weakref
-from dataclasses import dataclass
 from typing import Any, Mapping, Optional, Sequence, Tuple
+
+from .. import _lib
 
 logger = logging.getLogger("logits_processing.adapters")
 
@@ -183,12 +184,11 @@ def resumed(specs: Any, original_len: int, ids_at_admission: int) -> Any:
 def validate_structure(specs: Any) -> Any:
     """Checks everything about specs that does not depend on the engine (kinds, fields, types,
     values, size limits), where the engine is not known yet (a frontend, a client): ``hello_world``
-    and thinking budgets without ids are accepted, as they will get the engine's ids. Returns
-    the decoded specs; raises ``SpecError`` naming the field, ``TypeError`` for non-data."""
-    import logits_processing as lp
-
+    and thinking budgets without ids are accepted, as they will get the engine's ids
+    (``EngineContext.structure_only()``). Returns the decoded specs; raises ``SpecError`` naming
+    the field, ``TypeError`` for non-data."""
     decoded = decode_specs(specs)
-    lp.validate_specs(decoded, hello_world=([], 0), thinking_tokens=lp.ThinkingTokenConfig(0, 0, 0))
+    _lib.validate_specs(decoded, context=_lib.EngineContext.structure_only())
     return decoded
 
 
@@ -199,41 +199,25 @@ def encode_specs(specs: Any) -> str:
 
 
 def with_position(specs: Any, position: str) -> list:
-    """The specs with every forced sequence (``forced_sequence``, ``hello_world``) positioned by
-    ``position`` unless it already says ``"tokens"``. Used where state is rebuilt from the
-    token ids (SGLang), so that a rebuilt pipeline picks up where the request is."""
+    """The specs positioned by ``position``: with ``"tokens"``, every step that counts its calls
+    counts generated tokens instead (the core's ``position_by_tokens``: forced sequences and
+    ``hello_world``), so that a pipeline rebuilt from the token ids (SGLang, a resumed
+    request) picks up where the request is; with ``"calls"`` (the default of every kind), as
+    they are. Raises ``SpecError`` for specs that do not parse."""
     decoded = decode_specs(specs)
-    items = decoded if isinstance(decoded, list) else [decoded]
-    out = []
-    for spec in items:
-        if spec.get("kind") in ("forced_sequence", "hello_world") and spec.get("position") != "tokens":
-            spec = {**spec, "position": position}
-        out.append(spec)
-    return out
-
-
-def hello_world_ids(tokenizer: Any) -> Optional[Tuple[list, int]]:
-    """``(ids of "Hello world!", eos id)`` from a transformers tokenizer, or None without EOS."""
-    if tokenizer is None:
-        return None
-    eos = getattr(tokenizer, "eos_token_id", None)
-    if eos is None:
-        return None
-    ids = tokenizer.encode("Hello world!", add_special_tokens=False)
-    return [int(i) for i in ids], int(eos)
+    if position == "tokens":
+        return _lib.position_by_tokens(decoded)
+    if position == "calls":
+        return decoded if isinstance(decoded, list) else [decoded]
+    raise ValueError(f"position must be 'calls' or 'tokens', got {position!r}")
 
 
 def thinking_tokens_for(tokenizer: Any = None, model_name: Optional[str] = None):
-    """The model's thinking tokens by the core's one rule (``get_thinking_token_config``: the
-    tokenizer's single tokens, else the name table); None when neither knows."""
-    import logits_processing as lp
-
+    """The model's thinking tokens as an :class:`EngineContext` derives them (the core's rule:
+    the tokenizer's single tokens, else the name table); None when neither knows."""
     if model_name is None and tokenizer is None:
         return None
-    config = lp.get_thinking_token_config(model_name or "", tokenizer)
-    if not config.start_token_id or not config.end_token_id:
-        return None
-    return config
+    return _lib.EngineContext(tokenizer, model_name=model_name, grammar=False).thinking_tokens
 
 
 _GRAMMAR_ENVS: "weakref.WeakKeyDictionary[Any, Any]" = weakref.WeakKeyDictionary()
@@ -244,17 +228,17 @@ def grammar_env_of(tokenizer: Any) -> Any:
     per tokenizer object (reading it costs about half a second at a 129k vocab, and its compiled
     grammars are shared), or None for no tokenizer or one llguidance cannot read (grammar specs
     are then refused, naming the tokenizer)."""
-    import logits_processing as lp
-
     if tokenizer is None:
         return None
+    if isinstance(tokenizer, _lib.GrammarEnv):
+        return tokenizer
     try:
         return _GRAMMAR_ENVS[tokenizer]
     except (KeyError, TypeError):  # not seen yet, or not weakly referenceable
         pass
     try:
-        env = lp.GrammarEnv(tokenizer)
-    except (lp.TokenizerError, TypeError):  # not a fast tokenizer (a test double, a slow one)
+        env = _lib.GrammarEnv(tokenizer)
+    except (_lib.TokenizerError, TypeError):  # not a fast tokenizer (a test double, a slow one)
         return None
     try:
         _GRAMMAR_ENVS[tokenizer] = env
@@ -263,16 +247,9 @@ def grammar_env_of(tokenizer: Any) -> Any:
     return env
 
 
-@dataclass
-class EngineContext:
-    """What an engine knows at start-up that specs may rely on."""
-
-    vocab_size: Optional[int] = None
-    hello_world: Optional[Tuple[list, int]] = None
-    thinking_tokens: Any = None
-    #: The tokenizer as llguidance sees it (a ``GrammarEnv``), for ``grammar`` and
-    #: ``json_object`` specs; shared by every batch made here, so grammars compile once.
-    grammar: Any = None
+class EngineContext(_lib.EngineContext):
+    """:class:`logits_processing.EngineContext`, with :meth:`resolve`, which the adapters use: one
+    ``GrammarEnv`` per tokenizer object is shared by every context made from it."""
 
     @classmethod
     def resolve(
@@ -281,57 +258,48 @@ class EngineContext:
         tokenizer: Any = None,
         model_name: Optional[str] = None,
         vocab_size: Optional[int] = None,
+        eos_token_id: Any = None,
         hello_world: Optional[Tuple[Sequence[int], int]] = None,
         thinking_tokens: Any = None,
     ) -> "EngineContext":
-        """Explicit values win; the rest come from the tokenizer (and model name)."""
-        if hello_world is None:
-            hello_world = hello_world_ids(tokenizer)
-        else:
-            hello_world = ([int(i) for i in hello_world[0]], int(hello_world[1]))
-        if thinking_tokens is None:
-            thinking_tokens = thinking_tokens_for(tokenizer, model_name)
+        """The engine's context: explicit values win; the rest come from the tokenizer (and the
+        model name), by the core's rules."""
+        env = grammar_env_of(tokenizer)
         return cls(
+            tokenizer,
+            model_name=model_name,
             vocab_size=vocab_size,
+            eos_token_id=eos_token_id,
+            grammar=env if env is not None else False,
             hello_world=hello_world,
             thinking_tokens=thinking_tokens,
-            grammar=grammar_env_of(tokenizer),
-        )
-
-    def batch(self, vocab_size: Optional[int] = None):
-        """A new ``logits_processing.Batch`` for this engine."""
-        import logits_processing as lp
-
-        vocab = vocab_size if vocab_size is not None else self.vocab_size
-        if vocab is None:
-            raise ValueError("the vocab size is not known yet")
-        return lp.Batch(
-            vocab, hello_world=self.hello_world, thinking_tokens=self.thinking_tokens, tokenizer=self.grammar
         )
 
     def validate(self, specs: Any) -> None:
         """Everything a request's specs can be checked for here (structure, values, and token
         ids against the vocab when it is known). Raises ``SpecError``; an id beyond the vocab is
         a ``TokenOutOfVocabError`` naming its field (``[1].eos_token_id``)."""
-        import logits_processing as lp
-
-        specs = decode_specs(specs) if isinstance(specs, (str, bytes)) else specs
-        lp.validate_specs(
-            specs,
-            vocab_size=self.vocab_size,
-            hello_world=self.hello_world,
-            thinking_tokens=self.thinking_tokens,
-        )
+        super().validate(decode_specs(specs) if isinstance(specs, (str, bytes, bytearray)) else specs)
 
     def resolve_specs(self, specs: Any) -> list:
         """The specs with everything engine-specific made explicit, so that a worker without the
         tokenizer can realize them (the core's ``resolve_specs``): ``hello_world`` becomes a
         ``forced_sequence`` of its ids and a ``thinking_budget`` without ids gets the model's."""
-        import logits_processing as lp
+        return super().resolve_specs(decode_specs(specs))
 
-        return lp.resolve_specs(
-            decode_specs(specs), hello_world=self.hello_world, thinking_tokens=self.thinking_tokens
-        )
+
+def context_for(context: Any = None, **engine: Any) -> Any:
+    """``context`` (an :class:`EngineContext` built once per engine) when given, else one built
+    from ``engine`` (``tokenizer=``, ``model_name=``, ``vocab_size=``, ...) by
+    :meth:`EngineContext.resolve`; both is an ``ArgumentTypeError`` naming the keyword."""
+    if context is None:
+        return EngineContext.resolve(**engine)
+    if not isinstance(context, _lib.EngineContext):
+        raise _lib.ArgumentTypeError(f"context must be an EngineContext, got {type(context).__name__}")
+    given = [name for name, value in engine.items() if value is not None]
+    if given:
+        raise _lib.ArgumentTypeError(f"give context= or {given[0]}=, not both (the context holds it)")
+    return context
 
 
 def rows_of(logits: Any) -> Any:

@@ -5,12 +5,14 @@ Imports transformers (and torch) when this module is imported.
 
 from __future__ import annotations
 
+import operator
 from typing import Any, Optional, Sequence
 
 import torch
 from transformers import LogitsProcessor
 
-from ._common import EngineContext, check_in_process_pipeline
+from .. import _lib
+from ._common import check_in_process_pipeline, context_for
 
 __all__ = ["HFLogitsProcessor", "specs_from_generation_config"]
 
@@ -42,6 +44,9 @@ class HFLogitsProcessor(LogitsProcessor):
             the first call.
         hello_world: ``(ids, eos)`` instead of asking the tokenizer.
         thinking_tokens: a ``ThinkingTokenConfig`` instead of asking the tokenizer.
+        context: instead of ``tokenizer``, ``model_name``, ``vocab_size``, ``hello_world`` and
+            ``thinking_tokens``: a :class:`logits_processing.EngineContext` built once for the
+            model and shared by every processor made for it (its tokenizer is read once).
 
     Example::
 
@@ -65,10 +70,12 @@ class HFLogitsProcessor(LogitsProcessor):
         vocab_size: Optional[int] = None,
         hello_world: Any = None,
         thinking_tokens: Any = None,
+        context: Optional[_lib.EngineContext] = None,
     ) -> None:
         if (pipeline is None) == (per_row is None):
             raise ValueError("give exactly one of pipeline (every row) and per_row (one per prompt)")
-        self.context = EngineContext.resolve(
+        self.context = context_for(
+            context,
             tokenizer=tokenizer,
             model_name=model_name,
             vocab_size=vocab_size,
@@ -168,6 +175,9 @@ def specs_from_generation_config(config: Any, *, prompt_len: Optional[int] = Non
             ``config`` leaves unset.
 
     Raises:
+        InvalidArgumentError: (a ValueError) ``top_k``, ``no_repeat_ngram_size``, ``min_length``
+            or ``min_new_tokens`` that is not an integer (``generate()`` refuses them too),
+            naming it in ``field``.
         ValueError: a field that changes the logits and has no spec here (``guidance_scale``,
             the encoder-decoder penalties, ``forced_bos_token_id``, ``remove_invalid_values``,
             ``top_h``, ``renormalize_logits``, a watermark), naming it.
@@ -185,6 +195,15 @@ def specs_from_generation_config(config: Any, *, prompt_len: Optional[int] = Non
 
     def field(name: str, default: Any = None) -> Any:
         return getattr(config, name, default)
+
+    def whole(name: str) -> int:
+        # generate() refuses a count that is not an int (its processors check isinstance(v, int)).
+        value = field(name)
+        if isinstance(value, bool) or not hasattr(type(value), "__index__"):
+            error = _lib.InvalidArgumentError(f"GenerationConfig.{name} must be an integer, got {value!r}")
+            error.field = name
+            raise error
+        return operator.index(value)
 
     unsupported = [
         ("guidance_scale", lambda v: v is not None and v != 1),
@@ -210,18 +229,18 @@ def specs_from_generation_config(config: Any, *, prompt_len: Optional[int] = Non
     if field("repetition_penalty") is not None and field("repetition_penalty") != 1.0:
         specs.append({"kind": "repetition_penalty", "penalty": float(field("repetition_penalty"))})
     if field("no_repeat_ngram_size") is not None and field("no_repeat_ngram_size") > 0:
-        specs.append({"kind": "no_repeat_ngram", "n": int(field("no_repeat_ngram_size"))})
+        specs.append({"kind": "no_repeat_ngram", "n": whole("no_repeat_ngram_size")})
     if field("bad_words_ids") is not None:
         sequences = [list(s) for s in field("bad_words_ids") if not (len(s) == 1 and s[0] in eos_ids)]
         if sequences:
             specs.append({"kind": "bad_words", "sequences": sequences})
     if eos_ids and field("min_length") is not None and field("min_length") > 0:
-        specs.append({"kind": "min_length", "min_length": int(field("min_length")), "eos_token_ids": eos_ids})
+        specs.append({"kind": "min_length", "min_length": whole("min_length"), "eos_token_ids": eos_ids})
     if eos_ids and field("min_new_tokens") is not None and field("min_new_tokens") > 0:
         specs.append(
             {
                 "kind": "min_new_tokens",
-                "min_new_tokens": int(field("min_new_tokens")),
+                "min_new_tokens": whole("min_new_tokens"),
                 "eos_token_ids": eos_ids,
             }
         )
@@ -260,7 +279,7 @@ def specs_from_generation_config(config: Any, *, prompt_len: Optional[int] = Non
         if field("temperature") is not None and field("temperature") != 1.0:
             specs.append({"kind": "temperature", "temperature": float(field("temperature"))})
         if field("top_k") is not None and field("top_k") != 0:
-            specs.append({"kind": "top_k", "k": int(field("top_k")), "min_tokens_to_keep": keep})
+            specs.append({"kind": "top_k", "k": whole("top_k"), "min_tokens_to_keep": keep})
         if field("top_p") is not None and field("top_p") < 1.0:
             specs.append({"kind": "top_p", "p": float(field("top_p")), "min_tokens_to_keep": keep})
         if field("min_p") is not None:

@@ -162,9 +162,7 @@ def use_tokenizer(tokenizer: Any) -> None:
     ``tokenizers.Tokenizer``, a ``tokenizer.json`` path or a ``GrammarEnv``), for ``grammar`` and
     ``json_object`` specs: SGLang hands custom logit processors none. Call it before the first
     request that carries a grammar."""
-    import logits_processing as lp
-
-    STORE.context.grammar = tokenizer if isinstance(tokenizer, lp.GrammarEnv) else lp.GrammarEnv(tokenizer)
+    STORE.context = EngineContext.resolve(tokenizer=tokenizer)
     STORE.batch = None  # the next call builds its batch with it
 
 

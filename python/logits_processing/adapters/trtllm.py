@@ -26,9 +26,9 @@ import torch
 
 from .. import _lib
 from ._common import (
-    EngineContext,
     KeyedBatch,
     check_in_process_pipeline,
+    context_for,
     rows_of,
     runs_processors,
 )
@@ -88,9 +88,10 @@ class TRTLLMLogitsProcessor:
         hello_world: Any = None,
         thinking_tokens: Any = None,
         role: Any = "aggregated",
-        context: Optional[EngineContext] = None,
+        context: Optional[_lib.EngineContext] = None,
     ) -> None:
-        self.context = context or EngineContext.resolve(
+        self.context = context_for(
+            context,
             tokenizer=tokenizer,
             model_name=model_name,
             vocab_size=vocab_size,
@@ -172,9 +173,10 @@ class TRTLLMBatchedLogitsProcessor:
         hello_world: Any = None,
         thinking_tokens: Any = None,
         role: Any = "aggregated",
-        context: Optional[EngineContext] = None,
+        context: Optional[_lib.EngineContext] = None,
     ) -> None:
-        self.context = context or EngineContext.resolve(
+        self.context = context_for(
+            context,
             tokenizer=tokenizer,
             model_name=model_name,
             vocab_size=vocab_size,

@@ -3,7 +3,6 @@
 
 from __future__ import annotations
 
-import operator
 import os
 from typing import Any, List, Optional, Tuple, Union
 
@@ -12,12 +11,13 @@ from .forced_sequence import ForcedSequenceLogitsProcessor
 
 __all__ = ["RESPONSE", "HelloWorldLogitsProcessor", "hello_world_ids"]
 
-RESPONSE = "Hello world!"
-_NO_EOS = "Tokenizer has no eos_token_id; HelloWorldLogitsProcessor requires one."
+#: The reply ``hello_world`` forces (the core's).
+RESPONSE: str = _lib.HELLO_WORLD_TEXT
 
 
 def hello_world_ids(tokenizer: Any, eos_token_id: Optional[int] = None) -> Tuple[List[int], int]:
-    """The ids of ``"Hello world!"`` (no special tokens) and the EOS id, from a tokenizer.
+    """The ids of ``"Hello world!"`` (no special tokens) and the EOS id, from a tokenizer, by
+    the core's rule (what :class:`~logits_processing.EngineContext` derives).
 
     Args:
         tokenizer: A transformers tokenizer (anything with ``encode(text,
@@ -31,41 +31,20 @@ def hello_world_ids(tokenizer: Any, eos_token_id: Optional[int] = None) -> Tuple
 
     Raises:
         InvalidArgumentError: (a ValueError) when no EOS id can be found.
+        TokenizerError: a tokenizer whose ``encode`` fails or does not return token ids.
+
+    Example:
+        >>> from logits_processing.examples import hello_world_ids
+        >>> class Letters:  # a toy tokenizer: one id per character
+        ...     eos_token_id = 0
+        ...     def encode(self, text, add_special_tokens=False):
+        ...         return [ord(c) for c in text]
+        >>> ids, eos = hello_world_ids(Letters())
+        >>> "".join(map(chr, ids)), eos
+        ('Hello world!', 0)
     """
-    if isinstance(tokenizer, (str, os.PathLike)):
-        ids, eos = _lib.hello_world_ids_from_file(os.fspath(tokenizer), eos_token_id)
-        return list(ids), eos
-    if not callable(getattr(tokenizer, "encode", None)):
-        raise _lib.ArgumentTypeError(
-            "tokenizer must be a tokenizer (with encode(text, add_special_tokens=False)) or the path "
-            f"of a tokenizer.json, got {type(tokenizer).__name__}"
-        )
-    try:
-        encoded = tokenizer.encode(RESPONSE, add_special_tokens=False)
-    except Exception as e:  # the tokenizer's own failure, as ours; KeyboardInterrupt passes
-        raise _lib.TokenizerError(f"tokenizer.encode({RESPONSE!r}) raised {type(e).__name__}") from e
-    ids = getattr(encoded, "ids", encoded)  # tokenizers.Encoding has .ids
-    eos = eos_token_id if eos_token_id is not None else getattr(tokenizer, "eos_token_id", None)
-    if eos is None:
-        raise _lib.InvalidArgumentError(_NO_EOS)
-    return _checked_ids(ids), _checked_eos(eos)
-
-
-def _checked_ids(ids: Any) -> List[int]:
-    """What ``encode`` returned, as token ids, or a TokenizerError saying what it was."""
-    try:
-        return [operator.index(i) for i in ids]
-    except Exception as e:
-        raise _lib.TokenizerError(
-            f"tokenizer.encode({RESPONSE!r}) returned {type(ids).__name__}, not a list of token ids"
-        ) from e
-
-
-def _checked_eos(eos: Any) -> int:
-    try:
-        return operator.index(eos)
-    except TypeError as e:
-        raise _lib.ArgumentTypeError(f"eos_token_id must be an integer token id, got {type(eos).__name__}") from e
+    ids, eos = _lib.hello_world_ids(tokenizer, eos_token_id)
+    return list(ids), eos
 
 
 class HelloWorldLogitsProcessor(ForcedSequenceLogitsProcessor):

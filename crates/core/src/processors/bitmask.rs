@@ -18,6 +18,10 @@ impl KindSpec for BitmaskSpec {
             context.vocab_size.unwrap_or(0).div_ceil(32),
         )))
     }
+
+    fn takes_caller_mask(&self) -> bool {
+        true
+    }
 }
 
 /// The caller's own mask, for an engine that already runs a grammar library (llguidance,

@@ -9,9 +9,12 @@ use crate::processors::cursor::Cursor;
 /// (outside the vocab) are not counted: they cannot be generated, and transformers drops them too.
 ///
 /// Each [`TokenCounts::update`] reads only the ids new since the last one, unless they do not
-/// extend the ids read (see [`Cursor`]), and then it recounts them all. A new distinct token is
-/// inserted into the sorted list (a move of `O(distinct)` words, a few microseconds at 30,000
-/// distinct tokens); everything else is `O(log distinct)` per new id.
+/// extend the ids read (see [`Cursor`]), and then it recounts them all. A few new ids (a decode
+/// step's) are each inserted into the sorted list (`O(log distinct)`, plus a move of
+/// `O(distinct)` words for a new distinct token: a few microseconds at 30,000 distinct tokens);
+/// more than [`BULK`] (a prompt) are sorted and merged in, `O(new log new + distinct)`, so
+/// that the cost does not depend on the order of the ids (inserting a whole vocab's ids one by
+/// one in descending order would move `O(distinct²)` words).
 #[derive(Debug, Clone, PartialEq)]
 pub(crate) struct TokenCounts {
     from: usize,
@@ -51,8 +54,14 @@ impl TokenCounts {
         self.added.clear();
         self.before = None;
         let end = ids.token_count().min(self.to);
-        if self.cursor.extended_by(ids) {
-            for i in self.cursor.seen().max(self.from)..end {
+        let extended = self.cursor.extended_by(ids);
+        let start = if extended {
+            self.cursor.seen().max(self.from)
+        } else {
+            self.from.min(end)
+        };
+        if extended && end.saturating_sub(start) <= BULK {
+            for i in start..end {
                 let token = ids.token_at(i);
                 if token < self.limit {
                     self.add(token);
@@ -60,18 +69,12 @@ impl TokenCounts {
                 }
             }
         } else {
-            let mut tokens: Vec<u32> = (self.from.min(end)..end)
+            let tokens: Vec<u32> = (start..end)
                 .map(|i| ids.token_at(i))
                 .filter(|&t| t < self.limit)
                 .collect();
-            tokens.sort_unstable();
-            let mut counts = Vec::new();
-            for token in tokens {
-                match counts.last_mut() {
-                    Some((last, count)) if *last == token => *count += 1,
-                    _ => counts.push((token, 1)),
-                }
-            }
+            let base: &[(u32, u32)] = if extended { &self.counts } else { &[] };
+            let counts = merged(base, tokens);
             self.before = Some(std::mem::replace(&mut self.counts, counts));
         }
         self.cursor.read_all(ids);
@@ -112,9 +115,111 @@ impl TokenCounts {
     }
 }
 
+/// New ids past which an update sorts and merges them rather than inserting each.
+pub(crate) const BULK: usize = 64;
+
+/// `counts` (sorted by token) with `tokens` counted in.
+pub(crate) fn merged(counts: &[(u32, u32)], mut tokens: Vec<u32>) -> Vec<(u32, u32)> {
+    tokens.sort_unstable();
+    let mut fresh: Vec<(u32, u32)> = Vec::new();
+    for token in tokens {
+        match fresh.last_mut() {
+            Some((last, count)) if *last == token => *count += 1,
+            _ => fresh.push((token, 1)),
+        }
+    }
+    if counts.is_empty() {
+        return fresh;
+    }
+    let mut out = Vec::with_capacity(counts.len() + fresh.len());
+    let (mut a, mut b) = (counts.iter().peekable(), fresh.into_iter().peekable());
+    loop {
+        match (a.peek(), b.peek()) {
+            (Some(&&(ta, ca)), Some(&(tb, cb))) => {
+                if ta < tb {
+                    out.push((ta, ca));
+                    a.next();
+                } else if tb < ta {
+                    out.push((tb, cb));
+                    b.next();
+                } else {
+                    out.push((ta, ca + cb));
+                    a.next();
+                    b.next();
+                }
+            }
+            (Some(_), None) => out.extend(a.by_ref().copied()),
+            (None, Some(_)) => out.extend(b.by_ref()),
+            (None, None) => return out,
+        }
+    }
+}
+
+/// Checks that `read(ids, vocab)` (which reads a prompt holding every id of a 151,936 vocab once
+/// and says how many distinct ids it holds) takes about as long with the ids in descending order
+/// as in ascending order, the best of three runs each.
+#[cfg(test)]
+pub(crate) fn assert_order_independent(read: impl Fn(&[u32], u32) -> usize) {
+    let vocab = 151_936u32;
+    let ascending: Vec<u32> = (0..vocab).collect();
+    let descending: Vec<u32> = (0..vocab).rev().collect();
+    let best_of_3 = |ids: &[u32]| {
+        (0..3)
+            .map(|_| {
+                let start = std::time::Instant::now();
+                let distinct = read(ids, vocab);
+                let took = start.elapsed();
+                assert_eq!(distinct, vocab as usize);
+                took
+            })
+            .min()
+            .unwrap()
+    };
+    let (up, down) = (best_of_3(&ascending), best_of_3(&descending));
+    assert!(
+        down < up * 5 + std::time::Duration::from_millis(20),
+        "ascending {up:?}, descending {down:?}"
+    );
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    /// A prompt holding every id of a large vocab once costs the same in any order (inserted one
+    /// by one, the descending order moved O(vocab²) words: 60x the ascending time).
+    #[test]
+    fn the_cost_of_a_prompt_does_not_depend_on_the_order_of_its_ids() {
+        assert_order_independent(|ids, vocab| {
+            let mut counts = TokenCounts::new(0, usize::MAX, vocab);
+            counts.update(&ids);
+            counts.counts().len()
+        });
+    }
+
+    #[test]
+    fn a_bulk_update_merges_into_what_was_counted_and_is_taken_back() {
+        let first: Vec<u32> = (0..10).collect();
+        let mut counts = TokenCounts::new(0, usize::MAX, 1_000);
+        counts.update(&&first[..]);
+        let more: Vec<u32> = first
+            .iter()
+            .copied()
+            .chain((0..200).map(|i| (i * 37 % 300) as u32))
+            .collect();
+        counts.update(&&more[..]);
+        assert_eq!(counts.counts(), counted_below(&more, 1_000));
+        counts.undo();
+        assert_eq!(counts.counts(), counted_below(&first, 1_000));
+    }
+
+    fn counted_below(ids: &[u32], limit: u32) -> Vec<(u32, u32)> {
+        let mut counts = std::collections::BTreeMap::new();
+        for &id in ids.iter().filter(|&&id| id < limit) {
+            *counts.entry(id).or_insert(0) += 1;
+        }
+        counts.into_iter().collect()
+    }
 
     fn counted(ids: &[u32], from: usize, to: usize) -> Vec<(u32, u32)> {
         let mut counts = std::collections::BTreeMap::new();

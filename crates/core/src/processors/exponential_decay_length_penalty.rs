@@ -96,7 +96,7 @@ impl LogitsProcessor for ExponentialDecayLengthPenalty {
             // Python's `pow(factor, i) - 1` (a double), which torch rounds to f32.
             let factor = (self.decay_factor.powf(i) - 1.0) as f32;
             for &token in &self.eos_token_ids {
-                plan.push(Edit::Raise { token, factor });
+                plan.push(Edit::AddScaledAbs { token, factor });
             }
         }
         Ok(())

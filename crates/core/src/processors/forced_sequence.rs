@@ -56,6 +56,10 @@ impl KindSpec for ForcedSequenceSpec {
                 .with_position(self.position.position(prompt_len)),
         ))
     }
+
+    fn position_by_tokens(&mut self) {
+        self.position = PositionSpec::Tokens;
+    }
 }
 
 /// Where a forced sequence takes its position from.

@@ -7,7 +7,9 @@ use serde::{Deserialize, Serialize};
 use serde_json::{json, Value};
 
 use crate::error::{Error, Result};
-use crate::grammar::{grammar_limits, GrammarEnv};
+use crate::grammar::{
+    check_lark_regexes, check_regex_size, check_schema_regexes, grammar_limits, GrammarEnv,
+};
 use crate::history::TokenHistory;
 use crate::plan::{MaskId, RowPlan};
 use crate::processors::LogitsProcessor;
@@ -73,7 +75,18 @@ impl GrammarSpec {
 
 impl KindSpec for GrammarSpec {
     fn check(&self) -> Result<()> {
-        self.field().map(drop)
+        self.field()?;
+        // Work bounds llguidance's fuel does not keep to a step's budget: refused here.
+        if let Some(regex) = &self.regex {
+            check_regex_size("regex", regex)?;
+        }
+        if let Some(schema) = &self.json_schema {
+            check_schema_regexes("json_schema", schema)?;
+        }
+        if let Some(lark) = &self.lark {
+            check_lark_regexes("lark", lark)?;
+        }
+        Ok(())
     }
 
     fn realize(
@@ -245,32 +258,34 @@ impl Grammar {
             eos.get(*t as usize / 32)
                 .is_some_and(|w| w >> (t % 32) & 1 == 1)
         };
-        if self.matcher.is_stopped() && !self.matcher.is_error() && new[taken..].iter().all(is_eos)
-        {
-            return;
-        }
-        if let Some(&token) = new.get(taken) {
-            let reason = if taken < known {
-                format!(
-                    "output token {} (id {token}) is not allowed by the grammar",
-                    self.accepted.len()
-                )
+        // The token at fault is the first that is neither accepted nor such padding.
+        let padding = if self.matcher.is_stopped() && !self.matcher.is_error() {
+            new[taken..].iter().take_while(|t| is_eos(t)).count()
+        } else {
+            0
+        };
+        let at = taken + padding;
+        if let Some(&token) = new.get(at) {
+            let position = self.accepted.len() + padding;
+            let reason = if at < known {
+                format!("output token {position} (id {token}) is not allowed by the grammar")
             } else {
                 format!(
-                    "output token {} (id {token}) is not a token of the tokenizer ({vocab} tokens)",
-                    self.accepted.len()
+                    "output token {position} (id {token}) is not a token of the tokenizer \
+                     ({vocab} tokens)"
                 )
             };
-            self.fail(Some(token), reason);
+            self.fail_at(position, Some(token), reason);
         }
     }
 
     fn fail(&mut self, token: Option<u32>, reason: String) {
-        self.failure = Some(Failure {
-            at: self.accepted.len(),
-            token,
-            reason,
-        });
+        self.fail_at(self.accepted.len(), token, reason);
+    }
+
+    /// Fails at output position `at` (every output token before it accepted or padding).
+    fn fail_at(&mut self, at: usize, token: Option<u32>, reason: String) {
+        self.failure = Some(Failure { at, token, reason });
     }
 }
 

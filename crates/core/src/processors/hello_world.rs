@@ -20,7 +20,7 @@ impl HelloWorldSpec {
         let (token_ids, eos_token_id) = context.hello_world.clone().ok_or_else(|| {
             Error::spec(
                 "kind",
-                "hello_world needs the engine's tokenizer (SpecContext::hello_world)",
+                "hello_world needs the engine's tokenizer and EOS id (its context's hello_world)",
             )
         })?;
         Ok(ForcedSequenceSpec {
@@ -38,6 +38,15 @@ impl KindSpec for HelloWorldSpec {
         prompt_len: usize,
     ) -> Result<Box<dyn LogitsProcessor>> {
         self.forced(context)?.realize(context, prompt_len)
+    }
+
+    fn validate(&self, context: &SpecContext) -> Option<Result<()>> {
+        // Without an engine, the ids are the engine's to supply.
+        (context.structure_only && context.hello_world.is_none()).then_some(Ok(()))
+    }
+
+    fn position_by_tokens(&mut self) {
+        self.position = PositionSpec::Tokens;
     }
 
     fn resolve(&self, context: &SpecContext) -> Result<Option<serde_json::Value>> {

@@ -7,8 +7,6 @@ mod bitmask;
 mod counts;
 mod cursor;
 mod eos;
-mod epsilon_cutoff;
-mod eta_cutoff;
 mod exponential_decay_length_penalty;
 mod forced_eos;
 mod forced_sequence;
@@ -20,7 +18,6 @@ mod logit_bias;
 mod matcher;
 mod min_length;
 mod min_new_tokens;
-mod min_p;
 mod no_repeat_ngram;
 mod presence_penalty;
 mod repetition_penalty;
@@ -31,17 +28,12 @@ mod temperature;
 mod tests;
 mod thinking_budget;
 mod thinking_config;
-mod top_k;
-mod top_p;
 mod truncate;
-mod typical_p;
 
 pub use allowed_token_ids::{AllowedTokenIds, AllowedTokenIdsSpec};
 pub use bad_words::{BadWords, BadWordsSpec};
 pub use ban_tokens::{BanTokens, BanTokensSpec};
 pub use bitmask::{BitmaskSpec, CallerBitmask};
-pub use epsilon_cutoff::EpsilonCutoffSpec;
-pub use eta_cutoff::EtaCutoffSpec;
 pub use exponential_decay_length_penalty::{
     ExponentialDecayLengthPenalty, ExponentialDecayLengthPenaltySpec,
 };
@@ -54,7 +46,6 @@ pub use hello_world::{hello_world, HelloWorldSpec, TextEncoder, HELLO_WORLD_TEXT
 pub use logit_bias::{LogitBias, LogitBiasSpec};
 pub use min_length::{MinLength, MinLengthSpec};
 pub use min_new_tokens::{MinNewTokens, MinNewTokensSpec};
-pub use min_p::MinPSpec;
 pub use no_repeat_ngram::{NoRepeatNGram, NoRepeatNGramSpec};
 pub use presence_penalty::{PresencePenalty, PresencePenaltySpec};
 pub use repetition_penalty::{RepetitionPenalty, RepetitionPenaltySpec, Scope};
@@ -63,12 +54,12 @@ pub use suppress_tokens_at_begin::{SuppressTokensAtBegin, SuppressTokensAtBeginS
 pub use temperature::{Temperature, TemperatureSpec};
 pub use thinking_budget::{ThinkingBudget, ThinkingBudgetSpec, CHECKED_TAIL};
 pub use thinking_config::{
-    get_thinking_token_config, register_thinking_token_config, ThinkingTokenConfig,
+    get_thinking_token_config, lookup_thinking_token_config, register_thinking_token_config,
+    thinking_token_table, ThinkingTokenConfig,
 };
-pub use top_k::TopKSpec;
-pub use top_p::TopPSpec;
-pub use truncate::Truncate;
-pub use typical_p::TypicalPSpec;
+pub use truncate::{
+    EpsilonCutoffSpec, EtaCutoffSpec, MinPSpec, TopKSpec, TopPSpec, Truncate, TypicalPSpec,
+};
 
 use crate::error::Result;
 use crate::history::TokenHistory;

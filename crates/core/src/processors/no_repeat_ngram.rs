@@ -6,6 +6,7 @@ use serde::{Deserialize, Serialize};
 use crate::error::{Error, Result};
 use crate::history::TokenHistory;
 use crate::plan::RowPlan;
+use crate::processors::counts::{merged, BULK};
 use crate::processors::cursor::Cursor;
 use crate::processors::repetition_penalty::vocab_limit;
 use crate::processors::{push_bans, LogitsProcessor};
@@ -144,6 +145,15 @@ impl NoRepeatNGram {
         if !self.cursor.extended_by(ids) {
             self.before = Some(Box::new(std::mem::take(&mut self.index)));
         }
+        // Many new ids (a prompt): the tokens that follow each gram are sorted and merged in
+        // after, so the cost does not depend on their order (inserted one by one, a gram
+        // followed by a whole vocab in descending order moves O(vocab²) words); `undo` then
+        // restores the index as it was.
+        let bulk = ids.token_count().saturating_sub(self.index.ids.len()) > BULK;
+        if bulk && self.before.is_none() {
+            self.before = Some(Box::new(self.index.clone()));
+        }
+        let mut pending: Vec<(u32, u32)> = vec![];
         let m = self.n - 1;
         let high = BASE.wrapping_pow(m.saturating_sub(1) as u32);
         for i in self.index.ids.len()..ids.token_count() {
@@ -153,7 +163,11 @@ impl NoRepeatNGram {
             if i >= m {
                 // The window ending at `i`: the gram of the m ids before it, then `token`.
                 let (entry, created) = index.entry(rolling, i - m, m);
-                index.add(entry, token);
+                if bulk {
+                    pending.push((entry, token));
+                } else {
+                    index.add(entry, token);
+                }
                 if self.before.is_none() {
                     self.log.push(Added {
                         entry,
@@ -180,6 +194,13 @@ impl NoRepeatNGram {
                 };
                 let kept = index.rolling.wrapping_sub(leaving.wrapping_mul(high));
                 index.rolling = kept.wrapping_mul(BASE).wrapping_add(token as u64 + 1);
+            }
+        }
+        if bulk {
+            pending.sort_unstable();
+            for group in pending.chunk_by(|a, b| a.0 == b.0) {
+                let next = &mut self.index.entries[group[0].0 as usize].next;
+                *next = merged(next, group.iter().map(|&(_, token)| token).collect());
             }
         }
         self.cursor.read_all(ids);
@@ -280,6 +301,34 @@ impl LogitsProcessor for NoRepeatNGram {
 mod tests {
     use super::*;
     use proptest::prelude::*;
+
+    /// A prompt holding every id of a large vocab once (all following the one empty gram at
+    /// n = 1) costs the same in any order.
+    #[test]
+    fn the_cost_of_a_prompt_does_not_depend_on_the_order_of_its_ids() {
+        crate::processors::counts::assert_order_independent(|ids, vocab| {
+            let mut ngram = NoRepeatNGram::new(1, Some(vocab as usize)).unwrap();
+            ngram.banned(&ids).len()
+        });
+        // Merged in bulk, then stepped one id at a time, and taken back: the rule's answer.
+        let ids: Vec<u32> = (0..600u32).map(|i| (i * 7 + i / 13) % 11).collect();
+        for n in 1..4 {
+            let mut ngram = NoRepeatNGram::new(n, None).unwrap();
+            assert_eq!(ngram.banned(&&ids[..500]), reference(n, &ids[..500]), "{n}");
+            for len in 501..=ids.len() {
+                assert_eq!(
+                    ngram.banned(&&ids[..len]),
+                    reference(n, &ids[..len]),
+                    "{n} {len}"
+                );
+            }
+            ngram.banned(&ids.repeat(2));
+            let mut plan = RowPlan::new();
+            ngram.undo();
+            ngram.plan(&&ids[..], &mut plan).unwrap();
+            assert_eq!(ngram.banned, reference(n, &ids), "{n} after undo");
+        }
+    }
 
     /// transformers' rule, as written there: every window of `n` ids whose first `n - 1` equal
     /// the last `n - 1` ids bans its last id.

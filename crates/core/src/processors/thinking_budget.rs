@@ -82,6 +82,19 @@ impl KindSpec for ThinkingBudgetSpec {
         Ok(Box::new(budget))
     }
 
+    fn validate(&self, context: &SpecContext) -> Option<Result<()>> {
+        // Without an engine, ids not in the spec are the engine's to supply.
+        let engine_supplies = self.start_token_id.is_none() && context.thinking_tokens.is_none();
+        (context.structure_only && engine_supplies).then(|| {
+            ThinkingBudget::new(
+                ThinkingTokenConfig::DISABLED,
+                self.max_thinking_tokens,
+                self.overflow_percentage,
+            )
+            .map(drop)
+        })
+    }
+
     fn resolve(&self, context: &SpecContext) -> Result<Option<serde_json::Value>> {
         if self.start_token_id.is_some() || context.thinking_tokens.is_none() {
             return Ok(None);

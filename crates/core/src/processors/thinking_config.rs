@@ -80,13 +80,37 @@ pub fn get_thinking_token_config(
     model_name: &str,
     tokenizer: Option<&dyn TextEncoder>,
 ) -> ThinkingTokenConfig {
+    lookup_thinking_token_config(model_name, tokenizer).0
+}
+
+/// The table's entries, in lookup order.
+pub fn thinking_token_table() -> Vec<(String, ThinkingTokenConfig)> {
+    with_table(|table| table.clone())
+}
+
+/// [`get_thinking_token_config`], and the table key whose entry it is (when it equals the entry
+/// of the key the name matched).
+pub fn lookup_thinking_token_config(
+    model_name: &str,
+    tokenizer: Option<&dyn TextEncoder>,
+) -> (ThinkingTokenConfig, Option<String>) {
     let name = model_name.to_lowercase();
-    let from_table = with_table(|table| {
+    let matched = with_table(|table| {
         table
             .iter()
             .find(|(key, _)| name.contains(key.as_str()))
-            .map(|(_, c)| *c)
+            .cloned()
     });
+    let config = find(model_name, tokenizer, matched.as_ref().map(|(_, c)| *c));
+    let key = matched.filter(|(_, c)| *c == config).map(|(key, _)| key);
+    (config, key)
+}
+
+fn find(
+    model_name: &str,
+    tokenizer: Option<&dyn TextEncoder>,
+    from_table: Option<ThinkingTokenConfig>,
+) -> ThinkingTokenConfig {
     if let Some(tokenizer) = tokenizer {
         let single = |text: &str| match tokenizer.encode_plain(text) {
             Ok(ids) if ids.len() == 1 => Some(ids[0]),

@@ -8,7 +8,7 @@ use logits_processing::{
     TokenHistory, Truncation,
 };
 
-/// The vocab sizes the issue names: Qwen3's, DeepSeek's, an odd Llama-like one, a tiny one.
+/// The vocab sizes every test runs: Qwen3's, DeepSeek's, an odd Llama-like one, a tiny one.
 pub const VOCABS: [usize; 4] = [151_936, 129_280, 32_001, 7];
 
 /// splitmix64: a seeded stream of numbers, so a proptest case is one seed.
@@ -216,7 +216,7 @@ pub fn edit(rng: &mut Rng, vocab: usize) -> Item {
         },
         9 => return mask(rng, vocab),
         10 => truncation(rng, vocab),
-        14 => Edit::Raise {
+        14 => Edit::AddScaledAbs {
             token: token(rng, vocab),
             factor: factor(rng),
         },
@@ -260,7 +260,7 @@ fn set_value(rng: &mut Rng) -> f32 {
 /// A sparse edit (ban, bias, penalty, raise or set) of `token`.
 fn sparse(rng: &mut Rng, token: u32) -> Edit {
     match rng.below(5) {
-        3 => Edit::Raise {
+        3 => Edit::AddScaledAbs {
             token,
             factor: factor(rng),
         },

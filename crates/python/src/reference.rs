@@ -8,7 +8,7 @@ use logits_processing::{
     ThinkingBudget, ThinkingTokenConfig, TokenHistory,
 };
 use pyo3::prelude::*;
-use pyo3::types::{PyDict, PyList};
+use pyo3::types::{PyDict, PyList, PyTuple};
 use pyo3::PyTypeInfo;
 
 use crate::args;
@@ -213,10 +213,17 @@ fn temperature_of(value: &Bound<'_, PyAny>) -> PyResult<Temperature> {
 #[pymethods]
 impl PyTemperature {
     #[new]
-    #[pyo3(signature = (temperature = None), text_signature = "(temperature=1.0)")]
-    fn new(temperature: Option<&Bound<'_, PyAny>>) -> PyResult<Self> {
-        let temperature = match args::given(temperature) {
-            Some(value) => temperature_of(value)?,
+    #[pyo3(signature = (*positional, **keywords), text_signature = "(temperature=1.0)")]
+    fn new(
+        positional: &Bound<'_, PyTuple>,
+        keywords: Option<&Bound<'_, PyDict>>,
+    ) -> PyResult<Self> {
+        // Omitted is 1.0; None is refused (as the reference's `logits / None` does), so the
+        // argument is read by hand rather than as an Option.
+        let given =
+            args::one_optional(positional, keywords, "temperature", "TemperatureProcessor")?;
+        let temperature = match given {
+            Some(value) => temperature_of(&value)?,
             None => Temperature::new(1.0).py()?,
         };
         Ok(Self {

