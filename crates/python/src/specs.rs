@@ -125,7 +125,10 @@ pub(crate) fn entries_of(
     let mut specs = vec![];
     for (at, entry) in &entries {
         if let Entry::Specs(list) = entry {
-            specs.extend(list.iter().map(|spec| (format!("{at}{}", spec.position()), spec)));
+            specs.extend(
+                list.iter()
+                    .map(|spec| (format!("{at}{}", spec.position()), spec)),
+            );
         }
     }
     logits_processing::check_order(specs.iter().map(|(at, spec)| (at.as_str(), *spec))).py()?;
