@@ -83,29 +83,18 @@ def check_text(text: str, **context: Any) -> list[dict]:
 
 
 def _context(args: argparse.Namespace) -> dict:
-    """What admission in an engine would know: the vocab, "Hello world!", the thinking tokens."""
-    from . import GrammarEnv, LogitsProcessingError, get_thinking_token_config
+    """What admission in an engine would know (the vocab, "Hello world!", the thinking tokens),
+    as the keyword arguments of :func:`validate_specs`: the engine's :class:`EngineContext`."""
+    from . import EngineContext, GrammarEnv
 
-    context: dict = {}
     vocab = args.vocab
-    tokenizer = None
-    if args.tokenizer:
-        vocab = vocab if vocab is not None else GrammarEnv(args.tokenizer).vocab_size
-        try:  # needs the EOS id, from the tokenizer_config.json beside it
-            context["hello_world"] = _lib.hello_world_ids_from_file(args.tokenizer)
-        except LogitsProcessingError as e:
-            print(f"hello_world specs cannot be checked: {e}", file=sys.stderr)
-        try:  # the tokenizer's own encoding, for thinking tokens that are single tokens
-            import tokenizers
-
-            tokenizer = tokenizers.Tokenizer.from_file(args.tokenizer)
-        except ImportError:
-            pass
-    if args.model_name or tokenizer is not None:
-        context["thinking_tokens"] = get_thinking_token_config(args.model_name or "", tokenizer)
-    if vocab is not None:
-        context["vocab_size"] = vocab
-    return context
+    if args.tokenizer and vocab is None:
+        vocab = GrammarEnv(args.tokenizer).vocab_size
+    if not (args.tokenizer or args.model_name or vocab is not None):
+        return {}
+    return {
+        "context": EngineContext(args.tokenizer or None, model_name=args.model_name, vocab_size=vocab)
+    }
 
 
 def _check(args: argparse.Namespace) -> int:

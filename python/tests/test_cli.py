@@ -77,9 +77,10 @@ def test_check_takes_the_model_and_the_tokenizer_from_the_engine_side(deepseek_t
         ["check", budget, "--model-name", "Qwen/Qwen3-8B"]))) == []
     args = cli.parser().parse_args(["check", "x", "--tokenizer", deepseek_tokenizer_json])
     context = cli._context(args)
-    assert context["vocab_size"] == lp.GrammarEnv(deepseek_tokenizer_json).vocab_size
+    vocab = context["context"].vocab_size
+    assert vocab == lp.GrammarEnv(deepseek_tokenizer_json).vocab_size
     assert cli.check_text('{"kind": "hello_world"}', **context) == []
-    far = json.dumps({"kind": "ban_tokens", "token_ids": [context["vocab_size"]]})
+    far = json.dumps({"kind": "ban_tokens", "token_ids": [vocab]})
     assert cli.check_text(far, **context)[0]["error"] == "TokenOutOfVocabError"
 
 
