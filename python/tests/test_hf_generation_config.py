@@ -175,3 +175,10 @@ def test_fields_without_a_spec_are_refused_by_name():
         specs_from_generation_config(
             transformers.GenerationConfig(forced_eos_token_id=1, max_new_tokens=5, eos_token_id=1)
         )
+
+
+def test_a_dict_is_refused_not_read_as_an_empty_config():
+    from logits_processing import ArgumentTypeError
+
+    with pytest.raises(ArgumentTypeError, match="GenerationConfig"):
+        specs_from_generation_config({"temperature": 0.7, "do_sample": True})

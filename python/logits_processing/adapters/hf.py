@@ -175,6 +175,8 @@ def specs_from_generation_config(config: Any, *, prompt_len: Optional[int] = Non
             ``config`` leaves unset.
 
     Raises:
+        ArgumentTypeError: (a TypeError) ``config`` is not a ``GenerationConfig`` (a dict of its
+            fields would silently read as unset: build ``GenerationConfig(**fields)``).
         InvalidArgumentError: (a ValueError) ``top_k``, ``no_repeat_ngram_size``, ``min_length``
             or ``min_new_tokens`` that is not an integer (``generate()`` refuses them too),
             naming it in ``field``.
@@ -190,7 +192,15 @@ def specs_from_generation_config(config: Any, *, prompt_len: Optional[int] = Non
         processor = HFLogitsProcessor(specs_from_generation_config(config))
         out = model.generate(**inputs, logits_processor=[processor], do_sample=True)
     """
+    from transformers import GenerationConfig
 
+    if not isinstance(config, GenerationConfig):
+        from logits_processing import ArgumentTypeError
+
+        raise ArgumentTypeError(
+            f"config must be a transformers GenerationConfig, found {type(config).__name__}; for a "
+            "dict of its fields, pass GenerationConfig(**fields)"
+        )
     config = _as_generate_resolves(config, model)
 
     def field(name: str, default: Any = None) -> Any:
