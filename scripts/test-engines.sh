@@ -32,6 +32,7 @@ for engine in "${engines[@]}"; do
   echo "== $engine ($venv)" >&2
   tests=("test_engine_$engine.py")
   [ "$engine" = vllm ] && tests+=(test_engine_vllm_v2.py test_engine_vllm_real.py)
+  [ "$engine" = sglang ] && tests+=(test_engine_sglang_real.py)
   # From outside the checkout, so the installed wheel (with its entry points) is what is tested.
   (cd "$root/python/tests" && "$venv/bin/python" -m pytest -q -p no:cacheprovider --noconftest \
       -W ignore::DeprecationWarning -W ignore::UserWarning -rs \
