@@ -53,15 +53,31 @@ def _run(script: Path, *args: str) -> subprocess.CompletedProcess:
 
 
 @pytest.fixture(scope="module")
-def out(tmp_path_factory):
-    model = tmp_path_factory.mktemp("tiny-llama")
-    done = _run(MAKE_MODEL, "--make-model", str(model))
+def model(tmp_path_factory):
+    path = tmp_path_factory.mktemp("tiny-llama")
+    done = _run(MAKE_MODEL, "--make-model", str(path))
     assert done.returncode == 0, done.stderr[-4000:]
-    done = _run(RUNNER, str(model))
+    return str(path)
+
+
+def _engine(model, *args):
+    done = _run(RUNNER, model, *args)
     assert done.returncode == 0, f"engine failed:\n{done.stderr[-6000:]}"
     result = json.loads(done.stdout.strip().splitlines()[-1])
     assert result["env"]["SGLANG_ENABLE_DELAY_SAMPLE"] is None, "the default scheduler is the one tested"
-    return result
+    return result, done.stderr
+
+
+@pytest.fixture(scope="module")
+def out(model):
+    return _engine(model)[0]
+
+
+@pytest.fixture(scope="module")
+def stressed(model):
+    """A second engine, SGLang's HTTP server: 16-token prefill chunks and SGLang's retraction
+    hook."""
+    return _engine(model, "stress")
 
 
 PIPELINES = [
@@ -75,12 +91,24 @@ PIPELINES = [
     "budget_hard",
     "budget_newline",
     "grammar",
+    "long_budget",
+    "long_penalties",
 ]
+ROWS = PIPELINES + ["plain", "plain_other", "plain_think"]
 
 
-@pytest.mark.parametrize("name", PIPELINES + ["plain", "plain_other", "plain_think"])
+@pytest.mark.parametrize("name", ROWS)
 def test_every_pipeline_gives_transformers_tokens(out, name):
     assert out["rows"][name] == out["hf"][name], f"{name}: SGLang {out['rows'][name]} vs HF {out['hf'][name]}"
+
+
+@pytest.mark.parametrize("name", ROWS)
+def test_chunked_prefill_and_retraction_change_nothing(stressed, name):
+    result, stderr = stressed
+    assert result["env"]["SGLANG_TEST_RETRACT"] == "1"
+    assert "Testing retraction" in stderr, "SGLang retracted nothing"
+    assert result["prompt_lens"]["long_budget"] > 2 * 16  # prefilled in several chunks
+    assert result["rows"][name] == result["hf"][name], f"{name}: {result['rows'][name]} vs HF {result['hf'][name]}"
 
 
 def test_each_pipeline_does_what_it_says(out):
@@ -99,6 +127,9 @@ def test_each_pipeline_does_what_it_says(out):
     assert think_end not in rows["budget_hard"][7:], "the budget forced </think> again"
     assert rows["budget_newline"][:4] == [nl, nl, nl, think_end]
     assert rows["budget_newline"][4:] == [nl] * 8
+    assert rows["long_budget"] == rows["budget_newline"]
+    triples = list(zip(rows["long_penalties"], rows["long_penalties"][1:], rows["long_penalties"][2:]))
+    assert len(triples) == 38 and len(set(triples)) == len(triples)
     reply = json.loads(out["text"]["grammar"])  # the scheduler loaded the server's tokenizer itself
     assert set(reply) == {"b", "c"} and isinstance(reply["b"], bool) and reply["c"] in ("x", "y")
     assert rows["grammar"][-1] == eos
@@ -133,5 +164,25 @@ def test_a_spec_failing_in_the_scheduler_finishes_its_request_with_the_error(out
         assert word in message, message
 
 
+@pytest.mark.parametrize(
+    "case, words",
+    [("beyond_vocab", ["token_ids", "vocab"]), ("not_json", ["not JSON"]), ("bad_field", ["eos_token_id"])],
+)
+def test_over_http_a_spec_failing_in_the_scheduler_is_a_400_with_the_error(stressed, case, words):
+    result = stressed[0]["scheduler"][case]
+    assert result["status"] == 400, result
+    message = result["reply"]["error"]["message"]
+    assert message.startswith("logits_processing:"), message
+    for word in words:
+        assert word in message, message
+
+
 def test_the_engine_serves_after_the_errors(out):
     assert out["after_errors"] == out["rows"]["forced"]
+
+
+def test_an_aborted_request_leaves_the_others_exact(out):
+    aborted = out["aborted"]
+    finish = aborted.get("finish")
+    assert ("raised" in aborted) or (finish["type"] == "abort" and aborted["tokens"] < 400), aborted
+    assert out["beside_abort"] == out["rows"]["forced"]

@@ -24,6 +24,11 @@ rebuilt from its token ids (``origin_input_ids`` + ``output_ids``) if it comes b
 forced sequences here always count generated tokens (``position: "tokens"``): the same as counting
 calls in a plain run, and still right after a rebuild, a chunked prefill or a retraction.
 
+Overlap scheduling (SGLang's default) samples a step before the previous step's token reaches
+``req.output_ids``; that token is read from the forward pass being sampled (:func:`in_flight`),
+so the history is exact. A spec that fails here finishes its request with the error
+(:func:`finish_with_error`), which the client receives.
+
 Imports SGLang when this module is imported.
 """
 
