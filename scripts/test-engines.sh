@@ -13,8 +13,8 @@
 # overlap scheduler, then SGLang's HTTP server with chunked prefill and forced retraction, each in
 # its own process, every pipeline against transformers' generate()).
 # Cost measured on a 2-core CPU machine: first run ~5 minutes per engine venv (venv 1-2 min with
-# uv, release wheel build ~2-4 min); when cached about 5 minutes for SGLang (its two engines start
-# in ~2.5 minutes each on this machine under a load of 7-8, the engine-free tests ~50 s) and about
+# uv, release wheel build ~2-4 min); when cached about 5 minutes for SGLang (mostly its two engines
+# starting, 2-3 minutes each under a load of 7-8; the engine-free tests ~50 s) and about
 # 6 minutes for vLLM (an engine starts in ~40 s on an idle machine; several times that on a loaded
 # one).
 # Dynamo (scripts/test-dynamo.sh): its venv once (~2 minutes with uv, ~6 GB), then workers ready
