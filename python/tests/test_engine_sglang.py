@@ -438,3 +438,13 @@ def test_a_spec_failing_in_the_scheduler_finishes_its_request_with_the_error():
     assert "token_ids" in bad.to_finish.message and "vocab" in bad.to_finish.message
     assert "not JSON" in raw.to_finish.message
     assert bad.to_finish.message.startswith("logits_processing:")
+
+
+def test_a_grammar_without_a_tokenizer_finishes_its_request_saying_so():
+    """Outside a scheduler there is no server tokenizer to load: the grammar request finishes with
+    the core's error (in a scheduler the processor loads the server's tokenizer itself)."""
+    req = make_req("g", [1, 2], [{"kind": "grammar", "regex": "[0-9]+"}])
+    plain = make_req("p", [1, 2], [{"kind": "temperature", "temperature": 0.5}])
+    step([req, plain], torch.randn(2, V))
+    assert "tokenizer" in req.to_finish.message and plain.to_finish is None
+    assert adapter.STORE.context.grammar is None
