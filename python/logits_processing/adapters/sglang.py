@@ -358,6 +358,9 @@ def use_scheduler_tokenizer() -> bool:
     return True
 
 
+_tokenizer_tried = False
+
+
 class SGLangLogitProcessor(CustomLogitProcessor):
     """Runs each opted-in request's pipeline on its row, the whole ``[rows, vocab]`` block in one
     call into Rust. Rows without specs are left as they were."""
@@ -369,9 +372,13 @@ class SGLangLogitProcessor(CustomLogitProcessor):
         tails = in_flight(len(custom_param_list))
         stale = tails is None and history_is_current() is False
         rows = requests_of(custom_param_list, tails, reqs=reqs, history_lags=stale)
-        if STORE.context.grammar is None and any(
-            r is not None and r[0] not in STORE and _needs_grammar(r[1]) for r in rows
+        global _tokenizer_tried
+        if (
+            not _tokenizer_tried
+            and STORE.context.grammar is None
+            and any(r is not None and r[0] not in STORE and _needs_grammar(r[1]) for r in rows)
         ):
+            _tokenizer_tried = True  # once: a tokenizer that failed to load fails again
             use_scheduler_tokenizer()
         refused = STORE.apply(logits, rows)
         for rid in refused:
