@@ -5,7 +5,7 @@ pipeline beside rows without specs, the same requests joining at staggered times
 the same pipelines through transformers' ``generate()`` with our HF adapter on the same weights.
 Prints one JSON object on the last line of stdout.
 
-    python sglang_real_engine.py MODEL_DIR [stress]
+    python sglang_real_engine.py MODEL_DIR [stress] [ENV=VALUE ...]   # e.g. SGLANG_ENABLE_DELAY_SAMPLE=1
 
 ``stress``: SGLang's HTTP server (``python -m sglang.launch_server``, its ``/generate`` with
 ``custom_logit_processor``, as an HTTP client sends it) and the same batch with what only a real
