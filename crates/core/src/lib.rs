@@ -29,6 +29,7 @@ mod pipeline;
 mod plan;
 pub mod processors;
 mod raw;
+mod reshape;
 pub mod spec;
 #[cfg(feature = "tokenizers")]
 pub mod tokenizer;
@@ -41,7 +42,7 @@ pub use grammar::GrammarEnv;
 pub use history::TokenHistory;
 pub use logit::{DType, Logit};
 pub use pipeline::{Pipeline, Stage, Step};
-pub use plan::{Band, Bitmask, Edit, ForcedValue, MaskId, RowPlan, Truncation};
+pub use plan::{Band, Bitmask, Edit, ForcedValue, MaskId, Reshape, RowPlan, Shape, Truncation};
 pub use processors::{
     get_thinking_token_config, hello_world, process_row, register_thinking_token_config, BanTokens,
     ForcedSequence, LogitBias, LogitsProcessor, Position, Temperature, TextEncoder, ThinkingBudget,

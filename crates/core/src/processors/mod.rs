@@ -6,6 +6,7 @@ mod ban_tokens;
 mod bitmask;
 mod counts;
 mod cursor;
+pub(crate) mod dynamic_temperature;
 mod eos;
 mod epsilon_cutoff;
 mod eta_cutoff;
@@ -25,21 +26,27 @@ mod no_repeat_ngram;
 mod presence_penalty;
 mod repetition_penalty;
 mod sequence_bias;
+pub(crate) mod smoothing;
 mod suppress_tokens_at_begin;
+pub(crate) mod tail_free;
 mod temperature;
 #[cfg(test)]
 mod tests;
 mod thinking_budget;
 mod thinking_config;
+pub(crate) mod top_a;
 mod top_k;
+pub(crate) mod top_n_sigma;
 mod top_p;
 mod truncate;
 mod typical_p;
+pub(crate) mod xtc;
 
 pub use allowed_token_ids::{AllowedTokenIds, AllowedTokenIdsSpec};
 pub use bad_words::{BadWords, BadWordsSpec};
 pub use ban_tokens::{BanTokens, BanTokensSpec};
 pub use bitmask::{BitmaskSpec, CallerBitmask};
+pub use dynamic_temperature::{DynamicTemperature, DynamicTemperatureSpec};
 pub use epsilon_cutoff::EpsilonCutoffSpec;
 pub use eta_cutoff::EtaCutoffSpec;
 pub use exponential_decay_length_penalty::{
@@ -59,16 +66,21 @@ pub use no_repeat_ngram::{NoRepeatNGram, NoRepeatNGramSpec};
 pub use presence_penalty::{PresencePenalty, PresencePenaltySpec};
 pub use repetition_penalty::{RepetitionPenalty, RepetitionPenaltySpec, Scope};
 pub use sequence_bias::{SequenceBias, SequenceBiasSpec};
+pub use smoothing::{Smoothing, SmoothingSpec};
 pub use suppress_tokens_at_begin::{SuppressTokensAtBegin, SuppressTokensAtBeginSpec};
+pub use tail_free::TailFreeSpec;
 pub use temperature::{Temperature, TemperatureSpec};
 pub use thinking_budget::{ThinkingBudget, ThinkingBudgetSpec, CHECKED_TAIL};
 pub use thinking_config::{
     get_thinking_token_config, register_thinking_token_config, ThinkingTokenConfig,
 };
+pub use top_a::TopASpec;
 pub use top_k::TopKSpec;
+pub use top_n_sigma::TopNSigmaSpec;
 pub use top_p::TopPSpec;
 pub use truncate::Truncate;
 pub use typical_p::TypicalPSpec;
+pub use xtc::{Xtc, XtcSpec};
 
 use crate::error::Result;
 use crate::history::TokenHistory;
@@ -104,14 +116,23 @@ pub(crate) static KINDS: &[Kind] = &[
     Kind::new::<HelloWorldSpec>("hello_world"),
     // (User processors go here: see `USER_STEPS_BEFORE`.)
     Kind::new::<ThinkingBudgetSpec>("thinking_budget"),
+    // Value transforms that read the row: quadratic smoothing before any temperature, as
+    // text-generation-webui runs it; llama.cpp's dynamic temperature in the temperature's place.
+    Kind::new::<SmoothingSpec>("smoothing"),
     Kind::new::<TemperatureSpec>("temperature"),
-    // Truncation, in transformers' order.
+    Kind::new::<DynamicTemperatureSpec>("dynamic_temperature"),
+    // Truncation, in transformers' order, then the samplers of llama.cpp and
+    // text-generation-webui, XTC last (it removes the most likely tokens that the others keep).
     Kind::new::<TopKSpec>("top_k"),
     Kind::new::<TopPSpec>("top_p"),
     Kind::new::<MinPSpec>("min_p"),
     Kind::new::<TypicalPSpec>("typical_p"),
     Kind::new::<EpsilonCutoffSpec>("epsilon_cutoff"),
     Kind::new::<EtaCutoffSpec>("eta_cutoff"),
+    Kind::new::<TopNSigmaSpec>("top_n_sigma"),
+    Kind::new::<TopASpec>("top_a"),
+    Kind::new::<TailFreeSpec>("tail_free"),
+    Kind::new::<XtcSpec>("xtc"),
 ];
 
 /// In the canonical order, user processors (external steps) go before the first spec of this

@@ -1,0 +1,90 @@
+//! Row-dependent value transforms: a rule that reads the row as it stands where it runs (its
+//! entropy, its maximum) and resolves to an element-wise [`Shape`], applied in the row's one pass
+//! like a truncation's band.
+
+use crate::logit::Logit;
+use crate::processors::{dynamic_temperature, smoothing};
+
+/// A transform whose parameters come from the row ([`crate::Edit::Reshape`]).
+#[derive(Debug, Clone, Copy, PartialEq)]
+pub enum Reshape {
+    /// llama.cpp's entropy-scaled temperature (`temp_ext`): see
+    /// [`crate::processors::DynamicTemperatureSpec`].
+    DynamicTemperature {
+        temperature: f32,
+        range: f32,
+        exponent: f32,
+    },
+    /// text-generation-webui's quadratic sampling with its constants `k * factor` and
+    /// `s * factor`: see [`crate::processors::SmoothingSpec`].
+    Smoothing { k: f32, s: f32 },
+}
+
+impl Reshape {
+    /// The shape this rule gives `values` (the row as it stands where the rule runs).
+    pub fn shape(&self, values: &[f32]) -> Shape {
+        match *self {
+            Reshape::DynamicTemperature {
+                temperature,
+                range,
+                exponent,
+            } => dynamic_temperature::shape(values, temperature, range, exponent),
+            Reshape::Smoothing { k, s } => smoothing::shape(values, k, s),
+        }
+    }
+}
+
+/// An element-wise transform, resolved from a row.
+#[derive(Debug, Clone, Copy, PartialEq)]
+pub enum Shape {
+    /// Every value stays.
+    Identity,
+    /// `x / temperature` (IEEE division, as [`crate::Edit::Scale`]).
+    Scale { temperature: f32 },
+    /// Values below `max` become `-inf` (a temperature of 0: greedy); NaN stays.
+    Greedy { max: f32 },
+    /// Quadratic sampling around `max`: a value `x` other than `-inf`, with `d = x - max`, becomes
+    /// `(-(k * d^2) + s * d^3) + max`, each operation rounded to f32 (`d^2 = d * d`,
+    /// `d^3 = d * d * d`), as torch computes text-generation-webui's expression on an f32 row.
+    Quadratic { max: f32, k: f32, s: f32 },
+}
+
+impl Shape {
+    /// The value `x` becomes.
+    #[inline]
+    pub fn apply(&self, x: f32) -> f32 {
+        match *self {
+            Shape::Identity => x,
+            Shape::Scale { temperature } => x / temperature,
+            Shape::Greedy { max } => {
+                if x < max {
+                    f32::NEG_INFINITY
+                } else {
+                    x
+                }
+            }
+            Shape::Quadratic { max, k, s } => {
+                if x == f32::NEG_INFINITY {
+                    return x;
+                }
+                let d = x - max;
+                let d2 = d * d;
+                let d3 = d * d * d;
+                (-(k * d2) + s * d3) + max
+            }
+        }
+    }
+
+    /// Applies the shape to every value of `row`, rounding to `T` after.
+    pub fn apply_row<T: Logit>(&self, row: &mut [T]) {
+        match *self {
+            Shape::Identity => {}
+            Shape::Scale { temperature } => T::divide_row(row, temperature),
+            _ => {
+                for x in row.iter_mut() {
+                    *x = T::from_f32(self.apply(x.to_f32()));
+                }
+            }
+        }
+    }
+}
