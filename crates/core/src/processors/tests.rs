@@ -570,3 +570,26 @@ fn spec_numbers_are_read_correctly_rounded() {
     assert_eq!(read.to_bits(), text.parse::<f64>().unwrap().to_bits());
     assert_eq!(read as f32, 1.863_951_9_f32);
 }
+
+#[test]
+fn the_docs_list_every_kind_in_the_canonical_order() {
+    let docs = include_str!("../../../../docs/core.md");
+    let start = docs.find("Kinds (in the canonical order").unwrap();
+    let end = start + docs[start..].find("A pipeline is a list").unwrap();
+    let listed: Vec<&str> = docs[start..end]
+        .split('`')
+        .skip(1)
+        .step_by(2)
+        .filter(|name| KINDS.iter().any(|k| k.name == *name))
+        .collect();
+    let registry: Vec<&str> = KINDS.iter().map(|k| k.name).collect();
+    if cfg!(feature = "grammar") {
+        assert_eq!(listed, registry);
+    }
+    for kind in registry {
+        assert!(
+            docs.contains(&format!("| `{kind}` |")) || docs.contains(&format!("`{kind}`,")),
+            "docs/core.md has no fields row for {kind}"
+        );
+    }
+}
