@@ -1,6 +1,8 @@
 """Differential tests against llama.cpp's own samplers (src/llama-sampler.cpp), called through
-ctypes on the same rows: top-n-sigma, dynamic temperature (temp_ext), XTC at probability 1 and the
-penalties with a window (penalty_last_n).
+ctypes on the same rows: top-n-sigma, dynamic temperature (temp_ext), XTC at probability 1, the
+penalties with a window (penalty_last_n) and DRY (without breakers: llama.cpp's token-id breakers
+are reachable only through a C++ test entry point, and its text breakers need a model's vocab;
+the Rust tests check id breakers against a transcription of llama.cpp's code).
 
 The library is built once by scripts/llamacpp.sh into ~/.cache/logits-processing/llamacpp (or
 named by LLAMACPP_LIB); without it these tests are skipped, saying so.
@@ -74,6 +76,18 @@ def lib():
             ),
             "llama_sampler_init_penalties": (
                 [ctypes.c_int32, ctypes.c_int32, ctypes.c_float, ctypes.c_float, ctypes.c_float],
+                sampler,
+            ),
+            "llama_sampler_init_dry": (
+                [
+                    ctypes.c_void_p,
+                    ctypes.c_float,
+                    ctypes.c_float,
+                    ctypes.c_int32,
+                    ctypes.c_int32,
+                    ctypes.c_void_p,
+                    ctypes.c_size_t,
+                ],
                 sampler,
             ),
             "llama_sampler_apply": ([sampler, ctypes.POINTER(TokenDataArray)], None),
@@ -278,6 +292,55 @@ def test_penalties_with_a_window_after_a_resume_equal_the_uninterrupted_run():
     running = Processor(spec)
     for step in range(1, len(history)):
         row = torch.tensor(rng.normal(0, 2, 30).astype(np.float32))
+        resumed = row.clone()
+        running(history[:step], row)
+        Processor(spec)(history[:step], resumed)
+        assert torch.equal(row, resumed)
+
+
+# --- DRY -------------------------------------------------------------------------------------
+
+
+@pytest.mark.parametrize("allowed_length", [0, 1, 2, 4])
+@pytest.mark.parametrize("last_n", [8, 64, 1000])
+@pytest.mark.parametrize("multiplier, base", [(0.8, 1.75), (2.0, 1.1), (0.5, 3.0)])
+def test_dry_equals_llama_cpp_at_every_step(allowed_length, last_n, multiplier, base):
+    rng = np.random.default_rng(allowed_length * 1000 + last_n)
+    vocab = 12
+    # Repetitive text: phrases copied from earlier, with noise.
+    history = rng.integers(0, vocab, 10).tolist()
+    while len(history) < 300:
+        if rng.random() < 0.6:
+            start = int(rng.integers(0, len(history)))
+            history += history[start : start + int(rng.integers(1, 12))]
+        else:
+            history.append(int(rng.integers(0, vocab)))
+    spec = {
+        "kind": "dry",
+        "multiplier": multiplier,
+        "base": base,
+        "allowed_length": allowed_length,
+        "penalty_last_n": last_n,
+    }
+    processor = Processor(spec)
+    for step in range(1, len(history), 3):
+        row = rng.normal(0, 3, vocab).astype(np.float32)
+        logits = torch.tensor(row)
+        processor(history[:step], logits)
+        sampler = lib().llama_sampler_init_dry(
+            None, multiplier, base, allowed_length, last_n, None, 0
+        )
+        want = llama_apply(sampler, row, accepted=history[:step])
+        assert np.array_equal(logits.numpy(), want), step
+
+
+def test_dry_resumed_equals_the_uninterrupted_run():
+    rng = np.random.default_rng(9)
+    history = (rng.integers(0, 6, 40).tolist() * 3)[:100]
+    spec = {"kind": "dry", "multiplier": 1.0, "penalty_last_n": -1, "sequence_breaker_ids": [[5]]}
+    running = Processor(spec)
+    for step in range(1, len(history)):
+        row = torch.tensor(rng.normal(0, 2, 6).astype(np.float32))
         resumed = row.clone()
         running(history[:step], row)
         Processor(spec)(history[:step], resumed)

@@ -6,6 +6,7 @@ mod ban_tokens;
 mod bitmask;
 mod counts;
 mod cursor;
+mod dry;
 pub(crate) mod dynamic_temperature;
 mod eos;
 mod epsilon_cutoff;
@@ -46,6 +47,7 @@ pub use allowed_token_ids::{AllowedTokenIds, AllowedTokenIdsSpec};
 pub use bad_words::{BadWords, BadWordsSpec};
 pub use ban_tokens::{BanTokens, BanTokensSpec};
 pub use bitmask::{BitmaskSpec, CallerBitmask};
+pub use dry::{Dry, DrySpec};
 pub use dynamic_temperature::{DynamicTemperature, DynamicTemperatureSpec};
 pub use epsilon_cutoff::EpsilonCutoffSpec;
 pub use eta_cutoff::EtaCutoffSpec;
@@ -96,6 +98,7 @@ pub(crate) static KINDS: &[Kind] = &[
     Kind::new::<RepetitionPenaltySpec>("repetition_penalty"),
     Kind::new::<FrequencyPenaltySpec>("frequency_penalty"),
     Kind::new::<PresencePenaltySpec>("presence_penalty"),
+    Kind::new::<DrySpec>("dry"),
     Kind::new::<ExponentialDecayLengthPenaltySpec>("exponential_decay_length_penalty"),
     // Bans and allowed ids, then the kinds that force a token.
     Kind::new::<BanTokensSpec>("ban_tokens"),

@@ -197,6 +197,18 @@ fn spec_of(kind: &'static str) -> BoxedStrategy<Value> {
             .boxed(),
         // Nothing allowed until the caller's mask is copied in: the same plan every step.
         "bitmask" => Just(json!({"kind": "bitmask"})).boxed(),
+        "dry" => (
+            0.0f64..2.0,
+            1.0f64..3.0,
+            0u32..4,
+            prop_oneof![Just(-1i64), 0i64..20],
+            proptest::collection::vec(proptest::collection::vec(0u32..6, 1..3), 0..3),
+        )
+            .prop_map(|(m, b, a, n, breakers)| {
+                json!({"kind": "dry", "multiplier": m, "base": b, "allowed_length": a,
+                       "penalty_last_n": n, "sequence_breaker_ids": breakers})
+            })
+            .boxed(),
         "top_n_sigma" => (-1.0f64..3.0)
             .prop_map(|n| json!({"kind": "top_n_sigma", "n": n}))
             .boxed(),
@@ -263,6 +275,7 @@ resume_safe! {
     resume_safe_forced_sequence_by_tokens: "forced_sequence",
     resume_safe_thinking_budget: "thinking_budget",
     resume_safe_bitmask: "bitmask",
+    resume_safe_dry: "dry",
     resume_safe_top_n_sigma: "top_n_sigma",
     resume_safe_top_a: "top_a",
     resume_safe_tail_free: "tail_free",
@@ -399,7 +412,8 @@ fn every_new_kind_parses_and_writes_back_what_it_read() {
             {"kind": "tail_free", "z": 0.95, "min_tokens_to_keep": 2},
             {"kind": "xtc", "probability": 0.5},
             {"kind": "dynamic_temperature", "temperature": 0.8, "range": 0.3},
-            {"kind": "smoothing", "factor": 0.3}]"#,
+            {"kind": "smoothing", "factor": 0.3},
+            {"kind": "dry", "multiplier": 0.8, "sequence_breaker_ids": [[3], [4, 5]]}]"#,
     )
     .unwrap();
     for spec in &specs {
@@ -422,6 +436,11 @@ fn every_new_kind_parses_and_writes_back_what_it_read() {
         json!({"kind": "dynamic_temperature", "temperature": 0.8, "range": 0.3, "exponent": 1.0})
     );
     assert_eq!(specs[27].to_value()["curve"], 1.0);
+    assert_eq!(
+        specs[28].to_value(),
+        json!({"kind": "dry", "multiplier": 0.8, "base": 1.75, "allowed_length": 2,
+               "penalty_last_n": 64, "sequence_breaker_ids": [[3], [4, 5]]})
+    );
 }
 
 #[test]
@@ -481,6 +500,18 @@ fn bad_values_are_refused_naming_the_field() {
         ),
         (r#"{"kind": "smoothing", "factor": -1}"#, "factor"),
         (
+            r#"{"kind": "dry", "multiplier": 1, "penalty_last_n": -2}"#,
+            "penalty_last_n",
+        ),
+        (
+            r#"{"kind": "dry", "multiplier": 1, "sequence_breakers": ["\n"]}"#,
+            "sequence_breakers",
+        ),
+        (
+            r#"{"kind": "dry", "multiplier": 1, "sequence_breaker_ids": [[1], []]}"#,
+            "sequence_breaker_ids[1]",
+        ),
+        (
             r#"{"kind": "bad_words", "sequences": [[1], []]}"#,
             "sequences[1]",
         ),
@@ -530,6 +561,10 @@ fn bad_values_are_refused_naming_the_field() {
         assert_eq!(field_of(parse_pipeline(json).unwrap_err()), field, "{json}");
     }
     let out_of_vocab = [
+        (
+            r#"{"kind": "dry", "multiplier": 1, "sequence_breaker_ids": [[1, 99]]}"#,
+            "sequence_breaker_ids[0][1]",
+        ),
         (
             r#"{"kind": "bad_words", "sequences": [[1], [2, 12]]}"#,
             "sequences[1][1]",
