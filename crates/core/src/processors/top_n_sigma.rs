@@ -44,8 +44,8 @@ impl KindSpec for TopNSigmaSpec {
 
 /// The band top-n-sigma keeps: `x >= max - n * sigma`, the maximum, mean and standard deviation
 /// over the finite values (`-inf`, `+inf` and NaN take no part; NaN is never removed). The mean
-/// and the variance are summed in f64 in index order, four values at a time into four partial
-/// sums; `n * sigma` and the subtraction are f32, as llama.cpp computes them.
+/// and the variance are summed in f64 in a fixed order (eight partial sums); `n * sigma` and the
+/// subtraction are f32, as llama.cpp computes them.
 pub(crate) fn band(values: &[f32], n: f32) -> Band {
     if n <= 0.0 {
         return Band::ALL;
@@ -55,24 +55,10 @@ pub(crate) fn band(values: &[f32], n: f32) -> Band {
         return Band::ALL;
     }
     let mean = sum / count as f64;
-    let mut acc = [0f64; 4];
-    let blocks = values.chunks_exact(4);
-    let rest = blocks.remainder();
-    for block in blocks {
-        for (a, &x) in acc.iter_mut().zip(block) {
-            if x.is_finite() {
-                let d = x as f64 - mean;
-                *a += d * d;
-            }
-        }
-    }
-    for &x in rest {
-        if x.is_finite() {
-            let d = x as f64 - mean;
-            acc[0] += d * d;
-        }
-    }
-    let variance = (acc[0] + acc[1]) + (acc[2] + acc[3]);
+    let variance = lanes(values, |x| {
+        let d = x as f64 - mean;
+        d * d
+    });
     let sigma = (variance / count as f64).sqrt() as f32;
     Band {
         lo: max - n * sigma,
@@ -80,30 +66,49 @@ pub(crate) fn band(values: &[f32], n: f32) -> Band {
     }
 }
 
-/// The number, maximum and f64 sum of the finite values (four partial sums in index order).
-pub(crate) fn finite_stats(values: &[f32]) -> (usize, f32, f64) {
-    let mut count = 0usize;
-    let mut max = f32::NEG_INFINITY;
-    let mut sum = [0f64; 4];
-    let blocks = values.chunks_exact(4);
+/// Values summed at a time, one partial sum each (a fixed order: the same sums on every run).
+const LANES: usize = 8;
+
+/// `sum f(x)` over the finite values, in f64: `LANES` partial sums in index order, added
+/// pairwise at the end. Branch-free, so the compiler vectorizes it.
+#[inline(always)]
+fn lanes(values: &[f32], f: impl Fn(f32) -> f64) -> f64 {
+    let mut acc = [0f64; LANES];
+    let blocks = values.chunks_exact(LANES);
     let rest = blocks.remainder();
     for block in blocks {
-        for (s, &x) in sum.iter_mut().zip(block) {
-            if x.is_finite() {
-                count += 1;
-                max = max.max(x);
-                *s += x as f64;
-            }
+        for (a, &x) in acc.iter_mut().zip(block) {
+            *a += if x.is_finite() { f(x) } else { 0.0 };
         }
     }
-    for &x in rest {
-        if x.is_finite() {
-            count += 1;
-            max = max.max(x);
-            sum[0] += x as f64;
+    for (a, &x) in acc.iter_mut().zip(rest) {
+        *a += if x.is_finite() { f(x) } else { 0.0 };
+    }
+    ((acc[0] + acc[1]) + (acc[2] + acc[3])) + ((acc[4] + acc[5]) + (acc[6] + acc[7]))
+}
+
+/// The number, maximum and f64 sum of the finite values.
+pub(crate) fn finite_stats(values: &[f32]) -> (usize, f32, f64) {
+    let mut count = [0u32; LANES];
+    let mut max = [f32::NEG_INFINITY; LANES];
+    let blocks = values.chunks_exact(LANES);
+    let rest = blocks.remainder();
+    for block in blocks {
+        for j in 0..LANES {
+            let x = block[j];
+            let finite = x.is_finite();
+            count[j] += finite as u32;
+            max[j] = if finite && x > max[j] { x } else { max[j] };
         }
     }
-    (count, max, (sum[0] + sum[1]) + (sum[2] + sum[3]))
+    for (j, &x) in rest.iter().enumerate() {
+        let finite = x.is_finite();
+        count[j] += finite as u32;
+        max[j] = if finite && x > max[j] { x } else { max[j] };
+    }
+    let count = count.iter().map(|&c| c as usize).sum();
+    let max = max.into_iter().fold(f32::NEG_INFINITY, f32::max);
+    (count, max, lanes(values, |x| x as f64))
 }
 
 #[cfg(test)]

@@ -152,8 +152,7 @@ pub(crate) fn band(values: &[f32], threshold: f32, min_keep: usize, work: &mut W
         entropy_sum: 0,
     };
     let v = lowest_reaching(values, max, threshold * softmax.scale(), work);
-    // `work` holds every value at or above the floor, so every value above `v`.
-    let removed = work.iter().filter(|e| e.2 > v).count();
+    let removed = values.iter().filter(|&&x| x > v).count();
     if removed == 0 {
         return Band::ALL;
     }
@@ -243,5 +242,8 @@ mod tests {
         assert_eq!(b, Band::ALL);
         let b = band(&[3.0, 2.0, 2.0, -4.0], 0.1, 1, &mut vec![]);
         assert_eq!(b.hi, 2.0);
+        // A threshold of 0: every finite token reaches it; the least likely stays, -inf aside.
+        let b = band(&[3.0, 2.0, f32::NEG_INFINITY, -4.0], 0.0, 1, &mut vec![]);
+        assert_eq!(b.hi, -4.0);
     }
 }
