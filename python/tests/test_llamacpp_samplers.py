@@ -1,6 +1,7 @@
 """Differential tests against llama.cpp's own samplers (src/llama-sampler.cpp), called through
 ctypes on the same rows: top-n-sigma, dynamic temperature (temp_ext), XTC at probability 1, the
-penalties with a window (penalty_last_n) and DRY (without breakers: llama.cpp's token-id breakers
+penalties with a window (penalty_last_n), mirostat v1 and v2 (the kept set at each step, and so
+`mu` after each, along llama.cpp's own sampled tokens) and DRY (without breakers: llama.cpp's token-id breakers
 are reachable only through a C++ test entry point, and its text breakers need a model's vocab;
 the Rust tests check id breakers against a transcription of llama.cpp's code).
 
@@ -88,6 +89,14 @@ def lib():
                     ctypes.c_void_p,
                     ctypes.c_size_t,
                 ],
+                sampler,
+            ),
+            "llama_sampler_init_mirostat": (
+                [ctypes.c_int32, ctypes.c_uint32, ctypes.c_float, ctypes.c_float, ctypes.c_int32],
+                sampler,
+            ),
+            "llama_sampler_init_mirostat_v2": (
+                [ctypes.c_uint32, ctypes.c_float, ctypes.c_float],
                 sampler,
             ),
             "llama_sampler_apply": ([sampler, ctypes.POINTER(TokenDataArray)], None),
@@ -345,3 +354,57 @@ def test_dry_resumed_equals_the_uninterrupted_run():
         running(history[:step], row)
         Processor(spec)(history[:step], resumed)
         assert torch.equal(row, resumed)
+
+
+# --- mirostat --------------------------------------------------------------------------------
+
+
+def llama_steps(sampler, rows_):
+    """llama.cpp's sampler over `rows_` in turn (one sampler, its state carried): per step, the
+    ids it kept and the id it sampled."""
+    lib_ = lib()
+    out = []
+    for row in rows_:
+        data = (TokenData * len(row))()
+        for i, x in enumerate(row):
+            data[i].id = i
+            data[i].logit = float(x)
+        array = TokenDataArray(ctypes.cast(data, ctypes.POINTER(TokenData)), len(row), -1, False)
+        lib_.llama_sampler_apply(sampler, ctypes.byref(array))
+        kept = sorted(array.data[i].id for i in range(array.size))
+        out.append((kept, array.data[array.selected].id))
+    lib_.llama_sampler_free(sampler)
+    return out
+
+
+@pytest.mark.parametrize("version", [1, 2])
+@pytest.mark.parametrize("tau, eta", [(5.0, 0.1), (3.0, 0.5), (8.0, 1.0)])
+def test_mirostat_keeps_what_llama_cpp_keeps_along_its_samples(version, tau, eta):
+    rng = np.random.default_rng(version * 100 + int(tau))
+    vocab = 2000
+    rows_ = [
+        (rng.standard_normal(vocab) * rng.choice([1.0, 2.5, 4.0])).astype(np.float32)
+        for _ in range(30)
+    ]
+    if version == 2:
+        sampler = lib().llama_sampler_init_mirostat_v2(1234, tau, eta)
+        spec = {"kind": "mirostat", "version": 2, "tau": tau, "eta": eta}
+    else:
+        sampler = lib().llama_sampler_init_mirostat(vocab, 1234, tau, eta, 100)
+        spec = {"kind": "mirostat", "version": 1, "tau": tau, "eta": eta, "n_vocab": vocab}
+    steps = llama_steps(sampler, rows_)
+    processor = Processor(spec)
+    ids = [0]
+    mismatched = 0
+    for row, (kept, sampled) in zip(rows_, steps):
+        logits = torch.tensor(row)
+        processor(ids, logits)
+        ours_kept = np.flatnonzero(torch.isfinite(logits).numpy()).tolist()
+        if ours_kept != kept:
+            # Only at a boundary token within rounding (f32 softmax there, fixed point here):
+            # then the trajectories part, so stop comparing.
+            assert abs(len(ours_kept) - len(kept)) <= 1, (len(ours_kept), len(kept))
+            mismatched += 1
+            break
+        ids.append(sampled)
+    assert mismatched == 0 or len(ids) > 10, "parted in the first steps"

@@ -187,6 +187,11 @@ pub struct RowPlan {
     // sorted by token, the touched tokens' original values, and a copy of the row for truncation.
     bands: Vec<(usize, Band)>,
     shapes: Vec<(usize, Shape)>,
+    // What the last pass left for the processors that read it at their next step (mirostat):
+    // per observing truncation, its index, its rule and the kept tokens' probabilities under the
+    // renormalized kept distribution, by token. Not cleared by `clear`: the next step's plan
+    // reads it before its own pass replaces it.
+    observations: Vec<Observation>,
     touched: Vec<(u32, u32)>,
     originals: Vec<f32>,
     dense: Vec<usize>,
@@ -348,6 +353,37 @@ impl RowPlan {
         })
     }
 
+    /// The probability the last pass gave `token` under the truncation `rule` at `edit` (the
+    /// kept tokens renormalized), when that pass ran with that rule and kept `token`.
+    pub fn observed(&self, edit: usize, rule: &Truncation, token: u32) -> Option<f32> {
+        let (_, _, kept) = self
+            .observations
+            .iter()
+            .find(|(at, r, _)| *at == edit && r == rule)?;
+        kept.binary_search_by_key(&token, |&(t, _)| t)
+            .ok()
+            .map(|i| kept[i].1)
+    }
+
+    /// Keeps, for an observing truncation at `edit`, the probabilities of the tokens `band`
+    /// keeps in `values` (`exp(x - max)` over their sum, in f64, rounded to f32).
+    fn observe(&mut self, edit: usize, rule: Truncation, values: &[f32], band: Band) {
+        let mut kept: Vec<(u32, f32)> = Vec::new();
+        let max = crate::truncation::largest(values);
+        let mut sum = 0f64;
+        for (i, &x) in values.iter().enumerate() {
+            if x.is_finite() && !band.removes(x) {
+                let q = crate::truncation::exp(x - max);
+                sum += q as f64;
+                kept.push((i as u32, q));
+            }
+        }
+        for (_, q) in kept.iter_mut() {
+            *q = (*q as f64 / sum) as f32;
+        }
+        self.observations.push((edit, rule, kept));
+    }
+
     /// The shape of the reshape at `edit` as last resolved ([`RowPlan::resolve_truncations`]).
     pub fn shape(&self, edit: usize) -> Shape {
         self.shapes
@@ -401,6 +437,7 @@ impl RowPlan {
     pub fn resolve_truncations<T: Logit>(&mut self, row: &[T]) {
         self.bands.clear();
         self.shapes.clear();
+        self.observations.clear();
         let mut scratch: Option<Box<Vec<T>>> = None;
         let mut done = 0;
         for at in 0..self.edits.len() {
@@ -433,9 +470,27 @@ impl RowPlan {
                     }
                 }
             };
-            match resolved {
-                Resolved::Band(band) => self.bands.push((at, band)),
-                Resolved::Shape(shape) => self.shapes.push((at, shape)),
+            match (resolved, rule) {
+                (Resolved::Band(band), Reduction::Band(rule)) if rule.observes() => {
+                    // The values the rule read: the row in place, or the copy with the edits
+                    // before it applied.
+                    let read: &[T] = match (at, T::as_f32(row), &scratch) {
+                        (0, Some(_), _) | (_, _, None) => row,
+                        (_, _, Some(scratch)) => scratch,
+                    };
+                    let owned: Vec<f32>;
+                    let values = match T::as_f32(read) {
+                        Some(values) => values,
+                        None => {
+                            owned = read.iter().map(|x| x.to_f32()).collect();
+                            &owned
+                        }
+                    };
+                    self.observe(at, rule, values, band);
+                    self.bands.push((at, band));
+                }
+                (Resolved::Band(band), _) => self.bands.push((at, band)),
+                (Resolved::Shape(shape), _) => self.shapes.push((at, shape)),
             }
         }
         if let Some(scratch) = scratch {
@@ -648,6 +703,10 @@ impl RowPlan {
         Ok(())
     }
 }
+
+/// What an observing truncation's pass kept: its edit's index, its rule, and each kept token's
+/// probability, by token.
+type Observation = (usize, Truncation, Vec<(u32, f32)>);
 
 /// A rule that reads the row before its edit: a truncation's band or a reshape's shape.
 #[derive(Clone, Copy)]

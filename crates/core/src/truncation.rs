@@ -107,6 +107,16 @@ pub enum Truncation {
     /// XTC's cut, when its draw says it applies: every value above the least likely one whose
     /// probability is at least `threshold` is removed.
     Xtc { threshold: f32, min_keep: u32 },
+    /// Mirostat 1: the `k` largest values, `k` from the target surprise `mu` and a Zipf exponent
+    /// estimated from the `m` largest; `key` tells one step's rule from another's.
+    MirostatV1 {
+        mu: f32,
+        m: u32,
+        n_vocab: u32,
+        key: u32,
+    },
+    /// Mirostat 2: the values whose surprise `-log2 p` is at most `mu` (at least the largest).
+    MirostatV2 { mu: f32, key: u32 },
 }
 
 impl Truncation {
@@ -125,6 +135,9 @@ impl Truncation {
             Truncation::TailFree { z, .. } => ("z", z, (0.0..=1.0).contains(&z)),
             Truncation::Xtc { threshold, .. } => {
                 ("threshold", threshold, (0.0..=1.0).contains(&threshold))
+            }
+            Truncation::MirostatV1 { mu, .. } | Truncation::MirostatV2 { mu, .. } => {
+                ("mu", mu, mu.is_finite())
             }
         };
         if !ok {
@@ -150,6 +163,7 @@ impl Truncation {
             Truncation::TopA { .. } => "0 <= a <= 1",
             Truncation::TailFree { .. } => "0 <= z <= 1",
             Truncation::Xtc { .. } => "0 <= threshold <= 1",
+            Truncation::MirostatV1 { .. } | Truncation::MirostatV2 { .. } => "of finite numbers",
         }
     }
 
@@ -162,7 +176,23 @@ impl Truncation {
                 | Truncation::TopA { .. }
                 | Truncation::TailFree { .. }
                 | Truncation::Xtc { .. }
+                | Truncation::MirostatV1 { .. }
+                | Truncation::MirostatV2 { .. }
         )
+    }
+
+    /// Whether the rule's pass keeps the kept tokens' probabilities for its processor's next
+    /// step ([`crate::RowPlan::observed`]): mirostat's.
+    pub fn observes(&self) -> bool {
+        self.key().is_some()
+    }
+
+    /// The step key of a rule that observes.
+    pub fn key(&self) -> Option<u32> {
+        match *self {
+            Truncation::MirostatV1 { key, .. } | Truncation::MirostatV2 { key, .. } => Some(key),
+            _ => None,
+        }
     }
 
     pub fn min_keep(&self) -> u32 {
@@ -176,7 +206,9 @@ impl Truncation {
             | Truncation::TopA { min_keep, .. }
             | Truncation::TailFree { min_keep, .. }
             | Truncation::Xtc { min_keep, .. } => min_keep,
-            Truncation::TopNSigma { .. } => 1,
+            Truncation::TopNSigma { .. }
+            | Truncation::MirostatV1 { .. }
+            | Truncation::MirostatV2 { .. } => 1,
         }
     }
 
@@ -204,7 +236,7 @@ impl Truncation {
 
     #[inline(always)]
     fn band_portable(&self, values: &[f32], work: &mut Work) -> Band {
-        use crate::processors::{tail_free, top_a, top_n_sigma, xtc};
+        use crate::processors::{mirostat, tail_free, top_a, top_n_sigma, xtc};
         let min_keep = self.min_keep() as usize;
         match *self {
             Truncation::TopNSigma { n } => return top_n_sigma::band(values, n),
@@ -212,6 +244,10 @@ impl Truncation {
             Truncation::TailFree { z, .. } => return tail_free::band(values, z, min_keep, work),
             Truncation::Xtc { threshold, .. } => {
                 return xtc::band(values, threshold, min_keep, work)
+            }
+            Truncation::MirostatV2 { mu, .. } => return mirostat::band_v2(values, mu, work),
+            Truncation::MirostatV1 { mu, m, n_vocab, .. } => {
+                return mirostat::band_v1(values, mu, m, n_vocab, work)
             }
             _ => {}
         }
@@ -242,7 +278,9 @@ impl Truncation {
             | Truncation::TopNSigma { .. }
             | Truncation::TopA { .. }
             | Truncation::TailFree { .. }
-            | Truncation::Xtc { .. } => unreachable!("resolved above"),
+            | Truncation::Xtc { .. }
+            | Truncation::MirostatV1 { .. }
+            | Truncation::MirostatV2 { .. } => unreachable!("resolved above"),
             Truncation::TopP { p, .. } => match top_p(values, max, p, work) {
                 Some(lo) => lo,
                 None => return Band::ALL,
@@ -1047,7 +1085,9 @@ mod tests {
             Truncation::TopNSigma { .. }
             | Truncation::TopA { .. }
             | Truncation::TailFree { .. }
-            | Truncation::Xtc { .. } => {
+            | Truncation::Xtc { .. }
+            | Truncation::MirostatV1 { .. }
+            | Truncation::MirostatV2 { .. } => {
                 unreachable!("tested against their definitions in their own files")
             }
             Truncation::TopK { k, min_keep } => {
@@ -1150,7 +1190,9 @@ mod tests {
             | Truncation::TopNSigma { .. }
             | Truncation::TopA { .. }
             | Truncation::TailFree { .. }
-            | Truncation::Xtc { .. } => return rule.band(values, &mut vec![]),
+            | Truncation::Xtc { .. }
+            | Truncation::MirostatV1 { .. }
+            | Truncation::MirostatV2 { .. } => return rule.band(values, &mut vec![]),
             Truncation::TopP { p, .. } => {
                 let mut by_key: Vec<(u32, u64, f32)> = values
                     .iter()

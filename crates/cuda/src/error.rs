@@ -19,7 +19,8 @@ pub enum CudaError {
     #[error("invalid argument: {0}")]
     InvalidArgument(String),
     /// A plan holds an edit the kernel does not carry out (a kind only the CPU path has: dynamic
-    /// temperature, smoothing, top-n-sigma, top-a, tail-free, XTC); the message names the row.
+    /// temperature, smoothing, top-n-sigma, top-a, tail-free, XTC, mirostat); the message names
+    /// the row.
     #[error("not supported on the CUDA path: {0}")]
     Unsupported(String),
     /// A plan or a batch the core refuses (a token outside the vocab, a bad layout).

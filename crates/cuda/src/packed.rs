@@ -192,7 +192,9 @@ impl Rule {
             Truncation::TopNSigma { .. }
             | Truncation::TopA { .. }
             | Truncation::TailFree { .. }
-            | Truncation::Xtc { .. } => return None,
+            | Truncation::Xtc { .. }
+            | Truncation::MirostatV1 { .. }
+            | Truncation::MirostatV2 { .. } => return None,
         })
     }
 
@@ -833,7 +835,9 @@ pub fn resolve_band(rule: &Truncation, values: &[f32]) -> Band {
         | Truncation::TopNSigma { .. }
         | Truncation::TopA { .. }
         | Truncation::TailFree { .. }
-        | Truncation::Xtc { .. } => unreachable!("resolved above"),
+        | Truncation::Xtc { .. }
+        | Truncation::MirostatV1 { .. }
+        | Truncation::MirostatV2 { .. } => unreachable!("resolved above"),
         Truncation::MinP { .. } | Truncation::Epsilon { .. } | Truncation::Eta { .. } => {
             // Pass: the smallest value whose q reaches the threshold.
             let threshold = softmax.threshold(rule);

@@ -153,6 +153,8 @@ struct State {
     // The most recent breaker head whose whole sequence follows it, and that sequence's tail
     // length (the longest that matches).
     breaker: Option<(usize, usize)>,
+    // The matches before the last push, kept for their allocation.
+    spare: Vec<(u32, u32)>,
 }
 
 #[derive(Debug, Clone)]
@@ -251,23 +253,29 @@ impl Dry {
     fn push(&self, state: &mut State, token: u32) {
         let len = state.ids.len() + 1;
         let start = self.start(len);
-        let mut matches = Vec::new();
+        let mut matches = std::mem::take(&mut state.spare);
+        matches.clear();
         if let Some(positions) = state.positions.get(&token) {
             let at = positions.partition_point(|&p| (p as usize) < start);
+            // Both ascending: the match that ended at `e - 1`, if any, by a merge.
+            let mut previous = state.matches.iter().peekable();
             for &e in &positions[at..] {
                 let e = e as usize;
                 let before = match e.checked_sub(1) {
-                    Some(d) => state
-                        .matches
-                        .binary_search_by_key(&(d as u32), |m| m.0)
-                        .map_or(0, |i| state.matches[i].1),
+                    Some(d) => {
+                        while previous.next_if(|m| (m.0 as usize) < d).is_some() {}
+                        previous
+                            .peek()
+                            .filter(|m| m.0 as usize == d)
+                            .map_or(0, |m| m.1)
+                    }
                     None => 0,
                 };
                 let n = (before + 1).min((e + 1 - start) as u32);
                 matches.push((e as u32, n));
             }
         }
-        state.matches = matches;
+        state.spare = std::mem::replace(&mut state.matches, matches);
         state.ids.push(token);
         state
             .positions
@@ -326,6 +334,7 @@ impl Dry {
             positions,
             matches,
             breaker,
+            spare: Vec::new(),
         }
     }
 
@@ -371,8 +380,10 @@ impl Dry {
                 push(e as usize, n);
             }
         }
-        self.penalties
-            .sort_unstable_by(|a, b| a.0.cmp(&b.0).then(b.1.cmp(&a.1)));
+        // By token, the longest first; then one per token.
+        self.penalties.sort_unstable_by_key(|&(token, n)| {
+            (token as u64) << 32 | (u32::MAX - n as u32) as u64
+        });
         self.penalties.dedup_by_key(|p| p.0);
     }
 }

@@ -23,6 +23,7 @@ mod matcher;
 mod min_length;
 mod min_new_tokens;
 mod min_p;
+pub(crate) mod mirostat;
 mod no_repeat_ngram;
 mod presence_penalty;
 mod repetition_penalty;
@@ -64,6 +65,7 @@ pub use logit_bias::{LogitBias, LogitBiasSpec};
 pub use min_length::{MinLength, MinLengthSpec};
 pub use min_new_tokens::{MinNewTokens, MinNewTokensSpec};
 pub use min_p::MinPSpec;
+pub use mirostat::{Mirostat, MirostatSpec};
 pub use no_repeat_ngram::{NoRepeatNGram, NoRepeatNGramSpec};
 pub use presence_penalty::{PresencePenalty, PresencePenaltySpec};
 pub use repetition_penalty::{RepetitionPenalty, RepetitionPenaltySpec, Scope};
@@ -136,6 +138,8 @@ pub(crate) static KINDS: &[Kind] = &[
     Kind::new::<TopASpec>("top_a"),
     Kind::new::<TailFreeSpec>("tail_free"),
     Kind::new::<XtcSpec>("xtc"),
+    // Mirostat last: it reads the row the others left and its next step reads what it kept.
+    Kind::new::<MirostatSpec>("mirostat"),
 ];
 
 /// In the canonical order, user processors (external steps) go before the first spec of this

@@ -209,6 +209,15 @@ fn spec_of(kind: &'static str) -> BoxedStrategy<Value> {
                        "penalty_last_n": n, "sequence_breaker_ids": breakers})
             })
             .boxed(),
+        "mirostat" => (1u32..3, 0.5f64..8.0, 0.0f64..1.0, 2u32..50, proptest::option::of(0.0f64..12.0))
+            .prop_map(|(v, tau, eta, m, mu)| {
+                let mut spec = json!({"kind": "mirostat", "version": v, "tau": tau, "eta": eta, "m": m});
+                if let Some(mu) = mu {
+                    spec["mu"] = json!(mu);
+                }
+                spec
+            })
+            .boxed(),
         "top_n_sigma" => (-1.0f64..3.0)
             .prop_map(|n| json!({"kind": "top_n_sigma", "n": n}))
             .boxed(),
@@ -277,6 +286,7 @@ resume_safe! {
     resume_safe_bitmask: "bitmask",
     resume_safe_dry: "dry",
     resume_safe_top_n_sigma: "top_n_sigma",
+    resume_safe_mirostat_without_a_pass: "mirostat",
     resume_safe_top_a: "top_a",
     resume_safe_tail_free: "tail_free",
     resume_safe_xtc: "xtc",
@@ -413,7 +423,8 @@ fn every_new_kind_parses_and_writes_back_what_it_read() {
             {"kind": "xtc", "probability": 0.5},
             {"kind": "dynamic_temperature", "temperature": 0.8, "range": 0.3},
             {"kind": "smoothing", "factor": 0.3},
-            {"kind": "dry", "multiplier": 0.8, "sequence_breaker_ids": [[3], [4, 5]]}]"#,
+            {"kind": "dry", "multiplier": 0.8, "sequence_breaker_ids": [[3], [4, 5]]},
+            {"kind": "mirostat", "version": 1, "mu": 7.5}]"#,
     )
     .unwrap();
     for spec in &specs {
@@ -440,6 +451,10 @@ fn every_new_kind_parses_and_writes_back_what_it_read() {
         specs[28].to_value(),
         json!({"kind": "dry", "multiplier": 0.8, "base": 1.75, "allowed_length": 2,
                "penalty_last_n": 64, "sequence_breaker_ids": [[3], [4, 5]]})
+    );
+    assert_eq!(
+        specs[29].to_value(),
+        json!({"kind": "mirostat", "version": 1, "tau": 5.0, "eta": 0.1, "m": 100, "mu": 7.5})
     );
 }
 
@@ -499,6 +514,9 @@ fn bad_values_are_refused_naming_the_field() {
             "exponent",
         ),
         (r#"{"kind": "smoothing", "factor": -1}"#, "factor"),
+        (r#"{"kind": "mirostat", "version": 3}"#, "version"),
+        (r#"{"kind": "mirostat", "version": 1, "m": 1}"#, "m"),
+        (r#"{"kind": "mirostat", "tau": 1e39}"#, "tau"),
         (
             r#"{"kind": "dry", "multiplier": 1, "penalty_last_n": -2}"#,
             "penalty_last_n",

@@ -84,7 +84,7 @@ pub(crate) fn lowest_reaching(values: &[f32], max: f32, threshold: f32, work: &m
     let margin = 0.01 + max.abs() as f64 * (1.0 / (1u64 << 20) as f64);
     // Near `exp`'s floor (-104, where its results are subnormal and coarse), and for a threshold
     // of 0 or NaN, every value is decided exactly.
-    let exact_only = !(threshold > 0.0) || ln - margin < (EXP_MIN + 1.0) as f64;
+    let exact_only = threshold.is_nan() || threshold <= 0.0 || ln - margin < (EXP_MIN + 1.0) as f64;
     // `-inf` is never a candidate (its q is 0, which reaches a threshold of 0).
     let lo = if exact_only {
         f32::MIN
