@@ -395,16 +395,11 @@ def test_mirostat_keeps_what_llama_cpp_keeps_along_its_samples(version, tau, eta
     steps = llama_steps(sampler, rows_)
     processor = Processor(spec)
     ids = [0]
-    mismatched = 0
-    for row, (kept, sampled) in zip(rows_, steps):
+    for step, (row, (kept, sampled)) in enumerate(zip(rows_, steps)):
         logits = torch.tensor(row)
         processor(ids, logits)
-        ours_kept = np.flatnonzero(torch.isfinite(logits).numpy()).tolist()
-        if ours_kept != kept:
-            # Only at a boundary token within rounding (f32 softmax there, fixed point here):
-            # then the trajectories part, so stop comparing.
-            assert abs(len(ours_kept) - len(kept)) <= 1, (len(ours_kept), len(kept))
-            mismatched += 1
-            break
+        # The kept set at this step's mu, so mu itself after every earlier step: the same as
+        # llama.cpp's at each of the 30 steps on these rows (a probability within rounding of
+        # the cut would part the two; none does here).
+        assert np.flatnonzero(torch.isfinite(logits).numpy()).tolist() == kept, step
         ids.append(sampled)
-    assert mismatched == 0 or len(ids) > 10, "parted in the first steps"

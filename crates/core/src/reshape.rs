@@ -21,8 +21,27 @@ pub enum Reshape {
 }
 
 impl Reshape {
-    /// The shape this rule gives `values` (the row as it stands where the rule runs).
+    /// The shape this rule gives `values` (the row as it stands where the rule runs). Compiled
+    /// for FMA and AVX2 where the CPU has them, as [`crate::Truncation::band`] is (the same bits:
+    /// the fixed-point sums are exact and `fmaf` is correctly rounded either way).
     pub fn shape(&self, values: &[f32]) -> Shape {
+        #[cfg(target_arch = "x86_64")]
+        if std::arch::is_x86_feature_detected!("fma") && std::arch::is_x86_feature_detected!("avx2")
+        {
+            // SAFETY: the CPU has FMA and AVX2.
+            return unsafe { self.shape_fma(values) };
+        }
+        self.shape_portable(values)
+    }
+
+    #[cfg(target_arch = "x86_64")]
+    #[target_feature(enable = "avx2,fma")]
+    fn shape_fma(&self, values: &[f32]) -> Shape {
+        self.shape_portable(values)
+    }
+
+    #[inline(always)]
+    fn shape_portable(&self, values: &[f32]) -> Shape {
         match *self {
             Reshape::DynamicTemperature {
                 temperature,

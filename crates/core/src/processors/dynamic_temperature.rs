@@ -111,6 +111,7 @@ impl LogitsProcessor for DynamicTemperature {
 }
 
 /// The shape dynamic temperature gives `values`.
+#[inline(always)]
 pub(crate) fn shape(values: &[f32], temperature: f32, range: f32, exponent: f32) -> Shape {
     let greedy_or_scale = |t: f32| {
         if t <= 0.0 {

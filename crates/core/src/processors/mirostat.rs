@@ -200,6 +200,7 @@ impl LogitsProcessor for Mirostat {
 
 /// Mirostat 2's band: the values whose probability is at least `2^-mu` (`q >= S 2^-mu`), at
 /// least the largest (every tie of it).
+#[inline(always)]
 pub(crate) fn band_v2(values: &[f32], mu: f32, work: &mut Work) -> Band {
     let max = largest(values);
     if !max.is_finite() {
@@ -219,6 +220,7 @@ pub(crate) fn band_v2(values: &[f32], mu: f32, work: &mut Work) -> Band {
 
 /// Mirostat 1's band: `s_hat` from the `m` largest finite values' probabilities (llama.cpp's f32
 /// arithmetic), then the `max(k, 1)` largest values (every tie of the k-th).
+#[inline(always)]
 pub(crate) fn band_v1(values: &[f32], mu: f32, m: u32, n_vocab: u32, work: &mut Work) -> Band {
     let max = largest(values);
     if !max.is_finite() {
@@ -254,9 +256,14 @@ pub(crate) fn band_v1(values: &[f32], mu: f32, m: u32, n_vocab: u32, work: &mut 
     let epsilon_hat = s_hat - 1.0;
     let k = ((epsilon_hat * 2f32.powf(mu)) / (1.0 - (n_vocab as f32).powf(-epsilon_hat)))
         .powf(1.0 / s_hat);
-    // `int(k)` in C++: truncation toward 0 (NaN and out-of-range values are undefined there;
-    // here NaN is 0 and the rest saturate).
-    let k = (k as i64).max(1) as usize;
+    // `int(k)` in C++: truncation toward 0; NaN and values out of `int`'s range are undefined
+    // behaviour there, and x86's conversion gives `INT_MIN`, so llama.cpp keeps one token: so
+    // does this.
+    let k = if !(-2_147_483_648.0..2_147_483_648.0).contains(&k) {
+        1
+    } else {
+        (k as i64).max(1) as usize
+    };
     Band {
         lo: kth_largest(values, k.min(finite), work),
         hi: f32::INFINITY,

@@ -88,6 +88,7 @@ impl LogitsProcessor for Smoothing {
 }
 
 /// The shape smoothing gives `values`: the webui's constants around the row's largest value.
+#[inline(always)]
 pub(crate) fn shape(values: &[f32], k: f32, s: f32) -> Shape {
     let max = crate::truncation::largest(values);
     if !max.is_finite() {

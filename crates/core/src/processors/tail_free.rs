@@ -57,6 +57,7 @@ impl KindSpec for TailFreeSpec {
 
 /// The band tail-free keeps: the finite values sorted (by [`order_key`], largest first), their
 /// `q = exp(x - max)` ([`exp`]) and every sum in f64 in that order.
+#[inline(always)]
 pub(crate) fn band(values: &[f32], z: f32, min_keep: usize, work: &mut Work) -> Band {
     work.clear();
     work.extend(

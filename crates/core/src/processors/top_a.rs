@@ -51,6 +51,7 @@ impl KindSpec for TopASpec {
 /// of the truncation module), `p = q / S` and `p_max = 1 / S`, so the rule is `q >= a / S`: one
 /// vectorized pass for `S`, then one pass of compares, `q` computed only for the values within a
 /// margin of `max + ln(a / S)` ([`lowest_reaching`]).
+#[inline(always)]
 pub(crate) fn band(values: &[f32], a: f32, min_keep: usize, work: &mut Work) -> Band {
     let max = largest(values);
     if !max.is_finite() || a <= 0.0 {
@@ -78,6 +79,7 @@ pub(crate) fn band(values: &[f32], a: f32, min_keep: usize, work: &mut Work) -> 
 /// `q` computed: those above the margin all reach it, those below none does (the margin, 0.01
 /// plus 8 units in the last place of `max`, is far wider than the error of `exp` and of the
 /// subtraction). One pass: the smallest value above the margin, and the few inside it.
+#[inline(always)]
 pub(crate) fn lowest_reaching(values: &[f32], max: f32, threshold: f32, work: &mut Work) -> f32 {
     work.clear();
     let ln = (threshold as f64).ln();

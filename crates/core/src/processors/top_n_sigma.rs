@@ -46,6 +46,7 @@ impl KindSpec for TopNSigmaSpec {
 /// over the finite values (`-inf`, `+inf` and NaN take no part; NaN is never removed). The mean
 /// and the variance are summed in f64 in a fixed order (eight partial sums); `n * sigma` and the
 /// subtraction are f32, as llama.cpp computes them.
+#[inline(always)]
 pub(crate) fn band(values: &[f32], n: f32) -> Band {
     if n <= 0.0 {
         return Band::ALL;
@@ -88,6 +89,7 @@ fn lanes(values: &[f32], f: impl Fn(f32) -> f64) -> f64 {
 }
 
 /// The number, maximum and f64 sum of the finite values.
+#[inline(always)]
 pub(crate) fn finite_stats(values: &[f32]) -> (usize, f32, f64) {
     let mut count = [0u32; LANES];
     let mut max = [f32::NEG_INFINITY; LANES];

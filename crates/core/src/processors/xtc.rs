@@ -141,6 +141,7 @@ impl LogitsProcessor for Xtc {
 /// The band XTC's cut keeps: `v` the smallest value whose probability reaches `threshold`
 /// (`q >= threshold * S`), every value above `v` removed, when there is one and at least
 /// `min_keep` finite values stay; otherwise everything.
+#[inline(always)]
 pub(crate) fn band(values: &[f32], threshold: f32, min_keep: usize, work: &mut Work) -> Band {
     let max = largest(values);
     if !max.is_finite() {
