@@ -33,9 +33,7 @@ def _find_library():
     if named:
         return named if os.path.exists(named) else None
     built = sorted(
-        glob.glob(
-            os.path.expanduser("~/.cache/logits-processing/llamacpp/build-*/bin/libllama.so")
-        )
+        glob.glob(os.path.expanduser("~/.cache/logits-processing/llamacpp/build-*/bin/libllama.so"))
     )
     return built[-1] if built else None
 
@@ -194,9 +192,7 @@ def test_top_n_sigma_ignores_nan_where_llama_cpp_keeps_everything():
 # --- dynamic temperature ---------------------------------------------------------------------
 
 
-@pytest.mark.parametrize(
-    "temperature, delta, exponent", [(1.0, 0.5, 1.0), (0.8, 0.3, 2.0), (1.2, 1.0, 0.5)]
-)
+@pytest.mark.parametrize("temperature, delta, exponent", [(1.0, 0.5, 1.0), (0.8, 0.3, 2.0), (1.2, 1.0, 0.5)])
 def test_dynamic_temperature_divides_by_llama_cpps_temperature(temperature, delta, exponent):
     spec = {
         "kind": "dynamic_temperature",
@@ -336,9 +332,7 @@ def test_dry_equals_llama_cpp_at_every_step(allowed_length, last_n, multiplier, 
         row = rng.normal(0, 3, vocab).astype(np.float32)
         logits = torch.tensor(row)
         processor(history[:step], logits)
-        sampler = lib().llama_sampler_init_dry(
-            None, multiplier, base, allowed_length, last_n, None, 0
-        )
+        sampler = lib().llama_sampler_init_dry(None, multiplier, base, allowed_length, last_n, None, 0)
         want = llama_apply(sampler, row, accepted=history[:step])
         assert np.array_equal(logits.numpy(), want), step
 
@@ -382,10 +376,7 @@ def llama_steps(sampler, rows_):
 def test_mirostat_keeps_what_llama_cpp_keeps_along_its_samples(version, tau, eta):
     rng = np.random.default_rng(version * 100 + int(tau))
     vocab = 2000
-    rows_ = [
-        (rng.standard_normal(vocab) * rng.choice([1.0, 2.5, 4.0])).astype(np.float32)
-        for _ in range(30)
-    ]
+    rows_ = [(rng.standard_normal(vocab) * rng.choice([1.0, 2.5, 4.0])).astype(np.float32) for _ in range(30)]
     if version == 2:
         sampler = lib().llama_sampler_init_mirostat_v2(1234, tau, eta)
         spec = {"kind": "mirostat", "version": 2, "tau": tau, "eta": eta}
