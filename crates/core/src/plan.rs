@@ -353,16 +353,26 @@ impl RowPlan {
         })
     }
 
-    /// The probability the last pass gave `token` under the truncation `rule` at `edit` (the
-    /// kept tokens renormalized), when that pass ran with that rule and kept `token`.
-    pub fn observed(&self, edit: usize, rule: &Truncation, token: u32) -> Option<f32> {
-        let (_, _, kept) = self
+    /// The probability the last pass gave `token` at the observing edit `rule` at index `edit`,
+    /// when that pass ran with that edit: for a truncation (mirostat), among the tokens it kept,
+    /// renormalized (`None` for a token it removed); for a reshape (adaptive-p), in the row it
+    /// read, before its transform.
+    pub fn observed(&self, edit: usize, rule: &Edit, token: u32) -> Option<f32> {
+        let (_, _, observed) = self
             .observations
             .iter()
             .find(|(at, r, _)| *at == edit && r == rule)?;
-        kept.binary_search_by_key(&token, |&(t, _)| t)
-            .ok()
-            .map(|i| kept[i].1)
+        match observed {
+            Observed::Kept(kept) => kept
+                .binary_search_by_key(&token, |&(t, _)| t)
+                .ok()
+                .map(|i| kept[i].1),
+            Observed::Row { values, max, scale } => {
+                let x = *values.get(token as usize)?;
+                x.is_finite()
+                    .then(|| crate::truncation::exp(x - max) / scale)
+            }
+        }
     }
 
     /// Keeps, for an observing truncation at `edit`, the probabilities of the tokens `band`
@@ -381,7 +391,8 @@ impl RowPlan {
         for (_, q) in kept.iter_mut() {
             *q = (*q as f64 / sum) as f32;
         }
-        self.observations.push((edit, rule, kept));
+        self.observations
+            .push((edit, Edit::Truncate(rule), Observed::Kept(kept)));
     }
 
     /// The shape of the reshape at `edit` as last resolved ([`RowPlan::resolve_truncations`]).
@@ -490,6 +501,23 @@ impl RowPlan {
                     self.bands.push((at, band));
                 }
                 (Resolved::Band(band), _) => self.bands.push((at, band)),
+                (Resolved::Shape(shape), Reduction::Shape(rule)) if rule.observes() => {
+                    // The row the rule read, kept whole (one copy) with its softmax's maximum
+                    // and sum, for the processor's next step.
+                    if let Shape::AdaptiveP { max, scale, .. } = shape {
+                        let read: &[T] = match (at, T::as_f32(row), &scratch) {
+                            (0, Some(_), _) | (_, _, None) => row,
+                            (_, _, Some(scratch)) => scratch,
+                        };
+                        let values = read.iter().map(|x| x.to_f32()).collect();
+                        self.observations.push((
+                            at,
+                            Edit::Reshape(rule),
+                            Observed::Row { values, max, scale },
+                        ));
+                    }
+                    self.shapes.push((at, shape));
+                }
                 (Resolved::Shape(shape), _) => self.shapes.push((at, shape)),
             }
         }
@@ -704,9 +732,20 @@ impl RowPlan {
     }
 }
 
-/// What an observing truncation's pass kept: its edit's index, its rule, and each kept token's
-/// probability, by token.
-type Observation = (usize, Truncation, Vec<(u32, f32)>);
+/// What an observing edit's pass left for its processor: the edit's index, the edit, and what it
+/// saw.
+type Observation = (usize, Edit, Observed);
+
+enum Observed {
+    /// A truncation's kept tokens, each with its probability among them, by token.
+    Kept(Vec<(u32, f32)>),
+    /// The row a reshape read, with its softmax's maximum and sum.
+    Row {
+        values: Vec<f32>,
+        max: f32,
+        scale: f32,
+    },
+}
 
 /// A rule that reads the row before its edit: a truncation's band or a reshape's shape.
 #[derive(Clone, Copy)]

@@ -3,7 +3,7 @@
 //! like a truncation's band.
 
 use crate::logit::Logit;
-use crate::processors::{dynamic_temperature, smoothing};
+use crate::processors::{adaptive_p, dynamic_temperature, smoothing};
 
 /// A transform whose parameters come from the row ([`crate::Edit::Reshape`]).
 #[derive(Debug, Clone, Copy, PartialEq)]
@@ -18,9 +18,18 @@ pub enum Reshape {
     /// text-generation-webui's quadratic sampling with its constants `k * factor` and
     /// `s * factor`: see [`crate::processors::SmoothingSpec`].
     Smoothing { k: f32, s: f32 },
+    /// llama.cpp's adaptive-p transform toward the step's adapted target probability; `key`
+    /// tells one step's rule from another's: see [`crate::processors::AdaptivePSpec`].
+    AdaptiveP { target: f32, key: u32 },
 }
 
 impl Reshape {
+    /// Whether the rule's pass keeps what it read for its processor's next step
+    /// ([`crate::RowPlan::observed`]): adaptive-p's.
+    pub fn observes(&self) -> bool {
+        matches!(self, Reshape::AdaptiveP { .. })
+    }
+
     /// The shape this rule gives `values` (the row as it stands where the rule runs). Compiled
     /// for FMA and AVX2 where the CPU has them, as [`crate::Truncation::band`] is (the same bits:
     /// the fixed-point sums are exact and `fmaf` is correctly rounded either way).
@@ -49,6 +58,7 @@ impl Reshape {
                 exponent,
             } => dynamic_temperature::shape(values, temperature, range, exponent),
             Reshape::Smoothing { k, s } => smoothing::shape(values, k, s),
+            Reshape::AdaptiveP { target, .. } => adaptive_p::shape(values, target),
         }
     }
 }
@@ -66,6 +76,10 @@ pub enum Shape {
     /// `(-(k * d^2) + s * d^3) + max`, each operation rounded to f32 (`d^2 = d * d`,
     /// `d^3 = d * d * d`), as torch computes text-generation-webui's expression on an f32 row.
     Quadratic { max: f32, k: f32, s: f32 },
+    /// llama.cpp's adaptive-p transform: a value `x` other than `-inf`, with
+    /// `p = exp(x - max) / scale` and `d = |(p - target) / 0.3|`, becomes `5 - 10 d^2 / (1 + d)`
+    /// (f32, as llama.cpp).
+    AdaptiveP { max: f32, scale: f32, target: f32 },
 }
 
 impl Shape {
@@ -90,6 +104,14 @@ impl Shape {
                 let d2 = d * d;
                 let d3 = d * d * d;
                 (-(k * d2) + s * d3) + max
+            }
+            Shape::AdaptiveP { max, scale, target } => {
+                if x == f32::NEG_INFINITY {
+                    return x;
+                }
+                let p = crate::truncation::exp(x - max) / scale;
+                let d = ((p - target) * (1.0 / 0.3f32)).abs();
+                5.0 - 10.0 * d * d / (1.0 + d)
             }
         }
     }

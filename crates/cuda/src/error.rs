@@ -19,7 +19,7 @@ pub enum CudaError {
     #[error("invalid argument: {0}")]
     InvalidArgument(String),
     /// A plan holds an edit the kernel does not carry out (a kind only the CPU path has: dynamic
-    /// temperature, smoothing, top-n-sigma, top-a, tail-free, XTC, mirostat); the message names
+    /// temperature, smoothing, adaptive-p, top-n-sigma, top-a, tail-free, XTC, mirostat); the message names
     /// the row.
     #[error("not supported on the CUDA path: {0}")]
     Unsupported(String),

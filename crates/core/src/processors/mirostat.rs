@@ -171,7 +171,7 @@ impl LogitsProcessor for Mirostat {
         if let Some((at, rule)) = self.pending {
             let key = rule.key().unwrap_or(u32::MAX) as usize;
             if ids.token_count() > key {
-                if let Some(p) = plan.observed(at, &rule, ids.token_at(key)) {
+                if let Some(p) = plan.observed(at, &Edit::Truncate(rule), ids.token_at(key)) {
                     // As llama.cpp, in f32.
                     let surprise = -p.log2();
                     self.mu -= self.eta * (surprise - self.tau);

@@ -1,5 +1,6 @@
 //! The built-in processors, one file each, and the trait they share.
 
+pub(crate) mod adaptive_p;
 mod allowed_token_ids;
 mod bad_words;
 mod ban_tokens;
@@ -44,6 +45,7 @@ mod truncate;
 mod typical_p;
 pub(crate) mod xtc;
 
+pub use adaptive_p::{AdaptiveP, AdaptivePSpec};
 pub use allowed_token_ids::{AllowedTokenIds, AllowedTokenIdsSpec};
 pub use bad_words::{BadWords, BadWordsSpec};
 pub use ban_tokens::{BanTokens, BanTokensSpec};
@@ -140,6 +142,8 @@ pub(crate) static KINDS: &[Kind] = &[
     Kind::new::<XtcSpec>("xtc"),
     // Mirostat last: it reads the row the others left and its next step reads what it kept.
     Kind::new::<MirostatSpec>("mirostat"),
+    // adaptive-p last too, as llama.cpp chains it: its next step reads the row its pass read.
+    Kind::new::<AdaptivePSpec>("adaptive_p"),
 ];
 
 /// In the canonical order, user processors (external steps) go before the first spec of this

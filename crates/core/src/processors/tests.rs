@@ -218,6 +218,9 @@ fn spec_of(kind: &'static str) -> BoxedStrategy<Value> {
                 spec
             })
             .boxed(),
+        "adaptive_p" => (-0.5f64..1.2, 0.0f64..1.0)
+            .prop_map(|(t, d)| json!({"kind": "adaptive_p", "target": t, "decay": d}))
+            .boxed(),
         "top_n_sigma" => (-1.0f64..3.0)
             .prop_map(|n| json!({"kind": "top_n_sigma", "n": n}))
             .boxed(),
@@ -287,6 +290,7 @@ resume_safe! {
     resume_safe_dry: "dry",
     resume_safe_top_n_sigma: "top_n_sigma",
     resume_safe_mirostat_without_a_pass: "mirostat",
+    resume_safe_adaptive_p_without_a_pass: "adaptive_p",
     resume_safe_top_a: "top_a",
     resume_safe_tail_free: "tail_free",
     resume_safe_xtc: "xtc",
@@ -424,7 +428,8 @@ fn every_new_kind_parses_and_writes_back_what_it_read() {
             {"kind": "dynamic_temperature", "temperature": 0.8, "range": 0.3},
             {"kind": "smoothing", "factor": 0.3},
             {"kind": "dry", "multiplier": 0.8, "sequence_breaker_ids": [[3], [4, 5]]},
-            {"kind": "mirostat", "version": 1, "mu": 7.5}]"#,
+            {"kind": "mirostat", "version": 1, "mu": 7.5},
+            {"kind": "adaptive_p", "target": 0.4}]"#,
     )
     .unwrap();
     for spec in &specs {
@@ -455,6 +460,10 @@ fn every_new_kind_parses_and_writes_back_what_it_read() {
     assert_eq!(
         specs[29].to_value(),
         json!({"kind": "mirostat", "version": 1, "tau": 5.0, "eta": 0.1, "m": 100, "mu": 7.5})
+    );
+    assert_eq!(
+        specs[30].to_value(),
+        json!({"kind": "adaptive_p", "target": 0.4, "decay": 0.9})
     );
 }
 
@@ -517,6 +526,8 @@ fn bad_values_are_refused_naming_the_field() {
         (r#"{"kind": "mirostat", "version": 3}"#, "version"),
         (r#"{"kind": "mirostat", "version": 1, "m": 1}"#, "m"),
         (r#"{"kind": "mirostat", "tau": 1e39}"#, "tau"),
+        (r#"{"kind": "adaptive_p", "target": 1e39}"#, "target"),
+        (r#"{"kind": "adaptive_p", "decay": 0.5}"#, "target"),
         (
             r#"{"kind": "dry", "multiplier": 1, "penalty_last_n": -2}"#,
             "penalty_last_n",
