@@ -3,7 +3,8 @@ ctypes on the same rows: top-n-sigma, dynamic temperature (temp_ext), XTC at pro
 penalties with a window (penalty_last_n), mirostat v1 and v2 (the kept set at each step, and so
 `mu` after each, along llama.cpp's own sampled tokens) and DRY (without breakers: llama.cpp's token-id breakers
 are reachable only through a C++ test entry point, and its text breakers need a model's vocab;
-the Rust tests check id breakers against a transcription of llama.cpp's code).
+the Rust tests check id breakers against a transcription of llama.cpp's code), and adaptive-p
+(the transformed logits at each step, so its moving average, along llama.cpp's own samples).
 
 The library is built once by scripts/llamacpp.sh into ~/.cache/logits-processing/llamacpp (or
 named by LLAMACPP_LIB); without it these tests are skipped, saying so.
@@ -95,6 +96,10 @@ def lib():
             ),
             "llama_sampler_init_mirostat_v2": (
                 [ctypes.c_uint32, ctypes.c_float, ctypes.c_float],
+                sampler,
+            ),
+            "llama_sampler_init_adaptive_p": (
+                [ctypes.c_float, ctypes.c_float, ctypes.c_uint32],
                 sampler,
             ),
             "llama_sampler_apply": ([sampler, ctypes.POINTER(TokenDataArray)], None),
@@ -394,3 +399,44 @@ def test_mirostat_keeps_what_llama_cpp_keeps_along_its_samples(version, tau, eta
         # the cut would part the two; none does here).
         assert np.flatnonzero(torch.isfinite(logits).numpy()).tolist() == kept, step
         ids.append(sampled)
+
+
+# --- adaptive-p ------------------------------------------------------------------------------
+
+
+@pytest.mark.parametrize("target, decay", [(0.5, 0.9), (0.2, 0.5), (0.05, 0.99), (0.9, 0.0)])
+def test_adaptive_p_transforms_as_llama_cpp_along_its_samples(target, decay):
+    rng = np.random.default_rng(int(target * 100))
+    vocab = 500
+    lib_ = lib()
+    sampler = lib_.llama_sampler_init_adaptive_p(target, decay, 77)
+    processor = Processor({"kind": "adaptive_p", "target": target, "decay": decay})
+    ids = [0]
+    for step in range(30):
+        row = (rng.standard_normal(vocab) * rng.choice([1.0, 3.0])).astype(np.float32)
+        row[rng.integers(0, vocab, 20)] = -np.inf
+        data = (TokenData * vocab)()
+        for i, x in enumerate(row):
+            data[i].id = i
+            data[i].logit = float(x)
+        array = TokenDataArray(ctypes.cast(data, ctypes.POINTER(TokenData)), vocab, -1, False)
+        lib_.llama_sampler_apply(sampler, ctypes.byref(array))
+        want = np.full(vocab, -np.inf, dtype=np.float32)
+        for i in range(array.size):
+            want[array.data[i].id] = array.data[i].logit
+        sampled = array.data[array.selected].id
+        lib_.llama_sampler_accept(sampler, sampled)
+        logits = torch.tensor(row)
+        processor(ids, logits)
+        got = logits.numpy()
+        assert np.array_equal(np.isinf(got), np.isinf(want)), step
+        finite = np.isfinite(want)
+        # f32 softmax sums there, fixed point here: a few units in the last place.
+        np.testing.assert_allclose(got[finite], want[finite], rtol=0, atol=2e-4, err_msg=str(step))
+        ids.append(int(sampled))
+    lib_.llama_sampler_free(sampler)
+
+
+def test_adaptive_p_negative_target_is_off():
+    row = np.array([1.0, 2.0, 3.0], dtype=np.float32)
+    assert np.array_equal(ours({"kind": "adaptive_p", "target": -1.0}, row), row)

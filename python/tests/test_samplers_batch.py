@@ -24,6 +24,7 @@ SPECS = [
         {"kind": "mirostat", "version": 2, "tau": 4.0, "eta": 0.3},
     ],
     {"kind": "mirostat", "version": 1, "tau": 5.0, "n_vocab": VOCAB},
+    [{"kind": "min_p", "p": 0.02}, {"kind": "adaptive_p", "target": 0.3, "decay": 0.8}],
 ]
 
 
