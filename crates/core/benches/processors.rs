@@ -510,6 +510,26 @@ fn samplers(c: &mut Criterion) {
                 Edit::Reshape(Reshape::Smoothing { k: 0.3, s: 0.0 }),
             ),
             (
+                "mirostat_v2",
+                Edit::Truncate(Truncation::MirostatV2 { mu: 10.0, key: 0 }),
+            ),
+            (
+                "mirostat_v1",
+                Edit::Truncate(Truncation::MirostatV1 {
+                    mu: 10.0,
+                    m: 100,
+                    n_vocab: VOCAB as u32,
+                    key: 0,
+                }),
+            ),
+            (
+                "adaptive_p",
+                Edit::Reshape(Reshape::AdaptiveP {
+                    target: 0.3,
+                    key: 0,
+                }),
+            ),
+            (
                 "top_p_0.9",
                 Edit::Truncate(Truncation::TopP {
                     p: 0.9,
