@@ -8,8 +8,8 @@ use std::time::{Duration, Instant};
 use criterion::{criterion_group, criterion_main, BenchmarkId, Criterion, Throughput};
 use logits_processing::{
     bf16, f16, parse_pipeline, process_row, BanTokens, Batch, BatchLayout, Edit, ForcedSequence,
-    Logit, LogitsProcessor, Pipeline, ProcessorSpec, RowPlan, SpecContext, Step, StepBitmask,
-    Temperature, ThinkingBudget, ThinkingTokenConfig, TokenHistory, Truncation,
+    Logit, LogitsProcessor, Pipeline, ProcessorSpec, Reshape, RowPlan, SpecContext, Step,
+    StepBitmask, Temperature, ThinkingBudget, ThinkingTokenConfig, TokenHistory, Truncation,
 };
 
 const VOCAB: usize = 151_936;
@@ -458,6 +458,191 @@ fn truncation(c: &mut Criterion) {
     group.finish();
 }
 
+/// The samplers of llama.cpp and text-generation-webui, and the mass-based truncations, on one
+/// f32 row beside the row's memcpy: a row shaped like a model's and a row of N(0, 1) logits (what
+/// sampling at temperature 1 from a flat model looks like). Each iteration restores the row.
+fn samplers(c: &mut Criterion) {
+    let mut group = c.benchmark_group("samplers_f32");
+    group.throughput(Throughput::Bytes((VOCAB * 4) as u64));
+    let mut rng = Rng(99);
+    let normal: Vec<f32> = (0..VOCAB).map(|_| rng.normal()).collect();
+    for (shape, source) in [("peaked", peaked_logits(VOCAB, 7)), ("normal", normal)] {
+        let mut row = source.clone();
+        group.bench_function(BenchmarkId::new("memcpy", shape), |b| {
+            b.iter(|| row.copy_from_slice(black_box(&source)))
+        });
+        let edits = [
+            (
+                "top_n_sigma_1",
+                Edit::Truncate(Truncation::TopNSigma { n: 1.0 }),
+            ),
+            (
+                "top_a_0.2",
+                Edit::Truncate(Truncation::TopA {
+                    a: 0.2,
+                    min_keep: 1,
+                }),
+            ),
+            (
+                "tail_free_0.95",
+                Edit::Truncate(Truncation::TailFree {
+                    z: 0.95,
+                    min_keep: 1,
+                }),
+            ),
+            (
+                "xtc_0.1",
+                Edit::Truncate(Truncation::Xtc {
+                    threshold: 0.1,
+                    min_keep: 1,
+                }),
+            ),
+            (
+                "dynamic_temperature",
+                Edit::Reshape(Reshape::DynamicTemperature {
+                    temperature: 1.0,
+                    range: 0.5,
+                    exponent: 1.0,
+                }),
+            ),
+            (
+                "smoothing",
+                Edit::Reshape(Reshape::Smoothing { k: 0.3, s: 0.0 }),
+            ),
+            (
+                "mirostat_v2",
+                Edit::Truncate(Truncation::MirostatV2 { mu: 10.0, key: 0 }),
+            ),
+            (
+                "mirostat_v1",
+                Edit::Truncate(Truncation::MirostatV1 {
+                    mu: 10.0,
+                    m: 100,
+                    n_vocab: VOCAB as u32,
+                    key: 0,
+                }),
+            ),
+            (
+                "adaptive_p",
+                Edit::Reshape(Reshape::AdaptiveP {
+                    target: 0.3,
+                    key: 0,
+                }),
+            ),
+            (
+                "top_p_0.9",
+                Edit::Truncate(Truncation::TopP {
+                    p: 0.9,
+                    min_keep: 1,
+                }),
+            ),
+            (
+                "typical_0.9",
+                Edit::Truncate(Truncation::Typical {
+                    mass: 0.9,
+                    min_keep: 1,
+                }),
+            ),
+            (
+                "epsilon_3e-4",
+                Edit::Truncate(Truncation::Epsilon {
+                    epsilon: 3e-4,
+                    min_keep: 1,
+                }),
+            ),
+            (
+                "eta_3e-4",
+                Edit::Truncate(Truncation::Eta {
+                    epsilon: 3e-4,
+                    min_keep: 1,
+                }),
+            ),
+            (
+                "min_p_0.05",
+                Edit::Truncate(Truncation::MinP {
+                    p: 0.05,
+                    min_keep: 1,
+                }),
+            ),
+        ];
+        let mut plan = RowPlan::new();
+        for (name, edit) in edits {
+            group.bench_function(BenchmarkId::new(name, shape), |b| {
+                b.iter(|| {
+                    row.copy_from_slice(&source);
+                    plan.clear();
+                    plan.push(edit);
+                    plan.apply(black_box(&mut row)).unwrap()
+                })
+            });
+        }
+    }
+    group.finish();
+}
+
+/// DRY and a windowed repetition penalty, each step after a 32,000-id history, at a window of 64
+/// and of 4,096 ids: the step's cost must not grow with the window (no rescan of it). Plan only,
+/// and plan plus the row's apply ("step").
+fn window_steps(c: &mut Criterion) {
+    let mut group = c.benchmark_group("window_step");
+    let source = peaked_logits(VOCAB, 3);
+    let mut row = source.clone();
+    let len = 32_000;
+    let chunk = 5_000;
+    for (history, pool) in [("pool500", 500u32), ("zipf", 0)] {
+        let ids = ids_from(len + chunk, pool, 11);
+        for window in [64usize, 4096] {
+            let kinds = [
+                (
+                    "dry",
+                    format!(r#"{{"kind": "dry", "multiplier": 0.8, "penalty_last_n": {window}}}"#),
+                ),
+                (
+                    "repetition_penalty",
+                    format!(
+                        r#"{{"kind": "repetition_penalty", "penalty": 1.1, "window": {window}}}"#
+                    ),
+                ),
+            ];
+            for (name, json) in &kinds {
+                for with_row in [false, true] {
+                    let mut plan = RowPlan::new();
+                    let id = format!(
+                        "{name}/{history}/{}",
+                        if with_row { "step" } else { "plan" }
+                    );
+                    group.bench_with_input(BenchmarkId::new(id, window), &window, |b, _| {
+                        b.iter_custom(|iters| {
+                            let mut total = Duration::ZERO;
+                            let mut left = iters as usize;
+                            while left > 0 {
+                                let steps = left.min(chunk);
+                                let mut processor = realize(json, 0);
+                                processor.plan(&&ids[..len], &mut plan).unwrap();
+                                let start = Instant::now();
+                                for step in 1..=steps {
+                                    plan.clear();
+                                    processor.plan(&&ids[..len + step], &mut plan).unwrap();
+                                    if with_row {
+                                        plan.apply(&mut row).unwrap();
+                                    }
+                                }
+                                total += start.elapsed();
+                                left -= steps;
+                                if with_row {
+                                    row.copy_from_slice(&source);
+                                }
+                            }
+                            total
+                        })
+                    });
+                }
+            }
+        }
+    }
+    group.finish();
+}
+
 fn realize(json: &str, prompt_len: usize) -> Box<dyn LogitsProcessor> {
     let context = SpecContext {
         vocab_size: Some(VOCAB),
@@ -599,6 +784,6 @@ criterion_group! {
         .warm_up_time(Duration::from_millis(500))
         .measurement_time(Duration::from_secs(2));
     targets = rows, sparse_and_masks, bitmasks, thinking_budget, batch, contention, truncation, history_steps,
-        sampling_batch
+        sampling_batch, samplers, window_steps
 }
 criterion_main!(benches);

@@ -30,6 +30,7 @@ mod pipeline;
 mod plan;
 pub mod processors;
 mod raw;
+mod reshape;
 pub mod spec;
 pub mod spec_schema;
 #[cfg(feature = "tokenizers")]
@@ -43,7 +44,7 @@ pub use grammar::GrammarEnv;
 pub use history::TokenHistory;
 pub use logit::{DType, Logit};
 pub use pipeline::{Pipeline, Stage, Step};
-pub use plan::{Band, Bitmask, Edit, ForcedValue, MaskId, RowPlan, Truncation};
+pub use plan::{Band, Bitmask, Edit, ForcedValue, MaskId, Reshape, RowPlan, Shape, Truncation};
 pub use processors::{
     canonical_order, check_order, get_thinking_token_config, hello_world, process_row,
     reads_history, register_thinking_token_config, BanTokens, ForcedSequence, LogitBias,

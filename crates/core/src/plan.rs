@@ -21,6 +21,7 @@ use std::any::Any;
 use crate::error::{check_token, Result};
 use crate::kernels;
 use crate::logit::Logit;
+pub use crate::reshape::{Reshape, Shape};
 pub use crate::truncation::{Band, Truncation};
 
 /// What a forced token's logit becomes.
@@ -63,6 +64,9 @@ pub enum Edit {
     /// Every logit outside the band the rule keeps (computed over the row as it stands here)
     /// becomes `-inf`.
     Truncate(Truncation),
+    /// Every logit goes through the element-wise [`Shape`] the rule computes from the row as it
+    /// stands here (dynamic temperature, smoothing). CPU only: the CUDA path refuses it.
+    Reshape(Reshape),
 }
 
 impl Edit {
@@ -75,7 +79,7 @@ impl Edit {
             | Edit::Penalty { token, .. }
             | Edit::AddScaledAbs { token, .. }
             | Edit::Set { token, .. } => Some(token),
-            Edit::Scale { .. } | Edit::Mask(_) | Edit::Truncate(_) => None,
+            Edit::Scale { .. } | Edit::Mask(_) | Edit::Truncate(_) | Edit::Reshape(_) => None,
         }
     }
 
@@ -97,6 +101,19 @@ impl Edit {
     /// the GPU kernel's host emulation and the tests all use it.
     #[inline]
     pub fn value(&self, index: usize, x: f32, allowed: impl Fn(MaskId) -> bool, band: Band) -> f32 {
+        self.value_shaped(index, x, allowed, band, Shape::Identity)
+    }
+
+    /// [`Edit::value`] with a [`Edit::Reshape`]'s resolved shape.
+    #[inline]
+    pub fn value_shaped(
+        &self,
+        index: usize,
+        x: f32,
+        allowed: impl Fn(MaskId) -> bool,
+        band: Band,
+        shape: Shape,
+    ) -> f32 {
         let here = |token: u32| token as usize == index;
         match *self {
             Edit::Scale { temperature } => x / temperature,
@@ -128,6 +145,7 @@ impl Edit {
             Edit::Mask(_) => f32::NEG_INFINITY,
             Edit::Truncate(_) if band.removes(x) => f32::NEG_INFINITY,
             Edit::Truncate(_) => x,
+            Edit::Reshape(_) => shape.apply(x),
         }
     }
 }
@@ -170,6 +188,12 @@ pub struct RowPlan {
     // Work space, reused between steps: the truncations' bands (by edit index), the sparse edits
     // sorted by token, the touched tokens' original values, and a copy of the row for truncation.
     bands: Vec<(usize, Band)>,
+    shapes: Vec<(usize, Shape)>,
+    // What the last pass left for the processors that read it at their next step (mirostat):
+    // per observing truncation, its index, its rule and the kept tokens' probabilities under the
+    // renormalized kept distribution, by token. Not cleared by `clear`: the next step's plan
+    // reads it before its own pass replaces it.
+    observations: Vec<Observation>,
     touched: Vec<(u32, u32)>,
     originals: Vec<f32>,
     dense: Vec<usize>,
@@ -316,7 +340,69 @@ impl RowPlan {
 
     /// Whether the plan needs a reduction over the row before its pass.
     pub fn truncates(&self) -> bool {
-        self.edits.iter().any(|e| matches!(e, Edit::Truncate(_)))
+        self.edits
+            .iter()
+            .any(|e| matches!(e, Edit::Truncate(_) | Edit::Reshape(_)))
+    }
+
+    /// Whether the plan holds an edit only the CPU path carries out ([`Edit::Reshape`], or a
+    /// truncation rule the GPU kernel does not have: [`Truncation::on_cpu_only`]).
+    pub fn cpu_only(&self) -> bool {
+        self.edits.iter().any(|e| match e {
+            Edit::Reshape(_) => true,
+            Edit::Truncate(rule) => rule.on_cpu_only(),
+            _ => false,
+        })
+    }
+
+    /// The probability the last pass gave `token` at the observing edit `rule` at index `edit`,
+    /// when that pass ran with that edit: for a truncation (mirostat), among the tokens it kept,
+    /// renormalized (`None` for a token it removed); for a reshape (adaptive-p), in the row it
+    /// read, before its transform.
+    pub fn observed(&self, edit: usize, rule: &Edit, token: u32) -> Option<f32> {
+        let (_, _, observed) = self
+            .observations
+            .iter()
+            .find(|(at, r, _)| *at == edit && r == rule)?;
+        match observed {
+            Observed::Kept(kept) => kept
+                .binary_search_by_key(&token, |&(t, _)| t)
+                .ok()
+                .map(|i| kept[i].1),
+            Observed::Row { values, max, scale } => {
+                let x = *values.get(token as usize)?;
+                x.is_finite()
+                    .then(|| crate::truncation::exp(x - max) / scale)
+            }
+        }
+    }
+
+    /// Keeps, for an observing truncation at `edit`, the probabilities of the tokens `band`
+    /// keeps in `values` (`exp(x - max)` over their sum, in f64, rounded to f32).
+    fn observe(&mut self, edit: usize, rule: Truncation, values: &[f32], band: Band) {
+        let mut kept: Vec<(u32, f32)> = Vec::new();
+        let max = crate::truncation::largest(values);
+        let mut sum = 0f64;
+        for (i, &x) in values.iter().enumerate() {
+            if x.is_finite() && !band.removes(x) {
+                let q = crate::truncation::exp(x - max);
+                sum += q as f64;
+                kept.push((i as u32, q));
+            }
+        }
+        for (_, q) in kept.iter_mut() {
+            *q = (*q as f64 / sum) as f32;
+        }
+        self.observations
+            .push((edit, Edit::Truncate(rule), Observed::Kept(kept)));
+    }
+
+    /// The shape of the reshape at `edit` as last resolved ([`RowPlan::resolve_truncations`]).
+    pub fn shape(&self, edit: usize) -> Shape {
+        self.shapes
+            .iter()
+            .find(|(at, _)| *at == edit)
+            .map_or(Shape::Identity, |&(_, shape)| shape)
     }
 
     /// The band of the truncation at `edit` as last resolved ([`RowPlan::resolve_truncations`]).
@@ -342,7 +428,13 @@ impl RowPlan {
     #[inline]
     fn step<T: Logit>(&self, edit: usize, index: usize, value: T) -> T {
         let allowed = |id| self.bitmask(id).allows(index);
-        T::from_f32(self.edits[edit].value(index, value.to_f32(), allowed, self.band(edit)))
+        T::from_f32(self.edits[edit].value_shaped(
+            index,
+            value.to_f32(),
+            allowed,
+            self.band(edit),
+            self.shape(edit),
+        ))
     }
 
     /// Applies the plan to `row` in place. On error (a token outside the row) the row is untouched.
@@ -357,14 +449,18 @@ impl RowPlan {
     /// no edit before it reads an f32 row in place). Nothing to do without one.
     pub fn resolve_truncations<T: Logit>(&mut self, row: &[T]) {
         self.bands.clear();
+        self.shapes.clear();
+        self.observations.clear();
         let mut scratch: Option<Box<Vec<T>>> = None;
         let mut done = 0;
         for at in 0..self.edits.len() {
-            let Edit::Truncate(rule) = self.edits[at] else {
-                continue;
+            let rule = match self.edits[at] {
+                Edit::Truncate(rule) => Reduction::Band(rule),
+                Edit::Reshape(rule) => Reduction::Shape(rule),
+                _ => continue,
             };
-            let band = match (at, T::as_f32(row)) {
-                (0, Some(values)) => rule.band(values, &mut self.selection),
+            let resolved = match (at, T::as_f32(row)) {
+                (0, Some(values)) => rule.resolve(values, &mut self.selection),
                 _ => {
                     let scratch = scratch.get_or_insert_with(|| {
                         let mut copy = match self.scratch.take() {
@@ -378,16 +474,54 @@ impl RowPlan {
                     self.run(done..at, scratch, Fill::Cached);
                     done = at;
                     match T::as_f32(scratch) {
-                        Some(values) => rule.band(values, &mut self.selection),
+                        Some(values) => rule.resolve(values, &mut self.selection),
                         None => {
                             self.values.clear();
                             self.values.extend(scratch.iter().map(|x| x.to_f32()));
-                            rule.band(&self.values, &mut self.selection)
+                            rule.resolve(&self.values, &mut self.selection)
                         }
                     }
                 }
             };
-            self.bands.push((at, band));
+            match (resolved, rule) {
+                (Resolved::Band(band), Reduction::Band(rule)) if rule.observes() => {
+                    // The values the rule read: the row in place, or the copy with the edits
+                    // before it applied.
+                    let read: &[T] = match (at, T::as_f32(row), &scratch) {
+                        (0, Some(_), _) | (_, _, None) => row,
+                        (_, _, Some(scratch)) => scratch,
+                    };
+                    let owned: Vec<f32>;
+                    let values = match T::as_f32(read) {
+                        Some(values) => values,
+                        None => {
+                            owned = read.iter().map(|x| x.to_f32()).collect();
+                            &owned
+                        }
+                    };
+                    self.observe(at, rule, values, band);
+                    self.bands.push((at, band));
+                }
+                (Resolved::Band(band), _) => self.bands.push((at, band)),
+                (Resolved::Shape(shape), Reduction::Shape(rule)) if rule.observes() => {
+                    // The row the rule read, kept whole (one copy) with its softmax's maximum
+                    // and sum, for the processor's next step.
+                    if let Shape::AdaptiveP { max, scale, .. } = shape {
+                        let read: &[T] = match (at, T::as_f32(row), &scratch) {
+                            (0, Some(_), _) | (_, _, None) => row,
+                            (_, _, Some(scratch)) => scratch,
+                        };
+                        let values = read.iter().map(|x| x.to_f32()).collect();
+                        self.observations.push((
+                            at,
+                            Edit::Reshape(rule),
+                            Observed::Row { values, max, scale },
+                        ));
+                    }
+                    self.shapes.push((at, shape));
+                }
+                (Resolved::Shape(shape), _) => self.shapes.push((at, shape)),
+            }
         }
         if let Some(scratch) = scratch {
             self.scratch = Some(scratch);
@@ -527,6 +661,7 @@ impl RowPlan {
                         Edit::Scale { temperature } => T::divide_row(chunk, temperature),
                         Edit::Mask(id) => mask_chunk(chunk, start, self.bitmask(id)),
                         Edit::Truncate(_) => kernels::remove_outside(chunk, self.band(i)),
+                        Edit::Reshape(_) => self.shape(i).apply_row(chunk),
                         _ => unreachable!("only dense edits are listed"),
                     }
                 }
@@ -573,21 +708,65 @@ impl RowPlan {
     pub fn apply_edit_by_edit<T: Logit>(&self, row: &mut [T]) -> Result<()> {
         self.validate(row.len())?;
         for (i, edit) in self.edits.iter().enumerate() {
-            let band = match edit {
+            let values = || row.iter().map(|x| x.to_f32()).collect::<Vec<f32>>();
+            let (band, shape) = match edit {
                 // The rule's own resolution, checked against sorts in `truncation`'s tests; here
                 // the point is the plan's composition.
-                Edit::Truncate(rule) => {
-                    let values: Vec<f32> = row.iter().map(|x| x.to_f32()).collect();
-                    rule.band(&values, &mut Default::default())
-                }
-                _ => Band::ALL,
+                Edit::Truncate(rule) => (
+                    rule.band(&values(), &mut Default::default()),
+                    Shape::Identity,
+                ),
+                Edit::Reshape(rule) => (Band::ALL, rule.shape(&values())),
+                _ => (Band::ALL, Shape::Identity),
             };
             for (index, x) in row.iter_mut().enumerate() {
                 let allowed = |id| self.bitmask(id).allows(index);
-                *x = T::from_f32(self.edits[i].value(index, x.to_f32(), allowed, band));
+                *x = T::from_f32(self.edits[i].value_shaped(
+                    index,
+                    x.to_f32(),
+                    allowed,
+                    band,
+                    shape,
+                ));
             }
         }
         Ok(())
+    }
+}
+
+/// What an observing edit's pass left for its processor: the edit's index, the edit, and what it
+/// saw.
+type Observation = (usize, Edit, Observed);
+
+enum Observed {
+    /// A truncation's kept tokens, each with its probability among them, by token.
+    Kept(Vec<(u32, f32)>),
+    /// The row a reshape read, with its softmax's maximum and sum.
+    Row {
+        values: Vec<f32>,
+        max: f32,
+        scale: f32,
+    },
+}
+
+/// A rule that reads the row before its edit: a truncation's band or a reshape's shape.
+#[derive(Clone, Copy)]
+enum Reduction {
+    Band(Truncation),
+    Shape(Reshape),
+}
+
+enum Resolved {
+    Band(Band),
+    Shape(Shape),
+}
+
+impl Reduction {
+    fn resolve(&self, values: &[f32], work: &mut crate::truncation::Work) -> Resolved {
+        match self {
+            Reduction::Band(rule) => Resolved::Band(rule.band(values, work)),
+            Reduction::Shape(rule) => Resolved::Shape(rule.shape(values)),
+        }
     }
 }
 
@@ -697,6 +876,22 @@ mod tests {
                 epsilon,
                 min_keep: 3
             })),
+            (-1.0f32..3.0).prop_map(|n| Edit::Truncate(Truncation::TopNSigma { n })),
+            (0.0f32..1.0).prop_map(|a| Edit::Truncate(Truncation::TopA { a, min_keep: 2 })),
+            (0.0f32..1.0).prop_map(|z| Edit::Truncate(Truncation::TailFree { z, min_keep: 1 })),
+            (0.0f32..0.5).prop_map(|threshold| Edit::Truncate(Truncation::Xtc {
+                threshold,
+                min_keep: 2
+            })),
+            (0.0f32..2.0, -0.5f32..1.5, 0.0f32..3.0).prop_map(|(temperature, range, exponent)| {
+                Edit::Reshape(Reshape::DynamicTemperature {
+                    temperature,
+                    range,
+                    exponent,
+                })
+            }),
+            (-1.0f32..2.0, -1.0f32..2.0)
+                .prop_map(|(k, s)| Edit::Reshape(Reshape::Smoothing { k, s })),
         ]
     }
 

@@ -78,6 +78,27 @@ pub enum Truncation {
     Epsilon { epsilon: f32, min_keep: u32 },
     /// Values whose probability is at least `min(epsilon, sqrt(epsilon) * exp(-entropy))`.
     Eta { epsilon: f32, min_keep: u32 },
+    /// Values at least `max - n * sigma`, `sigma` the population standard deviation of the finite
+    /// values (llama.cpp's top-n-sigma; `n <= 0` keeps everything).
+    TopNSigma { n: f32 },
+    /// Values whose probability is at least `a` times the square of the largest probability.
+    TopA { a: f32, min_keep: u32 },
+    /// Tail-free sampling: the largest values until the cumulative normalized second derivative
+    /// of the sorted probabilities passes `z`.
+    TailFree { z: f32, min_keep: u32 },
+    /// XTC's cut, when its draw says it applies: every value above the least likely one whose
+    /// probability is at least `threshold` is removed.
+    Xtc { threshold: f32, min_keep: u32 },
+    /// Mirostat 1: the `k` largest values, `k` from the target surprise `mu` and a Zipf exponent
+    /// estimated from the `m` largest; `key` tells one step's rule from another's.
+    MirostatV1 {
+        mu: f32,
+        m: u32,
+        n_vocab: u32,
+        key: u32,
+    },
+    /// Mirostat 2: the values whose surprise `-log2 p` is at most `mu` (at least the largest).
+    MirostatV2 { mu: f32, key: u32 },
 }
 
 impl Truncation {
@@ -90,6 +111,15 @@ impl Truncation {
             Truncation::Typical { mass, .. } => ("mass", mass, mass > 0.0 && mass < 1.0),
             Truncation::Epsilon { epsilon, .. } | Truncation::Eta { epsilon, .. } => {
                 ("epsilon", epsilon, epsilon > 0.0 && epsilon < 1.0)
+            }
+            Truncation::TopNSigma { n } => ("n", n, n.is_finite()),
+            Truncation::TopA { a, .. } => ("a", a, (0.0..=1.0).contains(&a)),
+            Truncation::TailFree { z, .. } => ("z", z, (0.0..=1.0).contains(&z)),
+            Truncation::Xtc { threshold, .. } => {
+                ("threshold", threshold, (0.0..=1.0).contains(&threshold))
+            }
+            Truncation::MirostatV1 { mu, .. } | Truncation::MirostatV2 { mu, .. } => {
+                ("mu", mu, mu.is_finite())
             }
         };
         if !ok {
@@ -111,6 +141,39 @@ impl Truncation {
             Truncation::MinP { .. } => "0 <= p <= 1",
             Truncation::Typical { .. } => "0 < mass < 1",
             Truncation::Epsilon { .. } | Truncation::Eta { .. } => "0 < epsilon < 1",
+            Truncation::TopNSigma { .. } => "of finite numbers",
+            Truncation::TopA { .. } => "0 <= a <= 1",
+            Truncation::TailFree { .. } => "0 <= z <= 1",
+            Truncation::Xtc { .. } => "0 <= threshold <= 1",
+            Truncation::MirostatV1 { .. } | Truncation::MirostatV2 { .. } => "of finite numbers",
+        }
+    }
+
+    /// Whether only the CPU path has this rule (the CUDA kernel has top-k, top-p, min-p,
+    /// typical, epsilon and eta).
+    pub fn on_cpu_only(&self) -> bool {
+        matches!(
+            self,
+            Truncation::TopNSigma { .. }
+                | Truncation::TopA { .. }
+                | Truncation::TailFree { .. }
+                | Truncation::Xtc { .. }
+                | Truncation::MirostatV1 { .. }
+                | Truncation::MirostatV2 { .. }
+        )
+    }
+
+    /// Whether the rule's pass keeps the kept tokens' probabilities for its processor's next
+    /// step ([`crate::RowPlan::observed`]): mirostat's.
+    pub fn observes(&self) -> bool {
+        self.key().is_some()
+    }
+
+    /// The step key of a rule that observes.
+    pub fn key(&self) -> Option<u32> {
+        match *self {
+            Truncation::MirostatV1 { key, .. } | Truncation::MirostatV2 { key, .. } => Some(key),
+            _ => None,
         }
     }
 
@@ -121,7 +184,13 @@ impl Truncation {
             | Truncation::MinP { min_keep, .. }
             | Truncation::Typical { min_keep, .. }
             | Truncation::Epsilon { min_keep, .. }
-            | Truncation::Eta { min_keep, .. } => min_keep,
+            | Truncation::Eta { min_keep, .. }
+            | Truncation::TopA { min_keep, .. }
+            | Truncation::TailFree { min_keep, .. }
+            | Truncation::Xtc { min_keep, .. } => min_keep,
+            Truncation::TopNSigma { .. }
+            | Truncation::MirostatV1 { .. }
+            | Truncation::MirostatV2 { .. } => 1,
         }
     }
 
@@ -149,7 +218,21 @@ impl Truncation {
 
     #[inline(always)]
     fn band_portable(&self, values: &[f32], work: &mut Work) -> Band {
+        use crate::processors::{mirostat, tail_free, top_a, top_n_sigma, xtc};
         let min_keep = self.min_keep() as usize;
+        match *self {
+            Truncation::TopNSigma { n } => return top_n_sigma::band(values, n),
+            Truncation::TopA { a, .. } => return top_a::band(values, a, min_keep, work),
+            Truncation::TailFree { z, .. } => return tail_free::band(values, z, min_keep, work),
+            Truncation::Xtc { threshold, .. } => {
+                return xtc::band(values, threshold, min_keep, work)
+            }
+            Truncation::MirostatV2 { mu, .. } => return mirostat::band_v2(values, mu, work),
+            Truncation::MirostatV1 { mu, m, n_vocab, .. } => {
+                return mirostat::band_v1(values, mu, m, n_vocab, work)
+            }
+            _ => {}
+        }
         if let Truncation::TopK { k, min_keep } = *self {
             return Band {
                 lo: kth_largest(values, k.max(min_keep) as usize, work),
@@ -173,7 +256,13 @@ impl Truncation {
             return Band::ALL;
         }
         let lo = match *self {
-            Truncation::TopK { .. } => unreachable!("resolved above"),
+            Truncation::TopK { .. }
+            | Truncation::TopNSigma { .. }
+            | Truncation::TopA { .. }
+            | Truncation::TailFree { .. }
+            | Truncation::Xtc { .. }
+            | Truncation::MirostatV1 { .. }
+            | Truncation::MirostatV2 { .. } => unreachable!("resolved above"),
             Truncation::TopP { p, .. } => match top_p(values, max, p, work) {
                 Some(lo) => lo,
                 None => return Band::ALL,
@@ -211,7 +300,7 @@ pub type Work = Vec<(u32, u64, f32)>;
 /// The largest non-NaN value under `f32::total_cmp` order (`-inf` when there is none): the
 /// softmax's maximum.
 #[inline(always)]
-fn largest(values: &[f32]) -> f32 {
+pub(crate) fn largest(values: &[f32]) -> f32 {
     #[cfg(target_arch = "x86_64")]
     let max = if std::arch::is_x86_feature_detected!("avx") {
         // SAFETY: the CPU has AVX.
@@ -268,7 +357,12 @@ const LANES: usize = 16;
 /// `f32::total_cmp` order: NaN never, `-0.0` and `0.0` together), each with `weight(x)`.
 /// Most rows have few such values; blocks without one cost a compare.
 #[inline(always)]
-fn collect_from(values: &[f32], floor: f32, work: &mut Work, weight: impl Fn(f32) -> u64) {
+pub(crate) fn collect_from(
+    values: &[f32],
+    floor: f32,
+    work: &mut Work,
+    weight: impl Fn(f32) -> u64,
+) {
     work.clear();
     #[cfg(target_arch = "x86_64")]
     if std::arch::is_x86_feature_detected!("avx2") && std::arch::is_x86_feature_detected!("fma") {
@@ -315,7 +409,7 @@ fn collect_from_avx2(values: &[f32], floor: f32, work: &mut Work, weight: &impl 
 /// exact, and when there are fewer than k the whole row is selected from. `-inf` values are never
 /// collected: a row a grammar masked is mostly `-inf`, and selecting among them all is slow.
 #[inline(always)]
-fn kth_largest(values: &[f32], k: usize, work: &mut Work) -> f32 {
+pub(crate) fn kth_largest(values: &[f32], k: usize, work: &mut Work) -> f32 {
     if k == 0 {
         return f32::NEG_INFINITY;
     }
@@ -883,6 +977,14 @@ mod tests {
             keep[i] = true;
         }
         match *rule {
+            Truncation::TopNSigma { .. }
+            | Truncation::TopA { .. }
+            | Truncation::TailFree { .. }
+            | Truncation::Xtc { .. }
+            | Truncation::MirostatV1 { .. }
+            | Truncation::MirostatV2 { .. } => {
+                unreachable!("tested against their definitions in their own files")
+            }
             Truncation::TopK { k, min_keep } => {
                 let kth = x[order[(k.max(min_keep) as usize).min(n) - 1]];
                 (0..n).for_each(|i| keep[i] = x[i] >= kth);
@@ -978,9 +1080,14 @@ mod tests {
             return Band::ALL;
         }
         let lo = match *rule {
-            Truncation::TopK { .. } | Truncation::Typical { .. } => {
-                return rule.band(values, &mut vec![])
-            }
+            Truncation::TopK { .. }
+            | Truncation::Typical { .. }
+            | Truncation::TopNSigma { .. }
+            | Truncation::TopA { .. }
+            | Truncation::TailFree { .. }
+            | Truncation::Xtc { .. }
+            | Truncation::MirostatV1 { .. }
+            | Truncation::MirostatV2 { .. } => return rule.band(values, &mut vec![]),
             Truncation::TopP { p, .. } => {
                 let mut by_key: Vec<(u32, u64, f32)> = values
                     .iter()

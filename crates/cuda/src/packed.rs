@@ -116,10 +116,12 @@ impl Op {
         Op::Set,
     ];
 
-    /// The op that carries out `edit`. Exhaustive: a new kind of edit does not compile until it
-    /// has an op here (and then in the kernel, through [`kernel_header`]).
-    pub fn of(edit: &Edit) -> Op {
-        match edit {
+    /// The op that carries out `edit`; `None` for an edit the kernel does not have (a
+    /// [`Edit::Reshape`]: plans holding one are refused, [`RowPlan::cpu_only`]). Exhaustive: a new
+    /// kind of edit does not compile until it is given an op here (and then in the kernel, through
+    /// [`kernel_header`]) or refused.
+    pub fn of(edit: &Edit) -> Option<Op> {
+        Some(match edit {
             Edit::Scale { .. } => Op::Scale,
             Edit::Force {
                 value: ForcedValue::Keep,
@@ -136,7 +138,8 @@ impl Op {
             Edit::Set { .. } => Op::Set,
             Edit::Mask(_) => Op::Mask,
             Edit::Truncate(_) => Op::Truncate,
-        }
+            Edit::Reshape(_) => return None,
+        })
     }
 
     /// Its name in the kernel source.
@@ -184,9 +187,10 @@ impl Rule {
         Rule::Eta,
     ];
 
-    /// The rule's code, its parameter's bits and `min_keep`, as a band record holds them.
-    pub fn of(rule: &Truncation) -> (Rule, u32, u32) {
-        match *rule {
+    /// The rule's code, its parameter's bits and `min_keep`, as a band record holds them; `None`
+    /// for a rule the kernel does not have ([`Truncation::on_cpu_only`]).
+    pub fn of(rule: &Truncation) -> Option<(Rule, u32, u32)> {
+        Some(match *rule {
             Truncation::TopK { k, min_keep } => (Rule::TopK, k, min_keep),
             Truncation::TopP { p, min_keep } => (Rule::TopP, p.to_bits(), min_keep),
             Truncation::MinP { p, min_keep } => (Rule::MinP, p.to_bits(), min_keep),
@@ -195,7 +199,13 @@ impl Rule {
                 (Rule::Epsilon, epsilon.to_bits(), min_keep)
             }
             Truncation::Eta { epsilon, min_keep } => (Rule::Eta, epsilon.to_bits(), min_keep),
-        }
+            Truncation::TopNSigma { .. }
+            | Truncation::TopA { .. }
+            | Truncation::TailFree { .. }
+            | Truncation::Xtc { .. }
+            | Truncation::MirostatV1 { .. }
+            | Truncation::MirostatV2 { .. } => return None,
+        })
     }
 
     /// The rule a band record holds.
@@ -417,7 +427,7 @@ impl PackedPlans {
         let mut segment_force = NO_TOKEN;
         let mut truncations = 0;
         for (at, edit) in edits.iter().enumerate() {
-            let op = Op::of(edit);
+            let op = Op::of(edit).ok_or_else(|| unsupported(row, edit))?;
             if edit.is_sparse() {
                 let (token, value) = match *edit {
                     Edit::Ban { token } => (token, 0),
@@ -460,7 +470,8 @@ impl PackedPlans {
                     [op as u32, offset, len as u32, mask.beyond_allowed as u32]
                 }
                 Edit::Truncate(rule) => {
-                    let (code, parameter, min_keep) = Rule::of(&rule);
+                    let (code, parameter, min_keep) =
+                        Rule::of(&rule).ok_or_else(|| unsupported(row, edit))?;
                     let offset = self.words.len() as u32;
                     let all = Band::ALL;
                     self.words.extend_from_slice(&[
@@ -483,6 +494,7 @@ impl PackedPlans {
                 | Edit::Penalty { .. }
                 | Edit::AddScaledAbs { .. }
                 | Edit::Set { .. } => unreachable!(),
+                Edit::Reshape(_) => unreachable!("refused by `Op::of` above"),
             };
             let at = dense_begin + dense * DENSE_WORDS;
             self.words[at..at + DENSE_WORDS].copy_from_slice(&words);
@@ -521,6 +533,13 @@ impl PackedPlans {
         self.words.extend_from_slice(&self.survivors);
         Ok(desc)
     }
+}
+
+/// The error for an edit the kernel does not carry out.
+fn unsupported(row: usize, edit: &Edit) -> CudaError {
+    CudaError::Unsupported(format!(
+        "row {row}'s plan holds {edit:?}, which only the CPU path carries out"
+    ))
 }
 
 /// Blocks per row for a vocab: `ceil(vocab / TILE)`.
@@ -574,7 +593,7 @@ mod tests {
         }
         for rule in Rule::ALL {
             let t = Rule::decode(rule as u32, 0x3f00_0000, 3).unwrap();
-            assert_eq!(Rule::of(&t).0, rule);
+            assert_eq!(Rule::of(&t).unwrap().0, rule);
         }
     }
 

@@ -365,3 +365,49 @@ fn sets_after_a_force_survive_as_on_the_cpu() {
     assert_eq!(d[1], 1023);
     assert_eq!(&w[d[8] as usize..(d[8] + d[9]) as usize], &[7, 1024]);
 }
+
+#[test]
+fn plans_only_the_cpu_path_carries_out_are_refused_as_unsupported() {
+    use logits_processing::{Edit, Reshape, Truncation};
+    let mut packed = PackedPlans::new();
+    let edits = [
+        Edit::Reshape(Reshape::Smoothing { k: 1.0, s: 0.0 }),
+        Edit::Reshape(Reshape::DynamicTemperature {
+            temperature: 1.0,
+            range: 0.5,
+            exponent: 1.0,
+        }),
+        Edit::Truncate(Truncation::TopNSigma { n: 1.0 }),
+        Edit::Truncate(Truncation::TopA {
+            a: 0.1,
+            min_keep: 1,
+        }),
+        Edit::Truncate(Truncation::TailFree {
+            z: 0.9,
+            min_keep: 1,
+        }),
+        Edit::Truncate(Truncation::Xtc {
+            threshold: 0.1,
+            min_keep: 1,
+        }),
+        Edit::Truncate(Truncation::MirostatV2 { mu: 10.0, key: 0 }),
+        Edit::Truncate(Truncation::MirostatV1 {
+            mu: 10.0,
+            m: 100,
+            n_vocab: 3,
+            key: 0,
+        }),
+    ];
+    for edit in edits {
+        let plan = plan_of(&[Edit::Ban { token: 1 }, edit]);
+        assert!(plan.cpu_only());
+        assert!(
+            matches!(
+                packed.pack(|| [(0usize, &plan)].into_iter(), 1, 3),
+                Err(CudaError::Unsupported(_))
+            ),
+            "{edit:?}"
+        );
+        assert_eq!(packed.slots(), 0);
+    }
+}

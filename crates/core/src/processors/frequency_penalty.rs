@@ -4,7 +4,7 @@ use serde::{Deserialize, Serialize};
 use crate::error::Result;
 use crate::history::TokenHistory;
 use crate::plan::{Edit, RowPlan};
-use crate::processors::counts::TokenCounts;
+use crate::processors::counts::{window_of, TokenCounts};
 use crate::processors::repetition_penalty::vocab_limit;
 use crate::processors::LogitsProcessor;
 use crate::spec::{KindSpec, SpecContext};
@@ -14,10 +14,15 @@ use crate::spec::{KindSpec, SpecContext};
 #[serde(deny_unknown_fields)]
 pub struct FrequencyPenaltySpec {
     pub penalty: f64,
+    /// Only the last `window` generated ids count (llama.cpp's `penalty_last_n`; -1 or absent:
+    /// all of them, 0: none).
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub window: Option<i64>,
 }
 
 impl KindSpec for FrequencyPenaltySpec {
     fn check(&self) -> Result<()> {
+        window_of(self.window)?;
         check_openai_penalty(self.penalty)
     }
 
@@ -26,11 +31,10 @@ impl KindSpec for FrequencyPenaltySpec {
         context: &SpecContext,
         prompt_len: usize,
     ) -> Result<Box<dyn LogitsProcessor>> {
-        Ok(Box::new(FrequencyPenalty::new(
-            self.penalty,
-            prompt_len,
-            context.vocab_size,
-        )?))
+        Ok(Box::new(
+            FrequencyPenalty::new(self.penalty, prompt_len, context.vocab_size)?
+                .with_window(window_of(self.window)?),
+        ))
     }
 }
 
@@ -69,6 +73,13 @@ pub struct FrequencyPenalty {
 }
 
 impl FrequencyPenalty {
+    /// Only the last `window` ids in scope count (llama.cpp's `penalty_last_n`), updated as
+    /// incrementally as the rest: each step adds the new ids and takes out those that left.
+    pub fn with_window(mut self, window: Option<usize>) -> Self {
+        self.counts = self.counts.with_window(window);
+        self
+    }
+
     pub fn new(penalty: f64, prompt_len: usize, vocab_size: Option<usize>) -> Result<Self> {
         check_openai_penalty(penalty)?;
         Ok(Self {

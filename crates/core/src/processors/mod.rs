@@ -1,11 +1,14 @@
 //! The built-in processors, one file each, and the trait they share.
 
+pub(crate) mod adaptive_p;
 mod allowed_token_ids;
 mod bad_words;
 mod ban_tokens;
 mod bitmask;
 mod counts;
 mod cursor;
+mod dry;
+pub(crate) mod dynamic_temperature;
 mod eos;
 mod exponential_decay_length_penalty;
 mod forced_eos;
@@ -18,22 +21,31 @@ mod logit_bias;
 mod matcher;
 mod min_length;
 mod min_new_tokens;
+pub(crate) mod mirostat;
 mod no_repeat_ngram;
 mod presence_penalty;
 mod repetition_penalty;
 mod sequence_bias;
+pub(crate) mod smoothing;
 mod suppress_tokens_at_begin;
+pub(crate) mod tail_free;
 mod temperature;
 #[cfg(test)]
 mod tests;
 mod thinking_budget;
 mod thinking_config;
+pub(crate) mod top_a;
+pub(crate) mod top_n_sigma;
 mod truncate;
+pub(crate) mod xtc;
 
+pub use adaptive_p::{AdaptiveP, AdaptivePSpec};
 pub use allowed_token_ids::{AllowedTokenIds, AllowedTokenIdsSpec};
 pub use bad_words::{BadWords, BadWordsSpec};
 pub use ban_tokens::{BanTokens, BanTokensSpec};
 pub use bitmask::{BitmaskSpec, CallerBitmask};
+pub use dry::{Dry, DrySpec};
+pub use dynamic_temperature::{DynamicTemperature, DynamicTemperatureSpec};
 pub use exponential_decay_length_penalty::{
     ExponentialDecayLengthPenalty, ExponentialDecayLengthPenaltySpec,
 };
@@ -46,20 +58,26 @@ pub use hello_world::{hello_world, HelloWorldSpec, TextEncoder, HELLO_WORLD_TEXT
 pub use logit_bias::{LogitBias, LogitBiasSpec};
 pub use min_length::{MinLength, MinLengthSpec};
 pub use min_new_tokens::{MinNewTokens, MinNewTokensSpec};
+pub use mirostat::{Mirostat, MirostatSpec};
 pub use no_repeat_ngram::{NoRepeatNGram, NoRepeatNGramSpec};
 pub use presence_penalty::{PresencePenalty, PresencePenaltySpec};
 pub use repetition_penalty::{RepetitionPenalty, RepetitionPenaltySpec, Scope};
 pub use sequence_bias::{SequenceBias, SequenceBiasSpec};
+pub use smoothing::{Smoothing, SmoothingSpec};
 pub use suppress_tokens_at_begin::{SuppressTokensAtBegin, SuppressTokensAtBeginSpec};
+pub use tail_free::TailFreeSpec;
 pub use temperature::{Temperature, TemperatureSpec};
 pub use thinking_budget::{ThinkingBudget, ThinkingBudgetSpec, CHECKED_TAIL};
 pub use thinking_config::{
     get_thinking_token_config, lookup_thinking_token_config, register_thinking_token_config,
     thinking_token_table, ThinkingTokenConfig,
 };
+pub use top_a::TopASpec;
+pub use top_n_sigma::TopNSigmaSpec;
 pub use truncate::{
     EpsilonCutoffSpec, EtaCutoffSpec, MinPSpec, TopKSpec, TopPSpec, Truncate, TypicalPSpec,
 };
+pub use xtc::{Xtc, XtcSpec};
 
 use crate::error::Result;
 use crate::history::TokenHistory;
@@ -75,6 +93,7 @@ pub(crate) static KINDS: &[Kind] = &[
     Kind::new::<RepetitionPenaltySpec>("repetition_penalty"),
     Kind::new::<FrequencyPenaltySpec>("frequency_penalty"),
     Kind::new::<PresencePenaltySpec>("presence_penalty"),
+    Kind::new::<DrySpec>("dry"),
     Kind::new::<ExponentialDecayLengthPenaltySpec>("exponential_decay_length_penalty"),
     // Bans and allowed ids, then the kinds that force a token.
     Kind::new::<BanTokensSpec>("ban_tokens"),
@@ -95,14 +114,27 @@ pub(crate) static KINDS: &[Kind] = &[
     Kind::new::<HelloWorldSpec>("hello_world"),
     // (User processors go here: see `USER_STEPS_BEFORE`.)
     Kind::new::<ThinkingBudgetSpec>("thinking_budget"),
+    // Value transforms that read the row: quadratic smoothing before any temperature, as
+    // text-generation-webui runs it; llama.cpp's dynamic temperature in the temperature's place.
+    Kind::new::<SmoothingSpec>("smoothing"),
     Kind::new::<TemperatureSpec>("temperature"),
-    // Truncation, in transformers' order.
+    Kind::new::<DynamicTemperatureSpec>("dynamic_temperature"),
+    // Truncation, in transformers' order, then the samplers of llama.cpp and
+    // text-generation-webui, XTC last (it removes the most likely tokens that the others keep).
     Kind::new::<TopKSpec>("top_k"),
     Kind::new::<TopPSpec>("top_p"),
     Kind::new::<MinPSpec>("min_p"),
     Kind::new::<TypicalPSpec>("typical_p"),
     Kind::new::<EpsilonCutoffSpec>("epsilon_cutoff"),
     Kind::new::<EtaCutoffSpec>("eta_cutoff"),
+    Kind::new::<TopNSigmaSpec>("top_n_sigma"),
+    Kind::new::<TopASpec>("top_a"),
+    Kind::new::<TailFreeSpec>("tail_free"),
+    Kind::new::<XtcSpec>("xtc"),
+    // Mirostat last: it reads the row the others left and its next step reads what it kept.
+    Kind::new::<MirostatSpec>("mirostat"),
+    // adaptive-p last too, as llama.cpp chains it: its next step reads the row its pass read.
+    Kind::new::<AdaptivePSpec>("adaptive_p"),
 ];
 
 /// Kinds whose edits depend on nothing a request accumulates: neither its ids nor how many steps
@@ -121,6 +153,11 @@ static HISTORY_FREE: &[&str] = &[
     "typical_p",
     "epsilon_cutoff",
     "eta_cutoff",
+    "smoothing",
+    "dynamic_temperature",
+    "top_n_sigma",
+    "top_a",
+    "tail_free",
 ];
 
 /// Whether a spec of `kind` reads the request's token ids (or counts its steps); see
@@ -140,6 +177,11 @@ static TRUNCATIONS: &[&str] = &[
     "typical_p",
     "epsilon_cutoff",
     "eta_cutoff",
+    "top_n_sigma",
+    "top_a",
+    "tail_free",
+    "xtc",
+    "mirostat",
 ];
 
 /// Refuses a mask (allowed ids, a grammar, the caller's bitmask) listed after a truncation step:

@@ -4,7 +4,7 @@ use serde::{Deserialize, Serialize};
 use crate::error::Result;
 use crate::history::TokenHistory;
 use crate::plan::{Edit, RowPlan};
-use crate::processors::counts::TokenCounts;
+use crate::processors::counts::{window_of, TokenCounts};
 use crate::processors::frequency_penalty::check_openai_penalty;
 use crate::processors::repetition_penalty::vocab_limit;
 use crate::processors::LogitsProcessor;
@@ -15,10 +15,15 @@ use crate::spec::{KindSpec, SpecContext};
 #[serde(deny_unknown_fields)]
 pub struct PresencePenaltySpec {
     pub penalty: f64,
+    /// Only the last `window` generated ids count (llama.cpp's `penalty_last_n`; -1 or absent:
+    /// all of them, 0: none).
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub window: Option<i64>,
 }
 
 impl KindSpec for PresencePenaltySpec {
     fn check(&self) -> Result<()> {
+        window_of(self.window)?;
         check_openai_penalty(self.penalty)
     }
 
@@ -27,11 +32,10 @@ impl KindSpec for PresencePenaltySpec {
         context: &SpecContext,
         prompt_len: usize,
     ) -> Result<Box<dyn LogitsProcessor>> {
-        Ok(Box::new(PresencePenalty::new(
-            self.penalty,
-            prompt_len,
-            context.vocab_size,
-        )?))
+        Ok(Box::new(
+            PresencePenalty::new(self.penalty, prompt_len, context.vocab_size)?
+                .with_window(window_of(self.window)?),
+        ))
     }
 }
 
@@ -54,6 +58,13 @@ pub struct PresencePenalty {
 }
 
 impl PresencePenalty {
+    /// Only the last `window` ids in scope count (llama.cpp's `penalty_last_n`), updated as
+    /// incrementally as the rest: each step adds the new ids and takes out those that left.
+    pub fn with_window(mut self, window: Option<usize>) -> Self {
+        self.counts = self.counts.with_window(window);
+        self
+    }
+
     pub fn new(penalty: f64, prompt_len: usize, vocab_size: Option<usize>) -> Result<Self> {
         check_openai_penalty(penalty)?;
         Ok(Self {

@@ -4,7 +4,7 @@ use serde::{Deserialize, Serialize};
 use crate::error::{Error, Result};
 use crate::history::TokenHistory;
 use crate::plan::{Edit, RowPlan};
-use crate::processors::counts::TokenCounts;
+use crate::processors::counts::{window_of, TokenCounts};
 use crate::processors::LogitsProcessor;
 use crate::spec::{KindSpec, SpecContext};
 
@@ -28,10 +28,15 @@ pub struct RepetitionPenaltySpec {
     pub penalty: f64,
     #[serde(default)]
     pub scope: Scope,
+    /// Only the last `window` ids in scope count (llama.cpp's `penalty_last_n`; -1 or absent:
+    /// all of them, 0: none).
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub window: Option<i64>,
 }
 
 impl KindSpec for RepetitionPenaltySpec {
     fn check(&self) -> Result<()> {
+        window_of(self.window)?;
         RepetitionPenalty::new(self.penalty, self.scope, 0, None).map(drop)
     }
 
@@ -40,12 +45,10 @@ impl KindSpec for RepetitionPenaltySpec {
         context: &SpecContext,
         prompt_len: usize,
     ) -> Result<Box<dyn LogitsProcessor>> {
-        Ok(Box::new(RepetitionPenalty::new(
-            self.penalty,
-            self.scope,
-            prompt_len,
-            context.vocab_size,
-        )?))
+        Ok(Box::new(
+            RepetitionPenalty::new(self.penalty, self.scope, prompt_len, context.vocab_size)?
+                .with_window(window_of(self.window)?),
+        ))
     }
 }
 
@@ -76,6 +79,13 @@ pub struct RepetitionPenalty {
 }
 
 impl RepetitionPenalty {
+    /// Only the last `window` ids in scope count (llama.cpp's `penalty_last_n`), updated as
+    /// incrementally as the rest: each step adds the new ids and takes out those that left.
+    pub fn with_window(mut self, window: Option<usize>) -> Self {
+        self.counts = self.counts.with_window(window);
+        self
+    }
+
     /// `prompt_len` bounds the scopes `output` and `prompt`; ids at or above `vocab_size` (when
     /// given) are skipped.
     pub fn new(

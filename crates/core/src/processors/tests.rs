@@ -101,6 +101,18 @@ fn min_keep() -> impl Strategy<Value = u32> {
     1u32..4
 }
 
+/// A penalty's window: absent, -1 (all), 0 (none) or a few ids.
+fn window() -> impl Strategy<Value = Option<i64>> {
+    prop_oneof![Just(None), Just(Some(-1)), (0i64..6).prop_map(Some)]
+}
+
+fn with_window(mut spec: Value, window: Option<i64>) -> Value {
+    if let Some(w) = window {
+        spec["window"] = json!(w);
+    }
+    spec
+}
+
 /// A spec of every kind, with parameters in range.
 fn spec_of(kind: &'static str) -> BoxedStrategy<Value> {
     match kind {
@@ -122,14 +134,14 @@ fn spec_of(kind: &'static str) -> BoxedStrategy<Value> {
         "eta_cutoff" => (0.001f64..0.5, min_keep())
             .prop_map(|(e, m)| json!({"kind": "eta_cutoff", "epsilon": e, "min_tokens_to_keep": m}))
             .boxed(),
-        "repetition_penalty" => (0.3f64..3.0, prop_oneof![Just("all"), Just("output"), Just("prompt")])
-            .prop_map(|(p, s)| json!({"kind": "repetition_penalty", "penalty": p, "scope": s}))
+        "repetition_penalty" => (0.3f64..3.0, prop_oneof![Just("all"), Just("output"), Just("prompt")], window())
+            .prop_map(|(p, s, w)| with_window(json!({"kind": "repetition_penalty", "penalty": p, "scope": s}), w))
             .boxed(),
-        "frequency_penalty" => (-2.0f64..2.0)
-            .prop_map(|p| json!({"kind": "frequency_penalty", "penalty": p}))
+        "frequency_penalty" => (-2.0f64..2.0, window())
+            .prop_map(|(p, w)| with_window(json!({"kind": "frequency_penalty", "penalty": p}), w))
             .boxed(),
-        "presence_penalty" => (-2.0f64..2.0)
-            .prop_map(|p| json!({"kind": "presence_penalty", "penalty": p}))
+        "presence_penalty" => (-2.0f64..2.0, window())
+            .prop_map(|(p, w)| with_window(json!({"kind": "presence_penalty", "penalty": p}), w))
             .boxed(),
         "no_repeat_ngram" => (1u32..5)
             .prop_map(|n| json!({"kind": "no_repeat_ngram", "n": n}))
@@ -185,6 +197,52 @@ fn spec_of(kind: &'static str) -> BoxedStrategy<Value> {
             .boxed(),
         // Nothing allowed until the caller's mask is copied in: the same plan every step.
         "bitmask" => Just(json!({"kind": "bitmask"})).boxed(),
+        "dry" => (
+            0.0f64..2.0,
+            1.0f64..3.0,
+            0u32..4,
+            prop_oneof![Just(-1i64), 0i64..20],
+            proptest::collection::vec(proptest::collection::vec(0u32..6, 1..3), 0..3),
+        )
+            .prop_map(|(m, b, a, n, breakers)| {
+                json!({"kind": "dry", "multiplier": m, "base": b, "allowed_length": a,
+                       "penalty_last_n": n, "sequence_breaker_ids": breakers})
+            })
+            .boxed(),
+        "mirostat" => (1u32..3, 0.5f64..8.0, 0.0f64..1.0, 2u32..50, proptest::option::of(0.0f64..12.0))
+            .prop_map(|(v, tau, eta, m, mu)| {
+                let mut spec = json!({"kind": "mirostat", "version": v, "tau": tau, "eta": eta, "m": m});
+                if let Some(mu) = mu {
+                    spec["mu"] = json!(mu);
+                }
+                spec
+            })
+            .boxed(),
+        "adaptive_p" => (-0.5f64..1.2, 0.0f64..1.0)
+            .prop_map(|(t, d)| json!({"kind": "adaptive_p", "target": t, "decay": d}))
+            .boxed(),
+        "top_n_sigma" => (-1.0f64..3.0)
+            .prop_map(|n| json!({"kind": "top_n_sigma", "n": n}))
+            .boxed(),
+        "top_a" => (0.0f64..1.0, min_keep())
+            .prop_map(|(a, m)| json!({"kind": "top_a", "a": a, "min_tokens_to_keep": m}))
+            .boxed(),
+        "tail_free" => (0.0f64..1.0, min_keep())
+            .prop_map(|(z, m)| json!({"kind": "tail_free", "z": z, "min_tokens_to_keep": m}))
+            .boxed(),
+        "xtc" => (0.0f64..1.0, 0.0f64..0.6, min_keep(), any::<u64>())
+            .prop_map(|(p, t, m, seed)| {
+                json!({"kind": "xtc", "probability": p, "threshold": t, "min_keep": m, "seed": seed})
+            })
+            .boxed(),
+        "dynamic_temperature" => (0.0f64..2.0, -0.5f64..1.5, 0.0f64..3.0)
+            .prop_map(|(t, r, e)| {
+                json!({"kind": "dynamic_temperature", "temperature": t, "range": r, "exponent": e})
+            })
+            .boxed(),
+        "smoothing" => (0.0f64..3.0, 0.0f64..4.0)
+            .prop_map(|(f, c)| json!({"kind": "smoothing", "factor": f, "curve": c}))
+            .boxed(),
         other => panic!("no strategy for {other}"),
     }
 }
@@ -237,6 +295,15 @@ resume_safe! {
     resume_safe_ban_tokens: "ban_tokens",
     resume_safe_logit_bias: "logit_bias",
     resume_safe_temperature: "temperature",
+    resume_safe_dry: "dry",
+    resume_safe_top_n_sigma: "top_n_sigma",
+    resume_safe_mirostat_without_a_pass: "mirostat",
+    resume_safe_adaptive_p_without_a_pass: "adaptive_p",
+    resume_safe_top_a: "top_a",
+    resume_safe_tail_free: "tail_free",
+    resume_safe_xtc: "xtc",
+    resume_safe_dynamic_temperature: "dynamic_temperature",
+    resume_safe_smoothing: "smoothing",
 }
 
 #[test]
@@ -364,7 +431,19 @@ fn every_new_kind_parses_and_writes_back_what_it_read() {
              "eos_token_ids": [2]},
             {"kind": "forced_eos", "max_length": 20, "eos_token_ids": [2]},
             {"kind": "suppress_tokens_at_begin", "token_ids": [4], "begin_index": 3},
-            {"kind": "suppress_tokens_at_begin", "token_ids": [4]}]"#,
+            {"kind": "suppress_tokens_at_begin", "token_ids": [4]},
+            {"kind": "repetition_penalty", "penalty": 1.1, "window": 64},
+            {"kind": "frequency_penalty", "penalty": 0.5, "window": -1},
+            {"kind": "presence_penalty", "penalty": 0.5, "window": 0},
+            {"kind": "top_n_sigma", "n": 1.5},
+            {"kind": "top_a", "a": 0.2},
+            {"kind": "tail_free", "z": 0.95, "min_tokens_to_keep": 2},
+            {"kind": "xtc", "probability": 0.5},
+            {"kind": "dynamic_temperature", "temperature": 0.8, "range": 0.3},
+            {"kind": "smoothing", "factor": 0.3},
+            {"kind": "dry", "multiplier": 0.8, "sequence_breaker_ids": [[3], [4, 5]]},
+            {"kind": "mirostat", "version": 1, "mu": 7.5},
+            {"kind": "adaptive_p", "target": 0.4}]"#,
     )
     .unwrap();
     for spec in &specs {
@@ -377,6 +456,29 @@ fn every_new_kind_parses_and_writes_back_what_it_read() {
         json!({"kind": "top_k", "k": 5, "min_tokens_to_keep": 1})
     );
     assert_eq!(specs[6].to_value()["scope"], "output");
+    assert_eq!(specs[19].to_value()["window"], 64);
+    assert_eq!(
+        specs[25].to_value(),
+        json!({"kind": "xtc", "probability": 0.5, "threshold": 0.1, "min_keep": 1, "seed": 0})
+    );
+    assert_eq!(
+        specs[26].to_value(),
+        json!({"kind": "dynamic_temperature", "temperature": 0.8, "range": 0.3, "exponent": 1.0})
+    );
+    assert_eq!(specs[27].to_value()["curve"], 1.0);
+    assert_eq!(
+        specs[28].to_value(),
+        json!({"kind": "dry", "multiplier": 0.8, "base": 1.75, "allowed_length": 2,
+               "penalty_last_n": 64, "sequence_breaker_ids": [[3], [4, 5]]})
+    );
+    assert_eq!(
+        specs[29].to_value(),
+        json!({"kind": "mirostat", "version": 1, "tau": 5.0, "eta": 0.1, "m": 100, "mu": 7.5})
+    );
+    assert_eq!(
+        specs[30].to_value(),
+        json!({"kind": "adaptive_p", "target": 0.4, "decay": 0.9})
+    );
 }
 
 #[test]
@@ -406,6 +508,52 @@ fn bad_values_are_refused_naming_the_field() {
         ),
         (r#"{"kind": "presence_penalty", "penalty": -3}"#, "penalty"),
         (r#"{"kind": "no_repeat_ngram", "n": 0}"#, "n"),
+        (
+            r#"{"kind": "repetition_penalty", "penalty": 1.1, "window": -2}"#,
+            "window",
+        ),
+        (
+            r#"{"kind": "frequency_penalty", "penalty": 1, "window": 1.5}"#,
+            "window",
+        ),
+        (r#"{"kind": "top_n_sigma", "n": 1e39}"#, "n"),
+        (r#"{"kind": "top_a", "a": 1.5}"#, "a"),
+        (r#"{"kind": "tail_free", "z": -0.1}"#, "z"),
+        (r#"{"kind": "xtc", "probability": 1.1}"#, "probability"),
+        (
+            r#"{"kind": "xtc", "probability": 1, "threshold": 2}"#,
+            "threshold",
+        ),
+        (
+            r#"{"kind": "xtc", "probability": 1, "min_keep": 0}"#,
+            "min_keep",
+        ),
+        (
+            r#"{"kind": "dynamic_temperature", "temperature": -1}"#,
+            "temperature",
+        ),
+        (
+            r#"{"kind": "dynamic_temperature", "temperature": 1, "exponent": -1}"#,
+            "exponent",
+        ),
+        (r#"{"kind": "smoothing", "factor": -1}"#, "factor"),
+        (r#"{"kind": "mirostat", "version": 3}"#, "version"),
+        (r#"{"kind": "mirostat", "version": 1, "m": 1}"#, "m"),
+        (r#"{"kind": "mirostat", "tau": 1e39}"#, "tau"),
+        (r#"{"kind": "adaptive_p", "target": 1e39}"#, "target"),
+        (r#"{"kind": "adaptive_p", "decay": 0.5}"#, "target"),
+        (
+            r#"{"kind": "dry", "multiplier": 1, "penalty_last_n": -2}"#,
+            "penalty_last_n",
+        ),
+        (
+            r#"{"kind": "dry", "multiplier": 1, "sequence_breakers": ["\n"]}"#,
+            "sequence_breakers",
+        ),
+        (
+            r#"{"kind": "dry", "multiplier": 1, "sequence_breaker_ids": [[1], []]}"#,
+            "sequence_breaker_ids[1]",
+        ),
         (
             r#"{"kind": "bad_words", "sequences": [[1], []]}"#,
             "sequences[1]",
@@ -456,6 +604,10 @@ fn bad_values_are_refused_naming_the_field() {
         assert_eq!(field_of(parse_pipeline(json).unwrap_err()), field, "{json}");
     }
     let out_of_vocab = [
+        (
+            r#"{"kind": "dry", "multiplier": 1, "sequence_breaker_ids": [[1, 99]]}"#,
+            "sequence_breaker_ids[0][1]",
+        ),
         (
             r#"{"kind": "bad_words", "sequences": [[1], [2, 12]]}"#,
             "sequences[1][1]",

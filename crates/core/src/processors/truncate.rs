@@ -53,7 +53,7 @@ impl LogitsProcessor for Truncate {
 }
 
 /// The default of `min_tokens_to_keep`.
-fn one() -> u32 {
+pub(crate) fn one() -> u32 {
     1
 }
 

@@ -267,6 +267,10 @@ pub fn resolve_band(rule: &Truncation, values: &[f32]) -> Band {
     let kth_key = |k: u32| {
         select_key(values, non_nan, k as f64, false).unwrap_or(order_key(f32::NEG_INFINITY))
     };
+    if rule.on_cpu_only() {
+        // Never packed (refused); the core's own band.
+        return rule.band(values, &mut Vec::new());
+    }
     if let Truncation::TopK { k, min_keep } = *rule {
         return Band {
             lo: from_order_key(kth_key(k.max(min_keep))),
@@ -294,7 +298,13 @@ pub fn resolve_band(rule: &Truncation, values: &[f32]) -> Band {
     }
     let min_keep = rule.min_keep();
     let lo_key = match *rule {
-        Truncation::TopK { .. } => unreachable!("resolved above"),
+        Truncation::TopK { .. }
+        | Truncation::TopNSigma { .. }
+        | Truncation::TopA { .. }
+        | Truncation::TailFree { .. }
+        | Truncation::Xtc { .. }
+        | Truncation::MirostatV1 { .. }
+        | Truncation::MirostatV2 { .. } => unreachable!("resolved above"),
         Truncation::MinP { .. } | Truncation::Epsilon { .. } | Truncation::Eta { .. } => {
             // Pass: the smallest value whose q reaches the threshold.
             let threshold = softmax.threshold(rule);

@@ -1,0 +1,166 @@
+use schemars::JsonSchema;
+use serde::{Deserialize, Serialize};
+
+use crate::error::Result;
+use crate::plan::{Band, Truncation};
+use crate::processors::truncate::{one, Truncate};
+use crate::processors::LogitsProcessor;
+use crate::spec::{KindSpec, SpecContext};
+use crate::truncation::{exp, kth_largest, order_key, Work};
+
+/// `{"kind": "tail_free", "z": 0.95, "min_tokens_to_keep": 1}`: tail-free sampling (Trenton
+/// Bricken's), as text-generation-webui's `TailFreeLogitsWarper` defines it: with the finite
+/// logits' probabilities sorted in decreasing order, `d2[i] = |p[i] - 2 p[i+1] + p[i+2]|`
+/// normalized to sum 1, the largest logit is kept, and the one after `i` + 1 sorted places while
+/// the cumulative sum of `d2` up to `i` is at most `z` (`0 <= z <= 1`); the least likely candidate
+/// always goes.
+///
+/// Differences: only finite logits are candidates (the webui's sort includes the zeros of
+/// `-inf` logits, whose step down adds to `d2`); ties at the cut are kept together. The rule needs
+/// the candidates in order, so a step sorts the finite logits (`O(n log n)`, the one kind here that
+/// does).
+///
+/// ```
+/// use logits_processing::{process_row, processors::Truncate, Truncation};
+/// let mut tfs = Truncate::new(Truncation::TailFree { z: 0.5, min_keep: 1 })?;
+/// let mut row = [3.0f32, 2.9, 0.0, -1.0, -1.5, -2.0];
+/// process_row(&mut tfs, &[0u32], &mut row)?;
+/// let ninf = f32::NEG_INFINITY;
+/// assert_eq!(row, [3.0, 2.9, ninf, ninf, ninf, ninf]);
+/// # Ok::<(), logits_processing::Error>(())
+/// ```
+#[derive(Debug, Clone, Serialize, Deserialize, JsonSchema)]
+#[serde(deny_unknown_fields)]
+pub struct TailFreeSpec {
+    pub z: f64,
+    #[serde(default = "one")]
+    pub min_tokens_to_keep: u32,
+}
+
+impl TailFreeSpec {
+    fn rule(&self) -> Truncation {
+        Truncation::TailFree {
+            z: self.z as f32,
+            min_keep: self.min_tokens_to_keep,
+        }
+    }
+}
+
+impl KindSpec for TailFreeSpec {
+    fn check(&self) -> Result<()> {
+        self.rule().validate()
+    }
+
+    fn realize(&self, _: &SpecContext, _: usize) -> Result<Box<dyn LogitsProcessor>> {
+        Ok(Box::new(Truncate::new(self.rule())?))
+    }
+}
+
+/// The band tail-free keeps: the finite values sorted (by [`order_key`], largest first), their
+/// `q = exp(x - max)` ([`exp`]) and every sum in f64 in that order.
+#[inline(always)]
+pub(crate) fn band(values: &[f32], z: f32, min_keep: usize, work: &mut Work) -> Band {
+    work.clear();
+    work.extend(
+        values
+            .iter()
+            .filter(|x| x.is_finite())
+            .map(|&x| (order_key(x), 0, x)),
+    );
+    let n = work.len();
+    if n <= 1 || values.contains(&f32::INFINITY) {
+        return Band::ALL;
+    }
+    work.sort_unstable_by_key(|e| std::cmp::Reverse(e.0));
+    let max = work[0].2;
+    let q: Vec<f64> = work.iter().map(|e| exp(e.2 - max) as f64).collect();
+    let total: f64 = q.iter().sum();
+    let p = |i: usize| q[i] / total;
+    let d2: Vec<f64> = (0..n.saturating_sub(2))
+        .map(|i| (p(i) - 2.0 * p(i + 1) + p(i + 2)).abs())
+        .collect();
+    let d2_total: f64 = d2.iter().sum();
+    // Kept: the first, and one more for each cumulative share of d2 at most z (a NaN share, when
+    // every d2 is 0, removes nothing but the last, as in the webui).
+    let mut kept = 1;
+    let mut cumulative = 0.0;
+    for &d in &d2 {
+        cumulative += d / d2_total;
+        if cumulative > z as f64 {
+            break;
+        }
+        kept += 1;
+    }
+    let lo = work[kept.min(n) - 1].2;
+    Band {
+        lo: lo.min(match min_keep {
+            1 => max,
+            _ => kth_largest(values, min_keep, work),
+        }),
+        hi: f32::INFINITY,
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    /// text-generation-webui's `TailFreeLogitsWarper` over the finite values, in f64.
+    fn webui(values: &[f32], z: f64, min_keep: usize) -> Vec<bool> {
+        let mut order: Vec<usize> = (0..values.len())
+            .filter(|&i| values[i].is_finite())
+            .collect();
+        order.sort_by(|&i, &j| values[j].total_cmp(&values[i]));
+        let max = values[order[0]] as f64;
+        let q: Vec<f64> = order
+            .iter()
+            .map(|&i| (values[i] as f64 - max).exp())
+            .collect();
+        let s: f64 = q.iter().sum();
+        let p: Vec<f64> = q.iter().map(|q| q / s).collect();
+        let d1: Vec<f64> = p.windows(2).map(|w| w[1] - w[0]).collect();
+        let d2: Vec<f64> = d1.windows(2).map(|w| (w[1] - w[0]).abs()).collect();
+        let t: f64 = d2.iter().sum();
+        let mut cdf = 0.0;
+        let mut remove = vec![false];
+        for d in &d2 {
+            cdf += d / t;
+            remove.push(cdf > z);
+        }
+        remove.push(true);
+        for r in remove.iter_mut().take(min_keep) {
+            *r = false;
+        }
+        let mut keep = vec![false; values.len()];
+        for (rank, &i) in order.iter().enumerate() {
+            keep[i] = !remove[rank];
+        }
+        keep
+    }
+
+    #[test]
+    fn equals_text_generation_webui_on_distinct_values() {
+        let mut seed = 5u64;
+        for len in [3usize, 4, 10, 500] {
+            for z in [0.0f64, 0.3, 0.9, 0.99] {
+                for min_keep in [1usize, 2] {
+                    let row: Vec<f32> = (0..len)
+                        .map(|i| {
+                            seed = seed.wrapping_mul(6364136223846793005).wrapping_add(1);
+                            if i % 7 == 6 {
+                                return f32::NEG_INFINITY;
+                            }
+                            ((seed >> 40) as f32 / (1u64 << 24) as f32) * 12.0 - 6.0
+                        })
+                        .collect();
+                    let b = band(&row, z as f32, min_keep, &mut vec![]);
+                    let kept: Vec<bool> = row
+                        .iter()
+                        .map(|&x| x.is_finite() && !b.removes(x))
+                        .collect();
+                    assert_eq!(kept, webui(&row, z, min_keep), "len {len} z {z}");
+                }
+            }
+        }
+    }
+}

@@ -1,0 +1,151 @@
+//! Row-dependent value transforms: a rule that reads the row as it stands where it runs (its
+//! entropy, its maximum) and resolves to an element-wise [`Shape`], applied in the row's one pass
+//! like a truncation's band.
+
+use crate::logit::Logit;
+use crate::processors::{adaptive_p, dynamic_temperature, smoothing};
+
+/// A transform whose parameters come from the row ([`crate::Edit::Reshape`]).
+#[derive(Debug, Clone, Copy, PartialEq)]
+pub enum Reshape {
+    /// llama.cpp's entropy-scaled temperature (`temp_ext`): see
+    /// [`crate::processors::DynamicTemperatureSpec`].
+    DynamicTemperature {
+        temperature: f32,
+        range: f32,
+        exponent: f32,
+    },
+    /// text-generation-webui's quadratic sampling with its constants `k * factor` and
+    /// `s * factor`: see [`crate::processors::SmoothingSpec`].
+    Smoothing { k: f32, s: f32 },
+    /// llama.cpp's adaptive-p transform toward the step's adapted target probability; `key`
+    /// tells one step's rule from another's: see [`crate::processors::AdaptivePSpec`].
+    AdaptiveP { target: f32, key: u32 },
+}
+
+impl Reshape {
+    /// Whether the rule's pass keeps what it read for its processor's next step
+    /// ([`crate::RowPlan::observed`]): adaptive-p's.
+    pub fn observes(&self) -> bool {
+        matches!(self, Reshape::AdaptiveP { .. })
+    }
+
+    /// The shape this rule gives `values` (the row as it stands where the rule runs). Compiled
+    /// for FMA and AVX2 where the CPU has them, as [`crate::Truncation::band`] is (the same bits:
+    /// the fixed-point sums are exact and `fmaf` is correctly rounded either way).
+    pub fn shape(&self, values: &[f32]) -> Shape {
+        #[cfg(target_arch = "x86_64")]
+        if std::arch::is_x86_feature_detected!("fma") && std::arch::is_x86_feature_detected!("avx2")
+        {
+            // SAFETY: the CPU has FMA and AVX2.
+            return unsafe { self.shape_fma(values) };
+        }
+        self.shape_portable(values)
+    }
+
+    #[cfg(target_arch = "x86_64")]
+    #[target_feature(enable = "avx2,fma")]
+    fn shape_fma(&self, values: &[f32]) -> Shape {
+        self.shape_portable(values)
+    }
+
+    #[inline(always)]
+    fn shape_portable(&self, values: &[f32]) -> Shape {
+        match *self {
+            Reshape::DynamicTemperature {
+                temperature,
+                range,
+                exponent,
+            } => dynamic_temperature::shape(values, temperature, range, exponent),
+            Reshape::Smoothing { k, s } => smoothing::shape(values, k, s),
+            Reshape::AdaptiveP { target, .. } => adaptive_p::shape(values, target),
+        }
+    }
+}
+
+/// An element-wise transform, resolved from a row.
+#[derive(Debug, Clone, Copy, PartialEq)]
+pub enum Shape {
+    /// Every value stays.
+    Identity,
+    /// `x / temperature` (IEEE division, as [`crate::Edit::Scale`]).
+    Scale { temperature: f32 },
+    /// Values below `max` become `-inf` (a temperature of 0: greedy); NaN stays.
+    Greedy { max: f32 },
+    /// Quadratic sampling around `max`: a value `x` other than `-inf`, with `d = x - max`, becomes
+    /// `(-(k * d^2) + s * d^3) + max`, each operation rounded to f32 (`d^2 = d * d`,
+    /// `d^3 = d * d * d`), as torch computes text-generation-webui's expression on an f32 row.
+    Quadratic { max: f32, k: f32, s: f32 },
+    /// llama.cpp's adaptive-p transform: a value `x` other than `-inf`, with
+    /// `p = exp(x - max) / scale` and `d = |(p - target) / 0.3|`, becomes `5 - 10 d^2 / (1 + d)`
+    /// (f32, as llama.cpp).
+    AdaptiveP { max: f32, scale: f32, target: f32 },
+}
+
+impl Shape {
+    /// The value `x` becomes.
+    #[inline(always)]
+    pub fn apply(&self, x: f32) -> f32 {
+        match *self {
+            Shape::Identity => x,
+            Shape::Scale { temperature } => x / temperature,
+            Shape::Greedy { max } => {
+                if x < max {
+                    f32::NEG_INFINITY
+                } else {
+                    x
+                }
+            }
+            Shape::Quadratic { max, k, s } => {
+                if x == f32::NEG_INFINITY {
+                    return x;
+                }
+                let d = x - max;
+                let d2 = d * d;
+                let d3 = d * d * d;
+                (-(k * d2) + s * d3) + max
+            }
+            Shape::AdaptiveP { max, scale, target } => {
+                if x == f32::NEG_INFINITY {
+                    return x;
+                }
+                let p = crate::truncation::exp(x - max) / scale;
+                let d = ((p - target) * (1.0 / 0.3f32)).abs();
+                5.0 - 10.0 * d * d / (1.0 + d)
+            }
+        }
+    }
+
+    /// Applies the shape to every value of `row`, rounding to `T` after. Compiled for FMA and
+    /// AVX2 where the CPU has them (the same bits: adaptive-p's `exp` uses fused multiply-adds,
+    /// correctly rounded either way, and is a C library call per operation without them).
+    pub fn apply_row<T: Logit>(&self, row: &mut [T]) {
+        match *self {
+            Shape::Identity => {}
+            Shape::Scale { temperature } => T::divide_row(row, temperature),
+            _ => {
+                #[cfg(target_arch = "x86_64")]
+                if std::arch::is_x86_feature_detected!("fma")
+                    && std::arch::is_x86_feature_detected!("avx2")
+                {
+                    // SAFETY: the CPU has FMA and AVX2.
+                    return unsafe { self.apply_each_fma(row) };
+                }
+                self.apply_each(row)
+            }
+        }
+    }
+
+    #[cfg(target_arch = "x86_64")]
+    #[target_feature(enable = "avx2,fma")]
+    fn apply_each_fma<T: Logit>(&self, row: &mut [T]) {
+        self.apply_each(row)
+    }
+
+    #[inline(always)]
+    fn apply_each<T: Logit>(&self, row: &mut [T]) {
+        for x in row.iter_mut() {
+            *x = T::from_f32(self.apply(x.to_f32()));
+        }
+    }
+}
