@@ -98,6 +98,30 @@ SPECS = st.one_of(
         lambda e, m: {"kind": "epsilon_cutoff", "epsilon": e, "min_tokens_to_keep": m}, st.floats(1e-4, 0.5), _KEEP
     ),
     st.builds(lambda e, m: {"kind": "eta_cutoff", "epsilon": e, "min_tokens_to_keep": m}, st.floats(1e-4, 0.5), _KEEP),
+    st.builds(
+        lambda m, n, w: {"kind": "dry", "multiplier": m, "allowed_length": n, "penalty_last_n": w,
+                         "sequence_breaker_ids": [[2]]},
+        st.floats(0.1, 2.0),
+        st.integers(0, 3),
+        st.sampled_from([-1, 0, 4]),
+    ),
+    st.builds(lambda f, c: {"kind": "smoothing", "factor": f, "curve": c}, st.floats(0.1, 2.0), st.floats(0.5, 3.0)),
+    st.builds(
+        lambda t, r: {"kind": "dynamic_temperature", "temperature": t, "range": r},
+        st.floats(0.2, 2.0),
+        st.floats(0.0, 0.5),
+    ),
+    st.builds(lambda n: {"kind": "top_n_sigma", "n": n}, st.floats(0.5, 3.0)),
+    st.builds(lambda a, m: {"kind": "top_a", "a": a, "min_tokens_to_keep": m}, st.floats(0.0, 1.0), _KEEP),
+    st.builds(lambda z, m: {"kind": "tail_free", "z": z, "min_tokens_to_keep": m}, st.floats(0.1, 1.0), _KEEP),
+    st.builds(
+        lambda p, t, seed: {"kind": "xtc", "probability": p, "threshold": t, "seed": seed},
+        st.floats(0.0, 1.0),
+        st.floats(0.05, 0.5),
+        st.integers(0, 2**32),
+    ),
+    st.builds(lambda v, tau: {"kind": "mirostat", "version": v, "tau": tau, "n_vocab": VOCAB}, st.sampled_from([1, 2]), st.floats(1.0, 6.0)),
+    st.builds(lambda t: {"kind": "adaptive_p", "target": t}, st.floats(0.1, 0.9)),
 )
 #: The kinds SPECS does not cover, and why.
 NOT_COVERED = {"grammar", "json_object", "bitmask"}
@@ -112,8 +136,14 @@ CONTEXT = {"context": EngineContext(hello_world=([7, 8, 9], 0), thinking_tokens=
     dtype=st.sampled_from(TORCH_DTYPES),
 )
 def test_a_processor_equals_a_batch_row_of_the_same_specs(specs, steps, prompt_len, dtype):
-    processor = Processor(specs, prompt_len=prompt_len, **CONTEXT)
     batch = Batch(VOCAB, **CONTEXT)
+    try:
+        processor = Processor(specs, prompt_len=prompt_len, **CONTEXT)
+    except SpecError as e:  # a mask after a truncation step: refused alike
+        assert "comes after the truncation step" in str(e)
+        with pytest.raises(SpecError, match="comes after the truncation step"):
+            batch.add(0, specs, prompt_len=prompt_len)
+        return
     batch.add(0, specs, prompt_len=prompt_len)
     assert processor.kinds == [s["kind"] for s in specs]
     ids = [1, 4]
