@@ -26,6 +26,10 @@ cargo test -p logits-processing-cuda --test nvrtc -- --ignored kernel_source_com
 LOGITS_PROCESSING_NVRTC="$(nvrtc_13_0)" \
   cargo test -p logits-processing-cuda --test nvrtc -- --ignored checked_in_ptx_is_nvrtc_13_0_output
 
+echo "== llama.cpp's library, the samplers' reference (scripts/llamacpp.sh: built once, ~15 min on 2 cores)"
+LLAMACPP_LIB="$(JOBS="${JOBS:-2}" scripts/llamacpp.sh)"
+export LLAMACPP_LIB
+
 echo "== python package"
 "$venv/bin/ruff" check python
 "$venv/bin/maturin" develop --release --quiet --manifest-path crates/python/Cargo.toml
