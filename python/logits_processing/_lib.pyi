@@ -166,7 +166,8 @@ class Batch:
                 naming it.
             ShapeError, DTypeError, ReadOnlyError, DeviceError: before anything is edited
                 (a bitmask of the wrong shape or dtype, or none when a row takes one, included).
-            InvalidArgumentError, DTypeError: a row's ids that are not token ids (``row`` set).
+            InvalidArgumentError, DTypeError: a row's ids that are not token ids, or None for a row
+                that holds a request (``row`` set).
             TokenOutOfVocabError: a row planned a token outside the vocab (``row`` set).
             ProcessorError: a user's processor raised (its exception is the ``__cause__``), or
                 moved the logits' memory during its step (``resize_``, ``set_``): the step is

@@ -336,3 +336,21 @@ def test_bad_out_raises_before_anything_is_written():
     out = torch.zeros(2, VOCAB)
     batch.apply(logits, [[1], None], out=out)
     assert int(torch.argmax(out[0])) == 3
+
+
+def test_none_ids_for_a_row_that_holds_a_request_are_refused():
+    """None is for a row without a request; for one with a request it would read as an empty
+    history (its prompt gone) and restart it. Refused, naming the row, nothing edited."""
+    import torch
+
+    from logits_processing import Batch, InvalidArgumentError
+
+    batch = Batch(4)
+    batch.add(0, {"kind": "forced_sequence", "token_ids": [2, 3], "eos_token_id": 0, "position": "tokens"}, prompt_len=1)
+    batch.add(1, {"kind": "temperature", "temperature": 0.5})
+    logits = torch.ones(2, 4)
+    with pytest.raises(InvalidArgumentError, match=r"input_ids\[0\] is None") as e:
+        batch.apply(logits, [None, [5]])
+    assert e.value.row == 0 and torch.equal(logits, torch.ones(2, 4))
+    batch.apply(logits, [[5], [5]])
+    assert logits[0].argmax() == 2  # the forced sequence did not move: the refused step never happened

@@ -335,7 +335,8 @@ impl PyBatch {
     ///         naming it.
     ///     ShapeError, DTypeError, ReadOnlyError, DeviceError: before anything is edited
     ///         (a bitmask of the wrong shape or dtype, or none when a row takes one, included).
-    ///     InvalidArgumentError, DTypeError: a row's ids that are not token ids (``row`` set).
+    ///     InvalidArgumentError, DTypeError: a row's ids that are not token ids, or None for a row
+    ///         that holds a request (``row`` set).
     ///     TokenOutOfVocabError: a row planned a token outside the vocab (``row`` set).
     ///     ProcessorError: a user's processor raised (its exception is the ``__cause__``), or
     ///         moved the logits' memory during its step (``resize_``, ``set_``): the step is
@@ -402,6 +403,17 @@ impl PyBatch {
             let ids = input_ids
                 .get_item(row)
                 .map_err(|e| in_row(py, e, row, &format!("input_ids[{row}]")))?;
+            if ids.is_none() {
+                // An empty history would restart the row's request (its prompt read as absent).
+                let error = new_err(
+                    Kind::Argument,
+                    format!(
+                        "input_ids[{row}] is None, but row {row} holds a request: give its ids \
+                         (None is for a row without one)"
+                    ),
+                );
+                return Err(in_row(py, error, row, &format!("input_ids[{row}]")));
+            }
             histories[row] = PyIds::new(&ids);
         }
         let refs: Vec<&dyn TokenHistory> =
