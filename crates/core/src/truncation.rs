@@ -623,11 +623,7 @@ fn max_and_candidates_avx2(values: &[f32], below: f32, work: &mut Work) -> Optio
 /// most rows is (the whole row when they do not reach the target).
 #[inline(always)]
 fn top_p(values: &[f32], max: f32, p: f32, work: &mut Work) -> Option<f32> {
-    let softmax = Softmax {
-        max,
-        sum: weight_sum(values, max),
-        entropy_sum: 0,
-    };
+    let softmax = Softmax::weights_only(values, max);
     let target = softmax.target(p);
     for below_max in [4.0f32, 8.0, 16.0, f32::INFINITY] {
         // A floor on the values: the candidates are an upper set of the row (every value above
@@ -806,6 +802,17 @@ pub struct Softmax {
 }
 
 impl Softmax {
+    /// The weight sum of `values` under their maximum `max`, without the entropy sum: what the
+    /// rules that compare probabilities (top-p, top-a, XTC, mirostat, adaptive-p) need.
+    #[inline(always)]
+    pub fn weights_only(values: &[f32], max: f32) -> Self {
+        Softmax {
+            max,
+            sum: weight_sum(values, max),
+            entropy_sum: 0,
+        }
+    }
+
     /// The maximum of `values`; then the sums over them (in any order: they are exact).
     #[inline(always)]
     pub fn of(values: &[f32]) -> Self {

@@ -6,7 +6,7 @@ use crate::history::TokenHistory;
 use crate::plan::{Edit, Reshape, RowPlan, Shape};
 use crate::processors::LogitsProcessor;
 use crate::spec::{KindSpec, SpecContext};
-use crate::truncation::{largest, weight_sum, Softmax};
+use crate::truncation::{largest, Softmax};
 
 /// `{"kind": "adaptive_p", "target": 0.5, "decay": 0.9}`: llama.cpp's adaptive-p
 /// (`llama_sampler_init_adaptive_p(target, decay, seed)`): each step, every logit but `-inf`
@@ -166,11 +166,7 @@ pub(crate) fn shape(values: &[f32], target: f32) -> Shape {
     if !max.is_finite() {
         return Shape::Identity;
     }
-    let softmax = Softmax {
-        max,
-        sum: weight_sum(values, max),
-        entropy_sum: 0,
-    };
+    let softmax = Softmax::weights_only(values, max);
     Shape::AdaptiveP {
         max,
         scale: softmax.scale(),

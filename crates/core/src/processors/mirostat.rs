@@ -7,7 +7,7 @@ use crate::plan::{Band, Edit, RowPlan, Truncation};
 use crate::processors::top_a::lowest_reaching;
 use crate::processors::LogitsProcessor;
 use crate::spec::{KindSpec, SpecContext};
-use crate::truncation::{exp, kth_largest, largest, order_key, weight_sum, Softmax, Work};
+use crate::truncation::{exp, kth_largest, largest, order_key, Softmax, Work};
 
 /// `{"kind": "mirostat", "version": 2, "tau": 5.0, "eta": 0.1}`: llama.cpp's mirostat samplers
 /// (`llama_sampler_init_mirostat_v2(seed, tau, eta)`, `llama_sampler_init_mirostat(n_vocab, seed,
@@ -207,11 +207,7 @@ pub(crate) fn band_v2(values: &[f32], mu: f32, work: &mut Work) -> Band {
     if !max.is_finite() {
         return Band::ALL;
     }
-    let softmax = Softmax {
-        max,
-        sum: weight_sum(values, max),
-        entropy_sum: 0,
-    };
+    let softmax = Softmax::weights_only(values, max);
     let threshold = (softmax.scale() as f64 * (-(mu as f64)).exp2()) as f32;
     Band {
         lo: lowest_reaching(values, max, threshold, work).min(max),
@@ -238,11 +234,7 @@ pub(crate) fn band_v1(values: &[f32], mu: f32, m: u32, n_vocab: u32, work: &mut 
             .map(|&x| (order_key(x), 0, x)),
     );
     work.sort_unstable_by_key(|e| std::cmp::Reverse(e.0));
-    let softmax = Softmax {
-        max,
-        sum: weight_sum(values, max),
-        entropy_sum: 0,
-    };
+    let softmax = Softmax::weights_only(values, max);
     let scale = softmax.scale();
     let p = |i: usize| exp(work[i].2 - max) / scale;
     let mut sum_ti_bi = 0.0f32;

@@ -6,7 +6,7 @@ use crate::plan::{Band, Truncation};
 use crate::processors::truncate::{one, Truncate};
 use crate::processors::LogitsProcessor;
 use crate::spec::{KindSpec, SpecContext};
-use crate::truncation::{exp, kth_largest, largest, weight_sum, Softmax, Work, EXP_MIN};
+use crate::truncation::{exp, kth_largest, largest, Softmax, Work, EXP_MIN};
 
 /// `{"kind": "top_a", "a": 0.2, "min_tokens_to_keep": 1}`: keeps the logits whose probability is at
 /// least `a * p_max^2` (`0 <= a <= 1`; `0` keeps everything), `p_max` the largest probability:
@@ -58,11 +58,7 @@ pub(crate) fn band(values: &[f32], a: f32, min_keep: usize, work: &mut Work) -> 
     if !max.is_finite() || a <= 0.0 {
         return Band::ALL;
     }
-    let softmax = Softmax {
-        max,
-        sum: weight_sum(values, max),
-        entropy_sum: 0,
-    };
+    let softmax = Softmax::weights_only(values, max);
     let threshold = a / softmax.scale();
     let lo = lowest_reaching(values, max, threshold, work);
     Band {

@@ -8,7 +8,7 @@ use crate::processors::top_a::lowest_reaching;
 use crate::processors::truncate::one;
 use crate::processors::LogitsProcessor;
 use crate::spec::{KindSpec, SpecContext};
-use crate::truncation::{largest, weight_sum, Softmax, Work};
+use crate::truncation::{largest, Softmax, Work};
 
 /// `{"kind": "xtc", "probability": 0.5, "threshold": 0.1, "min_keep": 1, "seed": 0}`: "exclude top
 /// choices" (llama.cpp's `llama_sampler_init_xtc`, from text-generation-webui): at a step where a
@@ -148,11 +148,7 @@ pub(crate) fn band(values: &[f32], threshold: f32, min_keep: usize, work: &mut W
     if !max.is_finite() {
         return Band::ALL;
     }
-    let softmax = Softmax {
-        max,
-        sum: weight_sum(values, max),
-        entropy_sum: 0,
-    };
+    let softmax = Softmax::weights_only(values, max);
     let v = lowest_reaching(values, max, threshold * softmax.scale(), work);
     let removed = values.iter().filter(|&&x| x > v).count();
     if removed == 0 {
