@@ -5,6 +5,7 @@ mod allowed_token_ids;
 mod bad_words;
 mod ban_tokens;
 mod bitmask;
+mod count_penalty;
 mod counts;
 mod cursor;
 mod dry;
@@ -44,6 +45,7 @@ pub use allowed_token_ids::{AllowedTokenIds, AllowedTokenIdsSpec};
 pub use bad_words::{BadWords, BadWordsSpec};
 pub use ban_tokens::{BanTokens, BanTokensSpec};
 pub use bitmask::{BitmaskSpec, CallerBitmask};
+pub use count_penalty::CountPenalty;
 pub use dry::{Dry, DrySpec};
 pub use dynamic_temperature::{DynamicTemperature, DynamicTemperatureSpec};
 pub use exponential_decay_length_penalty::{
