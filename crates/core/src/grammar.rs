@@ -6,11 +6,12 @@
 //! it once. Building it costs about a second for a 150k-token vocab; every grammar spec then
 //! reuses it. It is built on first use.
 
+use std::any::Any;
 use std::num::NonZeroUsize;
 use std::sync::{Arc, Mutex, OnceLock};
 
 use llguidance::api::{ParserLimits, TopLevelGrammar};
-use llguidance::toktrie::{SimpleVob, TokEnv};
+use llguidance::toktrie::{SimpleVob, TokEnv, TokTrie};
 use llguidance::{Matcher, ParserFactory};
 use lru::LruCache;
 
@@ -192,6 +193,8 @@ struct Built {
     eos: SimpleVob,
     eos_token_ids: Vec<u32>,
     cache: Mutex<LruCache<String, Arc<Matcher>>>,
+    // What kinds derive from the whole vocab (DRY's breakers of a text), by key.
+    derived: Mutex<LruCache<String, Arc<dyn Any + Send + Sync>>>,
 }
 
 impl std::fmt::Debug for GrammarEnv {
@@ -307,6 +310,36 @@ impl GrammarEnv {
         Ok(template)
     }
 
+    /// The text of every token, as its bytes (a special token's as its name, `<|im_end|>`),
+    /// with its id, in id order: what llama.cpp's `detokenize({id}, special = true)` gives.
+    pub fn token_texts(&self) -> Result<impl Iterator<Item = (u32, &[u8])>> {
+        let trie = self.built()?.factory.tok_env().tok_trie();
+        Ok((0..trie.vocab_size() as u32).map(move |id| {
+            let bytes = trie.token(id);
+            match bytes.split_first() {
+                Some((&TokTrie::SPECIAL_TOKEN_MARKER, name)) => (id, name),
+                _ => (id, bytes),
+            }
+        }))
+    }
+
+    /// `make`'s value for `key`, made once per environment (the last [`GRAMMAR_CACHE_SIZE`] keys
+    /// kept): what a kind derives from the whole vocab is not derived again for each request.
+    pub(crate) fn derived<T: Any + Send + Sync>(
+        &self,
+        key: &str,
+        make: impl FnOnce(&Self) -> Result<T>,
+    ) -> Result<Arc<T>> {
+        let built = self.built()?;
+        let cached = unpoisoned(&built.derived).get(key).cloned();
+        if let Some(value) = cached.and_then(|v| v.downcast::<T>().ok()) {
+            return Ok(value);
+        }
+        let value = Arc::new(make(self)?);
+        unpoisoned(&built.derived).put(key.to_string(), value.clone());
+        Ok(value)
+    }
+
     /// The tokenizer it was made from.
     pub fn tokenizer(&self) -> &tokenizers::Tokenizer {
         &self.0.tokenizer
@@ -355,14 +388,21 @@ fn build_unchecked(tokenizer: tokenizers::Tokenizer, eos_token_ids: &[u32]) -> R
         cache: Mutex::new(LruCache::new(
             NonZeroUsize::new(GRAMMAR_CACHE_SIZE).expect("not zero"),
         )),
+        derived: Mutex::new(LruCache::new(
+            NonZeroUsize::new(GRAMMAR_CACHE_SIZE).expect("not zero"),
+        )),
     })
 }
 
 impl Built {
     fn lock(&self) -> std::sync::MutexGuard<'_, LruCache<String, Arc<Matcher>>> {
-        // The cache holds no invariant a panic could break.
-        self.cache.lock().unwrap_or_else(|e| e.into_inner())
+        unpoisoned(&self.cache)
     }
+}
+
+/// A cache that holds no invariant a panic could break.
+fn unpoisoned<T>(lock: &Mutex<T>) -> std::sync::MutexGuard<'_, T> {
+    lock.lock().unwrap_or_else(|e| e.into_inner())
 }
 
 /// The tokenizer's encoding (no special tokens), for the text of specs.

@@ -547,8 +547,8 @@ fn bad_values_are_refused_naming_the_field() {
             "penalty_last_n",
         ),
         (
-            r#"{"kind": "dry", "multiplier": 1, "sequence_breakers": ["\n"]}"#,
-            "sequence_breakers",
+            r#"{"kind": "dry", "multiplier": 1, "sequence_breakers": [""]}"#,
+            "sequence_breakers[0]",
         ),
         (
             r#"{"kind": "dry", "multiplier": 1, "sequence_breaker_ids": [[1], []]}"#,
@@ -603,7 +603,12 @@ fn bad_values_are_refused_naming_the_field() {
     for (json, field) in cases {
         assert_eq!(field_of(parse_pipeline(json).unwrap_err()), field, "{json}");
     }
+    // Out of the vocab, or text the context has no tokenizer for.
     let out_of_vocab = [
+        (
+            r#"{"kind": "dry", "multiplier": 1, "sequence_breakers": ["\n"]}"#,
+            "sequence_breakers",
+        ),
         (
             r#"{"kind": "dry", "multiplier": 1, "sequence_breaker_ids": [[1, 99]]}"#,
             "sequence_breaker_ids[0][1]",
