@@ -741,45 +741,11 @@ mod tests {
         assert_eq!(planned(&mut dry, &[5, 9, 5]), []);
     }
 
-    /// A byte-level tokenizer whose ids 0..256 are the bytes and whose further tokens are
-    /// `pieces` (never produced by encoding: it has no merges).
-    #[cfg(feature = "grammar")]
-    fn env_with(pieces: &[&str]) -> crate::grammar::GrammarEnv {
-        // GPT-2's byte-to-character map, which byte-level tokenizers write their tokens in.
-        let byte_char = |b: u8| {
-            let printable =
-                |b: u8| (b'!'..=b'~').contains(&b) || (0xa1..=0xac).contains(&b) || b >= 0xae;
-            if printable(b) {
-                return b as char;
-            }
-            char::from_u32(256 + (0..b).filter(|&c| !printable(c)).count() as u32).unwrap()
-        };
-        let mut vocab = serde_json::Map::new();
-        for b in 0..=255u8 {
-            vocab.insert(byte_char(b).to_string(), b.into());
-        }
-        for piece in pieces {
-            let id = vocab.len();
-            vocab.insert(piece.bytes().map(byte_char).collect(), id.into());
-        }
-        let byte_level = serde_json::json!({"type": "ByteLevel", "add_prefix_space": false,
-            "trim_offsets": true, "use_regex": true});
-        let text = serde_json::json!({
-            "version": "1.0", "truncation": null, "padding": null, "added_tokens": [],
-            "normalizer": null, "pre_tokenizer": byte_level, "post_processor": null,
-            "decoder": byte_level,
-            "model": {"type": "BPE", "dropout": null, "unk_token": null,
-                      "continuing_subword_prefix": null, "end_of_word_suffix": null,
-                      "fuse_unk": false, "byte_fallback": false, "vocab": vocab, "merges": []}
-        });
-        crate::grammar::GrammarEnv::new(text.to_string().parse().unwrap(), &[]).unwrap()
-    }
-
     #[test]
     #[cfg(feature = "grammar")]
     fn text_breakers_resolve_as_llama_cpp_does() {
         // Ids 256.. are the pieces.
-        let env = env_with(&["a:b", "xy", "zx", "bz", "<|end|>"]);
+        let env = crate::grammar::byte_level_env(&["a:b", "xy", "zx", "bz", "<|end|>"]);
         let breakers = overlapping_sequences(&env, "xyz").unwrap();
         // "xy" holds no "xyz": it ends with "xy", so it heads "z"; "zx" ends with "x" and heads
         // "yz" (byte tokens); nothing else ends with a beginning of "xyz" but the byte "x".
