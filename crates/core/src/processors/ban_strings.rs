@@ -13,7 +13,7 @@ use crate::history::TokenHistory;
 use crate::plan::RowPlan;
 use crate::processors::cursor::Cursor;
 use crate::processors::{push_bans, LogitsProcessor};
-use crate::spec::{check_len, KindSpec, SpecContext};
+use crate::spec::{check_texts, KindSpec, SpecContext};
 
 /// `{"kind": "ban_strings", "strings": ["As an AI", "I cannot"], "case_sensitive": true}`: texts
 /// never to generate, whatever tokens would spell them. At each step every token whose text
@@ -43,19 +43,12 @@ const MAX_STRING_BYTES: usize = 256;
 
 impl KindSpec for BanStringsSpec {
     fn check(&self) -> Result<()> {
-        check_len("strings", self.strings.len())?;
-        if self.strings.len() > 1024 {
-            return Err(Error::argument("strings", "more than 1024 strings"));
-        }
-        for (i, text) in self.strings.iter().enumerate() {
-            if text.is_empty() || text.len() > MAX_STRING_BYTES {
-                return Err(Error::argument(
-                    format!("strings[{i}]"),
-                    format!("must be 1 to {MAX_STRING_BYTES} bytes, got {}", text.len()),
-                ));
-            }
-        }
-        Ok(())
+        check_texts(
+            "strings",
+            self.strings.iter().map(String::as_str),
+            1024,
+            MAX_STRING_BYTES,
+        )
     }
 
     fn realize(

@@ -9,7 +9,7 @@ use crate::plan::{Edit, RowPlan};
 use crate::processors::cursor::Cursor;
 use crate::processors::repetition_penalty::vocab_limit;
 use crate::processors::LogitsProcessor;
-use crate::spec::{KindSpec, SpecContext, MAX_TOKEN_IDS};
+use crate::spec::{check_texts, KindSpec, SpecContext, MAX_TOKEN_IDS};
 
 /// `{"kind": "dry", "multiplier": 0.8, "base": 1.75, "allowed_length": 2, "penalty_last_n": 64,
 /// "sequence_breaker_ids": [[198], [25]]}`: "Don't Repeat Yourself" (p-e-w's, as llama.cpp's
@@ -71,20 +71,12 @@ impl DrySpec {
             (None, None) => DEFAULT_SEQUENCE_BREAKERS.to_vec(),
             (None, Some(_)) => vec![],
         };
-        if texts.len() > MAX_BREAKERS {
-            return Err(Error::argument(
-                "sequence_breakers",
-                format!("more than {MAX_BREAKERS} breakers"),
-            ));
-        }
-        for (i, text) in texts.iter().enumerate() {
-            if text.is_empty() || text.len() > MAX_BREAKER_BYTES {
-                return Err(Error::argument(
-                    format!("sequence_breakers[{i}]"),
-                    format!("must be 1 to {MAX_BREAKER_BYTES} bytes, got {}", text.len()),
-                ));
-            }
-        }
+        check_texts(
+            "sequence_breakers",
+            texts.iter().copied(),
+            MAX_BREAKERS,
+            MAX_BREAKER_BYTES,
+        )?;
         Ok(texts)
     }
 
