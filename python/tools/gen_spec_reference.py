@@ -129,6 +129,21 @@ def probe(spec: dict, contexts: list[tuple[str, lp.EngineContext]]) -> dict:
     return out
 
 
+def _description(text: str) -> str:
+    """A spec struct's doc comment as markdown: its Rust examples (doc tests, which `cargo test`
+    runs) marked as such, rustdoc's hidden lines left out."""
+    out, in_rust = [], False
+    for line in text.strip().split("\n"):
+        if line.startswith("```"):
+            if not in_rust and line.strip() in ("```", "```rust"):
+                line = "```rust no-run: the spec struct's doc test, run by cargo test"
+            in_rust = not in_rust
+        elif in_rust and (line == "#" or line.startswith("# ")):
+            continue
+        out.append(line)
+    return "\n".join(out)
+
+
 def _cell(text: str) -> str:
     return text.replace("|", "\\|")
 
@@ -175,7 +190,7 @@ def render() -> str:
     for name in order:
         kind = table[name]
         # The description as written in the spec struct's doc comment, its lines and lists kept.
-        out += ["", f"### {name}", "", schema["$defs"][name]["description"].strip(), ""]
+        out += ["", f"### {name}", "", _description(schema["$defs"][name]["description"]), ""]
         if kind["fields"]:
             out += ["| field | type | |", "| --- | --- | --- |"]
             out += [f"| `{f['name']}` | {_cell(f['type'])} | {_default(f)} |" for f in kind["fields"]]
