@@ -56,10 +56,18 @@ The columns come from running each kind's example spec (shown in the table) thro
   model_name=..., vocab_size=...)` ([python.md](python.md#the-engine-context)).
 - **each step**: what a step needs besides the logits and the ids.
 - **`Processor`**: whether a single-row `Processor(spec, context=...)` takes it.
-
+{prompt_len}
 Each kind's section below gives its fields (JSON type, required or default) and its description,
 which states the ranges its values must lie in; admission refuses a value outside them with a
 `SpecError` naming the field.
+"""
+
+PROMPT_LEN_COLUMN = """\
+- **`prompt_len`**: whether it depends on where the prompt ends in the ids
+  (`logits_processing.needs_prompt_len`): such a spec is admitted only with `prompt_len`
+  (`Batch.add(row, spec, prompt_len=...)`, `Processor(spec, prompt_len=...)`; the engine adapters
+  pass the prompt's length themselves). [troubleshooting.md](troubleshooting.md#prompt_len) shows
+  what a wrong one does.
 """
 
 PROMPT_LEN_NOTE = """
@@ -122,11 +130,48 @@ def probe(spec: dict, contexts: list[tuple[str, lp.EngineContext]]) -> dict:
         single = "no"
     out = {"reads": "yes" if lp.reads_history(spec) else "no", "needs": needs, "step": step,
            "processor": single}
-    # Where the core declares which kinds depend on where the prompt ends, it is shown too.
-    needs_prompt_len = getattr(lp, "needs_prompt_len", None)
-    if needs_prompt_len is not None:
-        out["prompt_len"] = "yes" if needs_prompt_len(spec) else "no"
     return out
+
+
+def _enum(prop, defs: dict) -> list:
+    """The values an enum field (or an optional one) takes, from the schema."""
+    if not isinstance(prop, dict):
+        return []
+    if "$ref" in prop:
+        return _enum(defs[prop["$ref"].rsplit("/", 1)[1]], defs)
+    if "enum" in prop:
+        return list(prop["enum"])
+    if "const" in prop:
+        return [prop["const"]]
+    return [v for p in prop.get("oneOf", prop.get("anyOf", [])) for v in _enum(p, defs)]
+
+
+def _variants(example: dict, kind: dict, defs: dict):
+    """The example with each enum field set to each of its values, and each optional field it
+    gives left out: a kind whose answer depends on its fields shows which."""
+    for field, prop in kind.get("properties", {}).items():
+        if field == "kind":
+            continue
+        for value in _enum(prop, defs):
+            if example.get(field) != value:
+                yield f"`{field}` {json.dumps(value)}", {**example, field: value}
+        if field in example and field not in kind.get("required", []):
+            yield f"no `{field}`", {k: v for k, v in example.items() if k != field}
+
+
+def prompt_len_column(example: dict, kind: dict, defs: dict, needs_prompt_len) -> str:
+    """Whether the kind depends on where the prompt ends: yes, no, or the fields that decide."""
+    base = needs_prompt_len(example)
+    differ = []
+    for label, variant in _variants(example, kind, defs):
+        try:
+            if needs_prompt_len(variant) != base:
+                differ.append(label)
+        except lp.SpecError:
+            continue
+    if not differ:
+        return "yes" if base else "no"
+    return ("yes, not with " if base else "with ") + ", ".join(differ)
 
 
 def _description(text: str) -> str:
@@ -168,9 +213,14 @@ def render() -> str:
         if example is None:
             raise SystemExit(f"gen_spec_reference: {name}'s description opens with no example spec")
         rows.append((name, example, probe(example, contexts)))
-    with_prompt_len = "prompt_len" in rows[0][2]
+    # Where the core declares which kinds depend on where the prompt ends, that is shown too.
+    needs_prompt_len = getattr(lp, "needs_prompt_len", None)
+    with_prompt_len = needs_prompt_len is not None
+    if with_prompt_len:
+        for name, example, p in rows:
+            p["prompt_len"] = prompt_len_column(example, schema["$defs"][name], schema["$defs"], needs_prompt_len)
 
-    out = [HEADER]
+    out = [HEADER.format(prompt_len=PROMPT_LEN_COLUMN if with_prompt_len else "")]
     if not with_prompt_len:
         out.append(PROMPT_LEN_NOTE)
     head = "| kind | example | reads ids | needs from the engine | each step | `Processor` |"
