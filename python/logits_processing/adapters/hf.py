@@ -37,7 +37,8 @@ class HFLogitsProcessor(LogitsProcessor):
         per_row: instead of ``pipeline``, one pipeline per prompt. With ``num_beams`` or
             ``num_return_sequences`` above 1, HF expands each prompt into consecutive rows; each
             of those rows gets its prompt's pipeline (a fresh copy).
-        tokenizer: the model's tokenizer, for ``hello_world`` specs and the thinking tokens.
+        tokenizer: the model's tokenizer, for ``hello_world`` specs, the thinking tokens and
+            the grammars (``grammar``, ``json_object``: llguidance reads the tokenizer).
         model_name: the model's name, for the thinking-token table when the tokenizer does not
             name them.
         vocab_size: checks token ids when the processor is built; default: the scores' width at
