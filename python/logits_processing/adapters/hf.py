@@ -84,9 +84,11 @@ class HFLogitsProcessor(LogitsProcessor):
             thinking_tokens=thinking_tokens,
         )
         if per_row is None:
-            self._pipelines = [check_in_process_pipeline(pipeline)]
+            self._pipelines = [check_in_process_pipeline(pipeline, engine="transformers")]
         else:
-            self._pipelines = [check_in_process_pipeline(p, f"per_row[{i}]") for i, p in enumerate(per_row)]
+            self._pipelines = [
+                check_in_process_pipeline(p, f"per_row[{i}]", engine="transformers") for i, p in enumerate(per_row)
+            ]
         if not self._pipelines:
             raise ValueError("per_row is empty")
         self._broadcast = per_row is None
