@@ -28,8 +28,8 @@ from .. import _lib
 from ._common import (
     KeyedBatch,
     check_in_process_pipeline,
-    no_caller_mask,
     context_for,
+    no_caller_mask,
     rows_of,
     runs_processors,
 )
