@@ -307,6 +307,22 @@ impl GrammarEnv {
         Ok(template)
     }
 
+    /// Each token's text as bytes (empty for special tokens, which write no text), one list for
+    /// the whole vocab: what text-level kinds (`ban_strings`) read.
+    pub fn token_texts(&self) -> Result<crate::processors::TokenTexts> {
+        let env = self.built()?.factory.tok_env().clone();
+        let trie = env.tok_trie();
+        Ok(crate::processors::TokenTexts::new(
+            (0..trie.vocab_size() as u32).map(|t| {
+                let bytes = trie.token(t);
+                match bytes.first() {
+                    Some(&llguidance::toktrie::TokTrie::SPECIAL_TOKEN_MARKER) => &[][..],
+                    _ => bytes,
+                }
+            }),
+        ))
+    }
+
     /// The tokenizer it was made from.
     pub fn tokenizer(&self) -> &tokenizers::Tokenizer {
         &self.0.tokenizer

@@ -3,6 +3,7 @@
 pub(crate) mod adaptive_p;
 mod allowed_token_ids;
 mod bad_words;
+mod ban_strings;
 mod ban_tokens;
 mod bitmask;
 mod cite_from_prompt;
@@ -51,6 +52,7 @@ pub(crate) mod zoo;
 pub use adaptive_p::{AdaptiveP, AdaptivePSpec};
 pub use allowed_token_ids::{AllowedTokenIds, AllowedTokenIdsSpec};
 pub use bad_words::{BadWords, BadWordsSpec};
+pub use ban_strings::{BanStrings, BanStringsSpec, TokenTexts};
 pub use ban_tokens::{BanTokens, BanTokensSpec};
 pub use bitmask::{BitmaskSpec, CallerBitmask};
 pub use cite_from_prompt::{CiteFromPrompt, CiteFromPromptSpec};
@@ -118,6 +120,7 @@ pub(crate) static KINDS: &[Kind] = &[
     // Bans and allowed ids, then the kinds that force a token.
     Kind::new::<BanTokensSpec>("ban_tokens"),
     Kind::new::<BadWordsSpec>("bad_words"),
+    Kind::new::<BanStringsSpec>("ban_strings"),
     Kind::new::<NoRepeatNGramSpec>("no_repeat_ngram"),
     Kind::new::<MinLengthSpec>("min_length"),
     Kind::new::<MinNewTokensSpec>("min_new_tokens"),

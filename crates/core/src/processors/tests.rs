@@ -286,7 +286,10 @@ fn spec_of(kind: &'static str) -> BoxedStrategy<Value> {
 
 /// Kinds realized from the engine's tokenizer, tested with a real one (tests/grammar.rs).
 fn needs_tokenizer(kind: &str) -> bool {
-    matches!(kind, "hello_world" | "grammar" | "json_object")
+    matches!(
+        kind,
+        "hello_world" | "grammar" | "json_object" | "ban_strings"
+    )
 }
 
 /// A resume test per kind, and the list of the kinds that have one ([`RESUME_TESTED`]).
