@@ -322,6 +322,34 @@ def test_every_zoo_kind_through_hf_generate_equals_the_zoo(tok, tiny):
         theirs = demo.generate(model, [prompt], ref, max_new_tokens=12)
         assert ours == theirs, spec["kind"]
         if name in ("last", "trigger", "prevent"):
-            assert tok.encode(phrase if name != "prevent" else "...I don't know", add_special_tokens=False)[
-                0
-            ] in ours[0], spec["kind"]
+            assert (
+                tok.encode(phrase if name != "prevent" else "...I don't know", add_special_tokens=False)[0]
+                in ours[0]
+            ), spec["kind"]
+
+
+@pytest.mark.parametrize("boost", [0.5, -1.25])
+def test_multiple_choice_boosts_choices_by_their_first_words(tok, vocab, context, boost):
+    choices = ["A", "B", "C", "D"]
+    ref = zoo.MultipleChoiceLogitsProcessor(tok, choices=choices, delimiter=".", boost_first_words=boost)
+    prompt = tok.encode(
+        "Which is a fruit?\nA. car\nB. apple\nC. desk\nD. road\nAnswer:", add_special_tokens=False
+    )
+    spec = {"kind": "multiple_choice", "choices": choices, "boost_first_words": boost}
+    ours = Processor(spec, prompt_len=len(prompt), context=context)
+    ids = [tok.encode(c, add_special_tokens=False)[-1] for c in choices]
+    firsts = [
+        tok.encode(f"\n{c}. {w}", add_special_tokens=False)[3]
+        for c, w in zip(choices, ["car", "apple", "desk", "road"])
+    ]
+    for seed in range(3):
+        row = random_rows(vocab, 20 + seed)(0, prompt)
+        want = ref(torch.tensor([prompt]), row.clone()[None])[0]
+        got = row.clone()
+        ours(prompt, got)
+        expected = row.clone()
+        expected[ids] += boost * row[firsts]  # the zoo's boost, before its enforce_tokens
+        assert sorted(torch.isfinite(got).nonzero().flatten().tolist()) == sorted(ids)
+        assert torch.equal(bits(got[ids]), bits(expected[ids]))
+        assert torch.allclose(torch.softmax(want[ids], -1), torch.softmax(got[ids], -1), atol=1e-6)
+        assert int(want.argmax()) == int(got.argmax())

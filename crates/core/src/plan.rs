@@ -67,6 +67,15 @@ pub enum Edit {
     /// Every logit goes through the element-wise [`Shape`] the rule computes from the row as it
     /// stands here (dynamic temperature, smoothing). CPU only: the CUDA path refuses it.
     Reshape(Reshape),
+    /// `token`'s logit `x`, when finite, becomes `x + factor * v` (the product rounded to f32
+    /// first; a non-finite `x` stays as it is), `v` the
+    /// logit of `source` as the row stands here (resolved in the row's pass, like a band): the
+    /// zoo's multiple choice boosting a choice by its first word. CPU only.
+    AddScaledFrom {
+        token: u32,
+        source: u32,
+        factor: f32,
+    },
     /// When `when` holds for the row as it stands here, an [`Edit::Force`] of `token` keeping its
     /// value (with no `token`: nothing, the edit only watches); otherwise nothing. Whether it
     /// held is kept for the processor's next step ([`RowPlan::fired`]); `key` tells one step's
@@ -118,6 +127,7 @@ impl Edit {
             | Edit::Bias { token, .. }
             | Edit::Penalty { token, .. }
             | Edit::AddScaledAbs { token, .. }
+            | Edit::AddScaledFrom { token, .. }
             | Edit::Set { token, .. } => Some(token),
             Edit::ForceIf { token, .. } => token,
             Edit::Scale { .. } | Edit::Mask(_) | Edit::Truncate(_) | Edit::Reshape(_) => None,
@@ -132,6 +142,7 @@ impl Edit {
                 | Edit::Bias { .. }
                 | Edit::Penalty { .. }
                 | Edit::AddScaledAbs { .. }
+                | Edit::AddScaledFrom { .. }
                 | Edit::Set { .. }
         )
     }
@@ -178,10 +189,15 @@ impl Edit {
                 x + x.abs() * factor
             }
             Edit::Set { token, value } if here(token) => value,
+            // `band.lo` is the source's resolved value.
+            Edit::AddScaledFrom { token, factor, .. } if here(token) && x.is_finite() => {
+                x + factor * band.lo
+            }
             Edit::Ban { .. }
             | Edit::Bias { .. }
             | Edit::Penalty { .. }
             | Edit::AddScaledAbs { .. }
+            | Edit::AddScaledFrom { .. }
             | Edit::Set { .. } => x,
             Edit::Mask(mask) if allowed(mask) => x,
             Edit::Mask(_) => f32::NEG_INFINITY,
@@ -363,6 +379,10 @@ impl RowPlan {
         self.edits
             .iter()
             .filter_map(Edit::token)
+            .chain(self.edits.iter().filter_map(|e| match *e {
+                Edit::AddScaledFrom { source, .. } => Some(source),
+                _ => None,
+            }))
             .try_for_each(|token| check_token("plan", token, vocab_size))
     }
 
@@ -406,7 +426,10 @@ impl RowPlan {
         self.edits.iter().any(|e| {
             matches!(
                 e,
-                Edit::Truncate(_) | Edit::Reshape(_) | Edit::ForceIf { .. }
+                Edit::Truncate(_)
+                    | Edit::Reshape(_)
+                    | Edit::ForceIf { .. }
+                    | Edit::AddScaledFrom { .. }
             )
         })
     }
@@ -415,7 +438,7 @@ impl RowPlan {
     /// truncation rule the GPU kernel does not have: [`Truncation::on_cpu_only`]).
     pub fn cpu_only(&self) -> bool {
         self.edits.iter().any(|e| match e {
-            Edit::Reshape(_) | Edit::ForceIf { .. } => true,
+            Edit::Reshape(_) | Edit::ForceIf { .. } | Edit::AddScaledFrom { .. } => true,
             Edit::Truncate(rule) => rule.on_cpu_only(),
             _ => false,
         })
@@ -536,6 +559,7 @@ impl RowPlan {
                 Edit::Truncate(rule) => Reduction::Band(rule),
                 Edit::Reshape(rule) => Reduction::Shape(rule),
                 Edit::ForceIf { when, .. } => Reduction::Trigger(when),
+                Edit::AddScaledFrom { source, .. } => Reduction::Value(source),
                 _ => continue,
             };
             let resolved = match (at, T::as_f32(row)) {
@@ -804,6 +828,10 @@ impl RowPlan {
                 Edit::ForceIf { when, .. } if when.holds(&values()) => {
                     (Band::FIRED, Shape::Identity)
                 }
+                Edit::AddScaledFrom { source, .. } => {
+                    let v = row[*source as usize].to_f32();
+                    (Band { lo: v, hi: v }, Shape::Identity)
+                }
                 _ => (Band::ALL, Shape::Identity),
             };
             for (index, x) in row.iter_mut().enumerate() {
@@ -844,6 +872,8 @@ enum Reduction {
     Band(Truncation),
     Shape(Reshape),
     Trigger(Trigger),
+    /// The value of one logit (an [`Edit::AddScaledFrom`]'s source), kept as a band `v..=v`.
+    Value(u32),
 }
 
 enum Resolved {
@@ -858,6 +888,10 @@ impl Reduction {
             Reduction::Band(rule) => Resolved::Band(rule.band(values, work)),
             Reduction::Shape(rule) => Resolved::Shape(rule.shape(values)),
             Reduction::Trigger(rule) => Resolved::Fired(rule.holds(values)),
+            Reduction::Value(token) => {
+                let v = values.get(*token as usize).copied().unwrap_or(f32::NAN);
+                Resolved::Band(Band { lo: v, hi: v })
+            }
         }
     }
 }
@@ -984,6 +1018,13 @@ mod tests {
             }),
             (-1.0f32..2.0, -1.0f32..2.0)
                 .prop_map(|(k, s)| Edit::Reshape(Reshape::Smoothing { k, s })),
+            (0..vocab, 0..vocab, -2.0f32..2.0).prop_map(|(token, source, factor)| {
+                Edit::AddScaledFrom {
+                    token,
+                    source,
+                    factor,
+                }
+            }),
             (proptest::option::of(0..vocab), 0..vocab).prop_map(|(token, argmax)| {
                 Edit::ForceIf {
                     token,
@@ -1018,6 +1059,7 @@ mod tests {
                     };
                     plan.push_mask(words, seed % 2 == 0);
                 }
+                Edit::AddScaledFrom { source, .. } if source as usize >= len => {}
                 e if e.token().is_none_or(|t| (t as usize) < len) => plan.push(e),
                 _ => {}
             }

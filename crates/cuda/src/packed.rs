@@ -139,7 +139,7 @@ impl Op {
             Edit::Set { .. } => Op::Set,
             Edit::Mask(_) => Op::Mask,
             Edit::Truncate(_) => Op::Truncate,
-            Edit::Reshape(_) | Edit::ForceIf { .. } => return None,
+            Edit::Reshape(_) | Edit::ForceIf { .. } | Edit::AddScaledFrom { .. } => return None,
         })
     }
 
@@ -495,7 +495,7 @@ impl PackedPlans {
                 | Edit::Penalty { .. }
                 | Edit::AddScaledAbs { .. }
                 | Edit::Set { .. } => unreachable!(),
-                Edit::Reshape(_) | Edit::ForceIf { .. } => {
+                Edit::Reshape(_) | Edit::ForceIf { .. } | Edit::AddScaledFrom { .. } => {
                     unreachable!("refused by `Op::of` above")
                 }
             };
