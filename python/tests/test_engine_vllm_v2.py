@@ -228,6 +228,17 @@ PIPELINES = {
     "mirostat": [{"kind": "mirostat", "version": 2, "tau": 3.0}],
     "mirostat_v1": [{"kind": "mirostat", "version": 1, "tau": 3.0, "n_vocab": V}],
     "adaptive_p": [{"kind": "adaptive_p", "target": 0.5}],
+    "gen_length": [{"kind": "gen_length", "boost_factor": 1.5, "boost_token": EOS}],
+    "force_last_phrase": [{"kind": "force_last_phrase", "phrase": [40, 41, 42], "eos_token_id": EOS}],
+    "max_time": [{"kind": "max_time", "max_time": 0.0, "boost_token": EOS}],
+    "trigger_phrase": [
+        {"kind": "trigger_phrase", "phrase": [43, 44], "trigger_token_phrase": 7, "trigger_count": 2}
+    ],
+    "prevent_hallucination": [{"kind": "prevent_hallucination", "minp": 0.3, "tolerate": 1, "phrase": [45, 46]}],
+    "cite_from_prompt": [
+        {"kind": "cite_from_prompt", "boost_factor": 2.0, "conditional_boost_factor": 1.0, "eos_token_id": EOS}
+    ],
+    "multiple_choice": [{"kind": "multiple_choice", "choices": [47, 48, 49, EOS]}],
     "mixed": [
         {"kind": "repetition_penalty", "penalty": 1.3},
         {"kind": "no_repeat_ngram", "n": 3},

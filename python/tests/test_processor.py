@@ -122,6 +122,66 @@ SPECS = st.one_of(
     ),
     st.builds(lambda v, tau: {"kind": "mirostat", "version": v, "tau": tau, "n_vocab": VOCAB}, st.sampled_from([1, 2]), st.floats(1.0, 6.0)),
     st.builds(lambda t: {"kind": "adaptive_p", "target": t}, st.floats(0.1, 0.9)),
+    st.builds(
+        lambda p, e: {"kind": "force_last_phrase", "phrase": p, "eos_token_id": e},
+        st.lists(st.integers(0, VOCAB - 1), min_size=1, max_size=3),
+        st.integers(0, VOCAB - 1),
+    ),
+    st.builds(
+        lambda f, p, c, b: {
+            "kind": "gen_length",
+            "boost_factor": f,
+            "p": p,
+            "complete_sentences": c,
+            "boost_token": b,
+            "sentence_end_ids": [3, 4],
+        },
+        st.floats(-2.0, 2.0),
+        st.integers(0, 3),
+        st.booleans(),
+        st.integers(0, VOCAB - 1),
+    ),
+    # 0 s: forced from the first step, whichever processor; 1e6 s: never.
+    st.builds(
+        lambda t, b: {"kind": "max_time", "max_time": t, "boost_token": b},
+        st.sampled_from([0.0, 1e6]),
+        st.integers(0, VOCAB - 1),
+    ),
+    st.builds(
+        lambda p, t, c, a: {
+            "kind": "trigger_phrase",
+            "phrase": p,
+            "trigger_token_phrase": t,
+            "trigger_count": c,
+            "trigger_after": a,
+        },
+        st.lists(st.integers(0, VOCAB - 1), min_size=1, max_size=3),
+        st.integers(0, VOCAB - 1),
+        st.integers(0, 2),
+        st.booleans(),
+    ),
+    st.builds(
+        lambda m, t, p: {"kind": "prevent_hallucination", "minp": m, "tolerate": t, "phrase": p},
+        st.floats(0.0, 1.0),
+        st.integers(0, 2),
+        st.lists(st.integers(0, VOCAB - 1), min_size=1, max_size=3),
+    ),
+    st.builds(
+        lambda b, e, c: {
+            "kind": "cite_from_prompt",
+            "boost_factor": b,
+            "boost_eos": e,
+            "conditional_boost_factor": c,
+            "eos_token_id": 0,
+        },
+        st.floats(-2.0, 2.0),
+        st.booleans(),
+        st.floats(-2.0, 2.0),
+    ),
+    st.builds(
+        lambda c: {"kind": "multiple_choice", "choices": c},
+        st.lists(st.integers(0, VOCAB - 1), min_size=1, max_size=4),
+    ),
 )
 #: The kinds SPECS does not cover, and why: the tokenizer's kinds (test_grammar.py, and
 #: ban_strings below) and the caller's bitmask.
@@ -215,7 +275,8 @@ def registered_kinds() -> set:
 def test_the_strategy_covers_every_kind():
     covered = set()
 
-    @settings(max_examples=400, deadline=None)
+    # Enough draws that each of the ~50 kinds' strategies comes up (400 sometimes missed one).
+    @settings(max_examples=2000, deadline=None)
     @given(SPECS)
     def collect(spec):
         covered.add(spec["kind"])

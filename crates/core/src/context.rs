@@ -67,6 +67,8 @@ pub struct SpecContext {
     pub grammar: Option<crate::grammar::GrammarEnv>,
     /// The engine's tokenizer, for specs that carry text ([`SpecContext::encode`]).
     pub encoder: Option<Encoder>,
+    /// The engine's EOS id (the first of its EOS ids), for kinds that act on EOS by default.
+    pub eos_token_id: Option<u32>,
     /// No engine is known yet (a frontend, a client): what a kind would take from the engine is
     /// not checked, only what does not depend on it ([`SpecContext::structure_only`]).
     pub structure_only: bool,
@@ -103,6 +105,7 @@ impl SpecContext {
             hello_world,
             thinking_tokens,
             encoder: encoder.map(Encoder),
+            eos_token_id: eos_token_ids.first().copied(),
             ..Default::default()
         })
     }

@@ -44,7 +44,9 @@ pub use grammar::GrammarEnv;
 pub use history::TokenHistory;
 pub use logit::{DType, Logit};
 pub use pipeline::{Pipeline, Stage, Step};
-pub use plan::{Band, Bitmask, Edit, ForcedValue, MaskId, Reshape, RowPlan, Shape, Truncation};
+pub use plan::{
+    Band, Bitmask, Edit, ForcedValue, MaskId, Reshape, RowPlan, Shape, Trigger, Truncation,
+};
 pub use processors::{
     canonical_order, check_order, get_thinking_token_config, hello_world, process_row,
     reads_history, register_thinking_token_config, BanTokens, ForcedSequence, LogitBias,

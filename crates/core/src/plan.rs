@@ -67,6 +67,55 @@ pub enum Edit {
     /// Every logit goes through the element-wise [`Shape`] the rule computes from the row as it
     /// stands here (dynamic temperature, smoothing). CPU only: the CUDA path refuses it.
     Reshape(Reshape),
+    /// `token`'s logit `x`, when finite, becomes `x + factor * v` (the product rounded to f32
+    /// first; a non-finite `x` stays as it is), `v` the
+    /// logit of `source` as the row stands here (resolved in the row's pass, like a band): the
+    /// zoo's multiple choice boosting a choice by its first word. CPU only.
+    AddScaledFrom {
+        token: u32,
+        source: u32,
+        factor: f32,
+    },
+    /// When `when` holds for the row as it stands here, an [`Edit::Force`] of `token` keeping its
+    /// value (with no `token`: nothing, the edit only watches); otherwise nothing. Whether it
+    /// held is kept for the processor's next step ([`RowPlan::fired`]); `key` tells one step's
+    /// edit from another's. CPU only: the CUDA path refuses it.
+    ForceIf {
+        token: Option<u32>,
+        when: Trigger,
+        key: u32,
+    },
+}
+
+/// A condition on a row, read where an [`Edit::ForceIf`] runs.
+#[derive(Debug, Clone, Copy, PartialEq)]
+pub enum Trigger {
+    /// `token`'s value is the row's largest (a tie for the largest counts; NaN is never the
+    /// largest, and a row of `-inf` has none).
+    ArgmaxIs { token: u32 },
+    /// The row's largest softmax probability is below `p` (a row with no finite maximum has no
+    /// distribution: never).
+    MaxProbBelow { p: f32 },
+}
+
+impl Trigger {
+    /// Whether the condition holds for `values`.
+    pub fn holds(&self, values: &[f32]) -> bool {
+        let max = crate::truncation::largest(values);
+        match *self {
+            Trigger::ArgmaxIs { token } => values
+                .get(token as usize)
+                .is_some_and(|&x| x > f32::NEG_INFINITY && x >= max),
+            Trigger::MaxProbBelow { p } => {
+                if !max.is_finite() {
+                    return false;
+                }
+                // The largest probability is 1 / S, S = sum of exp(x - max).
+                let sum = crate::truncation::Softmax::weights_only(values, max).scale();
+                1.0 / sum < p
+            }
+        }
+    }
 }
 
 impl Edit {
@@ -78,7 +127,9 @@ impl Edit {
             | Edit::Bias { token, .. }
             | Edit::Penalty { token, .. }
             | Edit::AddScaledAbs { token, .. }
+            | Edit::AddScaledFrom { token, .. }
             | Edit::Set { token, .. } => Some(token),
+            Edit::ForceIf { token, .. } => token,
             Edit::Scale { .. } | Edit::Mask(_) | Edit::Truncate(_) | Edit::Reshape(_) => None,
         }
     }
@@ -91,13 +142,15 @@ impl Edit {
                 | Edit::Bias { .. }
                 | Edit::Penalty { .. }
                 | Edit::AddScaledAbs { .. }
+                | Edit::AddScaledFrom { .. }
                 | Edit::Set { .. }
         )
     }
 
     /// The value the logit at `index`, of value `x`, takes under this edit, before rounding to
     /// the row's element type. `allowed` says whether a mask allows `index`; `band` is a
-    /// truncation's resolved band. The one definition of each edit's meaning: the fused pass,
+    /// truncation's resolved band ([`Band::FIRED`] for an [`Edit::ForceIf`] whose condition
+    /// held). The one definition of each edit's meaning: the fused pass,
     /// the GPU kernel's host emulation and the tests all use it.
     #[inline]
     pub fn value(&self, index: usize, x: f32, allowed: impl Fn(MaskId) -> bool, band: Band) -> f32 {
@@ -136,16 +189,31 @@ impl Edit {
                 x + x.abs() * factor
             }
             Edit::Set { token, value } if here(token) => value,
+            // `band.lo` is the source's resolved value.
+            Edit::AddScaledFrom { token, factor, .. } if here(token) && x.is_finite() => {
+                x + factor * band.lo
+            }
             Edit::Ban { .. }
             | Edit::Bias { .. }
             | Edit::Penalty { .. }
             | Edit::AddScaledAbs { .. }
+            | Edit::AddScaledFrom { .. }
             | Edit::Set { .. } => x,
             Edit::Mask(mask) if allowed(mask) => x,
             Edit::Mask(_) => f32::NEG_INFINITY,
             Edit::Truncate(_) if band.removes(x) => f32::NEG_INFINITY,
             Edit::Truncate(_) => x,
             Edit::Reshape(_) => shape.apply(x),
+            Edit::ForceIf {
+                token: Some(token), ..
+            } if band == Band::FIRED => {
+                if here(token) {
+                    x + 0.0
+                } else {
+                    f32::NEG_INFINITY
+                }
+            }
+            Edit::ForceIf { .. } => x,
         }
     }
 }
@@ -311,6 +379,10 @@ impl RowPlan {
         self.edits
             .iter()
             .filter_map(Edit::token)
+            .chain(self.edits.iter().filter_map(|e| match *e {
+                Edit::AddScaledFrom { source, .. } => Some(source),
+                _ => None,
+            }))
             .try_for_each(|token| check_token("plan", token, vocab_size))
     }
 
@@ -318,38 +390,55 @@ impl RowPlan {
     /// is `-inf` after it, and no later edit turns `-inf` into anything else but an [`Edit::Set`]
     /// ([`RowPlan::set_after_force`]).
     pub fn forced_token(&self) -> Option<u32> {
-        self.edits.iter().rev().find_map(|e| match *e {
+        (0..self.edits.len()).rev().find_map(|i| self.forces(i))
+    }
+
+    /// The token the edit at `index` forces: an [`Edit::Force`]'s, or an [`Edit::ForceIf`]'s
+    /// whose condition held in the last resolution.
+    fn forces(&self, index: usize) -> Option<u32> {
+        match self.edits[index] {
             Edit::Force { token, .. } => Some(token),
+            Edit::ForceIf {
+                token: Some(token), ..
+            } if self.band(index) == Band::FIRED => Some(token),
             _ => None,
-        })
+        }
     }
 
     /// The tokens an [`Edit::Set`] after the last force of `range` sets (the force's own token
     /// included): with a force, the only logits besides its survivor that are not `-inf`.
     pub fn set_after_force(&self, range: std::ops::Range<usize>) -> impl Iterator<Item = u32> + '_ {
-        let edits = &self.edits[range];
-        let after = edits
+        let after = range
+            .clone()
+            .rev()
+            .find(|&i| self.forces(i).is_some())
+            .map_or(range.end, |last| last + 1);
+        self.edits[after..range.end]
             .iter()
-            .rposition(|e| matches!(e, Edit::Force { .. }))
-            .map_or(edits.len(), |last| last + 1);
-        edits[after..].iter().filter_map(|e| match *e {
-            Edit::Set { token, .. } => Some(token),
-            _ => None,
-        })
+            .filter_map(|e| match *e {
+                Edit::Set { token, .. } => Some(token),
+                _ => None,
+            })
     }
 
     /// Whether the plan needs a reduction over the row before its pass.
     pub fn truncates(&self) -> bool {
-        self.edits
-            .iter()
-            .any(|e| matches!(e, Edit::Truncate(_) | Edit::Reshape(_)))
+        self.edits.iter().any(|e| {
+            matches!(
+                e,
+                Edit::Truncate(_)
+                    | Edit::Reshape(_)
+                    | Edit::ForceIf { .. }
+                    | Edit::AddScaledFrom { .. }
+            )
+        })
     }
 
     /// Whether the plan holds an edit only the CPU path carries out ([`Edit::Reshape`], or a
     /// truncation rule the GPU kernel does not have: [`Truncation::on_cpu_only`]).
     pub fn cpu_only(&self) -> bool {
         self.edits.iter().any(|e| match e {
-            Edit::Reshape(_) => true,
+            Edit::Reshape(_) | Edit::ForceIf { .. } | Edit::AddScaledFrom { .. } => true,
             Edit::Truncate(rule) => rule.on_cpu_only(),
             _ => false,
         })
@@ -374,7 +463,19 @@ impl RowPlan {
                 x.is_finite()
                     .then(|| crate::truncation::exp(x - max) / scale)
             }
+            Observed::Fired(_) => None,
         }
+    }
+
+    /// Whether the condition of the [`Edit::ForceIf`] `rule` at index `edit` held in the last
+    /// pass; `None` when that pass did not run that edit.
+    pub fn fired(&self, edit: usize, rule: &Edit) -> Option<bool> {
+        self.observations
+            .iter()
+            .find_map(|(at, r, observed)| match observed {
+                Observed::Fired(fired) if *at == edit && r == rule => Some(*fired),
+                _ => None,
+            })
     }
 
     /// Keeps, for an observing truncation at `edit`, the probabilities of the tokens `band`
@@ -457,6 +558,8 @@ impl RowPlan {
             let rule = match self.edits[at] {
                 Edit::Truncate(rule) => Reduction::Band(rule),
                 Edit::Reshape(rule) => Reduction::Shape(rule),
+                Edit::ForceIf { when, .. } => Reduction::Trigger(when),
+                Edit::AddScaledFrom { source, .. } => Reduction::Value(source),
                 _ => continue,
             };
             let resolved = match (at, T::as_f32(row)) {
@@ -521,6 +624,13 @@ impl RowPlan {
                     self.shapes.push((at, shape));
                 }
                 (Resolved::Shape(shape), _) => self.shapes.push((at, shape)),
+                (Resolved::Fired(fired), _) => {
+                    self.observations
+                        .push((at, self.edits[at], Observed::Fired(fired)));
+                    if fired {
+                        self.bands.push((at, Band::FIRED));
+                    }
+                }
             }
         }
         if let Some(scratch) = scratch {
@@ -539,11 +649,7 @@ impl RowPlan {
 
     /// Carries out the edits `range` (truncations in it resolved) on `row`, in one pass.
     fn run<T: Logit>(&mut self, range: std::ops::Range<usize>, row: &mut [T], fill: Fill) {
-        let edits = &self.edits[range.clone()];
-        if let Some(last) = edits.iter().rposition(|e| matches!(e, Edit::Force { .. })) {
-            let Edit::Force { token, .. } = edits[last] else {
-                unreachable!()
-            };
+        if let Some(token) = range.clone().rev().find_map(|i| self.forces(i)) {
             let index = token as usize;
             let survivor = self.fold(range.clone(), index, row[index]);
             let set: Vec<(usize, T)> = self
@@ -662,6 +768,8 @@ impl RowPlan {
                         Edit::Mask(id) => mask_chunk(chunk, start, self.bitmask(id)),
                         Edit::Truncate(_) => kernels::remove_outside(chunk, self.band(i)),
                         Edit::Reshape(_) => self.shape(i).apply_row(chunk),
+                        // One whose condition held makes the pass a forced one instead.
+                        Edit::ForceIf { .. } => {}
                         _ => unreachable!("only dense edits are listed"),
                     }
                 }
@@ -717,6 +825,13 @@ impl RowPlan {
                     Shape::Identity,
                 ),
                 Edit::Reshape(rule) => (Band::ALL, rule.shape(&values())),
+                Edit::ForceIf { when, .. } if when.holds(&values()) => {
+                    (Band::FIRED, Shape::Identity)
+                }
+                Edit::AddScaledFrom { source, .. } => {
+                    let v = row[*source as usize].to_f32();
+                    (Band { lo: v, hi: v }, Shape::Identity)
+                }
                 _ => (Band::ALL, Shape::Identity),
             };
             for (index, x) in row.iter_mut().enumerate() {
@@ -747,6 +862,8 @@ enum Observed {
         max: f32,
         scale: f32,
     },
+    /// Whether a [`Edit::ForceIf`]'s condition held.
+    Fired(bool),
 }
 
 /// A rule that reads the row before its edit: a truncation's band or a reshape's shape.
@@ -754,11 +871,15 @@ enum Observed {
 enum Reduction {
     Band(Truncation),
     Shape(Reshape),
+    Trigger(Trigger),
+    /// The value of one logit (an [`Edit::AddScaledFrom`]'s source), kept as a band `v..=v`.
+    Value(u32),
 }
 
 enum Resolved {
     Band(Band),
     Shape(Shape),
+    Fired(bool),
 }
 
 impl Reduction {
@@ -766,6 +887,11 @@ impl Reduction {
         match self {
             Reduction::Band(rule) => Resolved::Band(rule.band(values, work)),
             Reduction::Shape(rule) => Resolved::Shape(rule.shape(values)),
+            Reduction::Trigger(rule) => Resolved::Fired(rule.holds(values)),
+            Reduction::Value(token) => {
+                let v = values.get(*token as usize).copied().unwrap_or(f32::NAN);
+                Resolved::Band(Band { lo: v, hi: v })
+            }
         }
     }
 }
@@ -892,6 +1018,27 @@ mod tests {
             }),
             (-1.0f32..2.0, -1.0f32..2.0)
                 .prop_map(|(k, s)| Edit::Reshape(Reshape::Smoothing { k, s })),
+            (0..vocab, 0..vocab, -2.0f32..2.0).prop_map(|(token, source, factor)| {
+                Edit::AddScaledFrom {
+                    token,
+                    source,
+                    factor,
+                }
+            }),
+            (proptest::option::of(0..vocab), 0..vocab).prop_map(|(token, argmax)| {
+                Edit::ForceIf {
+                    token,
+                    when: Trigger::ArgmaxIs { token: argmax },
+                    key: 0,
+                }
+            }),
+            (proptest::option::of(0..vocab), 0.0f32..1.0).prop_map(|(token, p)| {
+                Edit::ForceIf {
+                    token,
+                    when: Trigger::MaxProbBelow { p },
+                    key: 0,
+                }
+            }),
         ]
     }
 
@@ -912,6 +1059,7 @@ mod tests {
                     };
                     plan.push_mask(words, seed % 2 == 0);
                 }
+                Edit::AddScaledFrom { source, .. } if source as usize >= len => {}
                 e if e.token().is_none_or(|t| (t as usize) < len) => plan.push(e),
                 _ => {}
             }

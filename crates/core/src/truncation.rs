@@ -55,6 +55,12 @@ impl Band {
         hi: f32::INFINITY,
     };
 
+    /// Not a band of values: marks an [`crate::Edit::ForceIf`] whose condition held.
+    pub const FIRED: Band = Band {
+        lo: f32::INFINITY,
+        hi: f32::NEG_INFINITY,
+    };
+
     #[inline]
     pub fn removes(&self, x: f32) -> bool {
         x < self.lo || x > self.hi

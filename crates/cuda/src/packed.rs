@@ -117,7 +117,8 @@ impl Op {
     ];
 
     /// The op that carries out `edit`; `None` for an edit the kernel does not have (a
-    /// [`Edit::Reshape`]: plans holding one are refused, [`RowPlan::cpu_only`]). Exhaustive: a new
+    /// [`Edit::Reshape`] or [`Edit::ForceIf`]: plans holding one are refused,
+    /// [`RowPlan::cpu_only`]). Exhaustive: a new
     /// kind of edit does not compile until it is given an op here (and then in the kernel, through
     /// [`kernel_header`]) or refused.
     pub fn of(edit: &Edit) -> Option<Op> {
@@ -138,7 +139,7 @@ impl Op {
             Edit::Set { .. } => Op::Set,
             Edit::Mask(_) => Op::Mask,
             Edit::Truncate(_) => Op::Truncate,
-            Edit::Reshape(_) => return None,
+            Edit::Reshape(_) | Edit::ForceIf { .. } | Edit::AddScaledFrom { .. } => return None,
         })
     }
 
@@ -494,7 +495,9 @@ impl PackedPlans {
                 | Edit::Penalty { .. }
                 | Edit::AddScaledAbs { .. }
                 | Edit::Set { .. } => unreachable!(),
-                Edit::Reshape(_) => unreachable!("refused by `Op::of` above"),
+                Edit::Reshape(_) | Edit::ForceIf { .. } | Edit::AddScaledFrom { .. } => {
+                    unreachable!("refused by `Op::of` above")
+                }
             };
             let at = dense_begin + dense * DENSE_WORDS;
             self.words[at..at + DENSE_WORDS].copy_from_slice(&words);

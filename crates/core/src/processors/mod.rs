@@ -7,6 +7,7 @@ mod bad_words;
 mod ban_strings;
 mod ban_tokens;
 mod bitmask;
+mod cite_from_prompt;
 mod count_penalty;
 mod counts;
 mod cursor;
@@ -14,19 +15,25 @@ mod dry;
 pub(crate) mod dynamic_temperature;
 mod eos;
 mod exponential_decay_length_penalty;
+mod force_last_phrase;
 mod forced_eos;
 mod forced_sequence;
 mod frequency_penalty;
+mod gen_length;
 #[cfg(feature = "grammar")]
 mod grammar;
 mod hello_world;
 mod logit_bias;
 mod matcher;
+mod max_time;
 mod min_length;
 mod min_new_tokens;
 pub(crate) mod mirostat;
+mod multiple_choice;
 mod no_repeat_ngram;
+mod phrase;
 mod presence_penalty;
+mod prevent_hallucination;
 mod repetition_penalty;
 mod sequence_bias;
 pub(crate) mod smoothing;
@@ -39,8 +46,10 @@ mod thinking_budget;
 mod thinking_config;
 pub(crate) mod top_a;
 pub(crate) mod top_n_sigma;
+mod trigger_phrase;
 mod truncate;
 pub(crate) mod xtc;
+pub(crate) mod zoo;
 
 pub use adaptive_p::{AdaptiveP, AdaptivePSpec};
 pub use allowed_token_ids::{AllowedTokenIds, AllowedTokenIdsSpec};
@@ -49,24 +58,30 @@ pub use bad_words::{BadWords, BadWordsSpec};
 pub use ban_strings::{BanStrings, BanStringsSpec};
 pub use ban_tokens::{BanTokens, BanTokensSpec};
 pub use bitmask::{BitmaskSpec, CallerBitmask};
+pub use cite_from_prompt::{CiteFromPrompt, CiteFromPromptSpec};
 pub use count_penalty::CountPenalty;
 pub use dry::{Dry, DrySpec};
 pub use dynamic_temperature::{DynamicTemperature, DynamicTemperatureSpec};
 pub use exponential_decay_length_penalty::{
     ExponentialDecayLengthPenalty, ExponentialDecayLengthPenaltySpec,
 };
+pub use force_last_phrase::{ForceLastPhrase, ForceLastPhraseSpec};
 pub use forced_eos::{ForcedEos, ForcedEosSpec};
 pub use forced_sequence::{ForcedSequence, ForcedSequenceSpec, Position, PositionSpec};
 pub use frequency_penalty::{FrequencyPenalty, FrequencyPenaltySpec};
+pub use gen_length::{GenLength, GenLengthSpec};
 #[cfg(feature = "grammar")]
 pub use grammar::{Grammar, GrammarSpec, JsonObjectSpec};
 pub use hello_world::{hello_world, HelloWorldSpec, TextEncoder, HELLO_WORLD_TEXT};
 pub use logit_bias::{LogitBias, LogitBiasSpec};
+pub use max_time::{MaxTime, MaxTimeSpec};
 pub use min_length::{MinLength, MinLengthSpec};
 pub use min_new_tokens::{MinNewTokens, MinNewTokensSpec};
 pub use mirostat::{Mirostat, MirostatSpec};
+pub use multiple_choice::{MultipleChoice, MultipleChoiceSpec};
 pub use no_repeat_ngram::{NoRepeatNGram, NoRepeatNGramSpec};
 pub use presence_penalty::{PresencePenalty, PresencePenaltySpec};
+pub use prevent_hallucination::{PreventHallucination, PreventHallucinationSpec};
 pub use repetition_penalty::{RepetitionPenalty, RepetitionPenaltySpec, Scope};
 pub use sequence_bias::{SequenceBias, SequenceBiasSpec};
 pub use smoothing::{Smoothing, SmoothingSpec};
@@ -80,10 +95,12 @@ pub use thinking_config::{
 };
 pub use top_a::TopASpec;
 pub use top_n_sigma::TopNSigmaSpec;
+pub use trigger_phrase::{TriggerPhrase, TriggerPhraseSpec};
 pub use truncate::{
     EpsilonCutoffSpec, EtaCutoffSpec, MinPSpec, TopKSpec, TopPSpec, Truncate, TypicalPSpec,
 };
 pub use xtc::{Xtc, XtcSpec};
+pub use zoo::{Clock, ManualClock, SystemClock, TextOrId, TextOrIds};
 
 use crate::error::Result;
 use crate::history::TokenHistory;
@@ -101,6 +118,9 @@ pub(crate) static KINDS: &[Kind] = &[
     Kind::new::<PresencePenaltySpec>("presence_penalty"),
     Kind::new::<DrySpec>("dry"),
     Kind::new::<ExponentialDecayLengthPenaltySpec>("exponential_decay_length_penalty"),
+    // logits-processor-zoo's biases: the end token by length, the prompt's tokens.
+    Kind::new::<GenLengthSpec>("gen_length"),
+    Kind::new::<CiteFromPromptSpec>("cite_from_prompt"),
     // Bans and allowed ids, then the kinds that force a token.
     Kind::new::<BanTokensSpec>("ban_tokens"),
     Kind::new::<BadWordsSpec>("bad_words"),
@@ -111,6 +131,7 @@ pub(crate) static KINDS: &[Kind] = &[
     Kind::new::<MinNewTokensSpec>("min_new_tokens"),
     Kind::new::<SuppressTokensAtBeginSpec>("suppress_tokens_at_begin"),
     Kind::new::<AllowedTokenIdsSpec>("allowed_token_ids"),
+    Kind::new::<MultipleChoiceSpec>("multiple_choice"),
     // Grammars and the caller's own bitmask: masks, like the allowed ids.
     #[cfg(feature = "grammar")]
     Kind::new::<GrammarSpec>("grammar"),
@@ -120,6 +141,11 @@ pub(crate) static KINDS: &[Kind] = &[
     Kind::new::<ForcedEosSpec>("forced_eos"),
     Kind::new::<ForcedSequenceSpec>("forced_sequence"),
     Kind::new::<HelloWorldSpec>("hello_world"),
+    // logits-processor-zoo's forcing kinds: their triggers read the row the kinds above left.
+    Kind::new::<ForceLastPhraseSpec>("force_last_phrase"),
+    Kind::new::<MaxTimeSpec>("max_time"),
+    Kind::new::<TriggerPhraseSpec>("trigger_phrase"),
+    Kind::new::<PreventHallucinationSpec>("prevent_hallucination"),
     // (User processors go here: see `USER_STEPS_BEFORE`.)
     Kind::new::<ThinkingBudgetSpec>("thinking_budget"),
     // Value transforms that read the row: quadratic smoothing before any temperature, as
@@ -175,7 +201,13 @@ pub fn reads_history(kind: &str) -> bool {
 }
 
 /// Kinds that allow only some tokens, whatever their logits.
-static MASKS: &[&str] = &["allowed_token_ids", "grammar", "json_object", "bitmask"];
+static MASKS: &[&str] = &[
+    "allowed_token_ids",
+    "multiple_choice",
+    "grammar",
+    "json_object",
+    "bitmask",
+];
 
 /// Kinds that cut a row by its values.
 static TRUNCATIONS: &[&str] = &[

@@ -243,6 +243,43 @@ fn spec_of(kind: &'static str) -> BoxedStrategy<Value> {
         "smoothing" => (0.0f64..3.0, 0.0f64..4.0)
             .prop_map(|(f, c)| json!({"kind": "smoothing", "factor": f, "curve": c}))
             .boxed(),
+        "force_last_phrase" => (tokens(4), token())
+            .prop_map(|(p, e)| json!({"kind": "force_last_phrase", "phrase": p, "eos_token_id": e}))
+            .boxed(),
+        "gen_length" => (-2.0f64..2.0, 0u32..4, any::<bool>(), token(), proptest::collection::vec(token(), 1..3))
+            .prop_map(|(f, p, c, b, ends)| {
+                json!({"kind": "gen_length", "boost_factor": f, "p": p, "complete_sentences": c,
+                       "boost_token": b, "sentence_end_ids": ends})
+            })
+            .boxed(),
+        // A limit no test reaches: a fresh processor starts its clock again (documented).
+        "max_time" => (1e6f64..1e9, any::<bool>(), token(), proptest::collection::vec(token(), 1..3))
+            .prop_map(|(t, c, b, ends)| {
+                json!({"kind": "max_time", "max_time": t, "complete_sentences": c,
+                       "boost_token": b, "sentence_end_ids": ends})
+            })
+            .boxed(),
+        // The trigger token only: a time trigger restarts with a fresh processor (documented).
+        "trigger_phrase" => (tokens(4), token(), 0u32..3, any::<bool>())
+            .prop_map(|(p, t, c, a)| {
+                json!({"kind": "trigger_phrase", "phrase": p, "trigger_token_phrase": t,
+                       "trigger_count": c, "trigger_after": a})
+            })
+            .boxed(),
+        "prevent_hallucination" => (0.0f64..1.0, 0u32..3, tokens(4))
+            .prop_map(|(m, t, p)| {
+                json!({"kind": "prevent_hallucination", "minp": m, "tolerate": t, "phrase": p})
+            })
+            .boxed(),
+        "cite_from_prompt" => (-2.0f64..2.0, any::<bool>(), -2.0f64..2.0, token())
+            .prop_map(|(b, e, c, eos)| {
+                json!({"kind": "cite_from_prompt", "boost_factor": b, "boost_eos": e,
+                       "conditional_boost_factor": c, "eos_token_id": eos})
+            })
+            .boxed(),
+        "multiple_choice" => tokens(5)
+            .prop_map(|c| json!({"kind": "multiple_choice", "choices": c}))
+            .boxed(),
         other => panic!("no strategy for {other}"),
     }
 }
@@ -307,6 +344,13 @@ resume_safe! {
     resume_safe_xtc: "xtc",
     resume_safe_dynamic_temperature: "dynamic_temperature",
     resume_safe_smoothing: "smoothing",
+    resume_safe_force_last_phrase_without_a_pass: "force_last_phrase",
+    resume_safe_gen_length: "gen_length",
+    resume_safe_max_time_before_its_limit: "max_time",
+    resume_safe_trigger_phrase_without_a_pass: "trigger_phrase",
+    resume_safe_prevent_hallucination_without_a_pass: "prevent_hallucination",
+    resume_safe_cite_from_prompt: "cite_from_prompt",
+    resume_safe_multiple_choice: "multiple_choice",
 }
 
 #[test]

@@ -1,0 +1,230 @@
+use schemars::JsonSchema;
+use serde::{Deserialize, Serialize};
+
+use crate::error::{Error, Result};
+use crate::history::TokenHistory;
+use crate::plan::{Edit, RowPlan};
+use crate::processors::zoo::{eos_or, sentence_ends, structure_only, with_kind, Seen, TextOrId};
+use crate::processors::LogitsProcessor;
+use crate::spec::{KindSpec, SpecContext};
+
+/// `{"kind": "gen_length", "boost_factor": 0.5, "p": 2, "boost_token": 2}`: a bias on
+/// the end token growing with the answer's length, as logits-processor-zoo's
+/// `GenLengthLogitsProcessor` (negative factors lengthen answers).
+///
+/// - `boost_factor` (finite): after `n` generated tokens the end token's logit gets
+///   `boost_factor * n^p / 10^p` (in f64, added in f32), until the end token has been generated;
+/// - `p` (int >= 0, default 2);
+/// - `complete_sentences` (default false): only when the last id ends a sentence;
+/// - `boost_token` (text of one token, or an id; default the engine's EOS id), e.g. `"</think>"`;
+/// - `sentence_end_ids` (ids; default the last tokens of `"It is a sentence."` and
+///   `"It is a new line\n"`, the zoo's full stop and new line).
+///
+/// The zoo adds `enabled * boost`, so a step that does not boost still adds a zero of the boost's
+/// sign, and so does this kind (bit for bit, `-0.0` included). One difference, on purpose: at the
+/// first step the zoo looks for the end token in the whole prompt (its `input_ids[:, -0:]`); this
+/// kind only in the generated ids (the boost there is `0` unless `p` is 0).
+#[derive(Debug, Clone, Serialize, Deserialize, JsonSchema)]
+#[serde(deny_unknown_fields)]
+pub struct GenLengthSpec {
+    pub boost_factor: f64,
+    #[serde(default = "default_p")]
+    pub p: u32,
+    #[serde(default)]
+    pub complete_sentences: bool,
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub boost_token: Option<TextOrId>,
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub sentence_end_ids: Option<Vec<u32>>,
+}
+
+fn default_p() -> u32 {
+    2
+}
+
+/// The boost token and sentence ends of the length kinds (`gen_length`, `max_time`).
+pub(crate) fn boost_and_ends(
+    context: &SpecContext,
+    boost_token: Option<&TextOrId>,
+    complete_sentences: bool,
+    sentence_end_ids: Option<&[u32]>,
+) -> Result<(u32, Option<Vec<u32>>)> {
+    let boost = match boost_token {
+        Some(token) => token.id(context, "boost_token")?,
+        None => eos_or(context, None, "boost_token")?,
+    };
+    let ends = complete_sentences
+        .then(|| sentence_ends(context, sentence_end_ids, "sentence_end_ids"))
+        .transpose()?;
+    Ok((boost, ends))
+}
+
+/// Whether realizing the length kinds needs the engine's tokenizer or EOS id.
+pub(crate) fn needs_engine(
+    boost_token: Option<&TextOrId>,
+    complete_sentences: bool,
+    sentence_end_ids: Option<&[u32]>,
+) -> bool {
+    boost_token.is_none_or(TextOrId::is_text) || (complete_sentences && sentence_end_ids.is_none())
+}
+
+impl KindSpec for GenLengthSpec {
+    fn check(&self) -> Result<()> {
+        if !self.boost_factor.is_finite() {
+            return Err(Error::argument(
+                "boost_factor",
+                format!("must be finite, got {}", self.boost_factor),
+            ));
+        }
+        if let Some(ids) = &self.sentence_end_ids {
+            crate::spec::check_len("sentence_end_ids", ids.len())?;
+        }
+        Ok(())
+    }
+
+    fn realize(
+        &self,
+        context: &SpecContext,
+        prompt_len: usize,
+    ) -> Result<Box<dyn LogitsProcessor>> {
+        let (boost_token, sentence_ends) = boost_and_ends(
+            context,
+            self.boost_token.as_ref(),
+            self.complete_sentences,
+            self.sentence_end_ids.as_deref(),
+        )?;
+        Ok(Box::new(GenLength {
+            boost_factor: self.boost_factor,
+            p: self.p,
+            boost_token,
+            sentence_ends,
+            prompt_len,
+            seen: Seen::default(),
+            before: Seen::default(),
+        }))
+    }
+
+    fn validate(&self, context: &SpecContext) -> Option<Result<()>> {
+        let needs = needs_engine(
+            self.boost_token.as_ref(),
+            self.complete_sentences,
+            self.sentence_end_ids.as_deref(),
+        );
+        structure_only(context, needs).then_some(Ok(()))
+    }
+
+    fn resolve(&self, context: &SpecContext) -> Result<Option<serde_json::Value>> {
+        let Ok((boost, ends)) = boost_and_ends(
+            context,
+            self.boost_token.as_ref(),
+            self.complete_sentences,
+            self.sentence_end_ids.as_deref(),
+        ) else {
+            return Ok(None);
+        };
+        let resolved = GenLengthSpec {
+            boost_token: Some(TextOrId::Id(boost)),
+            sentence_end_ids: ends,
+            ..self.clone()
+        };
+        Ok(Some(with_kind("gen_length", &resolved)))
+    }
+}
+
+/// The growing end-token bias: see [`GenLengthSpec`].
+#[derive(Debug, Clone, PartialEq)]
+pub struct GenLength {
+    boost_factor: f64,
+    p: u32,
+    boost_token: u32,
+    sentence_ends: Option<Vec<u32>>,
+    prompt_len: usize,
+    seen: Seen,
+    before: Seen,
+}
+
+impl GenLength {
+    /// The boost after `n` generated tokens: `boost_factor * n^p / 10^p`, as Python computes it
+    /// (exact integer powers, each rounded once to f64), then rounded to f32 as torch does.
+    pub fn boost(&self, n: usize) -> f32 {
+        let power = |base: u128| match base.checked_pow(self.p) {
+            Some(v) => v as f64,
+            None => (base as f64).powi(self.p.min(i32::MAX as u32) as i32),
+        };
+        (self.boost_factor * power(n as u128) / power(10)) as f32
+    }
+}
+
+impl LogitsProcessor for GenLength {
+    fn plan(&mut self, ids: &dyn TokenHistory, plan: &mut RowPlan) -> Result<()> {
+        self.before = self.seen;
+        let n = ids.token_count().saturating_sub(self.prompt_len);
+        let mut enabled = !self.seen.update(ids, self.prompt_len, self.boost_token);
+        if let Some(ends) = &self.sentence_ends {
+            enabled &= ids.last_token().is_some_and(|last| ends.contains(&last));
+        }
+        let boost = self.boost(n);
+        plan.push(Edit::Bias {
+            token: self.boost_token,
+            // torch's `enabled * boost`: a zero of the boost's sign when not enabled.
+            bias: if enabled { boost } else { 0.0 * boost },
+        });
+        Ok(())
+    }
+
+    fn undo(&mut self) {
+        self.seen = self.before;
+    }
+
+    fn max_token_id(&self) -> Option<u32> {
+        Some(self.boost_token)
+    }
+
+    fn reset(&mut self) {
+        self.seen = Seen::default();
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::process_row;
+
+    fn gen_length(factor: f64, p: u32, ends: Option<Vec<u32>>) -> GenLength {
+        GenLength {
+            boost_factor: factor,
+            p,
+            boost_token: 0,
+            sentence_ends: ends,
+            prompt_len: 2,
+            seen: Seen::default(),
+            before: Seen::default(),
+        }
+    }
+
+    #[test]
+    fn the_boost_grows_with_length_until_the_end_token_is_written() {
+        let mut g = gen_length(0.5, 2, None);
+        let mut row = [1.0f32, 0.0, 0.0];
+        process_row(&mut g, &[5u32, 6, 1, 2, 3], &mut row).unwrap();
+        // 3 generated: 0.5 * 9 / 100.
+        assert_eq!(row[0], 1.0 + (0.5f64 * 9.0 / 100.0) as f32);
+        let mut row = [-0.0f32, 0.0, 0.0];
+        process_row(&mut g, &[5u32, 6, 1, 0, 3, 4], &mut row).unwrap();
+        assert_eq!(row[0].to_bits(), 0.0f32.to_bits(), "adds +0.0 once written");
+        let mut g = gen_length(-0.5, 2, None);
+        let mut row = [-0.0f32, 0.0, 0.0];
+        process_row(&mut g, &[5u32, 6, 0], &mut row).unwrap();
+        assert_eq!(row[0].to_bits(), (-0.0f32).to_bits(), "adds -0.0");
+    }
+
+    #[test]
+    fn complete_sentences_boost_only_after_a_sentence_end() {
+        let mut g = gen_length(1.0, 1, Some(vec![7]));
+        let mut row = [0.0f32; 8];
+        process_row(&mut g, &[5u32, 6, 1, 2], &mut row).unwrap();
+        assert_eq!(row[0], 0.0);
+        process_row(&mut g, &[5u32, 6, 1, 2, 7], &mut row).unwrap();
+        assert_eq!(row[0], 0.3);
+    }
+}
