@@ -383,11 +383,20 @@ impl RowPlan {
         let mut kept: Vec<(u32, f32)> = Vec::new();
         let max = crate::truncation::largest(values);
         let mut sum = 0f64;
-        for (i, &x) in values.iter().enumerate() {
-            if x.is_finite() && !band.removes(x) {
-                let q = crate::truncation::exp(x - max);
-                sum += q as f64;
-                kept.push((i as u32, q));
+        // Blocks of 16 without a kept value (most of them) cost a branch-free compare.
+        for (c, block) in values.chunks(16).enumerate() {
+            if !block
+                .iter()
+                .fold(false, |any, &x| any | ((x >= band.lo) & (x <= band.hi)))
+            {
+                continue;
+            }
+            for (j, &x) in block.iter().enumerate() {
+                if x.is_finite() && !band.removes(x) {
+                    let q = crate::truncation::exp(x - max);
+                    sum += q as f64;
+                    kept.push(((16 * c + j) as u32, q));
+                }
             }
         }
         for (_, q) in kept.iter_mut() {

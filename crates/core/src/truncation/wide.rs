@@ -35,8 +35,7 @@ pub(crate) enum Key {
     Typical { shift: f32 },
 }
 
-/// The per-lane quantities of one vector of values: `d = x - max`, its clamp at -87 (where the
-/// scale `2^n` stays normal; below it every weight is 0, as for NaN), and `exp`'s reduction.
+/// The weights of sixteen values under the row's maximum.
 struct Lanes {
     max: __m512,
 }
@@ -50,14 +49,23 @@ impl Lanes {
         }
     }
 
-    /// `(y, n)` with `exp(d) = y * 2^n` ([`super::exp`]'s operations), `d` clamped at -87 (NaN
-    /// becomes -87: `max_ps` returns its second operand when the first is NaN).
+    /// `d = x - max`.
     #[inline(always)]
-    unsafe fn exp_parts(&self, d: __m512) -> (__m512, __m512i, __m512) {
+    unsafe fn d(&self, x: __m512) -> __m512 {
+        _mm512_sub_ps(x, self.max)
+    }
+
+    /// `exp(d) * 2^32`, unrounded, by [`super::exp`]'s operations: `y * 2^n` with `n` and the
+    /// polynomial `y` as there, the scale by `2^(n + 32)` one exact `scalef` (the product of the
+    /// scalar path's `q = y * 2^n`, normal for every `d >= -87`, and `2^32`). Lanes with `d`
+    /// below -87, `-inf` or NaN give garbage: the callers mask them.
+    #[inline(always)]
+    unsafe fn scaled_exp(&self, d: __m512) -> __m512 {
         let splat = |v: f32| _mm512_set1_ps(v);
-        let d = _mm512_max_ps(d, splat(-87.0));
-        let shifter = splat(EXP_SHIFTER);
-        let n = _mm512_sub_ps(_mm512_fmadd_ps(d, splat(EXP_LOG2_E), shifter), shifter);
+        let biased = _mm512_fmadd_ps(d, splat(EXP_LOG2_E), splat(EXP_SHIFTER));
+        let n = _mm512_sub_ps(biased, splat(EXP_SHIFTER));
+        // `n + 32`, exactly: both are small integers.
+        let n_scaled = _mm512_sub_ps(biased, splat(EXP_SHIFTER - FIXED_BITS as f32));
         let r = _mm512_fmadd_ps(n, splat(-EXP_LN2_HI), d);
         let r = _mm512_fmadd_ps(n, splat(-EXP_LN2_LO), r);
         let mut p = splat(EXP_POLY[0]);
@@ -65,42 +73,35 @@ impl Lanes {
             p = _mm512_fmadd_ps(p, r, splat(c));
         }
         let y = _mm512_add_ps(_mm512_fmadd_ps(p, _mm512_mul_ps(r, r), r), splat(1.0));
-        (y, _mm512_cvtps_epi32(n), d)
+        _mm512_scalef_ps(y, n_scaled)
     }
 
-    /// `fixed(exp(x - max))` of sixteen values as integral f32, and `d = x - max` unclamped.
+    /// `fixed(exp(d))` of sixteen lanes as integral f32, 0 where `d < -23` (every such weight is
+    /// 0: `WEIGHTLESS`) or NaN; and the mask of the other lanes.
     #[inline(always)]
-    unsafe fn weights(&self, x: __m512) -> (__m512, __m512) {
-        let d = _mm512_sub_ps(x, self.max);
-        let (y, n, _) = self.exp_parts(d);
-        // `q * 2^32` is `y * 2^(n + 32)`: the same rounding, scaled exactly.
-        let pow2 = _mm512_slli_epi32::<23>(_mm512_add_epi32(
-            n,
-            _mm512_set1_epi32(127 + FIXED_BITS as i32),
-        ));
-        let t = _mm512_roundscale_ps::<{ _MM_FROUND_TO_NEAREST_INT | _MM_FROUND_NO_EXC }>(
-            _mm512_mul_ps(y, _mm512_castsi512_ps(pow2)),
-        );
-        (t, d)
+    unsafe fn weights(&self, d: __m512) -> (__m512, __mmask16) {
+        let live = _mm512_cmp_ps_mask::<_CMP_GE_OQ>(d, _mm512_set1_ps(-WEIGHTLESS));
+        (round(live, self.scaled_exp(d)), live)
     }
 
-    /// The weights and the entropy weights `fixed(q * -d)`, as integral f32.
+    /// The weights and the entropy weights `fixed(q * -d)` as integral f32, 0 where `d < -32`
+    /// (an entropy weight there is 0: `e^-32 * 32 * 2^32 < 0.002`) or NaN; and the mask of the
+    /// other lanes. `(q * 2^32) * -d` is `(q * -d) * 2^32`: scaling by `2^32` commutes with the
+    /// rounding of a normal product.
     #[inline(always)]
-    unsafe fn weights_and_entropy(&self, x: __m512) -> (__m512, __m512) {
-        let d = _mm512_sub_ps(x, self.max);
-        let (y, n, clamped) = self.exp_parts(d);
-        let two32 = _mm512_set1_ps((1u64 << FIXED_BITS) as f32);
-        let round =
-            |v| _mm512_roundscale_ps::<{ _MM_FROUND_TO_NEAREST_INT | _MM_FROUND_NO_EXC }>(v);
-        // `q = y * 2^n` as the scalar computes it (`n >= -126`: a normal scale).
-        let pow2 = _mm512_slli_epi32::<23>(_mm512_add_epi32(n, _mm512_set1_epi32(127)));
-        let q = _mm512_mul_ps(y, _mm512_castsi512_ps(pow2));
-        let t = round(_mm512_mul_ps(q, two32));
-        // `-d` of the clamped `d`: below -87 (and for NaN) `q * -d` rounds to 0 either way.
-        let minus_d = _mm512_sub_ps(_mm512_setzero_ps(), clamped);
-        let e = round(_mm512_mul_ps(_mm512_mul_ps(q, minus_d), two32));
-        (t, e)
+    unsafe fn weights_and_entropy(&self, d: __m512) -> (__m512, __m512, __mmask16) {
+        let live = _mm512_cmp_ps_mask::<_CMP_GE_OQ>(d, _mm512_set1_ps(-32.0));
+        let scaled = self.scaled_exp(d);
+        let minus_d = _mm512_sub_ps(_mm512_setzero_ps(), d);
+        let entropy = round(live, _mm512_mul_ps(scaled, minus_d));
+        (round(live, scaled), entropy, live)
     }
+}
+
+/// Rounds to the nearest integer, ties to even (`fixed`'s rounding); 0 outside `live`.
+#[inline(always)]
+unsafe fn round(live: __mmask16, v: __m512) -> __m512 {
+    _mm512_maskz_roundscale_ps::<{ _MM_FROUND_TO_NEAREST_INT | _MM_FROUND_NO_EXC }>(live, v)
 }
 
 /// Sixteen integral f32 (below `2^33`) added into two f64 accumulators, exactly.
@@ -120,18 +121,34 @@ unsafe fn total(sums: [__m512d; 2]) -> u64 {
 }
 
 /// The values of `values` in vectors of sixteen, the last one filled with `-inf` (weight 0, and
-/// no candidate of any rule), with the mask of its real lanes.
-#[inline(always)]
-unsafe fn for_each_vector(values: &[f32], mut f: impl FnMut(__m512, __mmask16, usize)) {
-    let blocks = values.chunks_exact(16);
-    let rest = blocks.remainder();
-    for (i, block) in blocks.enumerate() {
-        f(_mm512_loadu_ps(block.as_ptr()), 0xffff, 16 * i);
+/// no candidate of any rule), each with the mask of its real lanes. An iterator, not a closure,
+/// so that the loop body is compiled in its caller, with AVX-512.
+struct Vectors<'a> {
+    blocks: std::slice::Chunks<'a, f32>,
+}
+
+impl<'a> Vectors<'a> {
+    #[inline(always)]
+    fn new(values: &'a [f32]) -> Self {
+        Vectors {
+            blocks: values.chunks(16),
+        }
     }
-    if !rest.is_empty() {
-        let mask = ((1u32 << rest.len()) - 1) as __mmask16;
-        let x = _mm512_mask_loadu_ps(_mm512_set1_ps(f32::NEG_INFINITY), mask, rest.as_ptr());
-        f(x, mask, values.len() - rest.len());
+}
+
+impl Iterator for Vectors<'_> {
+    type Item = (__m512, __mmask16);
+
+    #[inline(always)]
+    fn next(&mut self) -> Option<Self::Item> {
+        let block = self.blocks.next()?;
+        let real = ((1u32 << block.len()) - 1) as __mmask16;
+        // SAFETY: only called from functions compiled for AVX-512; the masked load reads the
+        // block's lanes alone.
+        let x = unsafe {
+            _mm512_mask_loadu_ps(_mm512_set1_ps(f32::NEG_INFINITY), real, block.as_ptr())
+        };
+        Some((x, real))
     }
 }
 
@@ -152,18 +169,16 @@ pub(crate) fn sums(values: &[f32], max: f32, entropy: bool) -> (u64, u64) {
 #[target_feature(enable = "avx512f,avx512dq")]
 fn weight_sum(values: &[f32], max: f32) -> u64 {
     let lanes = Lanes::new(max);
-    let weightless = _mm512_set1_ps(-WEIGHTLESS);
     let mut sums = [_mm512_setzero_pd(); 2];
     // SAFETY: AVX-512 F and DQ are enabled here.
     unsafe {
-        for_each_vector(values, |x, _, _| {
+        for (x, _) in Vectors::new(values) {
+            let (t, live) = lanes.weights(lanes.d(x));
             // Vectors far below the maximum weigh nothing (most of a trained model's row).
-            if _mm512_cmp_ps_mask::<_CMP_GE_OQ>(_mm512_sub_ps(x, lanes.max), weightless) == 0 {
-                return;
+            if live != 0 {
+                add_exact(&mut sums, t);
             }
-            let (t, _) = lanes.weights(x);
-            add_exact(&mut sums, t);
-        });
+        }
         total(sums)
     }
 }
@@ -171,21 +186,17 @@ fn weight_sum(values: &[f32], max: f32) -> u64 {
 #[target_feature(enable = "avx512f,avx512dq")]
 fn sums_with_entropy(values: &[f32], max: f32) -> (u64, u64) {
     let lanes = Lanes::new(max);
-    // An entropy weight `fixed(q * -d)` is 0 below -32 (`e^-32 * 32 * 2^32 < 0.002`), further
-    // down than the weights' -23.
-    let weightless = _mm512_set1_ps(-32.0);
     let mut w = [_mm512_setzero_pd(); 2];
     let mut e = [_mm512_setzero_pd(); 2];
     // SAFETY: AVX-512 F and DQ are enabled here.
     unsafe {
-        for_each_vector(values, |x, _, _| {
-            if _mm512_cmp_ps_mask::<_CMP_GE_OQ>(_mm512_sub_ps(x, lanes.max), weightless) == 0 {
-                return;
+        for (x, _) in Vectors::new(values) {
+            let (t, te, live) = lanes.weights_and_entropy(lanes.d(x));
+            if live != 0 {
+                add_exact(&mut w, t);
+                add_exact(&mut e, te);
             }
-            let (t, te) = lanes.weights_and_entropy(x);
-            add_exact(&mut w, t);
-            add_exact(&mut e, te);
-        });
+        }
         (total(w), total(e))
     }
 }
@@ -237,38 +248,42 @@ pub(crate) fn bucket_masses(
 
 #[target_feature(enable = "avx512f,avx512dq")]
 fn bucket_masses_512(values: &[f32], max: f32, key: Key, masses: &mut [u64; BUCKETS]) -> u64 {
-    masses.fill(0);
+    // Four copies, lane by lane in turn: neighbouring values often share a bucket, and one
+    // copy would chain each addition on the previous one's store. Their strides are not a
+    // multiple of 4 KiB, so the same bucket of two copies does not alias in the store buffer.
+    let mut copies = [[0u64; BUCKETS + 16]; 4];
     let lanes = Lanes::new(max);
-    let weightless = _mm512_set1_ps(-WEIGHTLESS);
     let mut sums = [_mm512_setzero_pd(); 2];
     let mut index = [0u32; 16];
     let mut weight = [0u64; 16];
     // SAFETY: AVX-512 F and DQ are enabled here; bucket indices are below BUCKETS.
     unsafe {
-        for_each_vector(values, |x, _, _| {
-            let d = _mm512_sub_ps(x, lanes.max);
-            let heavy = _mm512_cmp_ps_mask::<_CMP_GE_OQ>(d, weightless);
+        for (x, _) in Vectors::new(values) {
+            let d = lanes.d(x);
+            let (t, heavy) = lanes.weights(d);
             if heavy == 0 {
-                return;
+                continue;
             }
-            let (t, _) = lanes.weights(x);
-            add_exact(&mut sums, t);
-            _mm512_storeu_si512(index.as_mut_ptr().cast(), buckets(key, d));
             let low = _mm512_cvtps_pd(_mm512_castps512_ps256(t));
             let high = _mm512_cvtps_pd(_mm256_castpd_ps(_mm512_extractf64x4_pd::<1>(
                 _mm512_castps_pd(t),
             )));
+            sums[0] = _mm512_add_pd(sums[0], low);
+            sums[1] = _mm512_add_pd(sums[1], high);
+            _mm512_storeu_si512(index.as_mut_ptr().cast(), buckets(key, d));
             _mm512_storeu_si512(weight.as_mut_ptr().cast(), _mm512_cvtpd_epu64(low));
             _mm512_storeu_si512(weight.as_mut_ptr().add(8).cast(), _mm512_cvtpd_epu64(high));
-            // Only lanes with weight: a heavy vector of a peaked row has a few.
-            let mut live = heavy as u32;
-            while live != 0 {
-                let i = live.trailing_zeros() as usize;
-                *masses.get_unchecked_mut(*index.get_unchecked(i) as usize) +=
+            // Every lane (weightless ones add 0): no branch to mispredict.
+            for i in 0..16 {
+                *copies
+                    .get_unchecked_mut(i & 3)
+                    .get_unchecked_mut(*index.get_unchecked(i) as usize) +=
                     *weight.get_unchecked(i);
-                live &= live - 1;
             }
-        });
+        }
+        for (b, mass) in masses.iter_mut().enumerate() {
+            *mass = copies.iter().map(|c| c[b]).sum();
+        }
         total(sums)
     }
 }
@@ -304,7 +319,7 @@ fn collect_bucket_512(
     let mut lanes = [0f32; 16];
     // SAFETY: AVX-512 F and DQ are enabled here.
     unsafe {
-        for_each_vector(values, |x, real, _| {
+        for (x, real) in Vectors::new(values) {
             let d = _mm512_sub_ps(x, max_v);
             let b = buckets(key, d);
             let ok = candidates(key, x, real);
@@ -313,7 +328,7 @@ fn collect_bucket_512(
             hi = _mm512_mask_max_ps(hi, before, hi, x);
             let mut inside = (ok & _mm512_cmpeq_epu32_mask(b, bucket_v)) as u32;
             if inside == 0 {
-                return;
+                continue;
             }
             _mm512_storeu_ps(lanes.as_mut_ptr(), x);
             while inside != 0 {
@@ -326,7 +341,7 @@ fn collect_bucket_512(
                 work.push((k, 0, v));
                 inside &= inside - 1;
             }
-        });
+        }
         (_mm512_reduce_min_ps(lo), _mm512_reduce_max_ps(hi))
     }
 }
@@ -348,7 +363,7 @@ fn fill_weights_512(work: &mut Work, max: f32) {
         }
         // SAFETY: AVX-512 F and DQ are enabled here; the arrays hold 16 f32.
         unsafe {
-            let (w, _) = lanes.weights(_mm512_loadu_ps(x.as_ptr()));
+            let (w, _) = lanes.weights(lanes.d(_mm512_loadu_ps(x.as_ptr())));
             _mm512_storeu_ps(t.as_mut_ptr(), w);
         }
         for (e, &w) in chunk.iter_mut().zip(&t) {
@@ -409,4 +424,56 @@ fn smallest_above_and_between_512(
         }
         Some(_mm512_reduce_min_ps(smallest))
     }
+}
+
+/// Top-n-sigma's sums with its eight f64 partial sums as the eight lanes of one vector (lane
+/// `j` adds the values at `j`, `j + 8`, ... in index order, as `top_n_sigma::lanes` does; a
+/// non-finite value adds `0.0`): with `deviation_from` `None`, the number, maximum and sum of the
+/// finite values; with `Some(mean)`, the sum of `(x - mean)^2` (in the count and maximum's
+/// places, 0 and `-inf`).
+pub(crate) fn finite_lane_sums(
+    values: &[f32],
+    deviation_from: Option<f64>,
+) -> (usize, f32, [f64; 8]) {
+    // SAFETY: the caller checked `available()`.
+    unsafe { finite_lane_sums_512(values, deviation_from) }
+}
+
+#[target_feature(enable = "avx512f,avx512dq")]
+fn finite_lane_sums_512(values: &[f32], deviation_from: Option<f64>) -> (usize, f32, [f64; 8]) {
+    let infinity = _mm512_set1_pd(f64::INFINITY);
+    let mean = _mm512_set1_pd(deviation_from.unwrap_or(0.0));
+    let mut sums = _mm512_setzero_pd();
+    let mut max = _mm512_set1_pd(f64::NEG_INFINITY);
+    let mut count = 0usize;
+    for block in values.chunks(8) {
+        let real = ((1u32 << block.len()) - 1) as __mmask8;
+        // SAFETY: AVX-512 F and DQ are enabled here; the masked load reads the block's lanes.
+        unsafe {
+            let x = _mm512_cvtps_pd(_mm512_castps512_ps256(_mm512_maskz_loadu_ps(
+                real as __mmask16,
+                block.as_ptr(),
+            )));
+            let finite = real & _mm512_cmp_pd_mask::<_CMP_LT_OQ>(_mm512_abs_pd(x), infinity);
+            let term = match deviation_from {
+                None => {
+                    count += finite.count_ones() as usize;
+                    max = _mm512_mask_max_pd(max, finite, max, x);
+                    x
+                }
+                Some(_) => {
+                    let d = _mm512_sub_pd(x, mean);
+                    _mm512_mul_pd(d, d)
+                }
+            };
+            sums = _mm512_add_pd(sums, _mm512_maskz_mov_pd(finite, term));
+        }
+    }
+    let mut lanes = [0f64; 8];
+    // SAFETY: AVX-512 F is enabled here; `lanes` holds 8 f64.
+    let max = unsafe {
+        _mm512_storeu_pd(lanes.as_mut_ptr(), sums);
+        _mm512_reduce_max_pd(max)
+    };
+    (count, max as f32, lanes)
 }
