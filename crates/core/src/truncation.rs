@@ -16,6 +16,12 @@
 //! - typical, epsilon and eta compute both sums over the row; typical then sorts growing
 //!   prefixes of its scores (partial selections) until they hold its mass.
 //!
+//! Where the CPU has AVX-512, the mass-based rules take the passes of `truncation/wide.rs`
+//! instead (the same weights, sixteen at a time): the sums in one pass, then a compare pass for
+//! epsilon and eta; for top-p on a row with many values near its maximum, and for typical, one pass
+//! that sums the mass of each bucket of the key (the value, or typical's score) and a selection
+//! among the values of the one bucket where the running mass reaches the target.
+//!
 //! These are algorithms only: every band is the one the definitions below give (a property test
 //! compares them with whole-row selections on rows with ties, NaN, infinities and 16-bit values).
 //!
