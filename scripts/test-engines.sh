@@ -19,6 +19,9 @@
 # one).
 # Dynamo (scripts/test-dynamo.sh): its venv once (~2 minutes with uv, ~6 GB), then workers ready
 # in 30 s (idle) to 6 minutes (this machine under a load of 10) and about 30 s of tests.
+# test_docs_engines.py runs the docs' blocks marked engine=vllm (two scripts, each starting a vLLM
+# engine on the tiny model: 10 minutes for the file under a load of 10 on 2 cores, 51-101 s per
+# engine start) and engine=sglang (the client side, no engine: 2.5 minutes under that load).
 # The adapters' engine-free tests (HF, TRT-LLM fake loop, shared logic) run in the main venv with
 # the rest of python/tests.
 set -euo pipefail
@@ -35,7 +38,8 @@ for engine in "${engines[@]}"; do
   fi
   venv="$("$root/scripts/engine-venv.sh" "$engine")"
   echo "== $engine ($venv)" >&2
-  tests=("test_engine_$engine.py")
+  # test_docs_engines.py: the docs' blocks marked engine=<engine>, as scripts in this venv.
+  tests=("test_engine_$engine.py" test_docs_engines.py)
   [ "$engine" = vllm ] && tests+=(test_engine_vllm_v2.py test_engine_vllm_real.py)
   [ "$engine" = sglang ] && tests+=(test_engine_sglang_real.py)
   # From outside the checkout, so the installed wheel (with its entry points) is what is tested.

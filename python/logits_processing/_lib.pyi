@@ -572,6 +572,11 @@ class ThinkingBudgetLogitsProcessor:
     @property
     def thinking_start_token_id(self) -> int: ...
 
+def _refuse_caller_mask(specs: Union[Spec, Sequence[Spec]], holder: str) -> None:
+    """Refuses specs holding a `{"kind": "bitmask"}` step, for a holder that gives no mask (see
+    :class:`Processor`); the adapters call it at admission.
+    """
+
 def build_info() -> dict[str, Any]:
     """What this build uses on this machine: the version, the CPU paths taken (the row pass's AVX2
     and FMA kernels, else portable loops), whether the CUDA path is compiled in and whether a

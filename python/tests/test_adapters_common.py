@@ -126,3 +126,27 @@ def test_keyed_batch_follows_any_order_of_requests():
         for i, r in enumerate(rows):
             if r is not None:
                 outputs[r[0]].append(int(logits[i].argmax()))
+
+
+@pytest.mark.parametrize(
+    "make",
+    [
+        lambda specs: __import__("logits_processing.adapters.hf", fromlist=["x"]).HFLogitsProcessor(specs),
+        lambda specs: __import__("logits_processing.adapters.trtllm", fromlist=["x"]).TRTLLMLogitsProcessor(specs),
+        lambda specs: __import__("logits_processing.adapters.trtllm", fromlist=["x"])
+        .TRTLLMBatchedLogitsProcessor()
+        .register(7, specs),
+        lambda specs: lp.Processor(specs),
+    ],
+    ids=["hf", "trtllm", "trtllm-batched", "Processor"],
+)
+def test_a_bitmask_spec_is_refused_where_no_mask_is_given(make):
+    """Every step would fail (no caller gives a mask there): refused when given, naming the
+    spec, as text and as data."""
+    for specs, field in (
+        ([{"kind": "temperature", "temperature": 0.5}, {"kind": "bitmask"}], "[1].kind"),
+        ('{"kind": "bitmask"}', "kind"),
+    ):
+        with pytest.raises(lp.SpecError, match="no way to be given one") as info:
+            make(specs)
+        assert info.value.field == field

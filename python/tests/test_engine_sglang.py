@@ -119,6 +119,9 @@ def test_payload_is_data_only():
         adapter.activate({}, [lambda ids, row: None])
     with pytest.raises(ValueError, match="kind"):
         adapter.activate({}, [{"kind": "nope"}])
+    # SGLang gives no mask: every step would fail.
+    with pytest.raises(lp.SpecError, match="SGLang has no way to be given one"):
+        adapter.activate({}, [{"kind": "bitmask"}])
 
 
 def test_a_moving_batch_matches_each_request_alone():

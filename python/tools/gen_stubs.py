@@ -44,6 +44,7 @@ TYPES = {
     "dst": "int",
     "end": "int",
     "eos_token_id": "int",
+    "holder": "str",
     "ForcedSequenceLogitsProcessor.eos_token_id": "Optional[int]",
     "GrammarEnv.eos_token_id": "Union[int, Sequence[int]]",
     "Batch.eos_token_id": "Union[int, Sequence[int]]",

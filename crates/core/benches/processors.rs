@@ -595,7 +595,9 @@ fn window_steps(c: &mut Criterion) {
             let kinds = [
                 (
                     "dry",
-                    format!(r#"{{"kind": "dry", "multiplier": 0.8, "penalty_last_n": {window}}}"#),
+                    format!(
+                        r#"{{"kind": "dry", "multiplier": 0.8, "penalty_last_n": {window}, "sequence_breaker_ids": []}}"#
+                    ),
                 ),
                 (
                     "repetition_penalty",

@@ -6,11 +6,12 @@
 //! it once. Building it costs about a second for a 150k-token vocab; every grammar spec then
 //! reuses it. It is built on first use.
 
+use std::any::Any;
 use std::num::NonZeroUsize;
 use std::sync::{Arc, Mutex, OnceLock};
 
 use llguidance::api::{ParserLimits, TopLevelGrammar};
-use llguidance::toktrie::{SimpleVob, TokEnv};
+use llguidance::toktrie::{SimpleVob, TokEnv, TokTrie};
 use llguidance::{Matcher, ParserFactory};
 use lru::LruCache;
 
@@ -192,6 +193,8 @@ struct Built {
     eos: SimpleVob,
     eos_token_ids: Vec<u32>,
     cache: Mutex<LruCache<String, Arc<Matcher>>>,
+    // What kinds derive from the whole vocab (DRY's breakers of a text), by key.
+    derived: Mutex<LruCache<String, Arc<dyn Any + Send + Sync>>>,
 }
 
 impl std::fmt::Debug for GrammarEnv {
@@ -307,6 +310,40 @@ impl GrammarEnv {
         Ok(template)
     }
 
+    /// The text of every token, as its bytes (a special token's as its name, `<|im_end|>`),
+    /// with its id, in id order: what llama.cpp's `detokenize({id}, special = true)` gives.
+    pub fn token_texts(&self) -> Result<impl Iterator<Item = (u32, &[u8])>> {
+        let trie = self.built()?.factory.tok_env().tok_trie();
+        Ok((0..trie.vocab_size() as u32).map(move |id| (id, special_as_name(trie.token(id)))))
+    }
+
+    /// The text a token adds to decoded text, as bytes: empty for a special token (decoding
+    /// skips it) and for an id past the tokenizer's.
+    pub fn decoded_text(&self, id: u32) -> Result<&[u8]> {
+        let bytes = self.built()?.factory.tok_env().tok_trie().token(id);
+        Ok(match bytes.first() {
+            Some(&TokTrie::SPECIAL_TOKEN_MARKER) => &[],
+            _ => bytes,
+        })
+    }
+
+    /// `make`'s value for `key`, made once per environment (the last [`GRAMMAR_CACHE_SIZE`] keys
+    /// kept): what a kind derives from the whole vocab is not derived again for each request.
+    pub(crate) fn derived<T: Any + Send + Sync>(
+        &self,
+        key: &str,
+        make: impl FnOnce(&Self) -> Result<T>,
+    ) -> Result<Arc<T>> {
+        let built = self.built()?;
+        let cached = unpoisoned(&built.derived).get(key).cloned();
+        if let Some(value) = cached.and_then(|v| v.downcast::<T>().ok()) {
+            return Ok(value);
+        }
+        let value = Arc::new(make(self)?);
+        unpoisoned(&built.derived).put(key.to_string(), value.clone());
+        Ok(value)
+    }
+
     /// The tokenizer it was made from.
     pub fn tokenizer(&self) -> &tokenizers::Tokenizer {
         &self.0.tokenizer
@@ -355,14 +392,29 @@ fn build_unchecked(tokenizer: tokenizers::Tokenizer, eos_token_ids: &[u32]) -> R
         cache: Mutex::new(LruCache::new(
             NonZeroUsize::new(GRAMMAR_CACHE_SIZE).expect("not zero"),
         )),
+        derived: Mutex::new(LruCache::new(
+            NonZeroUsize::new(GRAMMAR_CACHE_SIZE).expect("not zero"),
+        )),
     })
 }
 
 impl Built {
     fn lock(&self) -> std::sync::MutexGuard<'_, LruCache<String, Arc<Matcher>>> {
-        // The cache holds no invariant a panic could break.
-        self.cache.lock().unwrap_or_else(|e| e.into_inner())
+        unpoisoned(&self.cache)
     }
+}
+
+/// A token's bytes as toktrie keeps them, a special token's without toktrie's marker.
+fn special_as_name(bytes: &[u8]) -> &[u8] {
+    match bytes.split_first() {
+        Some((&TokTrie::SPECIAL_TOKEN_MARKER, name)) => name,
+        _ => bytes,
+    }
+}
+
+/// A cache that holds no invariant a panic could break.
+fn unpoisoned<T>(lock: &Mutex<T>) -> std::sync::MutexGuard<'_, T> {
+    lock.lock().unwrap_or_else(|e| e.into_inner())
 }
 
 /// The tokenizer's encoding (no special tokens), for the text of specs.
@@ -375,4 +427,38 @@ impl crate::processors::TextEncoder for GrammarEnv {
 /// llguidance's errors are `anyhow` errors; only their text is kept.
 fn tokenizer_error(error: impl std::fmt::Display) -> Error {
     Error::Tokenizer(error.to_string())
+}
+
+/// A byte-level tokenizer whose ids 0..256 are the bytes and whose further tokens are
+/// `pieces` (never produced by encoding: it has no merges).
+#[cfg(test)]
+pub(crate) fn byte_level_env(pieces: &[&str]) -> GrammarEnv {
+    // GPT-2's byte-to-character map, which byte-level tokenizers write their tokens in.
+    let byte_char = |b: u8| {
+        let printable =
+            |b: u8| (b'!'..=b'~').contains(&b) || (0xa1..=0xac).contains(&b) || b >= 0xae;
+        if printable(b) {
+            return b as char;
+        }
+        char::from_u32(256 + (0..b).filter(|&c| !printable(c)).count() as u32).unwrap()
+    };
+    let mut vocab = serde_json::Map::new();
+    for b in 0..=255u8 {
+        vocab.insert(byte_char(b).to_string(), b.into());
+    }
+    for piece in pieces {
+        let id = vocab.len();
+        vocab.insert(piece.bytes().map(byte_char).collect(), id.into());
+    }
+    let byte_level = serde_json::json!({"type": "ByteLevel", "add_prefix_space": false,
+        "trim_offsets": true, "use_regex": true});
+    let text = serde_json::json!({
+        "version": "1.0", "truncation": null, "padding": null, "added_tokens": [],
+        "normalizer": null, "pre_tokenizer": byte_level, "post_processor": null,
+        "decoder": byte_level,
+        "model": {"type": "BPE", "dropout": null, "unk_token": null,
+                  "continuing_subword_prefix": null, "end_of_word_suffix": null,
+                  "fuse_unk": false, "byte_fallback": false, "vocab": vocab, "merges": []}
+    });
+    GrammarEnv::new(text.to_string().parse().unwrap(), &[]).unwrap()
 }

@@ -379,6 +379,32 @@ pub(crate) fn check_len(field: &str, len: usize) -> Result<()> {
     Ok(())
 }
 
+/// Checks a list of texts a spec carries: at most `count` of them, each 1 to `bytes` bytes; the
+/// error names the list or the entry (`strings[2]`).
+pub(crate) fn check_texts<'a>(
+    field: &str,
+    texts: impl ExactSizeIterator<Item = &'a str>,
+    count: usize,
+    bytes: usize,
+) -> Result<()> {
+    if texts.len() > count {
+        return Err(Error::TooLarge {
+            field: field.into(),
+            len: texts.len(),
+            limit: count,
+        });
+    }
+    for (i, text) in texts.enumerate() {
+        if text.is_empty() || text.len() > bytes {
+            return Err(Error::argument(
+                format!("{field}[{i}]"),
+                format!("must be 1 to {bytes} bytes, got {}", text.len()),
+            ));
+        }
+    }
+    Ok(())
+}
+
 fn type_name(value: &Value) -> &'static str {
     match value {
         Value::Null => "null",

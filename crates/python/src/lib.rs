@@ -181,6 +181,7 @@ fn _lib(m: &Bound<'_, PyModule>) -> PyResult<()> {
     m.add_function(wrap_pyfunction!(context::thinking_token_table, m)?)?;
     m.add_function(wrap_pyfunction!(specs::position_by_tokens, m)?)?;
     m.add_function(wrap_pyfunction!(reads_history, m)?)?;
+    m.add_function(wrap_pyfunction!(specs::refuse_caller_mask_py, m)?)?;
     m.add_function(wrap_pyfunction!(kinds, m)?)?;
     m.add_function(wrap_pyfunction!(canonical_order, m)?)?;
     m.add_function(wrap_pyfunction!(info::spec_schema, m)?)?;

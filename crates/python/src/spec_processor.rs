@@ -9,7 +9,7 @@ use crate::device::apply_pipeline_row;
 use crate::errors::to_py;
 use crate::exclusive::Exclusive;
 use crate::reference::{call_row, logits_arg, RowSteps};
-use crate::specs::{entries_of, steps_of, Entry};
+use crate::specs::{entries_of, refuse_caller_mask, steps_of, Entry};
 use crate::tensor::Block;
 
 /// A processor made from a request spec: every kind a ``Batch`` accepts, for one row.
@@ -102,31 +102,11 @@ impl PyProcessor {
             ]),
         )?;
         let entries = entries_of(spec, false)?;
+        refuse_caller_mask(&entries, "a Processor")?;
         let mut kinds = vec![];
         for (at, entry) in &entries {
             match entry {
-                Entry::Specs(specs) => {
-                    for (i, spec) in specs.iter().enumerate() {
-                        if spec.takes_caller_mask() {
-                            // Entry `at` of a list, one spec object, or spec `i` of a JSON list.
-                            let place = match (at.is_empty(), specs.len()) {
-                                (false, _) => format!("{at}.kind"),
-                                (true, 1) => "kind".into(),
-                                _ => format!("[{i}].kind"),
-                            };
-                            return Err(to_py(logits_processing::Error::InvalidSpec {
-                                field: place,
-                                message: format!(
-                                    "a {:?} step applies the caller's mask given each step to \
-                                     Batch.apply(bitmask=...); a Processor has no way to be given \
-                                     one",
-                                    spec.kind()
-                                ),
-                            }));
-                        }
-                        kinds.push(spec.kind());
-                    }
-                }
+                Entry::Specs(specs) => kinds.extend(specs.iter().map(|spec| spec.kind())),
                 _ => {
                     return Err(to_py(logits_processing::Error::InvalidSpec {
                         field: if at.is_empty() {

@@ -117,6 +117,44 @@ fn entry_of(item: &Bound<'_, PyAny>, at: &str, allow_external: bool) -> PyResult
 
 /// Parses a pipeline given as JSON text, a dict, a processor, a callable, or a list of these,
 /// refusing a mask after a truncation step (`check_order`).
+/// Refuses a spec that takes the caller's mask each step (`{"kind": "bitmask"}`) where `holder`
+/// (a `Processor`, an engine's adapter) is given none: every step would fail. The error names
+/// the spec's `kind` field.
+pub(crate) fn refuse_caller_mask(entries: &[(String, Entry)], holder: &str) -> PyResult<()> {
+    for (at, entry) in entries {
+        let Entry::Specs(specs) = entry else { continue };
+        if let Some((i, spec)) = specs
+            .iter()
+            .enumerate()
+            .find(|(_, s)| s.takes_caller_mask())
+        {
+            // Entry `at` of a list, one spec object, or spec `i` of a JSON list.
+            let field = match (at.is_empty(), specs.len()) {
+                (false, _) => format!("{at}.kind"),
+                (true, 1) => "kind".into(),
+                _ => format!("[{i}].kind"),
+            };
+            return Err(to_py(logits_processing::Error::InvalidSpec {
+                field,
+                message: format!(
+                    "a '{}' step applies the caller's mask given each step to \
+                     Batch.apply(bitmask=...); {holder} has no way to be given one",
+                    spec.kind()
+                ),
+            }));
+        }
+    }
+    Ok(())
+}
+
+/// Refuses specs holding a `{"kind": "bitmask"}` step, for a holder that gives no mask (see
+/// :class:`Processor`); the adapters call it at admission.
+#[pyfunction]
+#[pyo3(name = "_refuse_caller_mask")]
+pub(crate) fn refuse_caller_mask_py(specs: &Bound<'_, PyAny>, holder: &str) -> PyResult<()> {
+    refuse_caller_mask(&entries_of(specs, true)?, holder)
+}
+
 pub(crate) fn entries_of(
     pipeline: &Bound<'_, PyAny>,
     allow_external: bool,

@@ -93,15 +93,24 @@ def decode_specs(payload: Any) -> Any:
     )
 
 
-def check_in_process_pipeline(pipeline: Any, name: str = "pipeline") -> Any:
+def no_caller_mask(specs: Any, engine: str) -> Any:
+    """``specs``, refused (``SpecError`` naming the spec's ``kind``) when one of them takes the
+    caller's mask each step (``{"kind": "bitmask"}``): ``engine`` gives none, and every step of
+    its batch would fail. A ``grammar`` spec constrains the output instead."""
+    _lib._refuse_caller_mask(specs, engine)
+    return specs
+
+
+def check_in_process_pipeline(pipeline: Any, name: str = "pipeline", *, engine: str) -> Any:
     """A pipeline for an adapter that runs in the engine's process (HF, TRT-LLM), checked when it
     is given rather than at the first step: JSON text or bytes (decoded here), a spec dict, or a
     list of spec dicts, processor objects and callables. Raises ``SpecError`` for data that is
-    not a spec and ``ArgumentTypeError`` for an entry that is none of these."""
+    not a spec or a spec that needs a mask ``engine`` does not give (see :func:`no_caller_mask`),
+    and ``ArgumentTypeError`` for an entry that is none of these."""
     from logits_processing import ArgumentTypeError
 
     if isinstance(pipeline, (str, bytes, bytearray)):
-        return decode_specs(pipeline)
+        return no_caller_mask(decode_specs(pipeline), engine)
     entries = pipeline if isinstance(pipeline, (list, tuple)) else [pipeline]
     for i, entry in enumerate(entries):
         if not (isinstance(entry, (str, Mapping)) or callable(entry)):
@@ -110,7 +119,7 @@ def check_in_process_pipeline(pipeline: Any, name: str = "pipeline") -> Any:
                 f"{where} must be a spec (a dict or JSON text), a processor or a callable, found "
                 f"{type(entry).__name__}"
             )
-    return pipeline
+    return no_caller_mask(pipeline, engine)
 
 
 def _dynamo_entries(payload: Any) -> list:

@@ -37,7 +37,8 @@ class HFLogitsProcessor(LogitsProcessor):
         per_row: instead of ``pipeline``, one pipeline per prompt. With ``num_beams`` or
             ``num_return_sequences`` above 1, HF expands each prompt into consecutive rows; each
             of those rows gets its prompt's pipeline (a fresh copy).
-        tokenizer: the model's tokenizer, for ``hello_world`` specs and the thinking tokens.
+        tokenizer: the model's tokenizer, for ``hello_world`` specs, the thinking tokens and
+            the grammars (``grammar``, ``json_object``: llguidance reads the tokenizer).
         model_name: the model's name, for the thinking-token table when the tokenizer does not
             name them.
         vocab_size: checks token ids when the processor is built; default: the scores' width at
@@ -83,9 +84,11 @@ class HFLogitsProcessor(LogitsProcessor):
             thinking_tokens=thinking_tokens,
         )
         if per_row is None:
-            self._pipelines = [check_in_process_pipeline(pipeline)]
+            self._pipelines = [check_in_process_pipeline(pipeline, engine="transformers")]
         else:
-            self._pipelines = [check_in_process_pipeline(p, f"per_row[{i}]") for i, p in enumerate(per_row)]
+            self._pipelines = [
+                check_in_process_pipeline(p, f"per_row[{i}]", engine="transformers") for i, p in enumerate(per_row)
+            ]
         if not self._pipelines:
             raise ValueError("per_row is empty")
         self._broadcast = per_row is None

@@ -52,6 +52,7 @@ from ._common import (
     KeyedBatch,
     decode_specs,
     encode_specs,
+    no_caller_mask,
     original_prompt_len,
     request_payload,
     runs_processors,
@@ -76,6 +77,7 @@ def activate(
     the scheduler needs no tokenizer."""
     if not runs_processors(role):
         return {}
+    no_caller_mask(specs, "SGLang")
     if context is not None:
         specs = context.resolve_specs(specs)
     params = dict(sampling_params.get("custom_params") or {})
@@ -108,6 +110,8 @@ def requests_of(
             # Ours under "logits_processing"; Dynamo's entries under "dynamo_logits" (its
             # "dynamo_uid" is not needed: SGLang's own request id keys the state).
             payload = request_payload(params)
+            if payload is not None:
+                no_caller_mask(payload, "SGLang")
         except (TypeError, ValueError) as e:
             finish_with_error(params.get("__req__"), f"bad specs: {e}", row=i)
             payload = None

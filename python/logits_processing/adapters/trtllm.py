@@ -29,6 +29,7 @@ from ._common import (
     KeyedBatch,
     check_in_process_pipeline,
     context_for,
+    no_caller_mask,
     rows_of,
     runs_processors,
 )
@@ -98,7 +99,7 @@ class TRTLLMLogitsProcessor:
             hello_world=hello_world,
             thinking_tokens=thinking_tokens,
         )
-        self.pipeline = check_in_process_pipeline(pipeline)
+        self.pipeline = check_in_process_pipeline(pipeline, engine="TensorRT-LLM")
         if _is_data(self.pipeline):
             self.context.validate(self.pipeline)
         self.enabled = runs_processors(role)
@@ -193,7 +194,7 @@ class TRTLLMBatchedLogitsProcessor:
         """Gives the request with this client id (or request id) its specs, checked now."""
         if not isinstance(self._specs, dict):
             raise _lib.ArgumentTypeError("register() needs the specs given as a mapping (or none)")
-        self.context.validate(specs)
+        self.context.validate(no_caller_mask(specs, "TensorRT-LLM"))
         self._specs[key] = specs
         if prompt_len is not None:
             self._prompt_lens[key] = prompt_len

@@ -55,6 +55,7 @@ from ._common import (
     KeyedBatch,
     check_prompt_len,
     decode_specs,
+    no_caller_mask,
     normalize_role,
     original_prompt_len,
     request_payload,
@@ -228,19 +229,6 @@ def _tokenizer_of(model_config: Any) -> Any:
         return None
 
 
-def no_caller_mask(specs: Any) -> Any:
-    """``specs``, refused when one of them is ``{"kind": "bitmask"}``: that kind takes its mask
-    from the caller of ``Batch.apply`` each step, and vLLM has no way to give one (every step of
-    the batch would fail)."""
-    for i, spec in enumerate(specs if isinstance(specs, list) else [specs]):
-        if isinstance(spec, dict) and spec.get("kind") == "bitmask":
-            raise _lib.SpecError(
-                f"[{i}].kind: 'bitmask' takes its mask from the caller each step, and vLLM gives "
-                "none; constrain the output with a 'grammar' spec instead"
-            )
-    return specs
-
-
 def validate_request(params: SamplingParams) -> None:
     """Refuses a request whose specs are bad, for either runner (vLLM turns the ``ValueError`` into
     an HTTP 400 naming the field): unknown kind or field, wrong type, bad value, over the size
@@ -256,7 +244,7 @@ def validate_request(params: SamplingParams) -> None:
         specs = request_specs(params, dynamo=dynamo)
         if specs is None:
             return
-        decoded = no_caller_mask(validate_structure(specs))
+        decoded = no_caller_mask(validate_structure(specs), "vLLM")
         if speculative:
             raise ValueError(SPEC_DECODING_REFUSED)
         if context is not None:
@@ -359,7 +347,7 @@ class VLLMV1LogitsProcessor(_EngineSide, LogitsProcessor):
             if specs is None:
                 continue
             try:
-                specs = no_caller_mask(decode_specs(specs) if isinstance(specs, (str, bytes)) else specs)
+                specs = no_caller_mask(decode_specs(specs) if isinstance(specs, (str, bytes)) else specs, "vLLM")
                 # A migrated request's prompt holds the ids it generated before; a resumed
                 # one (preempted by vLLM) has them in its output already.
                 prompt_len = original_prompt_len(params.extra_args, len(prompt or ()))
@@ -502,7 +490,7 @@ class VLLMV2LogitsProcessor(_EngineSide, *((V2LogitsProcessor,) if V2LogitsProce
         try:
             if self.speculative:
                 raise ValueError(SPEC_DECODING_REFUSED)
-            specs = no_caller_mask(decode_specs(specs) if isinstance(specs, (str, bytes)) else specs)
+            specs = no_caller_mask(decode_specs(specs) if isinstance(specs, (str, bytes)) else specs, "vLLM")
             reads = _lib.reads_history(specs)
             prompt = int(self.req_states.prompt_len.np[req_idx])
             prompt_len = original_prompt_len(sampling_params.extra_args, prompt)

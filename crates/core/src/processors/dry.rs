@@ -9,7 +9,7 @@ use crate::plan::{Edit, RowPlan};
 use crate::processors::cursor::Cursor;
 use crate::processors::repetition_penalty::vocab_limit;
 use crate::processors::LogitsProcessor;
-use crate::spec::{KindSpec, SpecContext, MAX_TOKEN_IDS};
+use crate::spec::{check_texts, KindSpec, SpecContext, MAX_TOKEN_IDS};
 
 /// `{"kind": "dry", "multiplier": 0.8, "base": 1.75, "allowed_length": 2, "penalty_last_n": 64,
 /// "sequence_breaker_ids": [[198], [25]]}`: "Don't Repeat Yourself" (p-e-w's, as llama.cpp's
@@ -18,12 +18,16 @@ use crate::spec::{KindSpec, SpecContext, MAX_TOKEN_IDS};
 /// - `multiplier` (finite; 0 turns it off), `base` (finite, default 1.75; below 1 turns it off),
 ///   `allowed_length` (int >= 0, default 2), `penalty_last_n` (default 64, llama.cpp's; -1 the
 ///   whole history, 0 off);
-/// - `sequence_breaker_ids`: id sequences (default none). A breaker's first id is its head; the
-///   repetition the step looks at may not reach back past the most recent head whose whole
-///   sequence follows it, and a single-id breaker is never penalized;
-/// - `sequence_breakers` (text) is refused for now: resolving text to heads and tails needs the
-///   engine's tokenizer at admission. So the default differs from llama.cpp's, whose text
-///   breakers `["\n", ":", "\"", "*"]` are on by default: give their ids.
+/// - `sequence_breakers`: texts, at most 40 bytes each (llama.cpp truncates a longer one; here
+///   it is refused). Each is resolved through the engine's tokenizer as llama.cpp does: every
+///   token whose text contains it is a one-token breaker, and a token whose text ends with its
+///   beginning is a head followed by the tokens of the rest (at most 20). When neither this
+///   nor `sequence_breaker_ids` is given, llama.cpp's defaults `["\n", ":", "\"", "*"]` apply.
+///   Text needs the engine's tokenizer: without one the spec is refused, naming this field
+///   (give `sequence_breaker_ids`, `[]` for none);
+/// - `sequence_breaker_ids`: id sequences, besides any texts. A breaker's first id is its head;
+///   the repetition the step looks at may not reach back past the most recent head whose whole
+///   sequence follows it, and a single-id breaker is never penalized.
 #[derive(Debug, Clone, Serialize, Deserialize, JsonSchema)]
 #[serde(deny_unknown_fields)]
 pub struct DrySpec {
@@ -34,11 +38,18 @@ pub struct DrySpec {
     pub allowed_length: u32,
     #[serde(default = "default_last_n")]
     pub penalty_last_n: i64,
-    #[serde(default, skip_serializing_if = "Vec::is_empty")]
-    pub sequence_breaker_ids: Vec<Vec<u32>>,
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub sequence_breaker_ids: Option<Vec<Vec<u32>>>,
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub sequence_breakers: Option<Vec<String>>,
 }
+
+/// llama.cpp's default breakers.
+pub const DEFAULT_SEQUENCE_BREAKERS: [&str; 4] = ["\n", ":", "\"", "*"];
+/// llama.cpp's limits on a text breaker: its bytes, and the tokens of its tail.
+const MAX_BREAKER_BYTES: usize = 40;
+const MAX_BREAKER_TAIL: usize = 20;
+const MAX_BREAKERS: usize = 64;
 
 fn default_base() -> f64 {
     1.75
@@ -53,18 +64,48 @@ fn default_last_n() -> i64 {
 }
 
 impl DrySpec {
-    fn build(&self, vocab_size: Option<usize>) -> Result<Dry> {
-        if self
-            .sequence_breakers
-            .as_ref()
-            .is_some_and(|b| !b.is_empty())
-        {
-            return Err(Error::argument(
-                "sequence_breakers",
-                "text breakers need the engine's tokenizer, which this kind does not take yet: \
-                 give their token ids as sequence_breaker_ids",
-            ));
+    /// The texts to resolve: those given, or llama.cpp's defaults when no breaker is given.
+    fn texts(&self) -> Result<Vec<&str>> {
+        let texts: Vec<&str> = match (&self.sequence_breakers, &self.sequence_breaker_ids) {
+            (Some(texts), _) => texts.iter().map(String::as_str).collect(),
+            (None, None) => DEFAULT_SEQUENCE_BREAKERS.to_vec(),
+            (None, Some(_)) => vec![],
+        };
+        check_texts(
+            "sequence_breakers",
+            texts.iter().copied(),
+            MAX_BREAKERS,
+            MAX_BREAKER_BYTES,
+        )?;
+        Ok(texts)
+    }
+
+    /// Every breaker as ids: those given, then each text's through the engine's tokenizer.
+    fn breaker_ids(&self, context: &SpecContext) -> Result<Vec<Vec<u32>>> {
+        let mut breakers = self.sequence_breaker_ids.clone().unwrap_or_default();
+        let texts = self.texts()?;
+        if texts.is_empty() {
+            return Ok(breakers);
         }
+        #[cfg(feature = "grammar")]
+        if let Some(env) = &context.grammar {
+            for text in texts {
+                let resolved = env.derived(&format!("dry breaker {text}"), |env| {
+                    overlapping_sequences(env, text)
+                })?;
+                breakers.extend(resolved.iter().cloned());
+            }
+            return Ok(breakers);
+        }
+        let _ = context;
+        Err(Error::spec(
+            "sequence_breakers",
+            "text breakers (llama.cpp's defaults when no breaker is given) need the engine's \
+             tokenizer, which this context has not got: give sequence_breaker_ids ([] for none)",
+        ))
+    }
+
+    fn build(&self, breakers: Vec<Vec<u32>>, vocab_size: Option<usize>) -> Result<Dry> {
         let window = match self.penalty_last_n {
             -1 => None,
             n if n >= 0 => Some(usize::try_from(n).unwrap_or(usize::MAX)),
@@ -80,25 +121,91 @@ impl DrySpec {
             self.base,
             self.allowed_length,
             window,
-            self.sequence_breaker_ids.clone(),
+            breakers,
             vocab_size,
         )
     }
 }
 
+/// Whether `context` has the token texts that text breakers are resolved with.
+fn has_token_texts(context: &SpecContext) -> bool {
+    #[cfg(feature = "grammar")]
+    return context.grammar.is_some();
+    #[cfg(not(feature = "grammar"))]
+    return {
+        let _ = context;
+        false
+    };
+}
+
+/// llama.cpp's breakers of `text` over the vocab (`get_overlapping_token_sequences`): each token
+/// whose text contains it, alone; each token whose text ends with a beginning of it, followed by
+/// the tokens of the rest (at most [`MAX_BREAKER_TAIL`]).
+#[cfg(feature = "grammar")]
+fn overlapping_sequences(env: &crate::grammar::GrammarEnv, text: &str) -> Result<Vec<Vec<u32>>> {
+    use crate::processors::TextEncoder;
+    let text = text.as_bytes();
+    let mut sequences: Vec<Vec<u32>> = vec![];
+    for (id, word) in env.token_texts()? {
+        if word.windows(text.len()).any(|w| w == text) {
+            sequences.push(vec![id]);
+            continue;
+        }
+        let first = sequences.len();
+        // Every place the token's text ends with a proper beginning of `text`.
+        let ends = (word.len().saturating_sub(text.len() - 1)..word.len())
+            .filter(|&p| word[p..] == text[..word.len() - p]);
+        for pos in ends {
+            let rest = String::from_utf8_lossy(&text[word.len() - pos..]);
+            let mut sequence = vec![id];
+            sequence.extend(env.encode_plain(&rest)?.into_iter().take(MAX_BREAKER_TAIL));
+            if !sequences[first..].contains(&sequence) {
+                sequences.push(sequence);
+            }
+        }
+    }
+    Ok(sequences)
+}
+
 impl KindSpec for DrySpec {
     fn check(&self) -> Result<()> {
-        self.build(None).map(drop)
+        self.texts()?;
+        self.build(self.sequence_breaker_ids.clone().unwrap_or_default(), None)
+            .map(drop)
     }
 
     fn realize(&self, context: &SpecContext, _: usize) -> Result<Box<dyn LogitsProcessor>> {
-        for (i, breaker) in self.sequence_breaker_ids.iter().enumerate() {
+        for (i, breaker) in self.sequence_breaker_ids.iter().flatten().enumerate() {
             context.check_ids(
                 &format!("sequence_breaker_ids[{i}]"),
                 breaker.iter().copied(),
             )?;
         }
-        Ok(Box::new(self.build(context.vocab_size)?))
+        Ok(Box::new(
+            self.build(self.breaker_ids(context)?, context.vocab_size)?,
+        ))
+    }
+
+    fn validate(&self, context: &SpecContext) -> Option<Result<()>> {
+        // Without an engine, texts are the engine's to resolve.
+        (context.structure_only && !has_token_texts(context)).then(|| self.check())
+    }
+
+    fn resolve(&self, context: &SpecContext) -> Result<Option<serde_json::Value>> {
+        if self.texts()?.is_empty() || !has_token_texts(context) {
+            return Ok(None);
+        }
+        let mut explicit = self.clone();
+        explicit.sequence_breaker_ids = Some(self.breaker_ids(context)?);
+        explicit.sequence_breakers = Some(vec![]);
+        let mut value = serde_json::json!({"kind": "dry"});
+        if let (serde_json::Value::Object(object), serde_json::Value::Object(fields)) = (
+            &mut value,
+            serde_json::to_value(explicit).expect("plain data"),
+        ) {
+            object.extend(fields);
+        }
+        Ok(Some(value))
     }
 }
 
@@ -624,9 +731,80 @@ mod tests {
         assert_eq!(planned(&mut dry, &[1, 2, 3, 9, 1, 2]), [(3, 1.0)]);
         let mut dry = Dry::new(1.0, 2.0, 1, None, vec![vec![9]], None).unwrap();
         assert_eq!(planned(&mut dry, &[5, 9, 5]), []);
-        // Text breakers are refused, naming the field.
-        let spec: DrySpec =
-            serde_json::from_str(r#"{"multiplier": 1, "sequence_breakers": ["\n"]}"#).unwrap();
-        assert!(spec.check().is_err());
+    }
+
+    #[test]
+    #[cfg(feature = "grammar")]
+    fn text_breakers_resolve_as_llama_cpp_does() {
+        // Ids 256.. are the pieces.
+        let env = crate::grammar::byte_level_env(&["a:b", "xy", "zx", "bz", "<|end|>"]);
+        let breakers = overlapping_sequences(&env, "xyz").unwrap();
+        // "xy" holds no "xyz": it ends with "xy", so it heads "z"; "zx" ends with "x" and heads
+        // "yz" (byte tokens); nothing else ends with a beginning of "xyz" but the byte "x".
+        assert_eq!(
+            breakers,
+            [
+                vec![b'x' as u32, b'y' as u32, b'z' as u32],
+                vec![257, b'z' as u32],
+                vec![258, b'y' as u32, b'z' as u32]
+            ]
+        );
+        // A one-character breaker: every token whose text holds it, alone.
+        assert_eq!(
+            overlapping_sequences(&env, ":").unwrap(),
+            [vec![b':' as u32], vec![256]]
+        );
+        assert_eq!(
+            overlapping_sequences(&env, "|").unwrap(),
+            [vec![b'|' as u32], vec![260]]
+        );
+
+        let spec = |text: &str| -> DrySpec { serde_json::from_str(text).unwrap() };
+        let context = SpecContext {
+            grammar: Some(env.clone()),
+            ..Default::default()
+        };
+        // Without breakers: llama.cpp's defaults, so "a:b" (holding ":") is a breaker, never
+        // penalized: "5 a:b 5" would repeat "5 a:b".
+        let mut dry = spec(r#"{"multiplier": 1, "base": 2, "allowed_length": 1}"#)
+            .realize(&context, 0)
+            .unwrap();
+        let row = |dry: &mut Box<dyn LogitsProcessor>, ids: &[u32]| {
+            let mut row = vec![0.0f32; 261];
+            crate::process_row(dry.as_mut(), &ids, &mut row).unwrap();
+            row
+        };
+        assert_eq!(row(&mut dry, &[5, 9, 5])[9], -1.0);
+        assert_eq!(row(&mut dry, &[5, 256, 5])[256], 0.0);
+        // Ids given and no text: no default texts.
+        let ids_only =
+            r#"{"multiplier": 1, "base": 2, "allowed_length": 1, "sequence_breaker_ids": []}"#;
+        let mut ids_only = spec(ids_only).realize(&context, 0).unwrap();
+        assert_eq!(row(&mut ids_only, &[5, 256, 5])[256], -1.0);
+        // Without the engine's tokenizer, text (the defaults included) is refused naming the field.
+        for text in [
+            r#"{"multiplier": 1}"#,
+            r#"{"multiplier": 1, "sequence_breakers": [":"]}"#,
+        ] {
+            let error = spec(text).realize(&SpecContext::default(), 0).unwrap_err();
+            assert!(error.to_string().contains("sequence_breakers"), "{error}");
+            spec(text).check().unwrap();
+        }
+        let empty = spec(r#"{"multiplier": 1, "sequence_breakers": [""]}"#);
+        assert!(empty
+            .check()
+            .unwrap_err()
+            .to_string()
+            .contains("sequence_breakers[0]"));
+        // Resolved for a worker without the tokenizer: the same breakers, as ids.
+        let resolved = spec(r#"{"multiplier": 1, "base": 2, "sequence_breakers": [":"]}"#)
+            .resolve(&context)
+            .unwrap()
+            .unwrap();
+        assert_eq!(
+            resolved["sequence_breaker_ids"],
+            serde_json::json!([[58], [256]])
+        );
+        assert_eq!(resolved["sequence_breakers"], serde_json::json!([]));
     }
 }

@@ -2,10 +2,7 @@ use schemars::JsonSchema;
 use serde::{Deserialize, Serialize};
 
 use crate::error::Result;
-use crate::history::TokenHistory;
-use crate::plan::{Edit, RowPlan};
-use crate::processors::counts::{window_of, TokenCounts};
-use crate::processors::repetition_penalty::vocab_limit;
+use crate::processors::count_penalty::{check_count_penalty, CountPenalty};
 use crate::processors::LogitsProcessor;
 use crate::spec::{KindSpec, SpecContext};
 
@@ -22,8 +19,7 @@ pub struct FrequencyPenaltySpec {
 
 impl KindSpec for FrequencyPenaltySpec {
     fn check(&self) -> Result<()> {
-        window_of(self.window)?;
-        check_openai_penalty(self.penalty)
+        check_count_penalty(self.penalty, self.window)
     }
 
     fn realize(
@@ -31,22 +27,7 @@ impl KindSpec for FrequencyPenaltySpec {
         context: &SpecContext,
         prompt_len: usize,
     ) -> Result<Box<dyn LogitsProcessor>> {
-        Ok(Box::new(
-            FrequencyPenalty::new(self.penalty, prompt_len, context.vocab_size)?
-                .with_window(window_of(self.window)?),
-        ))
-    }
-}
-
-/// OpenAI's range for frequency and presence penalties.
-pub(crate) fn check_openai_penalty(penalty: f64) -> Result<()> {
-    if (-2.0..=2.0).contains(&penalty) {
-        Ok(())
-    } else {
-        Err(crate::Error::argument(
-            "penalty",
-            format!("must be between -2 and 2, got {penalty}"),
-        ))
+        FrequencyPenalty::realized(self.penalty, self.window, context, prompt_len)
     }
 }
 
@@ -66,51 +47,4 @@ pub(crate) fn check_openai_penalty(penalty: f64) -> Result<()> {
 /// assert_eq!(row, [1.0, 0.0, 0.5]);
 /// # Ok::<(), logits_processing::Error>(())
 /// ```
-#[derive(Debug, Clone, PartialEq)]
-pub struct FrequencyPenalty {
-    penalty: f32,
-    counts: TokenCounts,
-}
-
-impl FrequencyPenalty {
-    /// Only the last `window` ids in scope count (llama.cpp's `penalty_last_n`), updated as
-    /// incrementally as the rest: each step adds the new ids and takes out those that left.
-    pub fn with_window(mut self, window: Option<usize>) -> Self {
-        self.counts = self.counts.with_window(window);
-        self
-    }
-
-    pub fn new(penalty: f64, prompt_len: usize, vocab_size: Option<usize>) -> Result<Self> {
-        check_openai_penalty(penalty)?;
-        Ok(Self {
-            penalty: penalty as f32,
-            counts: TokenCounts::new(prompt_len, usize::MAX, vocab_limit(vocab_size)),
-        })
-    }
-}
-
-impl LogitsProcessor for FrequencyPenalty {
-    fn plan(&mut self, ids: &dyn TokenHistory, plan: &mut RowPlan) -> Result<()> {
-        if self.penalty == 0.0 {
-            return Ok(());
-        }
-        self.counts.update(ids);
-        for &(token, count) in self.counts.counts() {
-            plan.push(Edit::Bias {
-                token,
-                bias: -(self.penalty * count as f32),
-            });
-        }
-        Ok(())
-    }
-
-    fn undo(&mut self) {
-        if self.penalty != 0.0 {
-            self.counts.undo();
-        }
-    }
-
-    fn reset(&mut self) {
-        self.counts.reset();
-    }
-}
+pub type FrequencyPenalty = CountPenalty<true>;

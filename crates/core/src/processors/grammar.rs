@@ -143,8 +143,8 @@ fn env_of(context: &SpecContext) -> Result<&GrammarEnv> {
     context.grammar.as_ref().ok_or_else(|| {
         Error::spec(
             "kind",
-            "a grammar needs the engine's tokenizer; give it to the batch (in Python \
-             Batch(vocab_size, tokenizer=...))",
+            "a grammar needs the engine's tokenizer; give it to the engine's context (in \
+             Python Batch(vocab_size, context=EngineContext(tokenizer)))",
         )
     })
 }

@@ -3,8 +3,11 @@
 pub(crate) mod adaptive_p;
 mod allowed_token_ids;
 mod bad_words;
+#[cfg(feature = "grammar")]
+mod ban_strings;
 mod ban_tokens;
 mod bitmask;
+mod count_penalty;
 mod counts;
 mod cursor;
 mod dry;
@@ -42,8 +45,11 @@ pub(crate) mod xtc;
 pub use adaptive_p::{AdaptiveP, AdaptivePSpec};
 pub use allowed_token_ids::{AllowedTokenIds, AllowedTokenIdsSpec};
 pub use bad_words::{BadWords, BadWordsSpec};
+#[cfg(feature = "grammar")]
+pub use ban_strings::{BanStrings, BanStringsSpec};
 pub use ban_tokens::{BanTokens, BanTokensSpec};
 pub use bitmask::{BitmaskSpec, CallerBitmask};
+pub use count_penalty::CountPenalty;
 pub use dry::{Dry, DrySpec};
 pub use dynamic_temperature::{DynamicTemperature, DynamicTemperatureSpec};
 pub use exponential_decay_length_penalty::{
@@ -98,6 +104,8 @@ pub(crate) static KINDS: &[Kind] = &[
     // Bans and allowed ids, then the kinds that force a token.
     Kind::new::<BanTokensSpec>("ban_tokens"),
     Kind::new::<BadWordsSpec>("bad_words"),
+    #[cfg(feature = "grammar")]
+    Kind::new::<BanStringsSpec>("ban_strings"),
     Kind::new::<NoRepeatNGramSpec>("no_repeat_ngram"),
     Kind::new::<MinLengthSpec>("min_length"),
     Kind::new::<MinNewTokensSpec>("min_new_tokens"),

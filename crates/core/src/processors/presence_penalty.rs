@@ -2,11 +2,7 @@ use schemars::JsonSchema;
 use serde::{Deserialize, Serialize};
 
 use crate::error::Result;
-use crate::history::TokenHistory;
-use crate::plan::{Edit, RowPlan};
-use crate::processors::counts::{window_of, TokenCounts};
-use crate::processors::frequency_penalty::check_openai_penalty;
-use crate::processors::repetition_penalty::vocab_limit;
+use crate::processors::count_penalty::{check_count_penalty, CountPenalty};
 use crate::processors::LogitsProcessor;
 use crate::spec::{KindSpec, SpecContext};
 
@@ -23,8 +19,7 @@ pub struct PresencePenaltySpec {
 
 impl KindSpec for PresencePenaltySpec {
     fn check(&self) -> Result<()> {
-        window_of(self.window)?;
-        check_openai_penalty(self.penalty)
+        check_count_penalty(self.penalty, self.window)
     }
 
     fn realize(
@@ -32,10 +27,7 @@ impl KindSpec for PresencePenaltySpec {
         context: &SpecContext,
         prompt_len: usize,
     ) -> Result<Box<dyn LogitsProcessor>> {
-        Ok(Box::new(
-            PresencePenalty::new(self.penalty, prompt_len, context.vocab_size)?
-                .with_window(window_of(self.window)?),
-        ))
+        PresencePenalty::realized(self.penalty, self.window, context, prompt_len)
     }
 }
 
@@ -51,51 +43,4 @@ impl KindSpec for PresencePenaltySpec {
 /// assert_eq!(row, [1.0, 0.5, 1.0]);
 /// # Ok::<(), logits_processing::Error>(())
 /// ```
-#[derive(Debug, Clone, PartialEq)]
-pub struct PresencePenalty {
-    penalty: f32,
-    counts: TokenCounts,
-}
-
-impl PresencePenalty {
-    /// Only the last `window` ids in scope count (llama.cpp's `penalty_last_n`), updated as
-    /// incrementally as the rest: each step adds the new ids and takes out those that left.
-    pub fn with_window(mut self, window: Option<usize>) -> Self {
-        self.counts = self.counts.with_window(window);
-        self
-    }
-
-    pub fn new(penalty: f64, prompt_len: usize, vocab_size: Option<usize>) -> Result<Self> {
-        check_openai_penalty(penalty)?;
-        Ok(Self {
-            penalty: penalty as f32,
-            counts: TokenCounts::new(prompt_len, usize::MAX, vocab_limit(vocab_size)),
-        })
-    }
-}
-
-impl LogitsProcessor for PresencePenalty {
-    fn plan(&mut self, ids: &dyn TokenHistory, plan: &mut RowPlan) -> Result<()> {
-        if self.penalty == 0.0 {
-            return Ok(());
-        }
-        self.counts.update(ids);
-        for &(token, _) in self.counts.counts() {
-            plan.push(Edit::Bias {
-                token,
-                bias: -self.penalty,
-            });
-        }
-        Ok(())
-    }
-
-    fn undo(&mut self) {
-        if self.penalty != 0.0 {
-            self.counts.undo();
-        }
-    }
-
-    fn reset(&mut self) {
-        self.counts.reset();
-    }
-}
+pub type PresencePenalty = CountPenalty<false>;

@@ -249,7 +249,10 @@ fn spec_of(kind: &'static str) -> BoxedStrategy<Value> {
 
 /// Kinds realized from the engine's tokenizer, tested with a real one (tests/grammar.rs).
 fn needs_tokenizer(kind: &str) -> bool {
-    matches!(kind, "hello_world" | "grammar" | "json_object")
+    matches!(
+        kind,
+        "hello_world" | "grammar" | "json_object" | "ban_strings"
+    )
 }
 
 /// A resume test per kind, and the list of the kinds that have one ([`RESUME_TESTED`]).
@@ -547,8 +550,8 @@ fn bad_values_are_refused_naming_the_field() {
             "penalty_last_n",
         ),
         (
-            r#"{"kind": "dry", "multiplier": 1, "sequence_breakers": ["\n"]}"#,
-            "sequence_breakers",
+            r#"{"kind": "dry", "multiplier": 1, "sequence_breakers": [""]}"#,
+            "sequence_breakers[0]",
         ),
         (
             r#"{"kind": "dry", "multiplier": 1, "sequence_breaker_ids": [[1], []]}"#,
@@ -603,7 +606,12 @@ fn bad_values_are_refused_naming_the_field() {
     for (json, field) in cases {
         assert_eq!(field_of(parse_pipeline(json).unwrap_err()), field, "{json}");
     }
+    // Out of the vocab, or text the context has no tokenizer for.
     let out_of_vocab = [
+        (
+            r#"{"kind": "dry", "multiplier": 1, "sequence_breakers": ["\n"]}"#,
+            "sequence_breakers",
+        ),
         (
             r#"{"kind": "dry", "multiplier": 1, "sequence_breaker_ids": [[1, 99]]}"#,
             "sequence_breaker_ids[0][1]",
