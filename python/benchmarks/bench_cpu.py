@@ -5,7 +5,10 @@
 Per call at vocab 151,936 (f32 and bf16), medians: temperature, forced sequence, the thinking
 budget at 1k / 8k / 32k ids of history, and a mixed Batch (a third each forced / temperature /
 thinking budget over its budget, 4,000-id histories) against the reference's per-request loop at
-B = 1, 64, 256; each beside a memcpy of the same bytes measured in the same run. The reference
+B = 1, 64, 256; each beside a memcpy of the same bytes measured in the same run. With
+``--samplers``: the mass-based truncation kinds on one f32 row (``Batch.apply(..., out=)``, one
+pass into another tensor) beside torch's ``copy_`` of the row, on N(0, 1) logits and on a peaked
+row. The reference
 wheel (ai-dynamo-runtime 1.6.1) has no thinking budget, so its rule is written out below in plain
 Python + torch, as its later source has it (a full rescan of the ids per call).
 """
@@ -144,6 +147,51 @@ def mixed_batch(dtype, rows, rounds):
     return got["ours"], got["reference"], got["memcpy"]
 
 
+SAMPLER_SPECS = {
+    "top_p 0.9": {"kind": "top_p", "p": 0.9},
+    "typical_p 0.9": {"kind": "typical_p", "mass": 0.9},
+    "epsilon_cutoff 3e-4": {"kind": "epsilon_cutoff", "epsilon": 3e-4},
+    "eta_cutoff 3e-4": {"kind": "eta_cutoff", "epsilon": 3e-4},
+    "top_n_sigma 1": {"kind": "top_n_sigma", "n": 1.0},
+    "top_a 0.2": {"kind": "top_a", "a": 0.2},
+    "tail_free 0.95": {"kind": "tail_free", "z": 0.95},
+    "xtc 0.1 (probability 1)": {"kind": "xtc", "probability": 1.0, "threshold": 0.1},
+    "mirostat v2 (mu 10)": {"kind": "mirostat", "version": 2, "tau": 5.0},
+    "mirostat v1 (mu 10)": {"kind": "mirostat", "version": 1, "tau": 5.0},
+    "min_p 0.05": {"kind": "min_p", "p": 0.05},
+}
+
+
+def sampler_rows():
+    """One N(0, 1) row (sampling at temperature 1 from a flat model) and one peaked row (a
+    normal tail around -2, 32 likely tokens between 8 and 16), as [1, VOCAB] f32."""
+    g = torch.Generator().manual_seed(7)
+    flat = torch.randn(1, VOCAB, generator=g)
+    peaked = torch.randn(1, VOCAB, generator=g) * 2.5 - 2.0
+    likely = torch.randint(0, VOCAB, (32,), generator=g)
+    peaked[0, likely] = 8.0 + torch.rand(32, generator=g) * 8.0
+    return {"normal": flat, "peaked": peaked}
+
+
+def sampler_benchmarks(calls, rounds):
+    """{(kind, shape): (ours, memcpy)} in us per call: a one-row Batch applied out of place."""
+    results = {}
+    ids = [list(range(100))]
+    for shape, master in sampler_rows().items():
+        dst = torch.empty_like(master)
+        for name, spec in SAMPLER_SPECS.items():
+            batch = Batch(VOCAB)
+            batch.add(0, spec)
+            fns = {
+                "ours": lambda batch=batch, master=master, dst=dst: batch.apply(master, ids, out=dst),
+                "memcpy": lambda master=master, dst=dst: dst.copy_(master),
+            }
+            counts = {"ours": max(3, calls // 5) if "tail_free" in name else calls, "memcpy": calls}
+            got = measure(fns, dst, master, counts, rounds)
+            results[(name, shape)] = (got["ours"], got["memcpy"])
+    return results
+
+
 def main():
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--quick", action="store_true", help="fewer repetitions")
@@ -151,6 +199,9 @@ def main():
         "--torch-threads",
         type=int,
         help="torch's intra-op threads (the reference and the memcpy); on a busy machine 1 is steadier",
+    )
+    parser.add_argument(
+        "--samplers", action="store_true", help="only the truncation kinds on one row (no reference)"
     )
     args = parser.parse_args()
     if args.torch_threads:
@@ -161,6 +212,13 @@ def main():
         f"torch {torch.__version__}, {torch.get_num_threads()} torch threads, vocab {VOCAB:,}, "
         f"{os.cpu_count()} CPUs, load average {load}"
     )
+    if args.samplers:
+        print("one f32 row, Batch.apply(row, ids, out=) beside torch copy_ of the row: median us per call")
+        for (name, shape), (ours, memcpy) in sampler_benchmarks(calls, rounds).items():
+            print(
+                f"  {shape:<7} {name:<24} ours {ours:9.1f}   memcpy {memcpy:6.2f}   ours/memcpy {ours / memcpy:6.1f}"
+            )
+        return
     print("reference: dynamo.logits_processing (ai-dynamo-runtime 1.6.1); its thinking budget is the")
     print("rule of its later source written out in plain Python + torch (the 1.6.1 wheel lacks it).")
     print("memcpy: torch copy_ of the same bytes (numpy copyto for the numpy row), same rounds.\n")

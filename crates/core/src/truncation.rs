@@ -16,6 +16,12 @@
 //! - typical, epsilon and eta compute both sums over the row; typical then sorts growing
 //!   prefixes of its scores (partial selections) until they hold its mass.
 //!
+//! Where the CPU has AVX-512, the mass-based rules take the passes of `truncation/wide.rs`
+//! instead (the same weights, sixteen at a time): the sums in one pass, then a compare pass for
+//! epsilon and eta; for top-p on a row with many values near its maximum, and for typical, one pass
+//! that sums the mass of each bucket of the key (the value, or typical's score) and a selection
+//! among the values of the one bucket where the running mass reaches the target.
+//!
 //! These are algorithms only: every band is the one the definitions below give (a property test
 //! compares them with whole-row selections on rows with ties, NaN, infinities and 16-bit values).
 //!
@@ -33,6 +39,8 @@
 //! writes its kernel's constants from it. This module is the CPU's selection.
 
 mod gpu_shared;
+#[cfg(target_arch = "x86_64")]
+mod wide;
 
 pub use gpu_shared::{
     exp, fixed, from_order_key, order_key, EXP_LN2_HI, EXP_LN2_LO, EXP_LOG2_E, EXP_MAX, EXP_MIN,
@@ -40,6 +48,8 @@ pub use gpu_shared::{
 };
 
 use crate::error::{Error, Result};
+#[cfg(target_arch = "x86_64")]
+pub(crate) use wide::{available as wide_available, finite_lane_sums, smallest_above_and_between};
 
 /// Values outside `lo..=hi` become `-inf`; values inside (and NaN) are kept.
 #[derive(Debug, Clone, Copy, PartialEq)]
@@ -275,9 +285,34 @@ impl Truncation {
             },
             Truncation::MinP { p, .. } => min_p(values, max, p),
             Truncation::Typical { mass, .. } => {
-                return typical(values, &Softmax::of(values), mass, min_keep, work)
+                #[cfg(target_arch = "x86_64")]
+                if min_keep == 1 && wide::available() && values.len() < 1 << 21 {
+                    return typical_wide(values, max, mass, work);
+                }
+                return typical(values, &Softmax::of(values), mass, min_keep, work);
             }
             Truncation::Epsilon { .. } | Truncation::Eta { .. } => {
+                #[cfg(target_arch = "x86_64")]
+                if wide::available() && values.len() < 1 << 21 {
+                    // The sums in one pass, then the lowest value whose `q` reaches the
+                    // threshold by comparison (`exp` only near it).
+                    let (sum, entropy_sum) =
+                        wide::sums(values, max, matches!(self, Truncation::Eta { .. }));
+                    let softmax = Softmax {
+                        max,
+                        sum,
+                        entropy_sum,
+                    };
+                    let threshold = softmax.threshold(self);
+                    let lo = top_a::lowest_reaching(values, max, threshold, work);
+                    return Band {
+                        lo: lo.min(match min_keep {
+                            1 => max,
+                            _ => kth_largest(values, min_keep, work),
+                        }),
+                        hi: f32::INFINITY,
+                    };
+                }
                 // Plain loops, not closures, here and below: inlined into the FMA-compiled caller.
                 let softmax = Softmax::of(values);
                 let threshold = softmax.threshold(self);
@@ -629,6 +664,10 @@ fn max_and_candidates_avx2(values: &[f32], below: f32, work: &mut Work) -> Optio
 /// most rows is (the whole row when they do not reach the target).
 #[inline(always)]
 fn top_p(values: &[f32], max: f32, p: f32, work: &mut Work) -> Option<f32> {
+    #[cfg(target_arch = "x86_64")]
+    if wide::available() && values.len() < 1 << 21 {
+        return top_p_wide(values, max, p, work);
+    }
     let softmax = Softmax::weights_only(values, max);
     let target = softmax.target(p);
     for below_max in [4.0f32, 8.0, 16.0, f32::INFINITY] {
@@ -637,20 +676,103 @@ fn top_p(values: &[f32], max: f32, p: f32, work: &mut Work) -> Option<f32> {
         collect_from(values, max - below_max, work, |x| softmax.weights(x).0);
         let mass: u64 = work.iter().map(|e| e.1).sum();
         if mass as f64 >= target {
-            return Some(weighted_select(work, target));
+            return Some(weighted_select(work, 0, target).2);
         }
     }
     None
 }
 
-/// The value `v` of `work` whose mass of larger keys is below `target` and whose mass of keys
-/// at or above it reaches `target` (the running sum in key order, largest first, first reaches
-/// the target at `v`; unique, whatever the order of ties). `work`'s whole mass must reach it.
+/// [`top_p`] with the AVX-512 passes. A row with few values within 4 of its maximum (a trained
+/// model's) selects among them once the total is known, as [`top_p`] does; otherwise one pass
+/// computes the total and the mass of each bucket of 1/32 below the maximum, and the boundary is
+/// selected among the values of the bucket where the running mass reaches the target (a flat
+/// row's: the buckets above it hold most of the mass, and most of the row is never collected).
+#[cfg(target_arch = "x86_64")]
+fn top_p_wide(values: &[f32], max: f32, p: f32, work: &mut Work) -> Option<f32> {
+    if wide::smallest_above_and_between(values, max - 4.0, f32::INFINITY, 4096, work).is_some() {
+        keyed(work);
+        wide::fill_weights(work, max);
+        let softmax = Softmax::weights_only(values, max);
+        let target = softmax.target(p);
+        let mass: u64 = work.iter().map(|e| e.1).sum();
+        if mass as f64 >= target {
+            return Some(weighted_select(work, 0, target).2);
+        }
+    }
+    let mut masses = [0u64; wide::BUCKETS];
+    let softmax = Softmax {
+        max,
+        sum: wide::bucket_masses(values, max, wide::Key::Value, &mut masses),
+        entropy_sum: 0,
+    };
+    let target = softmax.target(p);
+    let (bucket, above) = reaching_bucket(&masses, target)?;
+    wide::collect_bucket(values, max, wide::Key::Value, bucket, work);
+    wide::fill_weights(work, max);
+    Some(weighted_select(work, above, target).2)
+}
+
+/// The first bucket where the running mass reaches `target`, and the mass before it.
+#[cfg(target_arch = "x86_64")]
+fn reaching_bucket(masses: &[u64], target: f64) -> Option<(usize, u64)> {
+    let mut above = 0u64;
+    for (bucket, &mass) in masses.iter().enumerate() {
+        if (above + mass) as f64 >= target {
+            return Some((bucket, above));
+        }
+        above += mass;
+    }
+    None
+}
+
+/// Sets each entry's key to its value's [`order_key`].
+#[cfg(target_arch = "x86_64")]
+fn keyed(work: &mut Work) {
+    for e in work.iter_mut() {
+        e.0 = order_key(e.2);
+    }
+}
+
+/// Typical's band with the AVX-512 passes (`min_keep` 1): the sums `W` and `E` in one pass, then
+/// the mass of each bucket of scores (1/16 wide) in another; the boundary is selected among the
+/// values of the bucket where the running mass, smallest scores first, reaches the target.
+#[cfg(target_arch = "x86_64")]
+fn typical_wide(values: &[f32], max: f32, mass: f32, work: &mut Work) -> Band {
+    let (sum, entropy_sum) = wide::sums(values, max, true);
+    let softmax = Softmax {
+        max,
+        sum,
+        entropy_sum,
+    };
+    let key = wide::Key::Typical {
+        shift: softmax.shift(),
+    };
+    let target = softmax.target(mass);
+    let mut masses = [0u64; wide::BUCKETS];
+    wide::bucket_masses(values, max, key, &mut masses);
+    let Some((bucket, above)) = reaching_bucket(&masses, target) else {
+        return Band::ALL;
+    };
+    let (lo, hi) = wide::collect_bucket(values, max, key, bucket, work);
+    wide::fill_weights(work, max);
+    // Keys are the bitwise-not of the scores' order keys: the largest key is the smallest score.
+    let cut = weighted_select(work, above, target).0;
+    let (lo, hi) = work
+        .iter()
+        .filter(|e| e.0 >= cut)
+        .fold((lo, hi), |(lo, hi), e| (lo.min(e.2), hi.max(e.2)));
+    Band { lo, hi }
+}
+
+/// The entry `v` of `work` whose mass of larger keys (plus `above`, the mass of values outside
+/// `work` above all of it) is below `target` and whose mass of keys at or above it reaches
+/// `target` (the running sum in key order, largest first, first reaches the target at `v`; its
+/// key is unique, whatever the order of ties). `above` and `work`'s whole mass must reach it.
 /// Quickselect by weight: expected linear time.
-fn weighted_select(work: &mut [(u32, u64, f32)], target: f64) -> f32 {
+fn weighted_select(work: &mut [(u32, u64, f32)], above: u64, target: f64) -> (u32, u64, f32) {
     let mut part = work;
     // The mass of the values larger than every key in `part`.
-    let mut above = 0u64;
+    let mut above = above;
     loop {
         if part.len() <= 32 {
             part.sort_unstable_by_key(|e| std::cmp::Reverse(e.0));
@@ -658,7 +780,7 @@ fn weighted_select(work: &mut [(u32, u64, f32)], target: f64) -> f32 {
             for e in part.iter() {
                 sum += e.1;
                 if sum as f64 >= target {
-                    return e.2;
+                    return *e;
                 }
             }
             unreachable!("the mass reaches the target");
@@ -689,7 +811,7 @@ fn weighted_select(work: &mut [(u32, u64, f32)], target: f64) -> f32 {
         }
         let mass_tied = mass_larger + part[larger..end].iter().map(|e| e.1).sum::<u64>();
         if mass_tied as f64 >= target {
-            return part[larger].2;
+            return part[larger];
         }
         above = mass_tied;
         part = &mut part[end..];
@@ -700,6 +822,10 @@ fn weighted_select(work: &mut [(u32, u64, f32)], target: f64) -> f32 {
 /// it, with the same bits as [`Softmax::weights`] one value at a time (a test compares them).
 #[inline(always)]
 pub fn weight_sum(values: &[f32], max: f32) -> u64 {
+    #[cfg(target_arch = "x86_64")]
+    if values.len() < 1 << 21 && wide::available() {
+        return wide::sums(values, max, false).0;
+    }
     #[cfg(target_arch = "x86_64")]
     if values.len() < 1 << 21
         && std::arch::is_x86_feature_detected!("fma")
@@ -1092,6 +1218,10 @@ mod tests {
         if !softmax.is_defined() {
             return Band::ALL;
         }
+        if let Truncation::Typical { mass, .. } = *rule {
+            // Growing sorted prefixes of the scores, the path without AVX-512.
+            return typical(values, &softmax, mass, min_keep, &mut vec![]);
+        }
         let lo = match *rule {
             Truncation::TopK { .. }
             | Truncation::Typical { .. }
@@ -1191,8 +1321,14 @@ mod tests {
                 .prop_map(|(p, min_keep)| Truncation::MinP { p, min_keep }),
             (0.0001f32..0.2, min_keep.clone())
                 .prop_map(|(epsilon, min_keep)| Truncation::Epsilon { epsilon, min_keep }),
-            (0.0001f32..0.2, min_keep)
+            (0.0001f32..0.2, min_keep.clone())
                 .prop_map(|(epsilon, min_keep)| Truncation::Eta { epsilon, min_keep }),
+            (
+                prop_oneof![0.001f32..1.0, Just(0.5), Just(0.999_999)],
+                prop_oneof![3 => Just(1u32), 1 => min_keep]
+            )
+                .prop_filter("mass below 1", |(mass, _)| *mass < 1.0)
+                .prop_map(|(mass, min_keep)| Truncation::Typical { mass, min_keep }),
         ]
     }
 
@@ -1211,6 +1347,11 @@ mod tests {
             prop_assert_eq!(differ(portable), 0, "{:?}: {:?} against {:?}", rule, portable, slow);
             if matches!(rule, Truncation::TopK { .. } | Truncation::TopP { .. }) {
                 prop_assert_eq!(fast.lo.to_bits(), slow.lo.to_bits(), "{:?}", rule);
+            }
+            if let Truncation::Typical { .. } = rule {
+                // The band's ends are row values (`-0.0` and `0.0` alike: `min` of the two is
+                // either).
+                prop_assert!(fast.lo == slow.lo && fast.hi == slow.hi, "{:?}: {:?} against {:?}", rule, fast, slow);
             }
         }
 
@@ -1237,6 +1378,78 @@ mod tests {
                 let one_by_one: u64 = row.iter().map(|&x| softmax.weights(x).0).sum();
                 prop_assert_eq!(weight_sum(&row, 0.0), one_by_one);
                 prop_assert_eq!(weight_sum_scalar(&row, 0.0), one_by_one);
+                #[cfg(target_arch = "x86_64")]
+                {
+                    if std::arch::is_x86_feature_detected!("avx2") && std::arch::is_x86_feature_detected!("fma") {
+                        // SAFETY: the CPU has AVX2 and FMA.
+                        prop_assert_eq!(unsafe { weight_sum_avx2(&row, 0.0) }, one_by_one);
+                    }
+                    if wide::available() {
+                        let entropy: u64 = row.iter().map(|&x| softmax.weights(x).1).sum();
+                        prop_assert_eq!(wide::sums(&row, 0.0, true), (one_by_one, entropy));
+                        let mut work: Work = row.iter().map(|&x| (0, 0, x)).collect();
+                        wide::fill_weights(&mut work, 0.0);
+                        for e in &work {
+                            prop_assert_eq!(e.1, softmax.weights(e.2).0, "{}", e.2);
+                        }
+                    }
+                }
+            }
+        }
+    }
+
+    /// Each bucket's mass is the sum of the weights of the values collected from it, for both
+    /// keys, on rows with NaN, infinities, ties and large offsets.
+    #[cfg(target_arch = "x86_64")]
+    #[test]
+    fn bucket_masses_are_the_weights_of_the_buckets_values() {
+        if !wide::available() {
+            eprintln!("skipped: no AVX-512 on this CPU");
+            return;
+        }
+        let mut state = 0x2545_f491_4f6c_dd1du64;
+        let mut next = move || {
+            state ^= state << 13;
+            state ^= state >> 7;
+            state ^= state << 17;
+            (state >> 40) as f32 / (1u64 << 24) as f32
+        };
+        for (spread, offset) in [(1.0f32, 0.0f32), (8.0, -3.0), (0.05, 30_000.0), (40.0, 1e3)] {
+            let row: Vec<f32> = (0..3001)
+                .map(|i| match i % 53 {
+                    7 => f32::NAN,
+                    8 => f32::NEG_INFINITY,
+                    9 => offset,
+                    _ => ((next() - 0.5) * 4.0 * spread + offset).round() * 0.125 + offset * 0.875,
+                })
+                .collect();
+            let max = largest(&row);
+            let (sum, entropy_sum) = wide::sums(&row, max, true);
+            let shift = Softmax {
+                max,
+                sum,
+                entropy_sum,
+            }
+            .shift();
+            for key in [wide::Key::Value, wide::Key::Typical { shift }] {
+                let mut masses = [0u64; wide::BUCKETS];
+                assert_eq!(wide::bucket_masses(&row, max, key, &mut masses), sum);
+                let mut work = vec![];
+                let mut collected = 0;
+                for (bucket, &mass) in masses.iter().enumerate() {
+                    if mass == 0 && bucket % 97 != 0 {
+                        continue;
+                    }
+                    wide::collect_bucket(&row, max, key, bucket, &mut work);
+                    wide::fill_weights(&mut work, max);
+                    assert_eq!(
+                        work.iter().map(|e| e.1).sum::<u64>(),
+                        mass,
+                        "{key:?} {bucket}"
+                    );
+                    collected += work.len();
+                }
+                assert!(collected > 0);
             }
         }
     }

@@ -7,7 +7,7 @@ use crate::plan::{Band, Edit, RowPlan, Truncation};
 use crate::processors::top_a::lowest_reaching;
 use crate::processors::LogitsProcessor;
 use crate::spec::{KindSpec, SpecContext};
-use crate::truncation::{exp, kth_largest, largest, order_key, Softmax, Work};
+use crate::truncation::{collect_from, exp, kth_largest, largest, Softmax, Work};
 
 /// `{"kind": "mirostat", "version": 2, "tau": 5.0, "eta": 0.1}`: llama.cpp's mirostat samplers
 /// (`llama_sampler_init_mirostat_v2(seed, tau, eta)`, `llama_sampler_init_mirostat(n_vocab, seed,
@@ -226,13 +226,9 @@ pub(crate) fn band_v1(values: &[f32], mu: f32, m: u32, n_vocab: u32, work: &mut 
     let finite = values.iter().filter(|x| x.is_finite()).count();
     let top = (m as usize).min(finite);
     let floor = kth_largest(values, top, work);
-    work.clear();
-    work.extend(
-        values
-            .iter()
-            .filter(|&&x| x >= floor && x.is_finite())
-            .map(|&x| (order_key(x), 0, x)),
-    );
+    // `floor` is finite (the row's maximum is, and `top` is at most the finite count): the values
+    // at or above it are the finite ones, collected by the vectorized compare pass.
+    collect_from(values, floor, work, |_| 0);
     work.sort_unstable_by_key(|e| std::cmp::Reverse(e.0));
     let softmax = Softmax::weights_only(values, max);
     let scale = softmax.scale();

@@ -96,12 +96,25 @@ pub(crate) fn lowest_reaching(values: &[f32], max: f32, threshold: f32, work: &m
         (max as f64 + ln + margin) as f32
     };
     let mut sure = f32::INFINITY;
-    for &x in values {
-        if x >= lo {
-            if x >= hi {
-                sure = sure.min(x);
-            } else {
-                work.push((0, 0, x));
+    #[cfg(target_arch = "x86_64")]
+    let wide = crate::truncation::wide_available();
+    #[cfg(not(target_arch = "x86_64"))]
+    let wide = false;
+    if wide {
+        #[cfg(target_arch = "x86_64")]
+        if let Some(smallest) =
+            crate::truncation::smallest_above_and_between(values, lo, hi, usize::MAX, work)
+        {
+            sure = smallest;
+        }
+    } else {
+        for &x in values {
+            if x >= lo {
+                if x >= hi {
+                    sure = sure.min(x);
+                } else {
+                    work.push((0, 0, x));
+                }
             }
         }
     }

@@ -52,6 +52,20 @@ pub(crate) fn band(values: &[f32], n: f32) -> Band {
     if n <= 0.0 {
         return Band::ALL;
     }
+    #[cfg(target_arch = "x86_64")]
+    if crate::truncation::wide_available() {
+        let (count, max, sums) = crate::truncation::finite_lane_sums(values, None);
+        if count <= 1 {
+            return Band::ALL;
+        }
+        let mean = pairwise(&sums) / count as f64;
+        let variance = pairwise(&crate::truncation::finite_lane_sums(values, Some(mean)).2);
+        let sigma = (variance / count as f64).sqrt() as f32;
+        return Band {
+            lo: max - n * sigma,
+            hi: f32::INFINITY,
+        };
+    }
     let (count, max, sum) = finite_stats(values);
     if count <= 1 {
         return Band::ALL;
@@ -86,32 +100,41 @@ fn lanes(values: &[f32], f: impl Fn(f32) -> f64) -> f64 {
     for (a, &x) in acc.iter_mut().zip(rest) {
         *a += if x.is_finite() { f(x) } else { 0.0 };
     }
+    pairwise(&acc)
+}
+
+/// The partial sums added pairwise.
+#[inline(always)]
+fn pairwise(acc: &[f64; LANES]) -> f64 {
     ((acc[0] + acc[1]) + (acc[2] + acc[3])) + ((acc[4] + acc[5]) + (acc[6] + acc[7]))
 }
 
-/// The number, maximum and f64 sum of the finite values.
+/// The number, maximum and f64 sum of the finite values, in one pass (the sum as [`lanes`]
+/// adds it).
 #[inline(always)]
 pub(crate) fn finite_stats(values: &[f32]) -> (usize, f32, f64) {
     let mut count = [0u32; LANES];
     let mut max = [f32::NEG_INFINITY; LANES];
-    let blocks = values.chunks_exact(LANES);
-    let rest = blocks.remainder();
-    for block in blocks {
-        for j in 0..LANES {
-            let x = block[j];
-            let finite = x.is_finite();
-            count[j] += finite as u32;
-            max[j] = if finite && x > max[j] { x } else { max[j] };
-        }
-    }
-    for (j, &x) in rest.iter().enumerate() {
+    let mut acc = [0f64; LANES];
+    let mut add = |j: usize, x: f32| {
         let finite = x.is_finite();
         count[j] += finite as u32;
         max[j] = if finite && x > max[j] { x } else { max[j] };
+        acc[j] += if finite { x as f64 } else { 0.0 };
+    };
+    let blocks = values.chunks_exact(LANES);
+    let rest = blocks.remainder();
+    for block in blocks {
+        for (j, &x) in block.iter().enumerate() {
+            add(j, x);
+        }
+    }
+    for (j, &x) in rest.iter().enumerate() {
+        add(j, x);
     }
     let count = count.iter().map(|&c| c as usize).sum();
     let max = max.into_iter().fold(f32::NEG_INFINITY, f32::max);
-    (count, max, lanes(values, |x| x as f64))
+    (count, max, pairwise(&acc))
 }
 
 #[cfg(test)]
@@ -166,6 +189,45 @@ mod tests {
                         );
                     }
                 }
+            }
+        }
+    }
+
+    /// The one-pass sum is [`lanes`]' sum bit for bit (the same eight partial sums).
+    #[test]
+    fn one_pass_stats_are_the_lane_sums() {
+        let mut seed = 3u64;
+        for len in [0usize, 1, 7, 8, 9, 1000, 151_936] {
+            let row: Vec<f32> = (0..len)
+                .map(|i| {
+                    seed = seed.wrapping_mul(6364136223846793005).wrapping_add(1);
+                    match i % 29 {
+                        3 => f32::NEG_INFINITY,
+                        4 => f32::NAN,
+                        5 => f32::INFINITY,
+                        _ => {
+                            ((seed >> 40) as f32 / (1u64 << 24) as f32 - 0.5) * 1e4 * (i % 7) as f32
+                        }
+                    }
+                })
+                .collect();
+            let (count, max, sum) = finite_stats(&row);
+            assert_eq!(count, row.iter().filter(|x| x.is_finite()).count());
+            let finite_max = row
+                .iter()
+                .filter(|x| x.is_finite())
+                .fold(f32::NEG_INFINITY, |m, &x| m.max(x));
+            assert_eq!(max.to_bits(), finite_max.to_bits());
+            assert_eq!(sum.to_bits(), lanes(&row, |x| x as f64).to_bits(), "{len}");
+            #[cfg(target_arch = "x86_64")]
+            if crate::truncation::wide_available() {
+                let (c, m, sums) = crate::truncation::finite_lane_sums(&row, None);
+                assert_eq!((c, m.to_bits()), (count, max.to_bits()));
+                assert_eq!(pairwise(&sums).to_bits(), sum.to_bits(), "{len}");
+                let mean = sum / count.max(1) as f64;
+                let squares = lanes(&row, |x| (x as f64 - mean) * (x as f64 - mean));
+                let wide = pairwise(&crate::truncation::finite_lane_sums(&row, Some(mean)).2);
+                assert_eq!(wide.to_bits(), squares.to_bits(), "{len}");
             }
         }
     }

@@ -1,0 +1,479 @@
+//! The mass passes of the truncation rules sixteen values at a time (AVX-512), for CPUs that have
+//! it: the fixed-point softmax sums, sums by bucket of a key, and the compare passes that collect
+//! the few values a rule's boundary is selected from. Every weight is the one
+//! [`Softmax::weights`](super::Softmax::weights) gives (the same IEEE operations in the same
+//! order on each lane; tests compare them), so a rule selects the same band whichever path ran.
+//! Without AVX-512 the rules take the selections written in `truncation.rs`, which the tests use
+//! as the reference.
+
+use std::arch::x86_64::*;
+
+use super::{
+    order_key, Work, EXP_LN2_HI, EXP_LN2_LO, EXP_LOG2_E, EXP_POLY, EXP_SHIFTER, FIXED_BITS,
+    WEIGHTLESS,
+};
+
+/// Whether the CPU runs these passes (AVX-512 F and DQ; the weights' fused multiply-adds are
+/// AVX-512's own).
+#[inline(always)]
+pub(crate) fn available() -> bool {
+    std::arch::is_x86_feature_detected!("avx512f")
+        && std::arch::is_x86_feature_detected!("avx512dq")
+}
+
+/// Buckets of [`bucket_masses`]: a key's range cut into this many intervals.
+pub(crate) const BUCKETS: usize = 1024;
+
+/// How a value's key is computed for [`bucket_masses`] and [`collect_bucket`]; buckets are
+/// intervals of the key, numbered from the first the rule takes.
+#[derive(Debug, Clone, Copy)]
+pub(crate) enum Key {
+    /// The value itself, largest first (top-p): bucket `(max - x) * 32`.
+    Value,
+    /// Typical's score `|(x - max) + shift|`, smallest first: bucket `score * 16`. `-inf` is no
+    /// candidate.
+    Typical { shift: f32 },
+}
+
+/// The weights of sixteen values under the row's maximum.
+struct Lanes {
+    max: __m512,
+}
+
+impl Lanes {
+    #[inline(always)]
+    fn new(max: f32) -> Self {
+        // SAFETY: only called from functions compiled for AVX-512.
+        Lanes {
+            max: unsafe { _mm512_set1_ps(max) },
+        }
+    }
+
+    /// `d = x - max`.
+    #[inline(always)]
+    unsafe fn d(&self, x: __m512) -> __m512 {
+        _mm512_sub_ps(x, self.max)
+    }
+
+    /// `exp(d) * 2^32`, unrounded, by [`super::exp`]'s operations: `y * 2^n` with `n` and the
+    /// polynomial `y` as there, the scale by `2^(n + 32)` one exact `scalef` (the product of the
+    /// scalar path's `q = y * 2^n`, normal for every `d >= -87`, and `2^32`). Lanes with `d`
+    /// below -87, `-inf` or NaN give garbage: the callers mask them.
+    #[inline(always)]
+    unsafe fn scaled_exp(&self, d: __m512) -> __m512 {
+        let splat = |v: f32| _mm512_set1_ps(v);
+        let biased = _mm512_fmadd_ps(d, splat(EXP_LOG2_E), splat(EXP_SHIFTER));
+        let n = _mm512_sub_ps(biased, splat(EXP_SHIFTER));
+        // `n + 32`, exactly: both are small integers.
+        let n_scaled = _mm512_sub_ps(biased, splat(EXP_SHIFTER - FIXED_BITS as f32));
+        let r = _mm512_fmadd_ps(n, splat(-EXP_LN2_HI), d);
+        let r = _mm512_fmadd_ps(n, splat(-EXP_LN2_LO), r);
+        let mut p = splat(EXP_POLY[0]);
+        for &c in &EXP_POLY[1..] {
+            p = _mm512_fmadd_ps(p, r, splat(c));
+        }
+        let y = _mm512_add_ps(_mm512_fmadd_ps(p, _mm512_mul_ps(r, r), r), splat(1.0));
+        _mm512_scalef_ps(y, n_scaled)
+    }
+
+    /// `fixed(exp(d))` of sixteen lanes as integral f32, 0 where `d < -23` (every such weight is
+    /// 0: `WEIGHTLESS`) or NaN; and the mask of the other lanes.
+    #[inline(always)]
+    unsafe fn weights(&self, d: __m512) -> (__m512, __mmask16) {
+        let live = _mm512_cmp_ps_mask::<_CMP_GE_OQ>(d, _mm512_set1_ps(-WEIGHTLESS));
+        (round(live, self.scaled_exp(d)), live)
+    }
+
+    /// The weights and the entropy weights `fixed(q * -d)` as integral f32, 0 where `d < -32`
+    /// (an entropy weight there is 0: `e^-32 * 32 * 2^32 < 0.002`) or NaN; and the mask of the
+    /// other lanes. `(q * 2^32) * -d` is `(q * -d) * 2^32`: scaling by `2^32` commutes with the
+    /// rounding of a normal product.
+    #[inline(always)]
+    unsafe fn weights_and_entropy(&self, d: __m512) -> (__m512, __m512, __mmask16) {
+        let live = _mm512_cmp_ps_mask::<_CMP_GE_OQ>(d, _mm512_set1_ps(-32.0));
+        let scaled = self.scaled_exp(d);
+        let minus_d = _mm512_sub_ps(_mm512_setzero_ps(), d);
+        let entropy = round(live, _mm512_mul_ps(scaled, minus_d));
+        (round(live, scaled), entropy, live)
+    }
+}
+
+/// Rounds to the nearest integer, ties to even (`fixed`'s rounding); 0 outside `live`.
+#[inline(always)]
+unsafe fn round(live: __mmask16, v: __m512) -> __m512 {
+    _mm512_maskz_roundscale_ps::<{ _MM_FROUND_TO_NEAREST_INT | _MM_FROUND_NO_EXC }>(live, v)
+}
+
+/// Sixteen integral f32 (below `2^33`) added into two f64 accumulators, exactly.
+#[inline(always)]
+unsafe fn add_exact(sums: &mut [__m512d; 2], t: __m512) {
+    let low = _mm512_castps512_ps256(t);
+    let high = _mm256_castpd_ps(_mm512_extractf64x4_pd::<1>(_mm512_castps_pd(t)));
+    sums[0] = _mm512_add_pd(sums[0], _mm512_cvtps_pd(low));
+    sums[1] = _mm512_add_pd(sums[1], _mm512_cvtps_pd(high));
+}
+
+#[inline(always)]
+unsafe fn total(sums: [__m512d; 2]) -> u64 {
+    let mut lanes = [0f64; 8];
+    _mm512_storeu_pd(lanes.as_mut_ptr(), _mm512_add_pd(sums[0], sums[1]));
+    lanes.iter().map(|&s| s as u64).sum()
+}
+
+/// The values of `values` in vectors of sixteen, the last one filled with `-inf` (weight 0, and
+/// no candidate of any rule), each with the mask of its real lanes. An iterator, not a closure,
+/// so that the loop body is compiled in its caller, with AVX-512.
+struct Vectors<'a> {
+    blocks: std::slice::Chunks<'a, f32>,
+}
+
+impl<'a> Vectors<'a> {
+    #[inline(always)]
+    fn new(values: &'a [f32]) -> Self {
+        Vectors {
+            blocks: values.chunks(16),
+        }
+    }
+}
+
+impl Iterator for Vectors<'_> {
+    type Item = (__m512, __mmask16);
+
+    #[inline(always)]
+    fn next(&mut self) -> Option<Self::Item> {
+        let block = self.blocks.next()?;
+        let real = ((1u32 << block.len()) - 1) as __mmask16;
+        // SAFETY: only called from functions compiled for AVX-512; the masked load reads the
+        // block's lanes alone.
+        let x = unsafe {
+            _mm512_mask_loadu_ps(_mm512_set1_ps(f32::NEG_INFINITY), real, block.as_ptr())
+        };
+        Some((x, real))
+    }
+}
+
+/// The softmax sums over `values` under their maximum `max`: `W`, and `E` when `entropy` (else 0).
+/// Rows shorter than `2^21` (the f64 lanes stay exact); longer ones are the caller's to split.
+pub(crate) fn sums(values: &[f32], max: f32, entropy: bool) -> (u64, u64) {
+    debug_assert!(values.len() < 1 << 21);
+    // SAFETY: the caller checked `available()`.
+    unsafe {
+        if entropy {
+            sums_with_entropy(values, max)
+        } else {
+            (weight_sum(values, max), 0)
+        }
+    }
+}
+
+#[target_feature(enable = "avx512f,avx512dq")]
+fn weight_sum(values: &[f32], max: f32) -> u64 {
+    let lanes = Lanes::new(max);
+    let mut sums = [_mm512_setzero_pd(); 2];
+    // SAFETY: AVX-512 F and DQ are enabled here.
+    unsafe {
+        for (x, _) in Vectors::new(values) {
+            let (t, live) = lanes.weights(lanes.d(x));
+            // Vectors far below the maximum weigh nothing (most of a trained model's row).
+            if live != 0 {
+                add_exact(&mut sums, t);
+            }
+        }
+        total(sums)
+    }
+}
+
+#[target_feature(enable = "avx512f,avx512dq")]
+fn sums_with_entropy(values: &[f32], max: f32) -> (u64, u64) {
+    let lanes = Lanes::new(max);
+    let mut w = [_mm512_setzero_pd(); 2];
+    let mut e = [_mm512_setzero_pd(); 2];
+    // SAFETY: AVX-512 F and DQ are enabled here.
+    unsafe {
+        for (x, _) in Vectors::new(values) {
+            let (t, te, live) = lanes.weights_and_entropy(lanes.d(x));
+            if live != 0 {
+                add_exact(&mut w, t);
+                add_exact(&mut e, te);
+            }
+        }
+        (total(w), total(e))
+    }
+}
+
+/// The bucket of each lane's key (see [`Key`]); NaN, and `-inf` for typical, land in the last.
+#[inline(always)]
+unsafe fn buckets(key: Key, d: __m512) -> __m512i {
+    let scaled = match key {
+        Key::Value => _mm512_mul_ps(_mm512_sub_ps(_mm512_setzero_ps(), d), _mm512_set1_ps(32.0)),
+        Key::Typical { shift } => _mm512_mul_ps(score(d, shift), _mm512_set1_ps(16.0)),
+    };
+    // Out of range (and NaN) converts to `u32::MAX`, then the last bucket.
+    _mm512_min_epu32(
+        _mm512_cvttps_epu32(scaled),
+        _mm512_set1_epi32(BUCKETS as i32 - 1),
+    )
+}
+
+/// Typical's score `|d + shift|` ([`super::Softmax::typical_score`]).
+#[inline(always)]
+unsafe fn score(d: __m512, shift: f32) -> __m512 {
+    _mm512_abs_ps(_mm512_add_ps(d, _mm512_set1_ps(shift)))
+}
+
+/// Which lanes are candidates of the rule: not NaN; for typical, not `-inf` either.
+#[inline(always)]
+unsafe fn candidates(key: Key, x: __m512, real: __mmask16) -> __mmask16 {
+    let not_nan = _mm512_cmp_ps_mask::<_CMP_ORD_Q>(x, x);
+    let m = real & not_nan;
+    match key {
+        Key::Value => m,
+        Key::Typical { .. } => {
+            m & _mm512_cmp_ps_mask::<_CMP_NEQ_OQ>(x, _mm512_set1_ps(f32::NEG_INFINITY))
+        }
+    }
+}
+
+/// The total `W` and, in `masses`, the weight of each bucket of `key` (NaN adds nothing).
+pub(crate) fn bucket_masses(
+    values: &[f32],
+    max: f32,
+    key: Key,
+    masses: &mut [u64; BUCKETS],
+) -> u64 {
+    debug_assert!(values.len() < 1 << 21);
+    // SAFETY: the caller checked `available()`.
+    unsafe { bucket_masses_512(values, max, key, masses) }
+}
+
+#[target_feature(enable = "avx512f,avx512dq")]
+fn bucket_masses_512(values: &[f32], max: f32, key: Key, masses: &mut [u64; BUCKETS]) -> u64 {
+    // Four copies, lane by lane in turn: neighbouring values often share a bucket, and one
+    // copy would chain each addition on the previous one's store. Their strides are not a
+    // multiple of 4 KiB, so the same bucket of two copies does not alias in the store buffer.
+    let mut copies = [[0u64; BUCKETS + 16]; 4];
+    let lanes = Lanes::new(max);
+    let mut sums = [_mm512_setzero_pd(); 2];
+    let mut index = [0u32; 16];
+    let mut weight = [0u64; 16];
+    // SAFETY: AVX-512 F and DQ are enabled here; bucket indices are below BUCKETS.
+    unsafe {
+        for (x, _) in Vectors::new(values) {
+            let d = lanes.d(x);
+            let (t, heavy) = lanes.weights(d);
+            if heavy == 0 {
+                continue;
+            }
+            let low = _mm512_cvtps_pd(_mm512_castps512_ps256(t));
+            let high = _mm512_cvtps_pd(_mm256_castpd_ps(_mm512_extractf64x4_pd::<1>(
+                _mm512_castps_pd(t),
+            )));
+            sums[0] = _mm512_add_pd(sums[0], low);
+            sums[1] = _mm512_add_pd(sums[1], high);
+            _mm512_storeu_si512(index.as_mut_ptr().cast(), buckets(key, d));
+            _mm512_storeu_si512(weight.as_mut_ptr().cast(), _mm512_cvtpd_epu64(low));
+            _mm512_storeu_si512(weight.as_mut_ptr().add(8).cast(), _mm512_cvtpd_epu64(high));
+            // Every lane (weightless ones add 0): no branch to mispredict.
+            for i in 0..16 {
+                *copies
+                    .get_unchecked_mut(i & 3)
+                    .get_unchecked_mut(*index.get_unchecked(i) as usize) +=
+                    *weight.get_unchecked(i);
+            }
+        }
+        for (b, mass) in masses.iter_mut().enumerate() {
+            *mass = copies.iter().map(|c| c[b]).sum();
+        }
+        total(sums)
+    }
+}
+
+/// Collects into `work` the candidates of `key` in bucket `bucket` (key, weight left 0, value),
+/// the key `order_key` of the value (top-p) or the bitwise-not of the score's (typical: smallest
+/// score first, as the selection takes the largest key first). Returns the smallest and largest
+/// value among the candidates of the buckets before `bucket`.
+pub(crate) fn collect_bucket(
+    values: &[f32],
+    max: f32,
+    key: Key,
+    bucket: usize,
+    work: &mut Work,
+) -> (f32, f32) {
+    work.clear();
+    // SAFETY: the caller checked `available()`.
+    unsafe { collect_bucket_512(values, max, key, bucket as u32, work) }
+}
+
+#[target_feature(enable = "avx512f,avx512dq")]
+fn collect_bucket_512(
+    values: &[f32],
+    max: f32,
+    key: Key,
+    bucket: u32,
+    work: &mut Work,
+) -> (f32, f32) {
+    let max_v = _mm512_set1_ps(max);
+    let bucket_v = _mm512_set1_epi32(bucket as i32);
+    let mut lo = _mm512_set1_ps(f32::INFINITY);
+    let mut hi = _mm512_set1_ps(f32::NEG_INFINITY);
+    let mut lanes = [0f32; 16];
+    // SAFETY: AVX-512 F and DQ are enabled here.
+    unsafe {
+        for (x, real) in Vectors::new(values) {
+            let d = _mm512_sub_ps(x, max_v);
+            let b = buckets(key, d);
+            let ok = candidates(key, x, real);
+            let before = ok & _mm512_cmplt_epu32_mask(b, bucket_v);
+            lo = _mm512_mask_min_ps(lo, before, lo, x);
+            hi = _mm512_mask_max_ps(hi, before, hi, x);
+            let mut inside = (ok & _mm512_cmpeq_epu32_mask(b, bucket_v)) as u32;
+            if inside == 0 {
+                continue;
+            }
+            _mm512_storeu_ps(lanes.as_mut_ptr(), x);
+            while inside != 0 {
+                let i = inside.trailing_zeros() as usize;
+                let v = lanes[i];
+                let k = match key {
+                    Key::Value => order_key(v),
+                    Key::Typical { shift } => !order_key(((v - max) + shift).abs()),
+                };
+                work.push((k, 0, v));
+                inside &= inside - 1;
+            }
+        }
+        (_mm512_reduce_min_ps(lo), _mm512_reduce_max_ps(hi))
+    }
+}
+
+/// Sets each entry's weight to `fixed(exp(value - max))`.
+pub(crate) fn fill_weights(work: &mut Work, max: f32) {
+    // SAFETY: the caller checked `available()`.
+    unsafe { fill_weights_512(work, max) }
+}
+
+#[target_feature(enable = "avx512f,avx512dq")]
+fn fill_weights_512(work: &mut Work, max: f32) {
+    let lanes = Lanes::new(max);
+    let mut x = [f32::NEG_INFINITY; 16];
+    let mut t = [0f32; 16];
+    for chunk in work.chunks_mut(16) {
+        for (slot, e) in x.iter_mut().zip(chunk.iter()) {
+            *slot = e.2;
+        }
+        // SAFETY: AVX-512 F and DQ are enabled here; the arrays hold 16 f32.
+        unsafe {
+            let (w, _) = lanes.weights(lanes.d(_mm512_loadu_ps(x.as_ptr())));
+            _mm512_storeu_ps(t.as_mut_ptr(), w);
+        }
+        for (e, &w) in chunk.iter_mut().zip(&t) {
+            e.1 = w as u64;
+        }
+    }
+}
+
+/// The smallest value at or above `hi` (`+inf` when none), and into `work` every value in
+/// `lo..hi` (key and weight left 0): the compare pass of `top_a::lowest_reaching`. `None` once
+/// more than `limit` values are in `lo..hi`.
+pub(crate) fn smallest_above_and_between(
+    values: &[f32],
+    lo: f32,
+    hi: f32,
+    limit: usize,
+    work: &mut Work,
+) -> Option<f32> {
+    work.clear();
+    // SAFETY: the caller checked `available()`.
+    unsafe { smallest_above_and_between_512(values, lo, hi, limit, work) }
+}
+
+#[target_feature(enable = "avx512f,avx512dq")]
+fn smallest_above_and_between_512(
+    values: &[f32],
+    lo: f32,
+    hi: f32,
+    limit: usize,
+    work: &mut Work,
+) -> Option<f32> {
+    let (lo_v, hi_v) = (_mm512_set1_ps(lo), _mm512_set1_ps(hi));
+    let mut smallest = _mm512_set1_ps(f32::INFINITY);
+    let mut lanes = [0f32; 16];
+    let blocks = values.chunks(16);
+    // SAFETY: AVX-512 F and DQ are enabled here; a block holds at most 16 f32, the masked load
+    // reads only its lanes.
+    unsafe {
+        for block in blocks {
+            let real = ((1u32 << block.len()) - 1) as __mmask16;
+            let x = _mm512_mask_loadu_ps(_mm512_set1_ps(f32::NEG_INFINITY), real, block.as_ptr());
+            let above = real & _mm512_cmp_ps_mask::<_CMP_GE_OQ>(x, hi_v);
+            smallest = _mm512_mask_min_ps(smallest, above, smallest, x);
+            let mut between = (real
+                & _mm512_cmp_ps_mask::<_CMP_GE_OQ>(x, lo_v)
+                & _mm512_cmp_ps_mask::<_CMP_LT_OQ>(x, hi_v)) as u32;
+            if between == 0 {
+                continue;
+            }
+            _mm512_storeu_ps(lanes.as_mut_ptr(), x);
+            while between != 0 {
+                work.push((0, 0, lanes[between.trailing_zeros() as usize]));
+                between &= between - 1;
+            }
+            if work.len() > limit {
+                return None;
+            }
+        }
+        Some(_mm512_reduce_min_ps(smallest))
+    }
+}
+
+/// Top-n-sigma's sums with its eight f64 partial sums as the eight lanes of one vector (lane
+/// `j` adds the values at `j`, `j + 8`, ... in index order, as `top_n_sigma::lanes` does; a
+/// non-finite value adds `0.0`): with `deviation_from` `None`, the number, maximum and sum of the
+/// finite values; with `Some(mean)`, the sum of `(x - mean)^2` (in the count and maximum's
+/// places, 0 and `-inf`).
+pub(crate) fn finite_lane_sums(
+    values: &[f32],
+    deviation_from: Option<f64>,
+) -> (usize, f32, [f64; 8]) {
+    // SAFETY: the caller checked `available()`.
+    unsafe { finite_lane_sums_512(values, deviation_from) }
+}
+
+#[target_feature(enable = "avx512f,avx512dq")]
+fn finite_lane_sums_512(values: &[f32], deviation_from: Option<f64>) -> (usize, f32, [f64; 8]) {
+    let infinity = _mm512_set1_pd(f64::INFINITY);
+    let mean = _mm512_set1_pd(deviation_from.unwrap_or(0.0));
+    let mut sums = _mm512_setzero_pd();
+    let mut max = _mm512_set1_pd(f64::NEG_INFINITY);
+    let mut count = 0usize;
+    for block in values.chunks(8) {
+        let real = ((1u32 << block.len()) - 1) as __mmask8;
+        // SAFETY: AVX-512 F and DQ are enabled here; the masked load reads the block's lanes.
+        unsafe {
+            let x = _mm512_cvtps_pd(_mm512_castps512_ps256(_mm512_maskz_loadu_ps(
+                real as __mmask16,
+                block.as_ptr(),
+            )));
+            let finite = real & _mm512_cmp_pd_mask::<_CMP_LT_OQ>(_mm512_abs_pd(x), infinity);
+            let term = match deviation_from {
+                None => {
+                    count += finite.count_ones() as usize;
+                    max = _mm512_mask_max_pd(max, finite, max, x);
+                    x
+                }
+                Some(_) => {
+                    let d = _mm512_sub_pd(x, mean);
+                    _mm512_mul_pd(d, d)
+                }
+            };
+            sums = _mm512_add_pd(sums, _mm512_maskz_mov_pd(finite, term));
+        }
+    }
+    let mut lanes = [0f64; 8];
+    // SAFETY: AVX-512 F is enabled here; `lanes` holds 8 f64.
+    let max = unsafe {
+        _mm512_storeu_pd(lanes.as_mut_ptr(), sums);
+        _mm512_reduce_max_pd(max)
+    };
+    (count, max as f32, lanes)
+}
