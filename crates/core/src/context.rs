@@ -67,6 +67,9 @@ pub struct SpecContext {
     pub grammar: Option<crate::grammar::GrammarEnv>,
     /// The engine's tokenizer, for specs that carry text ([`SpecContext::encode`]).
     pub encoder: Option<Encoder>,
+    /// The model's EOS ids: what a row is left with when a step would leave it no finite logit
+    /// (see [`crate::Pipeline`]). Empty: such a row is left as the step left it.
+    pub eos_token_ids: Vec<u32>,
     /// No engine is known yet (a frontend, a client): what a kind would take from the engine is
     /// not checked, only what does not depend on it ([`SpecContext::structure_only`]).
     pub structure_only: bool,
@@ -103,6 +106,7 @@ impl SpecContext {
             hello_world,
             thinking_tokens,
             encoder: encoder.map(Encoder),
+            eos_token_ids: eos_token_ids.to_vec(),
             ..Default::default()
         })
     }

@@ -18,7 +18,7 @@ use crate::errors::{
 use crate::exclusive::{Exclusive, Held};
 use crate::history::PyIds;
 use crate::reference::logits_arg;
-use crate::specs::{entries_of, steps_of};
+use crate::specs::{check_prompt_len, entries_of, pipeline_of};
 use crate::tensor::{bitmask_words, Block, Device, TensorView};
 use crate::watch::{check_unmoved, row_moved, Moved, Watched};
 
@@ -182,14 +182,21 @@ impl PyBatch {
         })?;
         context.vocab_size = Some(vocab_size);
         if let Some(tokenizer) = args::given(tokenizer) {
-            context.grammar = Some(grammar_env(tokenizer, eos_token_ids_arg(eos_token_id)?)?);
+            let eos = eos_token_ids_arg(eos_token_id)?;
+            context.grammar = Some(grammar_env(tokenizer, eos.clone())?);
+            if context.eos_token_ids.is_empty() {
+                context.eos_token_ids = eos;
+            }
         }
         if let Some(env) = &context.grammar {
             check_grammar_vocab(env, vocab_size)?;
         }
+        let batch = Batch::new(vocab_size)
+            .with_eos_token_ids(context.eos_token_ids.clone())
+            .py()?;
         Ok(Self {
             state: Exclusive::new(BatchState {
-                batch: Batch::new(vocab_size),
+                batch,
                 context,
                 externals: HashMap::new(),
                 next_key: 0,
@@ -204,13 +211,19 @@ impl PyBatch {
     ///     pipeline: JSON text (one spec or a list), a spec dict, or a list mixing spec dicts,
     ///         this package's processor objects (their current state is copied) and any callable
     ///         ``f(input_ids, logits_row) -> None`` that edits its row in place.
-    ///     prompt_len (int): Keyword only. Where generated ids start in this row's input_ids
-    ///         (for ``"position": "tokens"`` forced sequences).
+    ///     prompt_len (int): Keyword only. Where generated ids start in this row's input_ids:
+    ///         the prompt's length. Required by the specs that depend on it
+    ///         (:func:`needs_prompt_len`: grammars, ``json_object``, frequency and presence
+    ///         penalties, a repetition penalty scoped to the output or the prompt,
+    ///         ``min_new_tokens``, the exponential decay length penalty,
+    ///         ``suppress_tokens_at_begin`` without ``begin_index``, forced sequences and
+    ///         ``hello_world`` positioned by tokens); ignored by the others (0).
     ///
     /// Raises:
     ///     SpecError: naming the field of a bad spec; TokenOutOfVocabError for an id >= vocab_size.
     ///     ArgumentTypeError, InvalidArgumentError: a row or prompt_len that is not an integer
-    ///         from 0 to 2**64-1.
+    ///         from 0 to 2**64-1; no prompt_len for specs that need it (``field`` is
+    ///         ``"prompt_len"``, the message names the spec).
     #[pyo3(
         signature = (row, pipeline, *, prompt_len = None),
         text_signature = "(self, row, pipeline, *, prompt_len=0)"
@@ -225,19 +238,25 @@ impl PyBatch {
         let row = args::index(row, "row")?;
         let prompt_len = args::given(prompt_len)
             .map(|n| args::index(n, "prompt_len"))
-            .transpose()?
-            .unwrap_or(0);
+            .transpose()?;
         let entries = entries_of(pipeline, true)?;
+        let needs_prompt_len = check_prompt_len(&entries, prompt_len);
         let mut this = self.lock(py)?;
         let this = &mut *this;
         let mut callables = vec![];
         let mut next_key = this.next_key;
-        let steps = steps_of(entries, &this.context, prompt_len, |callable| {
-            next_key += 1;
-            callables.push((next_key, callable));
-            next_key
-        })?;
-        let pipeline = Pipeline::new(steps);
+        let pipeline = pipeline_of(
+            entries,
+            &this.context,
+            prompt_len.unwrap_or(0),
+            |callable| {
+                next_key += 1;
+                callables.push((next_key, callable));
+                next_key
+            },
+        )?;
+        // After the specs' own errors, which say more.
+        needs_prompt_len?;
         let vocab = this.batch().vocab_size();
         pipeline
             .validate(vocab)

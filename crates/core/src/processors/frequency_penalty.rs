@@ -21,6 +21,10 @@ pub struct FrequencyPenaltySpec {
 }
 
 impl KindSpec for FrequencyPenaltySpec {
+    fn needs_prompt_len(&self) -> bool {
+        true
+    }
+
     fn check(&self) -> Result<()> {
         window_of(self.window)?;
         check_openai_penalty(self.penalty)

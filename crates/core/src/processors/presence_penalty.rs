@@ -22,6 +22,10 @@ pub struct PresencePenaltySpec {
 }
 
 impl KindSpec for PresencePenaltySpec {
+    fn needs_prompt_len(&self) -> bool {
+        true
+    }
+
     fn check(&self) -> Result<()> {
         window_of(self.window)?;
         check_openai_penalty(self.penalty)
