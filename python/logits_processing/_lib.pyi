@@ -69,8 +69,9 @@ class Batch:
         vocab_size (int | None): Logits per row (the last dimension of the logits); default: the
             context's.
         context (EngineContext | None): Keyword only. What the engine knows, for specs that
-            need it (``hello_world``, thinking budgets without ids, grammars, text): build one
-            per engine and share it between batches. Not :meth:`EngineContext.structure_only`.
+            need it (``hello_world``, thinking budgets without ids, grammars, text), and the EOS
+            ids a row left with no finite logit is given (see :meth:`failure`): build one per
+            engine and share it between batches. Not :meth:`EngineContext.structure_only`.
         hello_world, thinking_tokens, tokenizer, eos_token_id: Keyword only. Deprecated (a
             ``DeprecationWarning``): give ``context=EngineContext(tokenizer, eos_token_id=...,
             hello_world=..., thinking_tokens=...)``.
@@ -78,6 +79,7 @@ class Batch:
     Raises:
         ArgumentTypeError, InvalidArgumentError: no vocab size (neither given nor in the
             context), a structure-only context, or ``context=`` with a deprecated keyword.
+        TokenOutOfVocabError: an EOS id of the context outside ``vocab_size``.
         TokenizerError: a tokenizer with more tokens than ``vocab_size``.
 
     Example:
@@ -184,7 +186,12 @@ class Batch:
     def failure(self, row: int) -> Optional[str]:
         """Why the request at `row` stopped being constrained as asked, or None: a grammar that
         rejected a token the engine chose (another processor forced it, or the mask was not
-        applied) allows only EOS from then on, and says why here. Such a row never fails a step.
+        applied) allows only EOS from then on, and says why here. So does a step that would have
+        left the row with no finite logit (the logits given had none, or its specs removed every
+        token: allowed ids all banned, a grammar's mask meeting a ban, a bitmask of zeros, a
+        Python processor): that step gave the row only the context's EOS ids (without any, it
+        left the row with no finite logit), and the reason names the specs. Such a row never
+        fails a step.
         """
     def move(self, src: int, dst: int) -> None:
         """Moves the request at `src` to `dst` (vLLM's unidirectional move): the request that was at
@@ -444,6 +451,11 @@ class Processor:
     Token ids are checked against the row's length at each call, so no vocab size is needed. On any
     error the logits and the state are as they were.
 
+    One processor serves one request, as the reference's do. Kinds that read the ids recompute
+    from whatever ids they are given, but kinds that count calls (a forced sequence positioned by
+    ``"calls"``, the default) carry on, and ``prompt_len`` is the one given here: for another
+    request make a new processor, or call :meth:`reset` when its prompt has the same length.
+
     Args:
         spec: A spec dict, JSON text (one spec object or a list), or a list of dicts / JSON texts.
         prompt_len (int): Keyword only. Where generated ids start in ``input_ids``: the prompt's
@@ -487,7 +499,9 @@ class Processor:
     def kinds(self) -> list[str]:
         """The kind of each spec, in pipeline order."""
     def reset(self) -> None:
-        """Back to the state of a new request (a forced sequence starts again)."""
+        """Back to the state of a new request (a forced sequence starts again); ``prompt_len`` stays
+        the one given.
+        """
 
 class TemperatureProcessor:
     """Divides every logit by `temperature`: above 1 flattens the distribution, below 1 sharpens it.

@@ -81,8 +81,9 @@ fn source_block(view: &TensorView, block: &Block) -> PyResult<Block> {
 ///     vocab_size (int | None): Logits per row (the last dimension of the logits); default: the
 ///         context's.
 ///     context (EngineContext | None): Keyword only. What the engine knows, for specs that
-///         need it (``hello_world``, thinking budgets without ids, grammars, text): build one
-///         per engine and share it between batches. Not :meth:`EngineContext.structure_only`.
+///         need it (``hello_world``, thinking budgets without ids, grammars, text), and the EOS
+///         ids a row left with no finite logit is given (see :meth:`failure`): build one per
+///         engine and share it between batches. Not :meth:`EngineContext.structure_only`.
 ///     hello_world, thinking_tokens, tokenizer, eos_token_id: Keyword only. Deprecated (a
 ///         ``DeprecationWarning``): give ``context=EngineContext(tokenizer, eos_token_id=...,
 ///         hello_world=..., thinking_tokens=...)``.
@@ -90,6 +91,7 @@ fn source_block(view: &TensorView, block: &Block) -> PyResult<Block> {
 /// Raises:
 ///     ArgumentTypeError, InvalidArgumentError: no vocab size (neither given nor in the
 ///         context), a structure-only context, or ``context=`` with a deprecated keyword.
+///     TokenOutOfVocabError: an EOS id of the context outside ``vocab_size``.
 ///     TokenizerError: a tokenizer with more tokens than ``vocab_size``.
 ///
 /// Example:
@@ -575,7 +577,12 @@ impl PyBatch {
 
     /// Why the request at `row` stopped being constrained as asked, or None: a grammar that
     /// rejected a token the engine chose (another processor forced it, or the mask was not
-    /// applied) allows only EOS from then on, and says why here. Such a row never fails a step.
+    /// applied) allows only EOS from then on, and says why here. So does a step that would have
+    /// left the row with no finite logit (the logits given had none, or its specs removed every
+    /// token: allowed ids all banned, a grammar's mask meeting a ban, a bitmask of zeros, a
+    /// Python processor): that step gave the row only the context's EOS ids (without any, it
+    /// left the row with no finite logit), and the reason names the specs. Such a row never
+    /// fails a step.
     fn failure(&self, py: Python<'_>, row: &Bound<'_, PyAny>) -> PyResult<Option<String>> {
         let row = args::index(row, "row")?;
         let mut this = self.lock(py)?;

@@ -20,6 +20,11 @@ use crate::tensor::Block;
 /// Token ids are checked against the row's length at each call, so no vocab size is needed. On any
 /// error the logits and the state are as they were.
 ///
+/// One processor serves one request, as the reference's do. Kinds that read the ids recompute
+/// from whatever ids they are given, but kinds that count calls (a forced sequence positioned by
+/// ``"calls"``, the default) carry on, and ``prompt_len`` is the one given here: for another
+/// request make a new processor, or call :meth:`reset` when its prompt has the same length.
+///
 /// Args:
 ///     spec: A spec dict, JSON text (one spec object or a list), or a list of dicts / JSON texts.
 ///     prompt_len (int): Keyword only. Where generated ids start in ``input_ids``: the prompt's
@@ -160,7 +165,8 @@ impl PyProcessor {
         self.kinds.clone()
     }
 
-    /// Back to the state of a new request (a forced sequence starts again).
+    /// Back to the state of a new request (a forced sequence starts again); ``prompt_len`` stays
+    /// the one given.
     fn reset(&self, py: Python<'_>) -> PyResult<()> {
         self.pipeline.lock(py, "Processor")?.reset();
         Ok(())
