@@ -617,14 +617,22 @@ mod tests {
             end_token_id: 2,
             newline_token_id: 3,
         };
-        let step: Box<dyn crate::LogitsProcessor> = match kind % 4 {
+        let token = seed % VOCAB as u32;
+        let step: Box<dyn crate::LogitsProcessor> = match kind % 5 {
             0 => Box::new(Temperature::new(0.3 + seed as f64 % 7.0).unwrap()),
-            1 => Box::new(ForcedSequence::new(vec![seed % VOCAB as u32, 5], Some(0)).unwrap()),
+            1 => Box::new(ForcedSequence::new(vec![token, 5], Some(0)).unwrap()),
             2 => Box::new(ThinkingBudget::new(tokens, (seed % 5) as usize, 0.5).unwrap()),
-            _ => Box::new(crate::BanTokens::new(vec![seed % VOCAB as u32])),
+            3 => Box::new(crate::BanTokens::new(vec![token])),
+            // Allows one token, which the next step bans: no token is left.
+            _ => Box::new(crate::processors::AllowedTokenIds::new(&[token]).unwrap()),
         };
         let mut steps = vec![Step::Processor(step)];
-        if kind >= 4 {
+        if kind % 5 == 4 {
+            steps.push(Step::Processor(Box::new(crate::BanTokens::new(vec![
+                token,
+            ]))));
+        }
+        if kind >= 5 {
             steps.push(Step::Processor(Box::new(Temperature::new(0.7).unwrap())));
         }
         Pipeline::new(steps)
@@ -634,7 +642,7 @@ mod tests {
         /// The batch gives each row what its pipeline alone gives it, whatever the row order.
         #[test]
         fn batch_equals_each_row_alone(
-            kinds in proptest::collection::vec(proptest::option::of((0u8..8, 0u32..1000)), 1..9),
+            kinds in proptest::collection::vec(proptest::option::of((0u8..10, 0u32..1000)), 1..9),
             history in proptest::collection::vec(0u32..6, 0..30),
             steps in 1usize..4,
             stride_pad in 0usize..3,
@@ -862,7 +870,7 @@ mod tests {
         /// as if it never happened (compared with a twin batch that never saw it).
         #[test]
         fn a_failed_step_changes_nothing(
-            kinds in proptest::collection::vec((0u8..8, 0u32..1000), 1..7),
+            kinds in proptest::collection::vec((0u8..10, 0u32..1000), 1..7),
             failing_row in 0usize..7,
             failure in 0u8..3,
             steps_before in 0usize..3,
@@ -871,7 +879,8 @@ mod tests {
             let failing_row = failing_row % rows;
             let layout = BatchLayout::contiguous(rows, VOCAB);
             let make = || {
-                let mut batch = Batch::new(VOCAB);
+                // Rows left with no finite logit are given EOS, and take it back with the step.
+                let mut batch = Batch::new(VOCAB).with_eos_token_ids(vec![0]).unwrap();
                 for (r, &(kind, seed)) in kinds.iter().enumerate() {
                     let mut pipeline = with_faulty(kind, seed);
                     if r == failing_row {
@@ -918,6 +927,8 @@ mod tests {
                 other => prop_assert!(false, "expected a row error, got {:?}", other),
             }
             prop_assert_eq!(bits(&logits), bits(&start));
+            let failures = |batch: &Batch| batch.iter().map(|(_, p)| p.failures()).collect::<Vec<_>>();
+            prop_assert_eq!(failures(&batch), failures(&twin));
             // Then both go on from the same history: the same answers.
             for s in 0..3 {
                 for h in history.iter_mut() { h.push(s as u32 + 5); }
@@ -926,6 +937,7 @@ mod tests {
                 prop_assert!(a.is_ok() && b.is_ok());
                 prop_assert_eq!(bits(&la), bits(&lb));
             }
+            prop_assert_eq!(failures(&batch), failures(&twin));
         }
     }
 
