@@ -79,7 +79,7 @@ def bench_one_row(name, path, ll_tok, steps, rounds):
     given.add(0, {"kind": "bitmask"})
     ours, theirs, theirs_torch, theirs_ours, copy = [], [], [], [], []
     for _ in range(rounds):
-        batch.add(0, {"kind": "grammar", "json_schema": SCHEMA})
+        batch.add(0, {"kind": "grammar", "json_schema": SCHEMA}, prompt_len=0)
         m = llguidance.LLMatcher(ll_tok, grammar, log_level=0)
         for k in range(len(tokens)):
             ids = [tokens[:k]]
@@ -167,7 +167,7 @@ def bench_batch(name, path, ll_tok, steps, rounds):
         mixed = lp.Batch(vocab, context=lp.EngineContext(env))
         for row in range(64):
             plain.add(row, sampling)
-            mixed.add(row, sampling if row % 3 else [{"kind": "grammar", "json_schema": SCHEMA}, *sampling])
+            mixed.add(row, sampling if row % 3 else [{"kind": "grammar", "json_schema": SCHEMA}, *sampling], prompt_len=0)
         n = min(len(p) for p in paths)
         for k in range(n):
             ids = [paths[(r // 3) % len(paths)][:k] for r in range(64)]

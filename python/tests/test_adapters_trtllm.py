@@ -296,3 +296,33 @@ def test_runs_on_the_engine_stream():
         proc(1, logits, [[1], [1]], stream.cuda_stream, None)
     stream.synchronize()
     assert logits.argmax(-1).tolist() == [[5, 5]]
+
+
+@pytest.mark.parametrize("position", ["calls", "tokens"])
+def test_one_processor_serving_several_requests_gives_each_what_a_fresh_one_gives(position):
+    """One ``SamplingParams`` (so one processor object) given to several prompts: each request,
+    concurrent or one after the other, starts its own state."""
+    specs = [{"kind": "forced_sequence", "token_ids": [5, 6, 7], "eos_token_id": EOS, "position": position}]
+    shared = TRTLLMLogitsProcessor(specs, vocab_size=V)
+    engine = FakeEngine()
+    first = engine.add([1, 2], shared)
+    engine.step(torch.zeros(1, 1, V))
+    # A second request joins with a longer prompt, and a third after both have finished.
+    second = engine.add([1, 2, 3, 4, 9, 9, 9], shared)
+    while engine.active():
+        engine.step(torch.zeros(len(engine.active()), 1, V))
+    third = engine.add([3, 3, 3, 3, 3], shared)
+    while engine.active():
+        engine.step(torch.zeros(1, 1, V))
+    for request in (first, second, third):
+        assert request["out"][0] == [5, 6, 7, EOS]
+    # Finished requests are dropped once idle, and a request that starts late is kept.
+    for _ in range(40):
+        late = engine.add([2, 2], shared)
+        engine.step(torch.zeros(len(engine.active()), 1, V))
+    assert late["out"][0] == [5] and len(shared._requests) <= 8
+    while engine.active():
+        engine.step(torch.zeros(len(engine.active()), 1, V))
+    assert all(r["out"][0] == [5, 6, 7, EOS] for r in engine.requests)
+    shared.reset()
+    assert not shared._requests

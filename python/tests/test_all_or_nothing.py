@@ -14,6 +14,7 @@ from hypothesis import strategies as st
 import logits_processing as lp
 from logits_processing import (
     Batch,
+    DTypeError,
     InvalidArgumentError,
     LogitsProcessingError,
     Processor,
@@ -168,7 +169,7 @@ def test_a_failed_batch_step_changes_nothing(kinds, failing, failure, steps_befo
         "exit": SystemExit,
     }.get(failure, InvalidArgumentError if failure in BAD_IDS else ProcessorError)
     if failure in ("id str", "id float"):
-        expected = LogitsProcessingError  # not an int: DTypeError or InvalidArgumentError
+        expected = DTypeError  # not an int, as ids of a float tensor
     with pytest.raises(expected) as info:
         batch.apply(logits, ids)
     trap.mode = None
@@ -177,6 +178,8 @@ def test_a_failed_batch_step_changes_nothing(kinds, failing, failure, steps_befo
         assert error is trap.raised  # unchanged, not wrapped
     else:
         assert error.row == failing and str(error).startswith(f"row {failing}:"), error
+    if failure in BAD_IDS:
+        assert error.field == f"input_ids[{failing}][{len(ids[failing]) - 1}]", error
     if failure in ("raise", "bad repr"):
         assert error.__cause__ is trap.raised
     if failure == "bad repr":
@@ -274,7 +277,7 @@ def test_an_error_of_one_row_is_its_inner_class_with_the_row():
         lambda: Processor([{"kind": "thinking_budget", "max_thinking_tokens": 1,
                             "start_token_id": 1, "end_token_id": 2, "newline_token_id": 3},
                            {"kind": "forced_sequence", "token_ids": [7, 8, 9], "eos_token_id": 0,
-                            "position": "tokens"}]),
+                            "position": "tokens"}], prompt_len=0),
         lambda: ForcedSequenceLogitsProcessor([7, 8, 9], 0, position="tokens"),
     ],
 )

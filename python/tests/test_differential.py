@@ -126,15 +126,18 @@ def test_forced_sequence_attributes_match():
 
 
 def test_same_exceptions_for_bad_arguments():
+    """The messages docs/python.md says are the reference's: the same text, exactly."""
+
+    def message(make, *args):
+        with pytest.raises(ValueError) as info:
+            make(*args)
+        return str(info.value)
+
     for bad in [0, -1.0, 0.0]:
-        with pytest.raises(ValueError, match="Temperature must be positive"):
-            TemperatureProcessor(bad)
-        with pytest.raises(ValueError, match="Temperature must be positive"):
-            ref.TemperatureProcessor(bad)
-    with pytest.raises(ValueError, match="ForcedSequenceLogitsProcessor requires eos_token_id"):
-        ForcedSequenceLogitsProcessor([1, 2], None)
-    with pytest.raises(ValueError, match="ForcedSequenceLogitsProcessor requires eos_token_id"):
-        ref.ForcedSequenceLogitsProcessor([1, 2], None)
+        assert message(TemperatureProcessor, bad) == message(ref.TemperatureProcessor, bad)
+    assert message(ForcedSequenceLogitsProcessor, [1, 2], None) == message(
+        ref.ForcedSequenceLogitsProcessor, [1, 2], None
+    )
 
     class NoEos:
         eos_token_id = None
@@ -142,10 +145,7 @@ def test_same_exceptions_for_bad_arguments():
         def encode(self, text, add_special_tokens=False):
             return [1, 2]
 
-    with pytest.raises(ValueError, match="Tokenizer has no eos_token_id"):
-        HelloWorldLogitsProcessor(NoEos())
-    with pytest.raises(ValueError, match="Tokenizer has no eos_token_id"):
-        ref.HelloWorldLogitsProcessor(NoEos())
+    assert message(HelloWorldLogitsProcessor, NoEos()) == message(ref.HelloWorldLogitsProcessor, NoEos())
 
 
 def test_temperature_one_leaves_nan_and_negative_zero():

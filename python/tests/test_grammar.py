@@ -176,7 +176,7 @@ def test_a_valid_string_s_prefixes_give_llguidance_masks(batch_factory, ll_token
     ids = hf_tokenizers.encode(text, add_special_tokens=False).ids
     batch = batch_factory()
     spec = {"kind": "grammar", "json_schema": schema}
-    batch.add(0, spec)
+    batch.add(0, spec, prompt_len=0)
     matcher = llguidance.LLMatcher(ll_tokenizer, grammar_text(spec), log_level=0)
     for k in range(len(ids) + 1):
         assert np.array_equal(our_mask(batch, ids[:k]), their_mask(matcher)), k
@@ -234,7 +234,7 @@ def test_regex_and_lark_outputs_are_accepted(batch_factory, ll_tokenizer, hf_tok
 
 def test_json_object_opens_an_object_and_a_padded_vocab_is_masked_past_the_tokenizer(batch_factory):
     batch = batch_factory(VOCAB + 96)
-    batch.add(0, {"kind": "json_object"})
+    batch.add(0, {"kind": "json_object"}, prompt_len=0)
     logits = torch.zeros(1, VOCAB + 96)
     batch.apply(logits, [[]])
     allowed = torch.nonzero(logits[0] == 0).flatten()
@@ -245,7 +245,7 @@ def test_json_object_opens_an_object_and_a_padded_vocab_is_masked_past_the_token
 def test_tokenizer_forms_and_errors(tokenizer_path, hf_tokenizers, deepseek_hf_tokenizer):
     for tokenizer in (tokenizer_path, hf_tokenizers, deepseek_hf_tokenizer):
         batch = lp.Batch(VOCAB, tokenizer=tokenizer)
-        batch.add(0, {"kind": "grammar", "regex": "[0-9]+"})
+        batch.add(0, {"kind": "grammar", "regex": "[0-9]+"}, prompt_len=0)
         logits = torch.zeros(1, VOCAB)
         batch.apply(logits, [[]])
         assert 10 < int((logits == 0).sum()) < 5000
@@ -265,7 +265,7 @@ def test_eos_ids_given_one_or_several_and_refused_outside_the_tokenizer(tokenize
         wanted = [int(i) for i in np.atleast_1d(eos)]
         assert (env.eos_token_id, env.eos_token_ids) == (wanted[0], wanted)
         batch = lp.Batch(VOCAB, tokenizer=env)
-        batch.add(0, {"kind": "grammar", "regex": "(yes|no)"})
+        batch.add(0, {"kind": "grammar", "regex": "(yes|no)"}, prompt_len=0)
         logits = torch.zeros(1, VOCAB)
         batch.apply(logits, [[yes]])
         assert torch.nonzero(logits[0] == 0).flatten().tolist() == sorted(wanted)
@@ -308,8 +308,8 @@ def test_a_rejected_token_leaves_only_eos_and_the_reason(batch_factory, ll_token
     # A forced sequence before the grammar forces a letter into a digits-only output.
     letter = hf_tokenizers.token_to_id("a")
     one = hf_tokenizers.token_to_id("1")
-    batch.add(0, [{"kind": "forced_sequence", "token_ids": [one, letter], "eos_token_id": eos}, {"kind": "grammar", "regex": "[0-9]+"}])
-    batch.add(1, {"kind": "grammar", "regex": "[0-9]+"})
+    batch.add(0, [{"kind": "forced_sequence", "token_ids": [one, letter], "eos_token_id": eos}, {"kind": "grammar", "regex": "[0-9]+"}], prompt_len=0)
+    batch.add(1, {"kind": "grammar", "regex": "[0-9]+"}, prompt_len=0)
     logits = torch.zeros(2, VOCAB)
     batch.apply(logits, [[], []])
     ids = [one]
@@ -328,7 +328,7 @@ def test_a_rejected_token_leaves_only_eos_and_the_reason(batch_factory, ll_token
 def test_rollback_of_k_tokens_gives_a_fresh_matcher_s_masks(batch_factory, ll_tokenizer):
     batch = batch_factory()
     spec = {"kind": "grammar", "json_schema": SCHEMAS[1]}
-    batch.add(0, spec)
+    batch.add(0, spec, prompt_len=0)
     rng = random.Random(5)
     ids: list[int] = []
     masks = []
@@ -346,7 +346,7 @@ def test_rollback_of_k_tokens_gives_a_fresh_matcher_s_masks(batch_factory, ll_to
 
 def test_a_failed_step_takes_the_grammar_back(batch_factory):
     batch = batch_factory()
-    batch.add(0, {"kind": "grammar", "json_schema": SCHEMAS[0]})
+    batch.add(0, {"kind": "grammar", "json_schema": SCHEMAS[0]}, prompt_len=0)
     first = our_mask(batch, [])
     ids = [int(np.flatnonzero(np.unpackbits(first.view(np.uint8), bitorder="little"))[0])]
 
@@ -405,7 +405,7 @@ def test_a_shared_env_compiles_once_and_eos_after_the_end_is_padding(tokenizer_p
     yes = hf_tokenizers.token_to_id("yes")
     batches = [lp.Batch(VOCAB, tokenizer=env) for _ in range(2)]
     for batch in batches:
-        batch.add(0, {"kind": "grammar", "regex": "(yes|no)"})
+        batch.add(0, {"kind": "grammar", "regex": "(yes|no)"}, prompt_len=0)
     batch = batches[1]
     for ids in ([yes], [yes, eos], [yes, eos, eos]):  # a finished row, padded with EOS
         logits = torch.zeros(1, VOCAB)

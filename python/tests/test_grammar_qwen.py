@@ -125,6 +125,6 @@ def test_eos_is_endoftext_unless_im_end_is_given(tokenizer_path, hf_tokenizers):
         (lp.GrammarEnv(tokenizer_path, eos_token_id=[qwen.IM_END, qwen.ENDOFTEXT]), [qwen.ENDOFTEXT, qwen.IM_END]),
     ]:
         batch = lp.Batch(LOGITS, tokenizer=tokenizer)
-        batch.add(0, {"kind": "grammar", "json_schema": SCHEMA})
+        batch.add(0, {"kind": "grammar", "json_schema": SCHEMA}, prompt_len=0)
         bits = np.unpackbits(our_mask(batch, ids).view(np.uint8), bitorder="little")
         assert np.flatnonzero(bits).tolist() == eos, tokenizer

@@ -7,9 +7,9 @@ use std::time::{Duration, Instant};
 
 use criterion::{criterion_group, criterion_main, BenchmarkId, Criterion, Throughput};
 use logits_processing::{
-    bf16, f16, parse_pipeline, process_row, BanTokens, Batch, BatchLayout, Edit, ForcedSequence,
-    Logit, LogitsProcessor, Pipeline, ProcessorSpec, Reshape, RowPlan, SpecContext, Step,
-    StepBitmask, Temperature, ThinkingBudget, ThinkingTokenConfig, TokenHistory, Truncation,
+    bf16, f16, has_finite_logit, parse_pipeline, process_row, BanTokens, Batch, BatchLayout, Edit,
+    ForcedSequence, Logit, LogitsProcessor, Pipeline, ProcessorSpec, Reshape, RowPlan, SpecContext,
+    Step, StepBitmask, Temperature, ThinkingBudget, ThinkingTokenConfig, TokenHistory, Truncation,
 };
 
 const VOCAB: usize = 151_936;
@@ -265,6 +265,47 @@ fn thinking_budget(c: &mut Criterion) {
     group.finish();
 }
 
+/// The check that no row is handed back with no finite logit, beside the row's memcpy: the
+/// worst case (the one finite logit is the last, as for a row forced to a high EOS id), the usual
+/// one (the first block has a finite logit), and a row copied from the model's logits then forced
+/// to its first or last token, with its check (the difference is the scan after the pass).
+fn no_token_check<T: Logit>(c: &mut Criterion, dtype: &str) {
+    let mut group = c.benchmark_group(format!("no_token_check_{dtype}"));
+    group.throughput(Throughput::Bytes((VOCAB * std::mem::size_of::<T>()) as u64));
+    let source = logits::<T>(VOCAB);
+    let mut row = source.clone();
+    group.bench_function("memcpy", |b| {
+        b.iter(|| row.copy_from_slice(black_box(&source)))
+    });
+    let mut last_only = vec![T::NEG_INFINITY; VOCAB];
+    last_only[VOCAB - 1] = T::from_f32(0.0);
+    group.bench_function("scan_last_finite", |b| {
+        b.iter(|| assert!(has_finite_logit(black_box(&last_only))))
+    });
+    group.bench_function("scan_real_row", |b| {
+        b.iter(|| assert!(has_finite_logit(black_box(&source))))
+    });
+    let ids = history(100);
+    for (name, token) in [("forced_first", 0u32), ("forced_last", VOCAB as u32 - 1)] {
+        let mut pipeline = Pipeline::new(vec![Step::Processor(Box::new(
+            ForcedSequence::new(vec![token], Some(token)).unwrap(),
+        ))]);
+        // From the model's logits each time, as an engine gives them.
+        group.bench_function(name, |b| {
+            b.iter(|| {
+                row.copy_from_slice(&source);
+                pipeline.process(&ids, black_box(&mut row)).unwrap()
+            })
+        });
+    }
+    group.finish();
+}
+
+fn no_token_checks(c: &mut Criterion) {
+    no_token_check::<f32>(c, "f32");
+    no_token_check::<bf16>(c, "bf16");
+}
+
 /// The mixed batch: a third forced, a third temperature, a third thinking budget over budget,
 /// each row with 4,000 ids of history.
 fn batch(c: &mut Criterion) {
@@ -294,6 +335,16 @@ fn batch(c: &mut Criterion) {
         let layout = BatchLayout::contiguous(rows, VOCAB);
         group.bench_function(BenchmarkId::new("mixed", rows), |b| {
             b.iter(|| {
+                batch
+                    .apply(black_box(&mut block), layout, &histories)
+                    .unwrap()
+            })
+        });
+        // The same step on the model's logits each time (the block above is the last step's
+        // output, whose rows end up forced or overflowed): the copy, then the step.
+        group.bench_function(BenchmarkId::new("memcpy_then_mixed", rows), |b| {
+            b.iter(|| {
+                block.copy_from_slice(&source);
                 batch
                     .apply(black_box(&mut block), layout, &histories)
                     .unwrap()
@@ -786,6 +837,6 @@ criterion_group! {
         .warm_up_time(Duration::from_millis(500))
         .measurement_time(Duration::from_secs(2));
     targets = rows, sparse_and_masks, bitmasks, thinking_budget, batch, contention, truncation, history_steps,
-        sampling_batch, samplers, window_steps
+        sampling_batch, samplers, window_steps, no_token_checks
 }
 criterion_main!(benches);

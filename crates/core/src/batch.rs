@@ -112,6 +112,7 @@ impl BatchLayout {
 pub struct Batch {
     vocab_size: usize,
     rows: BTreeMap<usize, Pipeline>,
+    eos_token_ids: Vec<u32>,
 }
 
 impl Batch {
@@ -119,7 +120,19 @@ impl Batch {
         Self {
             vocab_size,
             rows: BTreeMap::new(),
+            eos_token_ids: vec![],
         }
+    }
+
+    /// The EOS ids a row is given when a step would leave it with no finite logit, for the
+    /// pipelines added without their own ([`Pipeline::with_eos_token_ids`]); an id outside the
+    /// vocab is a [`Error::TokenOutOfVocab`] naming `eos_token_id`.
+    pub fn with_eos_token_ids(mut self, eos_token_ids: Vec<u32>) -> Result<Self> {
+        eos_token_ids
+            .iter()
+            .try_for_each(|&eos| crate::error::check_token("eos_token_id", eos, self.vocab_size))?;
+        self.eos_token_ids = eos_token_ids;
+        Ok(self)
     }
 
     pub fn vocab_size(&self) -> usize {
@@ -140,8 +153,12 @@ impl Batch {
     }
 
     /// Puts a new request's pipeline at `row`, replacing (and returning) what was there. Every
-    /// token id the pipeline can name is checked against the vocab first.
-    pub fn add(&mut self, row: usize, pipeline: Pipeline) -> Result<Option<Pipeline>> {
+    /// token id the pipeline can name is checked against the vocab first. A pipeline without EOS
+    /// ids of its own takes the batch's ([`Batch::with_eos_token_ids`]).
+    pub fn add(&mut self, row: usize, mut pipeline: Pipeline) -> Result<Option<Pipeline>> {
+        if pipeline.eos_token_ids().is_empty() {
+            pipeline = pipeline.with_eos_token_ids(self.eos_token_ids.clone());
+        }
         pipeline
             .validate(self.vocab_size)
             .map_err(|e| e.in_row(row))?;
@@ -600,14 +617,22 @@ mod tests {
             end_token_id: 2,
             newline_token_id: 3,
         };
-        let step: Box<dyn crate::LogitsProcessor> = match kind % 4 {
+        let token = seed % VOCAB as u32;
+        let step: Box<dyn crate::LogitsProcessor> = match kind % 5 {
             0 => Box::new(Temperature::new(0.3 + seed as f64 % 7.0).unwrap()),
-            1 => Box::new(ForcedSequence::new(vec![seed % VOCAB as u32, 5], Some(0)).unwrap()),
+            1 => Box::new(ForcedSequence::new(vec![token, 5], Some(0)).unwrap()),
             2 => Box::new(ThinkingBudget::new(tokens, (seed % 5) as usize, 0.5).unwrap()),
-            _ => Box::new(crate::BanTokens::new(vec![seed % VOCAB as u32])),
+            3 => Box::new(crate::BanTokens::new(vec![token])),
+            // Allows one token, which the next step bans: no token is left.
+            _ => Box::new(crate::processors::AllowedTokenIds::new(&[token]).unwrap()),
         };
         let mut steps = vec![Step::Processor(step)];
-        if kind >= 4 {
+        if kind % 5 == 4 {
+            steps.push(Step::Processor(Box::new(crate::BanTokens::new(vec![
+                token,
+            ]))));
+        }
+        if kind >= 5 {
             steps.push(Step::Processor(Box::new(Temperature::new(0.7).unwrap())));
         }
         Pipeline::new(steps)
@@ -617,7 +642,7 @@ mod tests {
         /// The batch gives each row what its pipeline alone gives it, whatever the row order.
         #[test]
         fn batch_equals_each_row_alone(
-            kinds in proptest::collection::vec(proptest::option::of((0u8..8, 0u32..1000)), 1..9),
+            kinds in proptest::collection::vec(proptest::option::of((0u8..10, 0u32..1000)), 1..9),
             history in proptest::collection::vec(0u32..6, 0..30),
             steps in 1usize..4,
             stride_pad in 0usize..3,
@@ -845,7 +870,7 @@ mod tests {
         /// as if it never happened (compared with a twin batch that never saw it).
         #[test]
         fn a_failed_step_changes_nothing(
-            kinds in proptest::collection::vec((0u8..8, 0u32..1000), 1..7),
+            kinds in proptest::collection::vec((0u8..10, 0u32..1000), 1..7),
             failing_row in 0usize..7,
             failure in 0u8..3,
             steps_before in 0usize..3,
@@ -854,7 +879,8 @@ mod tests {
             let failing_row = failing_row % rows;
             let layout = BatchLayout::contiguous(rows, VOCAB);
             let make = || {
-                let mut batch = Batch::new(VOCAB);
+                // Rows left with no finite logit are given EOS, and take it back with the step.
+                let mut batch = Batch::new(VOCAB).with_eos_token_ids(vec![0]).unwrap();
                 for (r, &(kind, seed)) in kinds.iter().enumerate() {
                     let mut pipeline = with_faulty(kind, seed);
                     if r == failing_row {
@@ -901,6 +927,8 @@ mod tests {
                 other => prop_assert!(false, "expected a row error, got {:?}", other),
             }
             prop_assert_eq!(bits(&logits), bits(&start));
+            let failures = |batch: &Batch| batch.iter().map(|(_, p)| p.failures()).collect::<Vec<_>>();
+            prop_assert_eq!(failures(&batch), failures(&twin));
             // Then both go on from the same history: the same answers.
             for s in 0..3 {
                 for h in history.iter_mut() { h.push(s as u32 + 5); }
@@ -909,7 +937,198 @@ mod tests {
                 prop_assert!(a.is_ok() && b.is_ok());
                 prop_assert_eq!(bits(&la), bits(&lb));
             }
+            prop_assert_eq!(failures(&batch), failures(&twin));
         }
+    }
+
+    fn specs_pipeline(json: &str, eos: &[u32]) -> Pipeline {
+        let context = crate::SpecContext {
+            vocab_size: Some(VOCAB),
+            eos_token_ids: eos.to_vec(),
+            ..Default::default()
+        };
+        Pipeline::from_specs(&crate::parse_pipeline(json).unwrap(), &context, 0).unwrap()
+    }
+
+    fn eos_only(eos: &[u32]) -> Vec<u32> {
+        bits(
+            &(0..VOCAB as u32)
+                .map(|t| {
+                    if eos.contains(&t) {
+                        0.0
+                    } else {
+                        f32::NEG_INFINITY
+                    }
+                })
+                .collect::<Vec<_>>(),
+        )
+    }
+
+    #[test]
+    fn a_row_left_with_no_token_allows_only_eos_and_says_why() {
+        let mut batch = Batch::new(VOCAB);
+        // The allowed id is banned: nothing is left.
+        let emptied = r#"[{"kind": "ban_tokens", "token_ids": [3]},
+                          {"kind": "allowed_token_ids", "token_ids": [3]}]"#;
+        batch.add(0, specs_pipeline(emptied, &[2, 5])).unwrap();
+        batch
+            .add(
+                1,
+                specs_pipeline(r#"{"kind": "temperature", "temperature": 0.5}"#, &[2]),
+            )
+            .unwrap();
+        let mut logits: Vec<f32> = (0..2 * VOCAB).map(|i| i as f32 / 10.0).collect();
+        let ids: [&dyn TokenHistory; 2] = [&[1u32, 4], &[1u32]];
+        batch
+            .apply(&mut logits, BatchLayout::contiguous(2, VOCAB), &ids)
+            .unwrap();
+        assert_eq!(bits(&logits[..VOCAB]), eos_only(&[2, 5]));
+        let failure = batch.get(0).unwrap().failures().join("; ");
+        assert!(
+            failure.contains("[0] ban_tokens, [1] allowed_token_ids"),
+            "{failure}"
+        );
+        assert!(failure.contains("only EOS (ids [2, 5])"), "{failure}");
+        assert!(batch.get(1).unwrap().failures().is_empty());
+
+        // Logits given with no finite value, whatever the steps: the same state.
+        logits[VOCAB..].fill(f32::NAN);
+        logits[VOCAB + 7] = f32::NEG_INFINITY;
+        batch
+            .apply(&mut logits, BatchLayout::contiguous(2, VOCAB), &ids)
+            .unwrap();
+        assert_eq!(bits(&logits[VOCAB..]), eos_only(&[2]));
+        let failure = batch.get(1).unwrap().failures().join("; ");
+        assert!(
+            failure.contains("logits given had no finite value"),
+            "{failure}"
+        );
+
+        // A later step with finite logits is edited as usual; the reason stands until reset.
+        logits[VOCAB..].fill(1.0);
+        batch
+            .apply(&mut logits, BatchLayout::contiguous(2, VOCAB), &ids)
+            .unwrap();
+        assert!(logits[VOCAB..].iter().all(|&x| x == 2.0));
+        assert_eq!(batch.get(1).unwrap().failures().len(), 1);
+        batch.get_mut(1).unwrap().reset();
+        assert!(batch.get(1).unwrap().failures().is_empty());
+    }
+
+    #[test]
+    fn without_eos_a_row_with_no_token_is_left_as_the_steps_left_it() {
+        // The batch's EOS ids go to pipelines that have none; here neither has any.
+        let mut batch = Batch::new(VOCAB);
+        let emptied = r#"[{"kind": "allowed_token_ids", "token_ids": [3]},
+                          {"kind": "ban_tokens", "token_ids": [3]}]"#;
+        batch.add(0, specs_pipeline(emptied, &[])).unwrap();
+        let mut logits = vec![1.0f32; VOCAB];
+        let ids: [&dyn TokenHistory; 1] = [&[1u32]];
+        batch
+            .apply(&mut logits, BatchLayout::contiguous(1, VOCAB), &ids)
+            .unwrap();
+        assert!(logits.iter().all(|&x| x == f32::NEG_INFINITY));
+        let failure = batch.get(0).unwrap().failures().join("; ");
+        assert!(failure.contains("no EOS id is known"), "{failure}");
+
+        let mut batch = Batch::new(VOCAB).with_eos_token_ids(vec![4]).unwrap();
+        batch.add(0, specs_pipeline(emptied, &[])).unwrap();
+        let mut logits = vec![1.0f32; VOCAB];
+        batch
+            .apply(&mut logits, BatchLayout::contiguous(1, VOCAB), &ids)
+            .unwrap();
+        assert_eq!(bits(&logits), eos_only(&[4]));
+        assert!(matches!(
+            Batch::new(VOCAB).with_eos_token_ids(vec![VOCAB as u32]),
+            Err(Error::TokenOutOfVocab { .. })
+        ));
+    }
+
+    #[test]
+    fn a_bitmask_of_zeros_and_a_user_step_that_empties_the_row_are_caught() {
+        let mut batch = Batch::new(VOCAB).with_eos_token_ids(vec![1]).unwrap();
+        batch
+            .add(0, specs_pipeline(r#"{"kind": "bitmask"}"#, &[]))
+            .unwrap();
+        batch
+            .add(
+                1,
+                Pipeline::new(vec![
+                    Step::Processor(Box::new(Temperature::new(2.0).unwrap())),
+                    Step::External(9),
+                ]),
+            )
+            .unwrap();
+        let words = vec![0u32; 2 * VOCAB.div_ceil(32)];
+        let mask = StepBitmask {
+            words: &words,
+            words_per_row: VOCAB.div_ceil(32),
+        };
+        let ids: [&dyn TokenHistory; 2] = [&[1u32], &[1u32]];
+        let mut logits = vec![1.0f32; 2 * VOCAB];
+        batch.plan_with_bitmask(&ids, Some(mask)).unwrap();
+        batch
+            .apply_planned(
+                &mut logits,
+                BatchLayout::contiguous(2, VOCAB),
+                &mut |_, _, row: &mut [f32]| {
+                    row.fill(f32::NEG_INFINITY);
+                    Ok(())
+                },
+            )
+            .unwrap();
+        assert_eq!(bits(&logits[..VOCAB]), eos_only(&[1]));
+        assert_eq!(bits(&logits[VOCAB..]), eos_only(&[1]));
+        assert!(batch.get(0).unwrap().failures()[0].contains("[0] bitmask"));
+        assert!(batch.get(1).unwrap().failures()[0].contains("[1] an external step"));
+    }
+
+    #[test]
+    fn a_failed_step_takes_back_a_row_left_with_no_token() {
+        let mut batch = Batch::new(VOCAB).with_eos_token_ids(vec![1]).unwrap();
+        let emptied = Pipeline::new(vec![
+            Step::Processor(Box::new(
+                crate::processors::AllowedTokenIds::new(&[3]).unwrap(),
+            )),
+            Step::External(1),
+            Step::Processor(Box::new(crate::BanTokens::new(vec![3]))),
+        ]);
+        batch.add(0, emptied).unwrap();
+        batch
+            .add(1, Pipeline::new(vec![Step::External(2)]))
+            .unwrap();
+        let ids: [&dyn TokenHistory; 2] = [&[1u32], &[1u32]];
+        let start: Vec<f32> = (0..2 * VOCAB).map(|i| i as f32).collect();
+        let mut logits = start.clone();
+        batch.plan(&ids).unwrap();
+        let error = batch
+            .apply_planned(
+                &mut logits,
+                BatchLayout::contiguous(2, VOCAB),
+                &mut |row, _, _: &mut [f32]| match row {
+                    0 => Ok(()),
+                    _ => Err(Error::External("user step".into())),
+                },
+            )
+            .unwrap_err();
+        assert!(matches!(error, Error::InRow { row: 1, .. }));
+        assert_eq!(bits(&logits), bits(&start));
+        assert!(batch.get(0).unwrap().failures().is_empty());
+        // The same step again, without the failure: the row is caught, its steps named.
+        batch.plan(&ids).unwrap();
+        batch
+            .apply_planned(
+                &mut logits,
+                BatchLayout::contiguous(2, VOCAB),
+                &mut |_, _, _: &mut [f32]| Ok(()),
+            )
+            .unwrap();
+        assert_eq!(bits(&logits[..VOCAB]), eos_only(&[1]));
+        let failure = batch.get(0).unwrap().failures().join("; ");
+        assert!(
+            failure.contains("[0] AllowedTokenIds, [1] an external step, [2] BanTokens"),
+            "{failure}"
+        );
     }
 
     #[test]

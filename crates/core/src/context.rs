@@ -67,8 +67,9 @@ pub struct SpecContext {
     pub grammar: Option<crate::grammar::GrammarEnv>,
     /// The engine's tokenizer, for specs that carry text ([`SpecContext::encode`]).
     pub encoder: Option<Encoder>,
-    /// The engine's EOS id (the first of its EOS ids), for kinds that act on EOS by default.
-    pub eos_token_id: Option<u32>,
+    /// The model's EOS ids: what a row is left with when a step would leave it no finite logit
+    /// (see [`crate::Pipeline`]). Empty: such a row is left as the step left it.
+    pub eos_token_ids: Vec<u32>,
     /// No engine is known yet (a frontend, a client): what a kind would take from the engine is
     /// not checked, only what does not depend on it ([`SpecContext::structure_only`]).
     pub structure_only: bool,
@@ -105,7 +106,7 @@ impl SpecContext {
             hello_world,
             thinking_tokens,
             encoder: encoder.map(Encoder),
-            eos_token_id: eos_token_ids.first().copied(),
+            eos_token_ids: eos_token_ids.to_vec(),
             ..Default::default()
         })
     }
@@ -120,6 +121,11 @@ impl SpecContext {
             structure_only: true,
             ..Default::default()
         }
+    }
+
+    /// The engine's EOS id (the first of its EOS ids), for kinds that act on EOS by default.
+    pub fn eos_token_id(&self) -> Option<u32> {
+        self.eos_token_ids.first().copied()
     }
 
     /// The token ids of `text` (no special tokens) for the spec field `field`; an error naming

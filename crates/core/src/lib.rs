@@ -43,14 +43,15 @@ pub use error::{Error, Result};
 pub use grammar::GrammarEnv;
 pub use history::TokenHistory;
 pub use logit::{DType, Logit};
-pub use pipeline::{Pipeline, Stage, Step};
+pub use pipeline::{has_finite_logit, Pipeline, Stage, Step};
 pub use plan::{
     Band, Bitmask, Edit, ForcedValue, MaskId, Reshape, RowPlan, Shape, Trigger, Truncation,
 };
 pub use processors::{
-    canonical_order, check_order, get_thinking_token_config, hello_world, process_row,
-    reads_history, register_thinking_token_config, BanTokens, ForcedSequence, LogitBias,
-    LogitsProcessor, Position, Temperature, TextEncoder, ThinkingBudget, ThinkingTokenConfig,
+    canonical_order, check_order, check_prompt_len, get_thinking_token_config, hello_world,
+    process_row, reads_history, register_thinking_token_config, BanTokens, ForcedSequence,
+    LogitBias, LogitsProcessor, Position, Temperature, TextEncoder, ThinkingBudget,
+    ThinkingTokenConfig,
 };
 pub use spec::{parse_pipeline, KindSpec, ProcessorSpec, SpecContext};
 

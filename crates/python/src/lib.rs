@@ -89,6 +89,34 @@ fn reads_history(specs: &Bound<'_, PyAny>) -> PyResult<bool> {
     }))
 }
 
+/// Whether any of `specs` depends on where the prompt ends in the ids, so that a row of them
+/// needs ``prompt_len`` (:meth:`Batch.add`, :class:`Processor`): grammars and ``json_object``
+/// read the output alone; frequency and presence penalties, and a repetition penalty scoped to
+/// ``"output"`` or ``"prompt"``, count one side of it; ``min_new_tokens``, the exponential decay
+/// length penalty and ``suppress_tokens_at_begin`` without ``begin_index`` count new tokens; a
+/// forced sequence or ``hello_world`` with ``"position": "tokens"`` counts generated ids.
+///
+/// Args:
+///     specs: JSON text (one spec object or a list), a dict, or a list of dicts / JSON texts.
+///
+/// Raises:
+///     SpecError: for a spec that does not parse, naming the field.
+///
+/// Example:
+///     >>> from logits_processing import needs_prompt_len
+///     >>> needs_prompt_len([{"kind": "temperature", "temperature": 0.7}, {"kind": "repetition_penalty", "penalty": 1.2}])
+///     False
+///     >>> needs_prompt_len({"kind": "min_new_tokens", "min_new_tokens": 3, "eos_token_ids": [2]})
+///     True
+#[pyfunction]
+fn needs_prompt_len(specs: &Bound<'_, PyAny>) -> PyResult<bool> {
+    let entries = specs::entries_any_order(specs, false)?;
+    Ok(entries.iter().any(|(_, entry)| match entry {
+        specs::Entry::Specs(specs) => specs.iter().any(|spec| spec.needs_prompt_len()),
+        _ => false,
+    }))
+}
+
 /// The specs in the canonical order: biases and penalties; bans and masks (allowed ids, grammars,
 /// the caller's bitmask), then forced tokens; the thinking budget; temperature; truncation. Specs
 /// of one kind keep their order. A list that runs a mask after a truncation step is refused (a
@@ -182,6 +210,7 @@ fn _lib(m: &Bound<'_, PyModule>) -> PyResult<()> {
     m.add_function(wrap_pyfunction!(specs::position_by_tokens, m)?)?;
     m.add_function(wrap_pyfunction!(reads_history, m)?)?;
     m.add_function(wrap_pyfunction!(specs::refuse_caller_mask_py, m)?)?;
+    m.add_function(wrap_pyfunction!(needs_prompt_len, m)?)?;
     m.add_function(wrap_pyfunction!(kinds, m)?)?;
     m.add_function(wrap_pyfunction!(canonical_order, m)?)?;
     m.add_function(wrap_pyfunction!(info::spec_schema, m)?)?;

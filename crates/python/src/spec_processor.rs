@@ -9,7 +9,7 @@ use crate::device::apply_pipeline_row;
 use crate::errors::to_py;
 use crate::exclusive::Exclusive;
 use crate::reference::{call_row, logits_arg, RowSteps};
-use crate::specs::{entries_of, refuse_caller_mask, steps_of, Entry};
+use crate::specs::{check_prompt_len, entries_of, pipeline_of, refuse_caller_mask, Entry};
 use crate::tensor::Block;
 
 /// A processor made from a request spec: every kind a ``Batch`` accepts, for one row.
@@ -20,10 +20,16 @@ use crate::tensor::Block;
 /// Token ids are checked against the row's length at each call, so no vocab size is needed. On any
 /// error the logits and the state are as they were.
 ///
+/// One processor serves one request, as the reference's do. Kinds that read the ids recompute
+/// from whatever ids they are given, but kinds that count calls (a forced sequence positioned by
+/// ``"calls"``, the default) carry on, and ``prompt_len`` is the one given here: for another
+/// request make a new processor, or call :meth:`reset` when its prompt has the same length.
+///
 /// Args:
 ///     spec: A spec dict, JSON text (one spec object or a list), or a list of dicts / JSON texts.
-///     prompt_len (int): Keyword only. Where generated ids start in ``input_ids`` (for
-///         ``"position": "tokens"`` forced sequences).
+///     prompt_len (int): Keyword only. Where generated ids start in ``input_ids``: the prompt's
+///         length. Required by the specs that depend on it (:func:`needs_prompt_len`), as by
+///         :meth:`Batch.add`; ignored by the others (0).
 ///     context (EngineContext | None): Keyword only. What the engine knows, for specs that
 ///         need it (``hello_world``, thinking budgets without ids, grammars).
 ///     hello_world, thinking_tokens: Keyword only. Deprecated (a ``DeprecationWarning``): give
@@ -32,6 +38,8 @@ use crate::tensor::Block;
 /// Raises:
 ///     SpecError: (a ValueError) naming the field of a bad spec, e.g. ``"[1].token_ids"``; a
 ///         ``bitmask`` step, whose mask only :meth:`Batch.apply` takes.
+///     InvalidArgumentError: no prompt_len for specs that need it (``field`` is
+///         ``"prompt_len"``).
 ///     TokenOutOfVocabError: at a call, for a spec naming a token outside the row.
 ///
 /// Example:
@@ -90,8 +98,7 @@ impl PyProcessor {
     ) -> PyResult<Self> {
         let prompt_len = args::given(prompt_len)
             .map(|n| args::index(n, "prompt_len"))
-            .transpose()?
-            .unwrap_or(0);
+            .transpose()?;
         let context = context_arg(
             py,
             "Processor",
@@ -119,9 +126,12 @@ impl PyProcessor {
                 }
             }
         }
-        let pipeline = Pipeline::new(steps_of(entries, &context, prompt_len, |_| {
+        let needs_prompt_len = check_prompt_len(&entries, prompt_len);
+        let pipeline = pipeline_of(entries, &context, prompt_len.unwrap_or(0), |_| {
             unreachable!("no callables among specs")
-        })?);
+        })?;
+        // After the specs' own errors, which say more.
+        needs_prompt_len?;
         Ok(Self {
             max_token: pipeline.max_token_id(),
             pipeline: Exclusive::new(pipeline),
@@ -135,7 +145,8 @@ impl PyProcessor {
         self.kinds.clone()
     }
 
-    /// Back to the state of a new request (a forced sequence starts again).
+    /// Back to the state of a new request (a forced sequence starts again); ``prompt_len`` stays
+    /// the one given.
     fn reset(&self, py: Python<'_>) -> PyResult<()> {
         self.pipeline.lock(py, "Processor")?.reset();
         Ok(())

@@ -3,7 +3,7 @@
 //! functions, `validate_specs`, `resolve_specs` and `position_by_tokens`.
 
 use logits_processing::spec::MAX_PIPELINE_LEN;
-use logits_processing::{parse_pipeline, Error, ProcessorSpec, SpecContext, Step};
+use logits_processing::{parse_pipeline, Error, Pipeline, ProcessorSpec, SpecContext, Step};
 use pyo3::prelude::*;
 use pyo3::types::{PyDict, PyList, PyString, PyTuple};
 
@@ -173,6 +173,28 @@ pub(crate) fn entries_of(
     Ok(entries)
 }
 
+/// Refuses `entries` whose specs depend on where the prompt ends when no `prompt_len` was given
+/// ([`logits_processing::check_prompt_len`]), naming `prompt_len` and the spec.
+pub(crate) fn check_prompt_len(
+    entries: &[(String, Entry)],
+    prompt_len: Option<usize>,
+) -> PyResult<()> {
+    let mut specs = vec![];
+    for (at, entry) in entries {
+        if let Entry::Specs(list) = entry {
+            specs.extend(
+                list.iter()
+                    .map(|spec| (format!("{at}{}", spec.position()), spec)),
+            );
+        }
+    }
+    logits_processing::check_prompt_len(
+        specs.iter().map(|(at, spec)| (at.as_str(), *spec)),
+        prompt_len,
+    )
+    .py()
+}
+
 /// Parses a pipeline as [`entries_of`] does, in any order (for `canonical_order`).
 pub(crate) fn entries_any_order(
     pipeline: &Bound<'_, PyAny>,
@@ -204,14 +226,17 @@ pub(crate) fn entries_any_order(
     )])
 }
 
-/// Realizes the specs of `entries` with `context`, in order.
-pub(crate) fn steps_of(
+/// Realizes the specs of `entries` with `context`, in order, into a pipeline whose steps are
+/// named as the caller gave them (`[1] ban_tokens`, `[2] my_step`) and which gives a row left
+/// with no finite logit the context's EOS ids.
+pub(crate) fn pipeline_of(
     entries: Vec<(String, Entry)>,
     context: &SpecContext,
     prompt_len: usize,
     mut external: impl FnMut(Py<PyAny>) -> u64,
-) -> PyResult<Vec<Step>> {
+) -> PyResult<Pipeline> {
     let mut steps = vec![];
+    let mut labels = vec![];
     for (at, entry) in entries {
         match entry {
             Entry::Specs(specs) => {
@@ -219,11 +244,30 @@ pub(crate) fn steps_of(
                     let processor = spec
                         .realize(context, prompt_len)
                         .map_err(|e| to_py(spec_error(e, &at)))?;
+                    labels.push(match format!("{at}{}", spec.position()) {
+                        place if place.is_empty() => format!("[{}] {}", steps.len(), spec.kind()),
+                        place => format!("{place} {}", spec.kind()),
+                    });
                     steps.push(Step::Processor(processor));
                 }
             }
-            Entry::Processor(processor) => steps.push(Step::Processor(processor)),
-            Entry::External(callable) => steps.push(Step::External(external(callable))),
+            Entry::Processor(processor) => {
+                // Named by its type, as the pipeline names it.
+                labels.push(String::new());
+                steps.push(Step::Processor(processor));
+            }
+            Entry::External(callable) => {
+                let name = Python::attach(|py| {
+                    let callable = callable.bind(py);
+                    callable
+                        .getattr("__qualname__")
+                        .or_else(|_| callable.get_type().getattr("__qualname__"))
+                        .and_then(|n| n.extract::<String>())
+                        .unwrap_or_else(|_| "?".into())
+                });
+                labels.push(format!("{at} {name} (a Python processor)"));
+                steps.push(Step::External(external(callable)));
+            }
         }
     }
     if steps.len() > MAX_PIPELINE_LEN {
@@ -233,7 +277,9 @@ pub(crate) fn steps_of(
             limit: MAX_PIPELINE_LEN,
         }));
     }
-    Ok(steps)
+    Ok(Pipeline::new(steps)
+        .with_labels(labels)
+        .with_eos_token_ids(context.eos_token_ids.clone()))
 }
 
 /// Checks request specs as a `Batch` would admit them, without building a batch.

@@ -61,14 +61,21 @@ class TRTLLMLogitsProcessor:
         pipeline: JSON text, a spec dict, or a list of spec dicts, processor objects and callables
             ``(input_ids, logits_row) -> None`` (this object lives in the engine's process, so
             Python processors are allowed here).
-        prompt_len: the prompt's length, where generated ids start in ``token_ids`` (forced
-            sequences positioned by ``"tokens"``). Default: the first call's length, which is
-            right unless the first call already has generated tokens (a decode worker after a
-            prefill worker: pass it then).
+        prompt_len: the prompt's length, where generated ids start in ``token_ids`` (grammars,
+            penalties of the output, forced sequences positioned by ``"tokens"``, ...), for
+            every request this object serves. Default: each request's first call's length,
+            which is right unless the first call already has generated tokens (a decode worker
+            after a prefill worker: pass it then).
         vocab_size, tokenizer, model_name, hello_world, thinking_tokens: as
             :class:`logits_processing.adapters.hf.HFLogitsProcessor`.
         role: ``"aggregated"`` (default), ``"decode"`` or ``"prefill"``; on a prefill worker the
             processor does nothing.
+
+    One object may serve several requests (one ``SamplingParams`` given to many prompts): each
+    request id has its own state, started at its first call, so every request gives what a fresh
+    processor gives. The engine calls every live request once a step, so a request called again
+    starts a new round of calls; the state of a request missing from two whole rounds (it has
+    finished) is dropped, so memory stays bounded. :meth:`reset` drops all.
 
     Example::
 
@@ -104,10 +111,16 @@ class TRTLLMLogitsProcessor:
             self.context.validate(self.pipeline)
         self.enabled = runs_processors(role)
         self.prompt_len = prompt_len
-        self._batch = None
-        self._beams = 0
+        # Per request id: [batch, beams, the round of calls that last used it].
+        self._requests: dict = {}
+        self._round, self._called = 0, set()
         # A Python step may fail half way through its row; keep a copy to put back then.
         self._backup = not _is_data(self.pipeline)
+
+    def reset(self) -> None:
+        """Forgets every request's state; each starts again at its next call."""
+        self._requests.clear()
+        self._round, self._called = 0, set()
 
     def __call__(
         self,
@@ -123,10 +136,15 @@ class TRTLLMLogitsProcessor:
         try:
             rows = rows_of(logits)
             with _on_stream(stream_ptr, logits):
-                if self._batch is None or rows.shape[0] != self._beams:
-                    self._start(rows, token_ids)
+                if req_id in self._called:
+                    self._next_round()
+                self._called.add(req_id)
+                state = self._requests.get(req_id)
+                if state is None or rows.shape[0] != state[1]:
+                    state = self._requests[req_id] = [self._start(rows, token_ids), rows.shape[0], 0]
+                state[2] = self._round
                 backup = rows.clone() if self._backup else None
-                self._batch.apply(rows, token_ids)
+                state[0].apply(rows, token_ids)
         except Exception:  # noqa: BLE001 - log it, leave the row, let the engine go on
             logger.exception(
                 "logits_processing: request %s (client %s) left unprocessed this step", req_id, client_id
@@ -135,13 +153,21 @@ class TRTLLMLogitsProcessor:
                 with _on_stream(stream_ptr, logits):
                     rows_of(logits).copy_(backup)
 
-    def _start(self, rows: torch.Tensor, token_ids: Sequence[Sequence[int]]) -> None:
+    def _start(self, rows: torch.Tensor, token_ids: Sequence[Sequence[int]]) -> _lib.Batch:
         beams, vocab = rows.shape
         prompt_len = self.prompt_len if self.prompt_len is not None else len(token_ids[0])
         batch = self.context.batch(self.context.vocab_size or vocab)
         for beam in range(beams):
             batch.add(beam, self.pipeline, prompt_len=prompt_len)
-        self._batch, self._beams, self.prompt_len = batch, beams, prompt_len
+        return batch
+
+    def _next_round(self) -> None:
+        """A request was called again: a new step. Drops the requests missing from the last two
+        rounds (finished: live ones are called every step)."""
+        self._round += 1
+        self._called.clear()
+        for req_id in [r for r, state in self._requests.items() if state[2] < self._round - 2]:
+            del self._requests[req_id]
 
 
 SpecSource = Union[Mapping[Any, Any], Callable[[int, Optional[int]], Any]]

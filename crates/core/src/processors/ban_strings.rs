@@ -42,6 +42,11 @@ fn case_sensitive_by_default() -> bool {
 const MAX_STRING_BYTES: usize = 256;
 
 impl KindSpec for BanStringsSpec {
+    /// The banned strings are looked for in the output alone.
+    fn needs_prompt_len(&self) -> bool {
+        true
+    }
+
     fn check(&self) -> Result<()> {
         check_texts(
             "strings",

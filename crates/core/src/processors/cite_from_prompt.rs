@@ -46,6 +46,11 @@ fn default_boost_eos() -> bool {
 }
 
 impl KindSpec for CiteFromPromptSpec {
+    /// The prompt is what it cites from.
+    fn needs_prompt_len(&self) -> bool {
+        true
+    }
+
     fn check(&self) -> Result<()> {
         for (name, value) in [
             ("boost_factor", self.boost_factor),
@@ -85,11 +90,11 @@ impl KindSpec for CiteFromPromptSpec {
     }
 
     fn resolve(&self, context: &SpecContext) -> Result<Option<serde_json::Value>> {
-        if !self.boost_eos || self.eos_token_id.is_some() || context.eos_token_id.is_none() {
+        if !self.boost_eos || self.eos_token_id.is_some() || context.eos_token_id().is_none() {
             return Ok(None);
         }
         let resolved = CiteFromPromptSpec {
-            eos_token_id: context.eos_token_id,
+            eos_token_id: context.eos_token_id(),
             ..self.clone()
         };
         Ok(Some(with_kind("cite_from_prompt", &resolved)))

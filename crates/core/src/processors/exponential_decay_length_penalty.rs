@@ -19,6 +19,10 @@ pub struct ExponentialDecayLengthPenaltySpec {
 }
 
 impl KindSpec for ExponentialDecayLengthPenaltySpec {
+    fn needs_prompt_len(&self) -> bool {
+        true
+    }
+
     fn check(&self) -> Result<()> {
         check_eos(&self.eos_token_ids)?;
         ExponentialDecayLengthPenalty::new(self.start_index, self.decay_factor, vec![0], 0)

@@ -34,6 +34,11 @@ pub struct ForceLastPhraseSpec {
 }
 
 impl KindSpec for ForceLastPhraseSpec {
+    /// It counts generated tokens.
+    fn needs_prompt_len(&self) -> bool {
+        true
+    }
+
     fn check(&self) -> Result<()> {
         self.phrase.check("phrase")
     }

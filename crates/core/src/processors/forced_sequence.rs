@@ -40,6 +40,10 @@ pub struct ForcedSequenceSpec {
 }
 
 impl KindSpec for ForcedSequenceSpec {
+    fn needs_prompt_len(&self) -> bool {
+        self.position == PositionSpec::Tokens
+    }
+
     fn check(&self) -> Result<()> {
         check_len("token_ids", self.token_ids.len())
     }

@@ -18,6 +18,10 @@ pub struct FrequencyPenaltySpec {
 }
 
 impl KindSpec for FrequencyPenaltySpec {
+    fn needs_prompt_len(&self) -> bool {
+        true
+    }
+
     fn check(&self) -> Result<()> {
         check_count_penalty(self.penalty, self.window)
     }

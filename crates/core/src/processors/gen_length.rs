@@ -69,6 +69,11 @@ pub(crate) fn needs_engine(
 }
 
 impl KindSpec for GenLengthSpec {
+    /// It counts generated tokens.
+    fn needs_prompt_len(&self) -> bool {
+        true
+    }
+
     fn check(&self) -> Result<()> {
         if !self.boost_factor.is_finite() {
             return Err(Error::argument(

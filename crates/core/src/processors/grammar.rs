@@ -74,6 +74,10 @@ impl GrammarSpec {
 }
 
 impl KindSpec for GrammarSpec {
+    fn needs_prompt_len(&self) -> bool {
+        true
+    }
+
     fn check(&self) -> Result<()> {
         self.field()?;
         // Work bounds llguidance's fuel does not keep to a step's budget: refused here.
@@ -122,6 +126,10 @@ impl KindSpec for GrammarSpec {
 pub struct JsonObjectSpec {}
 
 impl KindSpec for JsonObjectSpec {
+    fn needs_prompt_len(&self) -> bool {
+        true
+    }
+
     fn realize(
         &self,
         context: &SpecContext,

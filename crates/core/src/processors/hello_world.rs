@@ -32,6 +32,10 @@ impl HelloWorldSpec {
 }
 
 impl KindSpec for HelloWorldSpec {
+    fn needs_prompt_len(&self) -> bool {
+        self.position == PositionSpec::Tokens
+    }
+
     fn realize(
         &self,
         context: &SpecContext,

@@ -39,6 +39,11 @@ pub struct MaxTimeSpec {
 }
 
 impl KindSpec for MaxTimeSpec {
+    /// It counts generated tokens.
+    fn needs_prompt_len(&self) -> bool {
+        true
+    }
+
     fn check(&self) -> Result<()> {
         if !(self.max_time.is_finite() && self.max_time >= 0.0) {
             return Err(Error::argument(

@@ -17,6 +17,10 @@ pub struct MinNewTokensSpec {
 }
 
 impl KindSpec for MinNewTokensSpec {
+    fn needs_prompt_len(&self) -> bool {
+        true
+    }
+
     fn check(&self) -> Result<()> {
         check_eos(&self.eos_token_ids)
     }

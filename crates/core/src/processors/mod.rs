@@ -257,6 +257,36 @@ pub fn check_order<'a>(
     Ok(())
 }
 
+/// Refuses specs that depend on where the prompt ends ([`ProcessorSpec::needs_prompt_len`]: a
+/// grammar, the penalties that count the output alone, the kinds that count new tokens, a
+/// sequence positioned by tokens) when no `prompt_len` is given: read from 0, the prompt would
+/// count as output (a grammar would reject it and allow only EOS). The error, an
+/// [`crate::Error::InvalidArgument`], names `prompt_len` and the first such spec (`specs` come
+/// with where each stood, `"[2]"`).
+pub fn check_prompt_len<'a>(
+    specs: impl IntoIterator<Item = (&'a str, &'a ProcessorSpec)>,
+    prompt_len: Option<usize>,
+) -> Result<()> {
+    if prompt_len.is_some() {
+        return Ok(());
+    }
+    match specs.into_iter().find(|(_, spec)| spec.needs_prompt_len()) {
+        Some((at, spec)) => Err(crate::error::Error::InvalidArgument {
+            field: "prompt_len".into(),
+            message: format!(
+                "the spec {}'{}' depends on where the prompt ends in the ids; give prompt_len \
+                 (the prompt's length in ids, 0 for none)",
+                match at {
+                    "" => String::new(),
+                    at => format!("{at} "),
+                },
+                spec.kind()
+            ),
+        }),
+        None => Ok(()),
+    }
+}
+
 /// In the canonical order, user processors (external steps) go before the first spec of this
 /// kind or of a kind after it in [`KINDS`].
 pub const USER_STEPS_BEFORE: &str = "thinking_budget";

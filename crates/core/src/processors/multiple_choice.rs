@@ -78,6 +78,11 @@ fn newline_tokens(_: &SpecContext) -> Option<Result<Arc<Vec<u32>>>> {
 }
 
 impl KindSpec for MultipleChoiceSpec {
+    /// The first words are looked for in the output alone.
+    fn needs_prompt_len(&self) -> bool {
+        self.boost_first_words != 0.0
+    }
+
     fn check(&self) -> Result<()> {
         if self.choices.is_empty() {
             return Err(Error::argument("choices", "must list at least one choice"));

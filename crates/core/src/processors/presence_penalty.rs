@@ -18,6 +18,10 @@ pub struct PresencePenaltySpec {
 }
 
 impl KindSpec for PresencePenaltySpec {
+    fn needs_prompt_len(&self) -> bool {
+        true
+    }
+
     fn check(&self) -> Result<()> {
         check_count_penalty(self.penalty, self.window)
     }

@@ -50,6 +50,11 @@ fn default_phrase() -> TextOrIds {
 }
 
 impl KindSpec for PreventHallucinationSpec {
+    /// It counts generated tokens.
+    fn needs_prompt_len(&self) -> bool {
+        true
+    }
+
     fn check(&self) -> Result<()> {
         if !(0.0..=1.0).contains(&self.minp) {
             return Err(Error::argument(

@@ -35,6 +35,10 @@ pub struct RepetitionPenaltySpec {
 }
 
 impl KindSpec for RepetitionPenaltySpec {
+    fn needs_prompt_len(&self) -> bool {
+        self.scope != Scope::All
+    }
+
     fn check(&self) -> Result<()> {
         window_of(self.window)?;
         RepetitionPenalty::new(self.penalty, self.scope, 0, None).map(drop)

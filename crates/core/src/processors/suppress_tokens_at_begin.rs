@@ -20,6 +20,10 @@ pub struct SuppressTokensAtBeginSpec {
 }
 
 impl KindSpec for SuppressTokensAtBeginSpec {
+    fn needs_prompt_len(&self) -> bool {
+        self.begin_index.is_none()
+    }
+
     fn check(&self) -> Result<()> {
         check_len("token_ids", self.token_ids.len())
     }

@@ -731,6 +731,87 @@ proptest! {
     }
 }
 
+proptest! {
+    /// A spec that says it does not depend on where the prompt ends plans the same edits
+    /// whatever `prompt_len` it was realized with, step after step.
+    #[test]
+    fn specs_that_need_no_prompt_len_ignore_it(
+        spec in proptest::sample::select(
+            crate::spec::kinds().filter(|&k| !needs_tokenizer(k)).collect::<Vec<_>>()
+        ).prop_flat_map(spec_of),
+        prompt_len in 1usize..6,
+        moves in moves(),
+    ) {
+        let spec = ProcessorSpec::from_value(&spec).unwrap();
+        prop_assume!(!spec.needs_prompt_len());
+        let (mut at_zero, mut at_len) = (realize(&spec, 0), realize(&spec, prompt_len));
+        let mut ids: Vec<u32> = (0..prompt_len as u32).map(|i| i % 5).collect();
+        let (mut got, mut want) = (RowPlan::new(), RowPlan::new());
+        for step in &moves {
+            match step {
+                Move::Extend(new) | Move::Undone(new) => ids.extend(new),
+                Move::Rewind(n) => ids.truncate(ids.len().saturating_sub(*n)),
+                Move::Replace(new) => ids.clone_from(new),
+            }
+            got.clear();
+            want.clear();
+            at_len.plan(&ids, &mut got).unwrap();
+            at_zero.plan(&ids, &mut want).unwrap();
+            prop_assert_eq!(&got, &want, "{} after {:?}", spec.to_value(), ids);
+        }
+    }
+}
+
+#[test]
+fn a_spec_that_needs_prompt_len_is_refused_without_it() {
+    let specs = parse_pipeline(
+        r#"[{"kind": "repetition_penalty", "penalty": 1.2},
+            {"kind": "min_new_tokens", "min_new_tokens": 2, "eos_token_ids": [1]}]"#,
+    )
+    .unwrap();
+    let with_places = || specs.iter().map(|s| (s.position(), s));
+    match check_prompt_len(with_places(), None) {
+        Err(crate::Error::InvalidArgument { field, message }) => {
+            assert_eq!(field, "prompt_len");
+            assert!(message.contains("[1] 'min_new_tokens'"), "{message}");
+        }
+        other => panic!("expected a refusal, got {other:?}"),
+    }
+    check_prompt_len(with_places(), Some(0)).unwrap();
+    check_prompt_len(with_places().take(1), None).unwrap();
+    // The kinds whose meaning moves with the prompt's end, by their settings.
+    for (json, needs) in [
+        (
+            r#"{"kind": "repetition_penalty", "penalty": 1.2, "scope": "output"}"#,
+            true,
+        ),
+        (
+            r#"{"kind": "forced_sequence", "token_ids": [1], "eos_token_id": 2}"#,
+            false,
+        ),
+        (
+            r#"{"kind": "forced_sequence", "token_ids": [1], "eos_token_id": 2, "position": "tokens"}"#,
+            true,
+        ),
+        (
+            r#"{"kind": "suppress_tokens_at_begin", "token_ids": [1], "begin_index": 3}"#,
+            false,
+        ),
+        (
+            r#"{"kind": "suppress_tokens_at_begin", "token_ids": [1]}"#,
+            true,
+        ),
+        (r#"{"kind": "frequency_penalty", "penalty": 0.5}"#, true),
+        (
+            r#"{"kind": "min_length", "min_length": 3, "eos_token_ids": [1]}"#,
+            false,
+        ),
+    ] {
+        let spec = ProcessorSpec::parse(json).unwrap();
+        assert_eq!(spec.needs_prompt_len(), needs, "{json}");
+    }
+}
+
 #[test]
 fn history_free_kinds_are_kinds() {
     assert!(HISTORY_FREE

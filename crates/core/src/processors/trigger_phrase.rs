@@ -50,6 +50,11 @@ fn default_count() -> u32 {
 }
 
 impl KindSpec for TriggerPhraseSpec {
+    /// It counts generated tokens.
+    fn needs_prompt_len(&self) -> bool {
+        true
+    }
+
     fn check(&self) -> Result<()> {
         self.phrase.check("phrase")?;
         if self.trigger_token_phrase.is_none() && self.trigger_time.is_none() {

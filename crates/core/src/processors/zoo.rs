@@ -95,7 +95,7 @@ impl TextOrId {
 
 /// `given`, else the engine's EOS id; an error naming `field` when neither is known.
 pub(crate) fn eos_or(context: &SpecContext, given: Option<u32>, field: &str) -> Result<u32> {
-    match given.or(context.eos_token_id) {
+    match given.or(context.eos_token_id()) {
         Some(id) => {
             context.check_id(field, id)?;
             Ok(id)
