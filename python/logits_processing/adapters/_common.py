@@ -198,6 +198,19 @@ def encode_specs(specs: Any) -> str:
     return json.dumps(validate_structure(specs), separators=(",", ":"))
 
 
+def no_caller_mask(specs: Any, engine: str = "this engine") -> Any:
+    """``specs``, refused when one of them is ``{"kind": "bitmask"}``: that kind takes its mask
+    from the caller of ``Batch.apply`` each step, and no engine hands our adapters one (the
+    batch's every step would fail, every row with it)."""
+    for i, spec in enumerate(specs if isinstance(specs, list) else [specs]):
+        if isinstance(spec, dict) and spec.get("kind") == "bitmask":
+            raise _lib.SpecError(
+                f"[{i}].kind: 'bitmask' takes its mask from the caller each step, and {engine} gives "
+                "none; constrain the output with a 'grammar' spec instead"
+            )
+    return specs
+
+
 def with_position(specs: Any, position: str) -> list:
     """The specs positioned by ``position``: with ``"tokens"``, every step that counts its calls
     counts generated tokens instead (the core's ``position_by_tokens``: forced sequences and
@@ -394,7 +407,7 @@ class KeyedBatch:
                         specs = with_position(specs, self.position)
                     elif isinstance(specs, (str, bytes)):
                         specs = decode_specs(specs)
-                    self.batch.add(i, specs, prompt_len=prompt_len)
+                    self.batch.add(i, no_caller_mask(specs), prompt_len=prompt_len)
                 except Exception as e:  # noqa: BLE001 - one bad request must not stop the step
                     self.failed[key] = str(e)
                     refused.append(key)

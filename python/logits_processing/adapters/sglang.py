@@ -52,6 +52,7 @@ from ._common import (
     KeyedBatch,
     decode_specs,
     encode_specs,
+    no_caller_mask,
     original_prompt_len,
     request_payload,
     runs_processors,
@@ -76,6 +77,7 @@ def activate(
     the scheduler needs no tokenizer."""
     if not runs_processors(role):
         return {}
+    no_caller_mask(decode_specs(specs), "SGLang")
     if context is not None:
         specs = context.resolve_specs(specs)
     params = dict(sampling_params.get("custom_params") or {})

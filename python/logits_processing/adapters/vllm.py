@@ -62,6 +62,7 @@ from ._common import (
     runs_processors,
     validate_structure,
 )
+from ._common import no_caller_mask as _no_caller_mask
 
 __all__ = [
     "DYNAMO_SPEC_KEY",
@@ -229,16 +230,8 @@ def _tokenizer_of(model_config: Any) -> Any:
 
 
 def no_caller_mask(specs: Any) -> Any:
-    """``specs``, refused when one of them is ``{"kind": "bitmask"}``: that kind takes its mask
-    from the caller of ``Batch.apply`` each step, and vLLM has no way to give one (every step of
-    the batch would fail)."""
-    for i, spec in enumerate(specs if isinstance(specs, list) else [specs]):
-        if isinstance(spec, dict) and spec.get("kind") == "bitmask":
-            raise _lib.SpecError(
-                f"[{i}].kind: 'bitmask' takes its mask from the caller each step, and vLLM gives "
-                "none; constrain the output with a 'grammar' spec instead"
-            )
-    return specs
+    """``specs``, refused when one of them is ``{"kind": "bitmask"}`` (vLLM gives no mask)."""
+    return _no_caller_mask(specs, "vLLM")
 
 
 def validate_request(params: SamplingParams) -> None:
