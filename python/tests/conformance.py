@@ -20,6 +20,7 @@ from __future__ import annotations
 import hashlib
 import json
 import os
+import re
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Callable, Dict, List, Optional
@@ -466,8 +467,12 @@ def verdict(records: Dict[str, dict], name: str, engine: str) -> str:
     return "differs"
 
 
+_RUN_IDS = re.compile(r"\b[0-9a-f]{8}-[0-9a-f]{4}-[0-9a-f]{4}-[0-9a-f]{4}-[0-9a-f]{12}\b|\b[0-9a-f]{24,}\b")
+
+
 def _cell(text: str) -> str:
-    return text.replace("|", "\\|").replace("\n", " ")
+    """Table-safe text, request ids (which change every run) replaced by ``<id>``."""
+    return _RUN_IDS.sub("<id>", text).replace("|", "\\|").replace("\n", " ")
 
 
 def table(records: Dict[str, dict]) -> str:

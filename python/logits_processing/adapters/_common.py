@@ -97,12 +97,14 @@ def check_in_process_pipeline(pipeline: Any, name: str = "pipeline") -> Any:
     """A pipeline for an adapter that runs in the engine's process (HF, TRT-LLM), checked when it
     is given rather than at the first step: JSON text or bytes (decoded here), a spec dict, or a
     list of spec dicts, processor objects and callables. Raises ``SpecError`` for data that is
-    not a spec and ``ArgumentTypeError`` for an entry that is none of these."""
+    not a spec (a ``bitmask`` step included: its mask would be needed at every step) and
+    ``ArgumentTypeError`` for an entry that is none of these."""
     from logits_processing import ArgumentTypeError
 
     if isinstance(pipeline, (str, bytes, bytearray)):
-        return decode_specs(pipeline)
+        return no_caller_mask(decode_specs(pipeline))
     entries = pipeline if isinstance(pipeline, (list, tuple)) else [pipeline]
+    no_caller_mask(list(entries))
     for i, entry in enumerate(entries):
         if not (isinstance(entry, (str, Mapping)) or callable(entry)):
             where = f"{name}[{i}]" if entries is pipeline else name
