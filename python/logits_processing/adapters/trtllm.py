@@ -29,6 +29,8 @@ from ._common import (
     KeyedBatch,
     check_in_process_pipeline,
     context_for,
+    decode_specs,
+    no_caller_mask,
     rows_of,
     runs_processors,
 )
@@ -193,7 +195,7 @@ class TRTLLMBatchedLogitsProcessor:
         """Gives the request with this client id (or request id) its specs, checked now."""
         if not isinstance(self._specs, dict):
             raise _lib.ArgumentTypeError("register() needs the specs given as a mapping (or none)")
-        self.context.validate(specs)
+        self.context.validate(no_caller_mask(decode_specs(specs), "TensorRT-LLM"))
         self._specs[key] = specs
         if prompt_len is not None:
             self._prompt_lens[key] = prompt_len
