@@ -36,8 +36,8 @@
 # times and size (no cold run was timed): its requirements installed in 54 s with uv (whose
 # download cache may already have held some of the wheels; downloading ~10 GB takes longer on a
 # slow link), then python/nodeps-sglang.txt without dependencies (not timed), this checkout's
-# wheel (a release build: 2-4 minutes with a cold cargo target directory, well under a minute
-# warm), ~10 GB of disk. Its tests then took 6 minutes, and the whole command (all three engines
+# wheel (a release build: 2-4 minutes with a cold cargo target directory, less with a warm
+# one), ~10 GB of disk. Its tests then took 6 minutes, and the whole command (all three engines
 # and the conformance check, venvs cached) 19 minutes, on this 2-core machine under a load of
 # about 6.
 set -euo pipefail
