@@ -56,14 +56,16 @@ export VLLM_HOST_IP=127.0.0.1 VLLM_CPU_KVCACHE_SPACE=1 HF_HUB_OFFLINE=1 TRANSFOR
 unset PROMETHEUS_MULTIPROC_DIR
 mkdir -p "$DYN_FILE_KV"
 
-"$py" "$root/python/tests/vllm_real_engine.py" --make-model "$work/model" >"$work/model.log" 2>&1
+# The test command's one model for every engine (LOGITS_PROCESSING_TINY_MODEL), else one made here.
+model="${LOGITS_PROCESSING_TINY_MODEL:-$work/model}"
+[ -d "$model" ] || "$py" "$root/python/tests/vllm_real_engine.py" --make-model "$model" >"$work/model.log" 2>&1
 start proxy "$py" "$root/python/tests/dynamo_zmq_proxy.py" "${ports[1]}" "${ports[2]}"
 # The engine-native generate route (the one HTTP route whose requests carry extra_args) is
 # experimental and off by default.
 DYN_VLLM_ENABLE_INFERENCE_V1_GENERATE=1 start frontend "$py" -m dynamo.frontend \
   --http-host 127.0.0.1 --http-port "$http" --discovery-backend file --migration-limit 3
 for i in 1 2; do
-  DYN_SYSTEM_PORT=${ports[$((i + 2))]} start "worker$i" "$py" -m dynamo.vllm --model "$work/model" \
+  DYN_SYSTEM_PORT=${ports[$((i + 2))]} start "worker$i" "$py" -m dynamo.vllm --model "$model" \
     --discovery-backend file --custom-jinja-template "$root/python/tests/dynamo_chat_template.jinja" \
     --dtype float32 --enforce-eager --max-model-len 384 --max-num-seqs 16 --seed 0
 done
@@ -71,7 +73,7 @@ done
 deadline=$((SECONDS + ${DYNAMO_START_TIMEOUT:-900}))
 until grep -qs "Registered endpoint 'dynamo.backend.generate'" "$work/worker1.log" \
   && grep -qs "Registered endpoint 'dynamo.backend.generate'" "$work/worker2.log" \
-  && curl -fs "http://127.0.0.1:$http/v1/models" | grep -q "$work/model"; do
+  && curl -fs "http://127.0.0.1:$http/v1/models" | grep -q "$model"; do
   for i in "${!pids[@]}"; do
     if ! kill -0 "${pids[$i]}" 2>/dev/null; then
       echo "a Dynamo process exited during start-up; its log:" >&2
@@ -95,7 +97,7 @@ if ss -ltnp | grep -E "pid=($members)," | awk '{print $4}' | grep -v '^127\.0\.0
 fi
 
 status=0
-(cd "$root/python/tests" && DYNAMO_HTTP="http://127.0.0.1:$http" DYNAMO_MODEL="$work/model" \
+(cd "$root/python/tests" && DYNAMO_HTTP="http://127.0.0.1:$http" DYNAMO_MODEL="$model" \
   DYNAMO_WORKER_PIDS="${pids[2]} ${pids[3]}" DYNAMO_WORKER_LOGS="$work/worker1.log $work/worker2.log" \
   DYNAMO_WORKER_METRICS="${ports[3]} ${ports[4]}" \
   timeout "${DYNAMO_TEST_TIMEOUT:-900}" "$py" -m pytest -q -p no:cacheprovider --noconftest \

@@ -22,14 +22,46 @@
 # test_docs_engines.py runs the docs' blocks marked engine=vllm (two scripts, each starting a vLLM
 # engine on the tiny model: 10 minutes for the file under a load of 10 on 2 cores, 51-101 s per
 # engine start) and engine=sglang (the client side, no engine: 2.5 minutes under that load).
+# Conformance: every engine above also sends python/tests/conformance.py's requests (one set,
+# greedy, every kind) on one model, made here once (LOGITS_PROCESSING_TINY_MODEL), and writes the
+# token ids it got into LOGITS_PROCESSING_CONFORMANCE_DIR (a fresh temporary directory unless
+# set: set it to keep records across runs of single engines); then test_conformance.py runs
+# transformers' generate() on the same requests, compares every engine's ids with it and checks
+# docs/engines/conformance.md against the records (python/tools/gen_conformance_table.py DIR
+# rewrites the page; the directory is kept when that test fails). The requests ride on engines
+# the tests start anyway (one batch each); test_conformance.py took 52 s here under a load of ~10
+# (loading the model and 30 generate() calls).
 # The adapters' engine-free tests (HF, TRT-LLM fake loop, shared logic) run in the main venv with
 # the rest of python/tests.
+#
+# The engine venvs are cached (scripts/engine-venv.sh) and rebuilt only when their requirement
+# files change. What the SGLang venv adds to a cold run, an estimate from the cached venv's file
+# times and size (no cold run was timed): its requirements installed in 54 s with uv (whose
+# download cache may already have held some of the wheels; downloading ~10 GB takes longer on a
+# slow link), then python/nodeps-sglang.txt without dependencies (not timed), this checkout's
+# wheel (a release build: 2-4 minutes with a cold cargo target directory, less with a warm
+# one), ~10 GB of disk. Its tests then took 6 minutes, and the whole command (all three engines
+# and the conformance check, venvs cached) 19 minutes, on this 2-core machine under a load of
+# about 6.
 set -euo pipefail
 root="$(cd "$(dirname "${BASH_SOURCE[0]}")/.." && pwd)"
 engines=("${@:-vllm sglang dynamo}")
 # shellcheck disable=SC2206
 engines=(${engines[*]})
 status=0
+
+results="${LOGITS_PROCESSING_CONFORMANCE_DIR:-}"
+if [ -z "$results" ]; then
+  results="$(mktemp -d -t conformance.XXXXXX)"
+  fresh=1
+fi
+mkdir -p "$results"
+export LOGITS_PROCESSING_CONFORMANCE_DIR="$results"
+export LOGITS_PROCESSING_TINY_MODEL="${LOGITS_PROCESSING_TINY_MODEL:-$results/model}"
+if [ ! -d "$LOGITS_PROCESSING_TINY_MODEL" ]; then
+  "$("$root/scripts/venv.sh")/bin/python" "$root/python/tests/vllm_real_engine.py" \
+    --make-model "$LOGITS_PROCESSING_TINY_MODEL" >/dev/null 2>&1
+fi
 for engine in "${engines[@]}"; do
   if [ "$engine" = dynamo ]; then
     echo "== dynamo" >&2
@@ -57,4 +89,19 @@ for engine in "${engines[@]}"; do
     done
   fi
 done
+
+# transformers' generate() in the vLLM venv (one venv always, so the versions the page shows
+# do not depend on the engines' order), else in the first engine's venv.
+case " ${engines[*]} " in *" vllm "*) hf_engine=vllm ;; *) hf_engine="${engines[0]}" ;; esac
+hf_venv="$("$root/scripts/engine-venv.sh" "$hf_engine")"
+echo "== conformance across engines ($results)" >&2
+conformance=0
+(cd "$root/python/tests" && "$hf_venv/bin/python" -m pytest -q -p no:cacheprovider --noconftest \
+    -W ignore::DeprecationWarning -W ignore::UserWarning -rs test_conformance.py) || conformance=1
+if [ $conformance -ne 0 ]; then
+  status=1
+  echo "conformance records kept in $results" >&2
+elif [ -n "${fresh:-}" ]; then
+  rm -rf "$results"
+fi
 exit $status

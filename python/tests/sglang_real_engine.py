@@ -257,6 +257,43 @@ BAD_PAYLOADS = {
 }
 
 
+def conformance_rows(llm, tok, model: str, context) -> dict:
+    """conformance.py's requests, all at once (SGLang batches them), each as docs/engines/sglang.md
+    tells users to send it; a request that fails has its error as its result."""
+    import conformance
+
+    from logits_processing.adapters.sglang import SGLangLogitProcessor, activate
+
+    reqs = conformance.requests(tok)
+
+    async def one(name, r):
+        params = {"temperature": 0.0, "max_new_tokens": r.max_new}
+        try:
+            processor = None
+            if r.specs is not None and r.key == conformance.SPEC_KEY:
+                processor = activate(params, r.specs, context=context)["custom_logit_processor"]
+            elif r.specs is not None:  # Dynamo's entries, read as they are
+                params["custom_params"] = {r.key: r.specs}
+                processor = SGLangLogitProcessor.to_str()
+            result = await llm.async_generate(
+                input_ids=r.prompt, sampling_params=params, custom_logit_processor=processor
+            )
+            return name, {"tokens": list(result["output_ids"])}
+        except Exception as e:  # noqa: BLE001 - the refusal is the result
+            return name, {"error": conformance.short_error(e)}
+
+    async def every():
+        return dict(await asyncio.gather(*(one(n, r) for n, r in reqs.items())))
+
+    rows = asyncio.get_event_loop().run_until_complete(every())
+    route = (
+        "`Engine.async_generate`, `activate()`'s `custom_params` and `custom_logit_processor` "
+        "(Dynamo's key: `custom_params` set directly), every request at once; default overlap scheduler"
+    )
+    versions = conformance.versions("sglang", "torch")
+    return conformance.record("sglang", model, reqs, rows, versions=versions, route=route)["rows"]
+
+
 def main(model: str, stress: bool) -> dict:
     import sglang as sgl
     from transformers import AutoTokenizer
@@ -316,6 +353,8 @@ def main(model: str, stress: bool) -> dict:
     out["text"] = {n: r["text"] for n, r in results.items()}
     out["finish"] = {n: r["meta_info"]["finish_reason"] for n, r in results.items()}
     _phase("one batch with every pipeline", t0)
+    out["conformance"] = conformance_rows(llm, tok, model, context)
+    _phase("conformance requests", t0)
 
     # The same requests again, joining one by one while the others run (async, staggered).
     async def staggered():

@@ -95,6 +95,26 @@ def test_with_position_only_touches_forced_sequences():
     ]
 
 
+def test_keyed_batch_refuses_a_bitmask_request_and_serves_the_others():
+    """No engine gives our adapters a mask: a bitmask spec is refused when its request is added
+    (naming the field), its row left as it was, and the step goes on for the other rows (it
+    failed the whole step, and took SGLang's scheduler down with it)."""
+    V = 11
+    keyed = common.KeyedBatch(common.EngineContext(), position="tokens")
+    rows = [
+        ("bad", json.dumps([{"kind": "temperature", "temperature": 2.0}, {"kind": "bitmask"}]), 2, [1, 2]),
+        ("good", [{"kind": "temperature", "temperature": 2.0}], 2, [1, 2]),
+    ]
+    logits = torch.randn(2, V)
+    before = logits.clone()
+    assert keyed.apply(logits, rows) == ["bad"]
+    assert "[1].kind" in keyed.failed["bad"] and "'bitmask'" in keyed.failed["bad"]
+    assert torch.equal(logits[0], before[0])
+    assert torch.allclose(logits[1], before[1] / 2.0)
+    with pytest.raises(lp.SpecError, match=r"\[0\]\.kind.*'bitmask'.*SGLang gives none"):
+        common.no_caller_mask([{"kind": "bitmask"}], "SGLang")
+
+
 def test_keyed_batch_follows_any_order_of_requests():
     """Random calls: requests join, leave, come back, change rows. Each row gets what its own
     pipeline, fed the same ids, gives it; memory holds only the latest call's requests."""
@@ -147,6 +167,6 @@ def test_a_bitmask_spec_is_refused_where_no_mask_is_given(make):
         ([{"kind": "temperature", "temperature": 0.5}, {"kind": "bitmask"}], "[1].kind"),
         ('{"kind": "bitmask"}', "kind"),
     ):
-        with pytest.raises(lp.SpecError, match="no way to be given one") as info:
+        with pytest.raises(lp.SpecError, match="gives none") as info:
             make(specs)
         assert info.value.field == field

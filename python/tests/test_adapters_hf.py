@@ -258,6 +258,11 @@ def test_bad_specs_fail_when_the_processor_is_built():
         HFLogitsProcessor({"kind": "ban_tokens", "token_ids": [50]}, vocab_size=10)
     with pytest.raises(ValueError):
         HFLogitsProcessor()
+    # generate() hands processors no mask: refused here, not at the first step.
+    with pytest.raises(SpecError, match=r"\[1\]\.kind.*'bitmask'"):
+        HFLogitsProcessor([{"kind": "temperature", "temperature": 0.5}, {"kind": "bitmask"}])
+    with pytest.raises(SpecError, match=r"kind.*'bitmask'"):
+        HFLogitsProcessor('{"kind": "bitmask"}')
 
 
 def test_declares_no_continuous_batching():

@@ -174,6 +174,16 @@ def test_batched_processor_one_call_for_all_requests():
     assert reqs[1]["out"][0][:2] != [3, 4]
 
 
+def test_bitmask_specs_are_refused_when_given():
+    """TensorRT-LLM hands its processors no mask: refused naming the field when the processor
+    is built or the request registered, not at every step after."""
+    with pytest.raises(lp.SpecError, match=r"\[0\]\.kind.*'bitmask'"):
+        TRTLLMLogitsProcessor([{"kind": "bitmask"}], prompt_len=3)
+    batched = TRTLLMBatchedLogitsProcessor(vocab_size=V)
+    with pytest.raises(lp.SpecError, match=r"\[1\]\.kind.*'bitmask'.*TensorRT-LLM gives none"):
+        batched.register(7, [{"kind": "temperature", "temperature": 0.5}, {"kind": "bitmask"}])
+
+
 def test_batched_pytorch_backend_finds_specs_by_request_id(caplog):
     """The PyTorch backend: rows [beam, 1, vocab], client ids None. Specs registered by request
     id are found; specs registered by a client id are not, and a warning says so once."""

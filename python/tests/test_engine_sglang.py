@@ -120,7 +120,7 @@ def test_payload_is_data_only():
     with pytest.raises(ValueError, match="kind"):
         adapter.activate({}, [{"kind": "nope"}])
     # SGLang gives no mask: every step would fail.
-    with pytest.raises(lp.SpecError, match="SGLang has no way to be given one"):
+    with pytest.raises(lp.SpecError, match="SGLang gives none"):
         adapter.activate({}, [{"kind": "bitmask"}])
 
 

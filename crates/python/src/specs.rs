@@ -137,8 +137,9 @@ pub(crate) fn refuse_caller_mask(entries: &[(String, Entry)], holder: &str) -> P
             return Err(to_py(logits_processing::Error::InvalidSpec {
                 field,
                 message: format!(
-                    "a '{}' step applies the caller's mask given each step to \
-                     Batch.apply(bitmask=...); {holder} has no way to be given one",
+                    "a '{}' step takes its mask from the caller each step \
+                     (Batch.apply(bitmask=...)), and {holder} gives none; constrain the output \
+                     with a 'grammar' spec instead",
                     spec.kind()
                 ),
             }));

@@ -93,7 +93,7 @@ def decode_specs(payload: Any) -> Any:
     )
 
 
-def no_caller_mask(specs: Any, engine: str) -> Any:
+def no_caller_mask(specs: Any, engine: str = "this engine") -> Any:
     """``specs``, refused (``SpecError`` naming the spec's ``kind``) when one of them takes the
     caller's mask each step (``{"kind": "bitmask"}``): ``engine`` gives none, and every step of
     its batch would fail. A ``grammar`` spec constrains the output instead."""
@@ -403,7 +403,7 @@ class KeyedBatch:
                         specs = with_position(specs, self.position)
                     elif isinstance(specs, (str, bytes)):
                         specs = decode_specs(specs)
-                    self.batch.add(i, specs, prompt_len=prompt_len)
+                    self.batch.add(i, no_caller_mask(specs), prompt_len=prompt_len)
                 except Exception as e:  # noqa: BLE001 - one bad request must not stop the step
                     self.failed[key] = str(e)
                     refused.append(key)
