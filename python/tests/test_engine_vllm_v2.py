@@ -114,7 +114,7 @@ def test_each_runner_builds_its_own_processor_once():
         ([{"kind": "nope"}], "kind"),
         ([{"kind": "temperature", "temperature": -1}], "temperature"),
         ("not json", "spec"),
-        ([{"kind": "temperature", "temperature": 0.5}, {"kind": "bitmask"}], "[1].kind: 'bitmask'"),
+        ([{"kind": "temperature", "temperature": 0.5}, {"kind": "bitmask"}], "[1].kind`: a 'bitmask'"),
     ],
 )
 def test_the_v2_validator_refuses_bad_specs_naming_the_field(specs, field):
