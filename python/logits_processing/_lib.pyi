@@ -183,6 +183,8 @@ class Batch:
                 (the message says so). ``KeyboardInterrupt``, ``SystemExit`` and other exceptions
                 that are not an ``Exception`` propagate unchanged, after the step is taken back.
         """
+    def discard(self, ticket: int) -> bool:
+        """Drops the request parked under ``ticket``. Returns whether there was one."""
     def failure(self, row: int) -> Optional[str]:
         """Why the request at `row` stopped being constrained as asked, or None: a grammar that
         rejected a token the engine chose (another processor forced it, or the mask was not
@@ -200,12 +202,28 @@ class Batch:
     @property
     def occupied(self) -> int:
         """How many rows hold a request."""
+    def park(self, row: int) -> Optional[int]:
+        """Sets the request at ``row`` aside, state and all, leaving the row empty; returns a ticket
+        for :meth:`unpark`, or None when the row is empty. For engines whose calls leave out
+        requests that still run (SGLang samples a prefill of joining requests alone): what the
+        ids cannot rebuild (mirostat's ``mu``, ``max_time``'s clock) survives the call.
+        """
+    @property
+    def parked(self) -> int:
+        """How many requests are parked."""
     def remove(self, row: int) -> bool:
         """Takes the request at `row` out of the batch. Returns whether there was one."""
     def rows(self) -> list[int]:
         """The rows that hold a request, in order."""
     def swap(self, a: int, b: int) -> None:
         """Swaps the requests at rows `a` and `b` (either may be empty)."""
+    def unpark(self, ticket: int, row: int) -> None:
+        """Puts the request parked under ``ticket`` back at ``row``; the request that was at
+        ``row``, if any, is dropped.
+
+        Raises:
+            InvalidArgumentError: no request is parked under ``ticket`` (nothing changes).
+        """
     @property
     def vocab_size(self) -> int:
         """Logits per row."""

@@ -279,14 +279,15 @@ def requests(tok) -> Dict[str, Request]:
             True,
             "plain",
         ),
-        # The zoo's kinds that weigh the model's own picks. (prevent_hallucination is not among
-        # them: its count of unsure steps cannot be rebuilt from the ids, and SGLang's store
-        # rebuilds a request that a call leaves out; docs/engines/sglang.md, Limitations.)
+        # The zoo's kinds that weigh the model's own picks; prevent_hallucination's count of
+        # unsure steps is not in the ids, so it holds only if a request left out of a call
+        # (SGLang's prefill of joining requests) keeps its state.
         "zoo_on_model": Request(
             other,
             [
                 {"kind": "cite_from_prompt", "boost_factor": 1.0, "eos_token_id": eos},
                 {"kind": "gen_length", "boost_factor": 0.05, "p": 2, "boost_token": eos},
+                {"kind": "prevent_hallucination", "minp": 0.4, "tolerate": 3, "phrase": forced},
             ],
             24,
             False,

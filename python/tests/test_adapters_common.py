@@ -148,6 +148,32 @@ def test_keyed_batch_follows_any_order_of_requests():
                 outputs[r[0]].append(int(logits[i].argmax()))
 
 
+def test_keyed_batch_parks_a_request_that_still_runs_and_drops_one_that_stopped():
+    """A request absent from a call is parked when ``running`` says it still runs: its state is
+    kept (a forced sequence counting calls goes on where it was), and it is dropped once it stops
+    or its handle is gone."""
+    V = 11
+    running = {"a": True, "b": True}
+    keyed = common.KeyedBatch(common.EngineContext(), running=lambda handle: running[handle])
+    forced = [{"kind": "forced_sequence", "token_ids": [4, 5, 6], "eos_token_id": 0}]  # counts calls
+
+    def call(*keys):
+        logits = torch.zeros(len(keys), V)
+        keyed.apply(logits, [(k, forced, 1, [1], k) for k in keys])
+        return [int(row.argmax()) for row in logits]
+
+    assert call("a", "b") == [4, 4]
+    assert call("b") == [5]  # "a" left out while it runs
+    assert "a" in keyed and keyed.parked.keys() == {"a"} and keyed.batch.parked == 1
+    assert call("b", "a") == [6, 5]  # "a" goes on where it was, at its new row
+    running["a"] = False
+    assert call("b") == [0]
+    assert "a" not in keyed and keyed.batch.parked == 0
+    del running["b"]  # a handle the engine no longer knows: stopped
+    assert call("a") == [4]  # rebuilt: counting calls, it starts again
+    assert "b" not in keyed and len(keyed) == 1
+
+
 @pytest.mark.parametrize(
     "make",
     [

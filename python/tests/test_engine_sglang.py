@@ -99,7 +99,7 @@ def oracle(specs, prompt_len):
 
 @pytest.fixture(autouse=True)
 def fresh_store():
-    adapter.STORE.__init__(EngineContext(), position="tokens")
+    adapter.STORE.__init__(EngineContext(), position="tokens", running=adapter._running)
     yield
 
 
@@ -220,10 +220,42 @@ def test_a_request_that_leaves_and_comes_back_continues_from_its_tokens():
     step([r, other], torch.randn(2, V))
     step([r, other], torch.randn(2, V))
     step([other], torch.randn(1, V))  # e.g. a prefill-only step, or r retracted
-    assert "x" not in adapter.STORE
+    assert "x" in adapter.STORE.parked
+    adapter.STORE.__init__(EngineContext(), position="tokens", running=adapter._running)  # lost
     step([other, r], torch.randn(2, V))
     step([r], torch.randn(1, V))
     assert list(r.output_ids) == [30, 31, 32, 33]
+
+
+def test_a_running_request_left_out_of_calls_keeps_what_its_ids_cannot_rebuild():
+    """SGLang samples the prefill of joining requests without the running ones. A running
+    request's state that is not in its ids (mirostat's mu, prevent_hallucination's count of
+    unsure steps) survives those calls: each row gets what its pipeline alone gives it."""
+    torch.manual_seed(1)
+    kinds = [
+        [{"kind": "mirostat", "version": 2, "tau": 3.0, "eta": 0.5}],
+        [{"kind": "prevent_hallucination", "minp": 0.9, "tolerate": 2, "phrase": [40, 41]}],
+        [{"kind": "adaptive_p", "target": 0.3}],
+    ]
+    reqs = [make_req(f"s{i}", [1, 2, 3], kinds[i], max_new_tokens=40) for i in range(3)]
+    oracles = {r.rid: oracle(kinds[i], 3) for i, r in enumerate(reqs)}
+    for n in range(24):
+        batch = [r for r in reqs if not r.finished()]
+        if n % 3 == 2:  # the prefill of a joining request, alone
+            joining = make_req(f"j{n}", [4, 5], [{"kind": "temperature", "temperature": 0.7}], max_new_tokens=1)
+            step([joining], torch.randn(1, V))
+            assert len(adapter.STORE.parked) == len(batch)
+        logits = torch.randn(len(batch), V) * 3
+        expected = logits.clone()
+        for i, r in enumerate(batch):
+            oracles[r.rid].apply(expected[i : i + 1], [list(r.origin_input_ids) + list(r.output_ids)])
+        step(batch, logits)
+        assert torch.equal(logits, expected)
+    # Finished requests are dropped at the next call, parked or not.
+    for r in reqs:
+        r.finished_reason = Finished("abort")
+    step([make_req("last", [1], [{"kind": "temperature", "temperature": 0.7}])], torch.randn(1, V))
+    assert len(adapter.STORE) == 1 and adapter.STORE.batch.parked == 0
 
 
 def test_a_migrated_request_continues_given_its_original_prompt_length():

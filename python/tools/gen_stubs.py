@@ -52,6 +52,7 @@ TYPES = {
     "context": '"EngineContext"',
     "grammar": 'Union["GrammarEnv", bool]',
     "text": "str",
+    "ticket": "int",
     "hello_world": "Tuple[Sequence[int], int]",
     "Batch.apply.input_ids": "Sequence[Optional[InputIds]]",
     "bitmask": "Any",
@@ -86,6 +87,8 @@ TYPES = {
 RETURNS = {
     "Batch.failure": "Optional[str]",
     "Batch.remove": "bool",
+    "Batch.discard": "bool",
+    "Batch.park": "Optional[int]",
     "Batch.rows": "list[int]",
     "build_info": "dict[str, Any]",
     "ForcedSequenceLogitsProcessor.__getnewargs_ex__": "Tuple[tuple, dict]",
@@ -107,6 +110,7 @@ RETURNS = {
 # Properties: their type, and the type they can be assigned (None: read-only).
 PROPERTIES = {
     "Batch.occupied": ("int", None),
+    "Batch.parked": ("int", None),
     "Batch.vocab_size": ("int", None),
     "GrammarEnv.eos_token_id": ("int", None),
     "GrammarEnv.eos_token_ids": ("list[int]", None),

@@ -1,7 +1,7 @@
 //! The engine-facing object: one pipeline per row of a `[rows, vocab]` block, edited in one call.
 
 use rayon::prelude::*;
-use std::collections::BTreeMap;
+use std::collections::{BTreeMap, HashMap};
 
 use crate::error::{Error, Result};
 use crate::history::TokenHistory;
@@ -112,6 +112,9 @@ impl BatchLayout {
 pub struct Batch {
     vocab_size: usize,
     rows: BTreeMap<usize, Pipeline>,
+    /// Requests set aside by [`Batch::park`], by ticket.
+    parked: HashMap<u64, Pipeline>,
+    next_ticket: u64,
     eos_token_ids: Vec<u32>,
 }
 
@@ -120,6 +123,8 @@ impl Batch {
         Self {
             vocab_size,
             rows: BTreeMap::new(),
+            parked: HashMap::new(),
+            next_ticket: 0,
             eos_token_ids: vec![],
         }
     }
@@ -180,6 +185,41 @@ impl Batch {
             Some(pipeline) => self.rows.insert(to, pipeline),
             None => self.rows.remove(&to),
         }
+    }
+
+    /// Sets the request at `row` aside with all its state, leaving the row empty, and returns a
+    /// ticket for [`Batch::unpark`] (None when the row is empty). For engines whose calls leave
+    /// out requests that are still running (SGLang samples a prefill of joining requests without
+    /// the running ones): state that the ids cannot rebuild (mirostat's `mu`, a clock, a moving
+    /// average) then survives the call.
+    pub fn park(&mut self, row: usize) -> Option<u64> {
+        let pipeline = self.rows.remove(&row)?;
+        self.next_ticket += 1;
+        self.parked.insert(self.next_ticket, pipeline);
+        Some(self.next_ticket)
+    }
+
+    /// Puts the request parked under `ticket` back at `row`, returning what was there; an unknown
+    /// ticket is an [`Error::InvalidArgument`] naming `ticket`, and changes nothing.
+    pub fn unpark(&mut self, ticket: u64, row: usize) -> Result<Option<Pipeline>> {
+        let pipeline = self
+            .parked
+            .remove(&ticket)
+            .ok_or_else(|| Error::InvalidArgument {
+                field: "ticket".into(),
+                message: format!("no request is parked under ticket {ticket}"),
+            })?;
+        Ok(self.rows.insert(row, pipeline))
+    }
+
+    /// Drops the request parked under `ticket`, returning it.
+    pub fn discard(&mut self, ticket: u64) -> Option<Pipeline> {
+        self.parked.remove(&ticket)
+    }
+
+    /// How many requests are parked.
+    pub fn parked(&self) -> usize {
+        self.parked.len()
     }
 
     /// Swaps the requests at `a` and `b`.
@@ -718,6 +758,40 @@ mod tests {
         assert_eq!(batch.occupied(), 1);
         assert!(batch.remove(1).is_some());
         assert_eq!(batch.occupied(), 0);
+    }
+
+    #[test]
+    fn a_parked_request_keeps_its_state_outside_the_block() {
+        let forced = |logits: &[f32]| -> Vec<usize> {
+            (0..VOCAB).filter(|&i| logits[i].is_finite()).collect()
+        };
+        let ids: [&dyn TokenHistory; 1] = [&[0u32; 0]];
+        let one_row = BatchLayout::contiguous(1, VOCAB);
+        let mut batch = Batch::new(VOCAB);
+        batch.add(0, pipeline_of(1, 3)).unwrap(); // forces 3, then 5
+        let mut logits = vec![1.0f32; VOCAB];
+        batch.apply(&mut logits, one_row, &ids).unwrap();
+        assert_eq!(forced(&logits), [3]);
+
+        let ticket = batch.park(0).unwrap();
+        assert!(batch.park(0).is_none());
+        assert_eq!((batch.occupied(), batch.parked()), (0, 1));
+        // Steps without it neither edit nor advance it.
+        let mut logits = vec![1.0f32; VOCAB];
+        batch.apply(&mut logits, one_row, &ids).unwrap();
+        assert!(logits.iter().all(|&x| x == 1.0));
+        assert!(matches!(
+            batch.unpark(ticket + 1, 0),
+            Err(Error::InvalidArgument { ref field, .. }) if field == "ticket"
+        ));
+        assert!(batch.unpark(ticket, 0).unwrap().is_none());
+        assert_eq!((batch.occupied(), batch.parked()), (1, 0));
+        batch.apply(&mut logits, one_row, &ids).unwrap();
+        assert_eq!(forced(&logits), [5]);
+
+        let ticket = batch.park(0).unwrap();
+        assert!(batch.discard(ticket).is_some() && batch.discard(ticket).is_none());
+        assert_eq!((batch.occupied(), batch.parked()), (0, 0));
     }
 
     #[test]

@@ -296,6 +296,50 @@ impl PyBatch {
         Ok(())
     }
 
+    /// Sets the request at ``row`` aside, state and all, leaving the row empty; returns a ticket
+    /// for :meth:`unpark`, or None when the row is empty. For engines whose calls leave out
+    /// requests that still run (SGLang samples a prefill of joining requests alone): what the
+    /// ids cannot rebuild (mirostat's ``mu``, ``max_time``'s clock) survives the call.
+    fn park(&self, py: Python<'_>, row: &Bound<'_, PyAny>) -> PyResult<Option<u64>> {
+        let row = args::index(row, "row")?;
+        Ok(self.lock(py)?.batch().park(row))
+    }
+
+    /// Puts the request parked under ``ticket`` back at ``row``; the request that was at
+    /// ``row``, if any, is dropped.
+    ///
+    /// Raises:
+    ///     InvalidArgumentError: no request is parked under ``ticket`` (nothing changes).
+    fn unpark(
+        &self,
+        py: Python<'_>,
+        ticket: &Bound<'_, PyAny>,
+        row: &Bound<'_, PyAny>,
+    ) -> PyResult<()> {
+        let ticket = args::index(ticket, "ticket")? as u64;
+        let row = args::index(row, "row")?;
+        let mut this = self.lock(py)?;
+        let dropped = this.batch().unpark(ticket, row).py()?;
+        this.forget(dropped);
+        Ok(())
+    }
+
+    /// Drops the request parked under ``ticket``. Returns whether there was one.
+    fn discard(&self, py: Python<'_>, ticket: &Bound<'_, PyAny>) -> PyResult<bool> {
+        let ticket = args::index(ticket, "ticket")? as u64;
+        let mut this = self.lock(py)?;
+        let dropped = this.batch().discard(ticket);
+        let had = dropped.is_some();
+        this.forget(dropped);
+        Ok(had)
+    }
+
+    /// How many requests are parked.
+    #[getter]
+    fn parked(&self, py: Python<'_>) -> PyResult<usize> {
+        Ok(self.lock(py)?.batch().parked())
+    }
+
     /// Swaps the requests at rows `a` and `b` (either may be empty).
     fn swap(&self, py: Python<'_>, a: &Bound<'_, PyAny>, b: &Bound<'_, PyAny>) -> PyResult<()> {
         let (a, b) = (args::index(a, "a")?, args::index(b, "b")?);

@@ -9,7 +9,7 @@ from __future__ import annotations
 import json
 import logging
 import weakref
-from typing import Any, Mapping, Optional, Sequence, Tuple
+from typing import Any, Callable, Mapping, Optional, Sequence, Tuple
 
 from .. import _lib
 
@@ -331,36 +331,58 @@ class KeyedBatch:
     a key (SGLang's request id, TRT-LLM's request id and beam) rather than telling us when rows
     are added, moved or removed (as vLLM does).
 
-    It holds exactly the requests of the latest call, each at its row in that call: a request
-    absent from a call is dropped (so memory is bounded by the batch size however many requests
-    pass), a present one is swapped into its new row (no data moves), a new one is built from its
-    specs. A request that comes back after being dropped is rebuilt; pass
-    ``position="tokens"`` so its forced sequences pick up from its token ids.
+    It holds the requests of the latest call, each at its row in that call: a present one is
+    swapped into its new row (no data moves), a new one is built from its specs. A request absent
+    from a call is dropped, so memory is bounded by the batch size however many requests pass;
+    unless ``running(handle)`` says it still runs (the engine sampled other requests without it):
+    then it is parked, state and all, until it comes back or stops running. A request that comes
+    back after being dropped is rebuilt; pass ``position="tokens"`` so its forced sequences pick
+    up from its token ids.
     """
 
-    def __init__(self, context: EngineContext, *, position: Optional[str] = None) -> None:
+    def __init__(
+        self,
+        context: EngineContext,
+        *,
+        position: Optional[str] = None,
+        running: Optional[Callable[[Any], bool]] = None,
+    ) -> None:
         self.context = context
         self.position = position
+        self.running = running
         self.batch = None
         self.rows: list = []  # batch row -> key
         self.where: dict = {}  # key -> batch row
+        self.parked: dict = {}  # key -> ticket of a request absent from the latest call
+        self.handles: dict = {}  # key -> the engine's handle, for ``running``
         self.failed: dict = {}  # key -> why its specs were refused (kept while it stays)
 
     def __len__(self) -> int:
-        return len(self.where)
+        return len(self.where) + len(self.parked)
 
     def __contains__(self, key: Any) -> bool:
-        return key in self.where
+        return key in self.where or key in self.parked
+
+    def _still_running(self, key: Any) -> bool:
+        handle = self.handles.get(key)
+        if self.running is None or handle is None:
+            return False
+        try:
+            return bool(self.running(handle))
+        except Exception:  # noqa: BLE001 - a handle gone stale is a request that stopped
+            return False
 
     def apply(self, logits: Any, requests: Sequence[Optional[tuple]]) -> list:
         """Edits ``logits`` (``[len(requests), vocab]``) in one call. ``requests[i]`` is None
-        for a row to leave alone, else ``(key, specs, prompt_len, history)``; ``specs`` may be a
-        callable returning them (only called for a request not held yet). Returns the keys whose
-        specs were refused in this call (each logged once, its row left as it was)."""
+        for a row to leave alone, else ``(key, specs, prompt_len, history)`` or ``(key, specs,
+        prompt_len, history, handle)``, the handle being what ``running`` is asked about when the
+        key is absent from a later call; ``specs`` may be a callable returning them (only called
+        for a request not held yet). Returns the keys whose specs were refused in this call (each
+        logged once, its row left as it was)."""
         vocab = logits.shape[-1]
         if self.batch is None or self.batch.vocab_size != vocab:
             self.batch = self.context.batch(self.context.vocab_size or vocab)
-            self.rows, self.where = [], {}
+            self.rows, self.where, self.parked, self.handles = [], {}, {}, {}
         order: list = []
         present: dict = {}
         for i, r in enumerate(requests):
@@ -372,7 +394,14 @@ class KeyedBatch:
             order.append(key)
         requests = [r if k is not None else None for r, k in zip(requests, order)]
         for key in [k for k in self.where if k not in present]:
-            self.batch.remove(self.where.pop(key))
+            row = self.where.pop(key)
+            if self._still_running(key):
+                self.parked[key] = self.batch.park(row)
+            else:
+                self.batch.remove(row)
+        for key in [k for k in self.parked if k not in present and not self._still_running(k)]:
+            self.batch.discard(self.parked.pop(key))
+        self.handles = {k: h for k, h in self.handles.items() if k in present or k in self.parked}
         self.failed = {k: why for k, why in self.failed.items() if k in present}
         self.rows = [k if k in self.where else None for k in self.rows]
         if len(self.rows) < len(order):
@@ -388,12 +417,18 @@ class KeyedBatch:
             if other is not None:
                 self.where[other] = j
         del self.rows[len(order) :]
+        for i, key in enumerate(order):
+            if key in self.parked:  # its row is empty: every held request sits at its own row
+                self.batch.unpark(self.parked.pop(key), i)
+                self.rows[i], self.where[key] = key, i
         histories: list = [None] * len(order)
         refused = []
         for i, request in enumerate(requests):
             if request is None:
                 continue
-            key, specs, prompt_len, history = request
+            key, specs, prompt_len, history = request[:4]
+            if len(request) > 4:
+                self.handles[key] = request[4]
             if key not in self.where:
                 if key in self.failed:
                     continue

@@ -17,12 +17,14 @@ What crosses from the client to the scheduler:
   (module and name, no code object); the scheduler imports it from the installed package.
 
 State: SGLang builds a new processor instance whenever it rebuilds a batch, so state lives in one
-store per scheduler process, keyed by request id. The store holds exactly the requests of the
-latest call, each at the row it had in that call, so its memory is bounded by the batch size
-however many requests pass; a request that leaves (finished, aborted, retracted) is dropped, and
-rebuilt from its token ids (``origin_input_ids`` + ``output_ids``) if it comes back. That is why
-forced sequences here always count generated tokens (``position: "tokens"``): the same as counting
-calls in a plain run, and still right after a rebuild, a chunked prefill or a retraction.
+store per scheduler process, keyed by request id. The store holds the requests of the latest call,
+each at the row it had in that call. A request absent from a call that has not finished (SGLang
+samples a prefill of joining requests without the running ones; a retracted request waits) is
+parked with its state: mirostat's ``mu``, ``max_time``'s clock and the like survive. One that
+finished or was aborted is dropped, so memory is bounded by the requests SGLang holds; it is
+rebuilt from its token ids (``origin_input_ids`` + ``output_ids``) if it ever comes back. Forced
+sequences here always count generated tokens (``position: "tokens"``): the same as counting calls
+in a plain run, and still right after a rebuild, a chunked prefill or a retraction.
 
 Overlap scheduling (SGLang's default) samples a step before the previous step's token reaches
 ``req.output_ids``; that token is read from the forward pass being sampled (:func:`in_flight`),
@@ -94,7 +96,7 @@ def requests_of(
     history_lags: bool = False,
 ) -> List[Optional[tuple]]:
     """The rows of one call, as ``KeyedBatch`` takes them: ``(request id, specs, prompt length,
-    token ids so far)``, or None for a row without specs (or one finished here with an error).
+    token ids so far, Req)``, or None for a row without specs (or one finished here with an error).
 
     ``tails[i]``, when given, is what the forward pass of this step says about row ``i``:
     ``(sequence length, its last input id)`` (see :func:`in_flight`). A request whose history is
@@ -159,8 +161,13 @@ def requests_of(
                 rows.append(None)
                 continue
             history = _history(req, None)
-        rows.append((rid, payload, prompt_len, history))
+        rows.append((rid, payload, prompt_len, history, req))
     return rows
+
+
+def _running(req: Any) -> bool:
+    """Whether SGLang still runs ``req`` (a weak proxy: one gone raises, and is not running)."""
+    return not req.finished()
 
 
 _warned_duplicates = False
@@ -318,7 +325,7 @@ def finish_with_error(req: Any, message: str, *, row: Optional[int] = None) -> N
 
 #: The state of this process (SGLang's scheduler is one thread per process): the requests of the
 #: latest call, each at its row.
-STORE = KeyedBatch(EngineContext(), position="tokens")
+STORE = KeyedBatch(EngineContext(), position="tokens", running=_running)
 
 
 def use_tokenizer(tokenizer: Any) -> None:
