@@ -394,11 +394,7 @@ class KeyedBatch:
             order.append(key)
         requests = [r if k is not None else None for r, k in zip(requests, order)]
         for key in [k for k in self.where if k not in present]:
-            row = self.where.pop(key)
-            if self._still_running(key):
-                self.parked[key] = self.batch.park(row)
-            else:
-                self.batch.remove(row)
+            self.parked[key] = self.batch.park(self.where.pop(key))
         for key in [k for k in self.parked if k not in present and not self._still_running(k)]:
             self.batch.discard(self.parked.pop(key))
         self.handles = {k: h for k, h in self.handles.items() if k in present or k in self.parked}
