@@ -35,14 +35,11 @@
 # the rest of python/tests.
 #
 # The engine venvs are cached (scripts/engine-venv.sh) and rebuilt only when their requirement
-# files change. What the SGLang venv adds to a cold run, an estimate from the cached venv's file
-# times and size (no cold run was timed): its requirements installed in 54 s with uv (whose
-# download cache may already have held some of the wheels; downloading ~10 GB takes longer on a
-# slow link), then python/nodeps-sglang.txt without dependencies (not timed), this checkout's
-# wheel (a release build: 2-4 minutes with a cold cargo target directory, less with a warm
-# one), ~10 GB of disk. Its tests then took 6 minutes, and the whole command (all three engines
-# and the conformance check, venvs cached) 19 minutes, on this 2-core machine under a load of
-# about 6.
+# files change. What the SGLang venv adds to a cold run, measured on this 2-core machine with
+# an empty ~/.cache (2026-12-01): 22 s to create and install with uv, after the vLLM venv (2 min
+# 7 s with this checkout's release wheel build) had filled uv's cache with torch and its CUDA
+# libraries; 10 GB of disk. Its tests then took 4 min 46 s (99 tests, both real engines). This
+# whole command, every venv cold, took 24 minutes; the whole test command cold about an hour.
 set -euo pipefail
 root="$(cd "$(dirname "${BASH_SOURCE[0]}")/.." && pwd)"
 engines=("${@:-vllm sglang dynamo}")

@@ -26,7 +26,7 @@ cargo test -p logits-processing-cuda --test nvrtc -- --ignored kernel_source_com
 LOGITS_PROCESSING_NVRTC="$(nvrtc_13_0)" \
   cargo test -p logits-processing-cuda --test nvrtc -- --ignored checked_in_ptx_is_nvrtc_13_0_output
 
-echo "== llama.cpp's library, the samplers' reference (scripts/llamacpp.sh: built once, ~15 min on 2 cores)"
+echo "== llama.cpp's library, the samplers' reference (scripts/llamacpp.sh: built once, 2.5 min on 2 cores)"
 LLAMACPP_LIB="$(JOBS="${JOBS:-2}" scripts/llamacpp.sh)"
 export LLAMACPP_LIB
 
