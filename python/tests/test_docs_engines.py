@@ -8,13 +8,13 @@ from __future__ import annotations
 
 import importlib.util
 import os
-import signal
 import subprocess
 import sys
 from pathlib import Path
 
 import pytest
 from doc_blocks import all_blocks
+from sessions import run_in_own_session
 
 ENGINE_MODULES = {"vllm": "vllm", "sglang": "sglang"}
 BLOCKS = [b for b in all_blocks() if b.engine is not None and b.no_run is None]
@@ -23,19 +23,7 @@ MAKE_MODEL = Path(__file__).with_name("vllm_real_engine.py")
 
 
 def _run(args: list[str], env: dict, cwd: Path) -> subprocess.CompletedProcess:
-    """In a session of its own, ended afterwards: an engine process that outlives the script (a
-    failure, a timeout) must not keep a CPU busy."""
-    proc = subprocess.Popen(args, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True,
-                            env=env, cwd=cwd, start_new_session=True)
-    try:
-        out, err = proc.communicate(timeout=TIMEOUT)
-    finally:
-        try:
-            os.killpg(proc.pid, signal.SIGKILL)
-        except ProcessLookupError:
-            pass
-        proc.wait()
-    return subprocess.CompletedProcess(args, proc.returncode, out, err)
+    return run_in_own_session(args, TIMEOUT, env=env, cwd=cwd)
 
 
 @pytest.fixture(scope="module")

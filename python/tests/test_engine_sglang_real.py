@@ -13,12 +13,12 @@ from __future__ import annotations
 
 import json
 import os
-import signal
 import subprocess
 import sys
 from pathlib import Path
 
 import pytest
+from sessions import run_in_own_session
 
 pytest.importorskip("torch")
 pytest.importorskip("sglang.srt.entrypoints.engine")
@@ -32,24 +32,9 @@ TIMEOUT = int(os.environ.get("LOGITS_PROCESSING_SGLANG_TIMEOUT", "900"))
 
 
 def _run(script: Path, *args: str) -> subprocess.CompletedProcess:
-    """The runner in a session of its own, ended afterwards with everything it started (SGLang's
-    scheduler and detokenizer processes)."""
-    proc = subprocess.Popen(
-        [sys.executable, str(script), *args],
-        stdout=subprocess.PIPE,
-        stderr=subprocess.PIPE,
-        text=True,
-        start_new_session=True,
-    )
-    try:
-        out, err = proc.communicate(timeout=TIMEOUT)
-    finally:
-        try:
-            os.killpg(proc.pid, signal.SIGKILL)
-        except ProcessLookupError:
-            pass
-        proc.wait()
-    return subprocess.CompletedProcess(proc.args, proc.returncode, out, err)
+    """The runner, ended afterwards with everything it started (SGLang's scheduler and
+    detokenizer processes)."""
+    return run_in_own_session([sys.executable, str(script), *args], TIMEOUT)
 
 
 @pytest.fixture(scope="module")

@@ -15,12 +15,12 @@ from __future__ import annotations
 import importlib.metadata
 import json
 import os
-import signal
 import subprocess
 import sys
 from pathlib import Path
 
 import pytest
+from sessions import run_in_own_session
 
 pytest.importorskip("torch")
 pytest.importorskip("vllm.v1.sample.logits_processor")
@@ -40,25 +40,10 @@ except importlib.metadata.PackageNotFoundError:
 
 
 def _run(*args: str) -> subprocess.CompletedProcess:
-    """The runner in a session of its own, and the whole session ended afterwards: an engine core
-    or worker that outlives its frontend (a failure, a timeout) must not keep a CPU busy."""
-    proc = subprocess.Popen(
-        [sys.executable, str(RUNNER), *args],
-        stdout=subprocess.PIPE,
-        stderr=subprocess.PIPE,
-        text=True,
-        env={**os.environ, "VLLM_CPU_KVCACHE_SPACE": "1"},
-        start_new_session=True,
+    """The runner, ended afterwards with every engine core or worker it started."""
+    return run_in_own_session(
+        [sys.executable, str(RUNNER), *args], TIMEOUT, env={**os.environ, "VLLM_CPU_KVCACHE_SPACE": "1"}
     )
-    try:
-        out, err = proc.communicate(timeout=TIMEOUT)
-    finally:
-        try:
-            os.killpg(proc.pid, signal.SIGKILL)
-        except ProcessLookupError:
-            pass
-        proc.wait()
-    return subprocess.CompletedProcess(proc.args, proc.returncode, out, err)
 
 
 @pytest.fixture(scope="module")
