@@ -33,6 +33,17 @@ enum Move {
     Replace(Vec<u32>),
 }
 
+impl Move {
+    /// The history after this move (a step taken back leaves the ids as they were).
+    fn apply(&self, ids: &mut Vec<u32>) {
+        match self {
+            Move::Extend(new) | Move::Undone(new) => ids.extend(new),
+            Move::Rewind(n) => ids.truncate(ids.len().saturating_sub(*n)),
+            Move::Replace(new) => ids.clone_from(new),
+        }
+    }
+}
+
 fn moves() -> impl Strategy<Value = Vec<Move>> {
     // Ids 12 and 13 are outside the vocab: processors that read history ids must skip them.
     let ids = || {
@@ -65,17 +76,12 @@ fn plans_as_if_fresh(
     let mut ids: Vec<u32> = (0..prompt_len as u32).map(|i| i % 5).collect();
     let (mut got, mut want) = (RowPlan::new(), RowPlan::new());
     for step in moves {
-        match step {
-            Move::Extend(new) => ids.extend(new),
-            Move::Undone(new) => {
-                got.clear();
-                running.plan(&ids, &mut got).unwrap();
-                running.undo();
-                ids.extend(new);
-            }
-            Move::Rewind(n) => ids.truncate(ids.len().saturating_sub(*n)),
-            Move::Replace(new) => ids.clone_from(new),
+        if let Move::Undone(_) = step {
+            got.clear();
+            running.plan(&ids, &mut got).unwrap();
+            running.undo();
         }
+        step.apply(&mut ids);
         got.clear();
         want.clear();
         running.plan(&ids, &mut got).unwrap();
@@ -717,11 +723,7 @@ proptest! {
         let mut ids: Vec<u32> = (0..prompt_len as u32).collect();
         let (mut got, mut want) = (RowPlan::new(), RowPlan::new());
         for step in &moves {
-            match step {
-                Move::Extend(new) | Move::Undone(new) => ids.extend(new),
-                Move::Rewind(n) => ids.truncate(ids.len().saturating_sub(*n)),
-                Move::Replace(new) => ids.clone_from(new),
-            }
+            step.apply(&mut ids);
             got.clear();
             want.clear();
             running.plan(&ids, &mut got).unwrap();
@@ -748,11 +750,7 @@ proptest! {
         let mut ids: Vec<u32> = (0..prompt_len as u32).map(|i| i % 5).collect();
         let (mut got, mut want) = (RowPlan::new(), RowPlan::new());
         for step in &moves {
-            match step {
-                Move::Extend(new) | Move::Undone(new) => ids.extend(new),
-                Move::Rewind(n) => ids.truncate(ids.len().saturating_sub(*n)),
-                Move::Replace(new) => ids.clone_from(new),
-            }
+            step.apply(&mut ids);
             got.clear();
             want.clear();
             at_len.plan(&ids, &mut got).unwrap();
