@@ -324,7 +324,7 @@ def finish_with_error(req: Any, message: str, *, row: Optional[int] = None) -> N
 
 
 #: The state of this process (SGLang's scheduler is one thread per process): the requests of the
-#: latest call, each at its row.
+#: latest call, each at its row, and those it left out that SGLang still runs.
 STORE = KeyedBatch(EngineContext(), position="tokens", running=_running)
 
 
