@@ -268,7 +268,8 @@ BATCH = {
     ),
 }
 MAX_TOKENS = 48
-KILL_AFTER = 6  # tokens every request of the batch has streamed when the worker is killed
+KILL_AFTER = 16  # tokens every request of the batch has streamed when the worker is killed: by then
+# the completions sent beside it are streaming too (after 6 they were at times still being routed)
 
 
 def instance_of(port: int) -> int:
