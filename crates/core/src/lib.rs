@@ -28,6 +28,7 @@ mod kernels;
 mod logit;
 mod pipeline;
 mod plan;
+mod processor;
 pub mod processors;
 mod raw;
 mod reshape;
@@ -49,11 +50,10 @@ pub use plan::{
 };
 pub use processors::{
     canonical_order, check_order, check_prompt_len, get_thinking_token_config, hello_world,
-    process_row, reads_history, register_thinking_token_config, BanTokens, ForcedSequence,
-    LogitBias, LogitsProcessor, Position, Temperature, TextEncoder, ThinkingBudget,
-    ThinkingTokenConfig,
+    process_row, register_thinking_token_config, BanTokens, ForcedSequence, LogitBias,
+    LogitsProcessor, Position, Temperature, TextEncoder, ThinkingBudget, ThinkingTokenConfig,
 };
-pub use spec::{parse_pipeline, KindSpec, ProcessorSpec, SpecContext};
+pub use spec::{parse_pipeline, reads_history, Kind, KindSpec, ProcessorSpec, SpecContext};
 
 pub use half::{bf16, f16};
 

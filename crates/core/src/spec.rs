@@ -17,6 +17,7 @@ use serde_json::{Map, Value};
 
 pub use crate::context::SpecContext;
 use crate::error::{check_token, field_at, Error, Result};
+pub use crate::processor::KindSpec;
 use crate::processors::{LogitsProcessor, KINDS};
 
 /// The largest JSON text [`parse_pipeline`] accepts, in bytes.
@@ -25,54 +26,6 @@ pub const MAX_SPEC_BYTES: usize = 1 << 20;
 pub const MAX_TOKEN_IDS: usize = 65_536;
 /// The most processors one pipeline may hold.
 pub const MAX_PIPELINE_LEN: usize = 64;
-
-/// What each kind's spec struct provides (besides serde, with unknown fields denied).
-pub trait KindSpec: std::fmt::Debug + Send + Sync + 'static {
-    /// Checks what does not depend on the engine (value ranges, list sizes). Errors name the
-    /// field relative to the spec (`"temperature"`, `"token_ids"`).
-    fn check(&self) -> Result<()> {
-        Ok(())
-    }
-
-    /// Fresh per-request state. `prompt_len` is where generated ids start in the ids the engine
-    /// will pass. Ids must be checked against `context` here, naming the field.
-    fn realize(&self, context: &SpecContext, prompt_len: usize)
-        -> Result<Box<dyn LogitsProcessor>>;
-
-    /// Checks the spec against `context` where realizing it there is not possible (a grammar
-    /// without the engine's tokenizer is compiled on its own); `None`: it is realized.
-    fn validate(&self, _context: &SpecContext) -> Option<Result<()>> {
-        None
-    }
-
-    /// The spec with what it takes from the engine made explicit (e.g. `hello_world` as the
-    /// forced sequence of the tokenizer's ids), for a worker that does not have the engine's
-    /// tokenizer. `None`: the spec is already explicit, or `context` does not know what it needs
-    /// (then the engine resolves it).
-    fn resolve(&self, _context: &SpecContext) -> Result<Option<Value>> {
-        Ok(None)
-    }
-
-    /// Makes a kind that counts its steps by calls count them by generated tokens instead
-    /// (`"position": "tokens"`), for a pipeline rebuilt from a request's ids part-way through
-    /// (a migrated or resumed request, an engine that drops and rebuilds state). Kinds without
-    /// such a choice do nothing.
-    fn position_by_tokens(&mut self) {}
-
-    /// Whether the step takes the caller's own mask each step (`Batch::fill_bitmask`), which
-    /// only a batch is given.
-    fn takes_caller_mask(&self) -> bool {
-        false
-    }
-
-    /// Whether the spec's edits depend on where the prompt ends in the ids (the `prompt_len`
-    /// given to [`KindSpec::realize`]): a grammar reads the output alone, a penalty may count
-    /// the output alone, a length kind counts new tokens. A row of such specs is refused without
-    /// an explicit `prompt_len` ([`crate::check_prompt_len`]).
-    fn needs_prompt_len(&self) -> bool {
-        false
-    }
-}
 
 /// A [`KindSpec`] that can also be written back as JSON and copied.
 trait AnySpec: KindSpec {
@@ -92,16 +45,24 @@ impl<S: KindSpec + Serialize + Clone> AnySpec for S {
 type ParseResult =
     std::result::Result<Box<dyn AnySpec>, serde_path_to_error::Error<serde_json::Error>>;
 
-/// One registered kind: its name, how its spec is read, and its JSON Schema (derived from the
-/// same struct, see [`crate::spec_schema`]).
+/// One registered kind: its name, how its spec is read, its JSON Schema (derived from the same
+/// struct, see [`crate::spec_schema`]), and what the kind is: the questions asked of a kind
+/// ([`Kind::reads_history`], [`Kind::masks`], [`Kind::truncates`], [`Kind::needs_token_texts`])
+/// are answered here, on its registry line, and a test over every registered kind holds each
+/// answer to the kind's behaviour (processors/tests.rs).
 pub struct Kind {
     pub name: &'static str,
     parse: fn(Value) -> ParseResult,
     pub(crate) schema: fn(&mut schemars::SchemaGenerator) -> schemars::Schema,
+    reads_history: bool,
+    masks: bool,
+    truncates: bool,
+    token_texts: bool,
 }
 
 impl Kind {
-    /// The kind `name`, whose spec is `S`.
+    /// The kind `name`, whose spec is `S`: it reads the history, and neither masks, truncates
+    /// nor needs token texts until said otherwise (the methods below).
     pub const fn new<S: KindSpec + Serialize + DeserializeOwned + Clone + schemars::JsonSchema>(
         name: &'static str,
     ) -> Self {
@@ -109,7 +70,67 @@ impl Kind {
             name,
             parse: parse_as::<S>,
             schema: S::json_schema,
+            reads_history: true,
+            masks: false,
+            truncates: false,
+            token_texts: false,
         }
+    }
+
+    /// The kind's edits depend on nothing a request accumulates: neither its ids nor how many
+    /// steps came before. An engine that runs ahead of its history (vLLM's Model Runner V2,
+    /// SGLang's overlap scheduler) can plan such a row without waiting for the newest sampled
+    /// token.
+    pub const fn history_free(self) -> Self {
+        Self {
+            reads_history: false,
+            ..self
+        }
+    }
+
+    /// The kind allows only some tokens, whatever their logits (allowed ids, a grammar).
+    pub const fn masking(self) -> Self {
+        Self {
+            masks: true,
+            ..self
+        }
+    }
+
+    /// The kind cuts a row by its values (top-k, top-p, ...).
+    pub const fn truncating(self) -> Self {
+        Self {
+            truncates: true,
+            ..self
+        }
+    }
+
+    /// Specs of the kind can need the engine's token texts (the decoded text of every token):
+    /// an engine that loads its tokenizer lazily loads it for them.
+    pub const fn with_token_texts(self) -> Self {
+        Self {
+            token_texts: true,
+            ..self
+        }
+    }
+
+    /// Whether specs of the kind read the request's token ids (or count its steps).
+    pub const fn reads_history(&self) -> bool {
+        self.reads_history
+    }
+
+    /// Whether the kind allows only some tokens, whatever their logits.
+    pub const fn masks(&self) -> bool {
+        self.masks
+    }
+
+    /// Whether the kind cuts a row by its values.
+    pub const fn truncates(&self) -> bool {
+        self.truncates
+    }
+
+    /// Whether specs of the kind can need the engine's token texts.
+    pub const fn needs_token_texts(&self) -> bool {
+        self.token_texts
     }
 }
 
@@ -119,7 +140,7 @@ fn parse_as<S: KindSpec + Serialize + DeserializeOwned + Clone>(value: Value) ->
 
 /// One processor, as data: a registered kind and its fields.
 pub struct ProcessorSpec {
-    kind: &'static str,
+    kind: &'static Kind,
     spec: Box<dyn AnySpec>,
     // Where the spec stood in the pipeline it was read from ("[1]"), so that errors found when it
     // is realized name the field as parse errors do.
@@ -287,7 +308,7 @@ impl ProcessorSpec {
         })?;
         spec.check().map_err(|e| e.in_spec(at))?;
         Ok(Self {
-            kind: kind.name,
+            kind,
             spec,
             at: at.to_string(),
         })
@@ -306,7 +327,7 @@ impl ProcessorSpec {
             .map_err(|e| e.in_spec(&self.at))?;
         // A backstop for a kind that forgot to check one of its ids.
         if let (Some(vocab_size), Some(token)) = (context.vocab_size, processor.max_token_id()) {
-            check_token(&field_at(&self.at, self.kind), token, vocab_size)?;
+            check_token(&field_at(&self.at, self.kind.name), token, vocab_size)?;
         }
         Ok(processor)
     }
@@ -358,7 +379,7 @@ impl ProcessorSpec {
     /// The spec as JSON, `"kind"` first.
     pub fn to_value(&self) -> Value {
         let mut object = Map::new();
-        object.insert("kind".into(), Value::String(self.kind.into()));
+        object.insert("kind".into(), Value::String(self.kind.name.into()));
         if let Value::Object(fields) = self.spec.to_value() {
             object.extend(fields);
         }
@@ -366,7 +387,33 @@ impl ProcessorSpec {
     }
 
     pub fn kind(&self) -> &'static str {
+        self.kind.name
+    }
+
+    /// The kind's registry entry: what the kind is ([`Kind::reads_history`], ...).
+    pub fn entry(&self) -> &'static Kind {
         self.kind
+    }
+
+    /// Whether the spec's kind reads the request's ids (see [`Kind::reads_history`]).
+    pub fn reads_history(&self) -> bool {
+        self.kind.reads_history
+    }
+
+    /// Whether the spec's kind allows only some tokens (see [`Kind::masks`]).
+    pub fn masks(&self) -> bool {
+        self.kind.masks
+    }
+
+    /// Whether the spec's kind cuts a row by its values (see [`Kind::truncates`]).
+    pub fn truncates(&self) -> bool {
+        self.kind.truncates
+    }
+
+    /// Whether the spec's kind can need the engine's token texts (see
+    /// [`Kind::needs_token_texts`]).
+    pub fn needs_token_texts(&self) -> bool {
+        self.kind.token_texts
     }
 
     /// Where the spec stood in the pipeline it was read from (`"[1]"`), or `""`.
@@ -378,6 +425,17 @@ impl ProcessorSpec {
 /// The names of the registered kinds, in registration order.
 pub fn kinds() -> impl Iterator<Item = &'static str> {
     KINDS.iter().map(|k| k.name)
+}
+
+/// The registry entry of the kind `name`, which says what the kind is.
+pub fn kind(name: &str) -> Option<&'static Kind> {
+    KINDS.iter().find(|k| k.name == name)
+}
+
+/// Whether a spec of `kind` reads the request's token ids (or counts its steps); see
+/// [`Kind::reads_history`]. Unknown kinds read them (the safe answer).
+pub fn reads_history(kind: &str) -> bool {
+    self::kind(kind).is_none_or(Kind::reads_history)
 }
 
 /// Checks the length of an id list against [`MAX_TOKEN_IDS`].

@@ -4,8 +4,8 @@ use proptest::prelude::*;
 use serde_json::{json, Value};
 
 use super::*;
-use crate::plan::ForcedValue;
-use crate::spec::{parse_pipeline, SpecContext};
+use crate::plan::{Edit, ForcedValue, RowPlan};
+use crate::spec::{kind, parse_pipeline, reads_history, ProcessorSpec, SpecContext};
 
 const VOCAB: u32 = 12;
 
@@ -812,10 +812,137 @@ fn a_spec_that_needs_prompt_len_is_refused_without_it() {
 
 #[test]
 fn history_free_kinds_are_kinds() {
-    assert!(HISTORY_FREE
-        .iter()
-        .all(|k| crate::spec::kinds().any(|known| known == *k)));
+    assert!(crate::spec::kinds().any(|k| !reads_history(k)));
     assert!(reads_history("forced_sequence") && reads_history("no such kind"));
+}
+
+/// The registered kinds that `spec_of` makes specs for, whose registry entry answers `question`.
+fn kinds_where(question: fn(&crate::spec::Kind) -> bool) -> Vec<&'static str> {
+    KINDS
+        .iter()
+        .filter(|k| !needs_tokenizer(k.name) && question(k))
+        .map(|k| k.name)
+        .collect()
+}
+
+/// The tokens a fresh processor of `spec` leaves finite in `row`, given `ids`.
+fn finite_after(spec: &ProcessorSpec, prompt_len: usize, ids: &[u32], row: &[f32]) -> Vec<usize> {
+    let mut plan = RowPlan::new();
+    realize(spec, prompt_len)
+        .plan(&ids.to_vec(), &mut plan)
+        .unwrap();
+    let mut row = row.to_vec();
+    plan.apply(&mut row).unwrap();
+    (0..row.len()).filter(|&t| row[t].is_finite()).collect()
+}
+
+proptest! {
+    /// A kind said to mask allows the same tokens whatever the row's logits: two rows of
+    /// different values keep the same tokens.
+    #[test]
+    fn masking_kinds_allow_the_same_tokens_whatever_the_logits(
+        spec in proptest::sample::select(kinds_where(crate::spec::Kind::masks)).prop_flat_map(spec_of),
+        prompt_len in 0usize..6,
+        ids in proptest::collection::vec(0u32..8, 0..10),
+        rows in proptest::collection::vec(proptest::collection::vec(-8.0f32..8.0, VOCAB as usize), 2),
+    ) {
+        let spec = ProcessorSpec::from_value(&spec).unwrap();
+        prop_assert!(spec.masks());
+        let ids: Vec<u32> = (0..prompt_len as u32).chain(ids).collect();
+        prop_assert_eq!(
+            finite_after(&spec, prompt_len, &ids, &rows[0]),
+            finite_after(&spec, prompt_len, &ids, &rows[1]),
+            "{}", spec.to_value()
+        );
+    }
+
+    /// Only a kind said to truncate plans a truncation (a cut of the row by its values).
+    #[test]
+    fn only_truncating_kinds_plan_a_truncation(
+        spec in proptest::sample::select(kinds_where(|_| true)).prop_flat_map(spec_of),
+        prompt_len in 0usize..6,
+        moves in moves(),
+    ) {
+        let spec = ProcessorSpec::from_value(&spec).unwrap();
+        let mut processor = realize(&spec, prompt_len);
+        let mut ids: Vec<u32> = (0..prompt_len as u32).collect();
+        for step in &moves {
+            step.apply(&mut ids);
+            let mut plan = RowPlan::new();
+            processor.plan(&ids, &mut plan).unwrap();
+            let cuts = plan.edits().iter().any(|e| matches!(e, Edit::Truncate(_)));
+            prop_assert!(!cuts || spec.truncates(), "{} truncates", spec.to_value());
+        }
+    }
+}
+
+#[test]
+fn truncating_kinds_plan_a_truncation() {
+    let truncating = kinds_where(crate::spec::Kind::truncates);
+    assert!(truncating.len() > 5, "{truncating:?}");
+    let runner = &mut proptest::test_runner::TestRunner::deterministic();
+    for name in truncating {
+        let cuts = (0..64).any(|_| {
+            let spec =
+                ProcessorSpec::from_value(&spec_of(name).new_tree(runner).unwrap().current())
+                    .unwrap();
+            let mut plan = RowPlan::new();
+            realize(&spec, 0)
+                .plan(&vec![1u32, 2, 3], &mut plan)
+                .unwrap();
+            plan.edits().iter().any(|e| matches!(e, Edit::Truncate(_)))
+        });
+        assert!(
+            cuts,
+            "{name} is said to truncate, and planned no truncation"
+        );
+    }
+}
+
+/// A kind needs token texts exactly when said to: every kind said not to realizes its specs in
+/// a context without them, and each kind said to has a spec refused there naming the field.
+#[test]
+fn kinds_need_token_texts_as_said() {
+    let runner = &mut proptest::test_runner::TestRunner::deterministic();
+    for name in kinds_where(|k| !k.needs_token_texts()) {
+        for _ in 0..16 {
+            let spec =
+                ProcessorSpec::from_value(&spec_of(name).new_tree(runner).unwrap().current())
+                    .unwrap();
+            assert!(!spec.needs_token_texts());
+            spec.realize(&context(), 0).unwrap();
+        }
+    }
+    let declared: Vec<&str> = KINDS
+        .iter()
+        .filter(|k| k.needs_token_texts())
+        .map(|k| k.name)
+        .collect();
+    assert!(declared.contains(&"dry"), "{declared:?}");
+    for name in declared {
+        let (json, field) = match name {
+            // Without breakers given, llama.cpp's default text breakers.
+            "dry" => (
+                json!({"kind": "dry", "multiplier": 0.8}),
+                "sequence_breakers",
+            ),
+            "multiple_choice" => (
+                json!({"kind": "multiple_choice", "choices": [1, 2], "boost_first_words": 0.5}),
+                "",
+            ),
+            "ban_strings" => (json!({"kind": "ban_strings", "strings": ["no"]}), "strings"),
+            "grammar" => (json!({"kind": "grammar", "regex": "a+"}), ""),
+            "json_object" => (json!({"kind": "json_object"}), ""),
+            other => panic!("{other} is said to need token texts: give a spec that does here"),
+        };
+        let spec = ProcessorSpec::from_value(&json).unwrap();
+        assert!(spec.needs_token_texts() && kind(name).unwrap().needs_token_texts());
+        let error = spec
+            .realize(&context(), 0)
+            .err()
+            .unwrap_or_else(|| panic!("{json} is realized without token texts"));
+        assert!(error.to_string().contains(field), "{name}: {error}");
+    }
 }
 
 #[test]
