@@ -661,6 +661,31 @@ def hello_world_ids(tokenizer: Any, eos_token_id: Optional[int] = None) -> Tuple
     `eos_token_id`, else the tokenizer's (for a path, the ``tokenizer_config.json`` beside it).
     """
 
+def kind_info(name: str) -> dict[str, bool]:
+    """What the registered kind `name` is, as its registry entry says: whether its specs read the
+    request's ids (``reads_history``), whether it allows only some tokens whatever their logits
+    (``masks``: listed before any truncation), whether it cuts a row by its values
+    (``truncates``), and whether its specs can need the engine's token texts
+    (``needs_token_texts``). Whether a spec needs ``prompt_len`` depends on its fields: ask
+    :func:`needs_prompt_len`.
+
+    Args:
+        name (str): A kind, as :func:`kinds` lists them.
+
+    Returns:
+        dict[str, bool]: the four answers.
+
+    Raises:
+        SpecError: for a name that is not a registered kind, listing them.
+
+    Example:
+        >>> from logits_processing import kind_info
+        >>> kind_info("top_p")
+        {'reads_history': False, 'masks': False, 'truncates': True, 'needs_token_texts': False}
+        >>> kind_info("ban_strings")["needs_token_texts"]
+        True
+    """
+
 def kinds() -> None:
     """Every spec kind's name, in the canonical order (biases and penalties, bans and masks, forced
     tokens, the thinking budget, temperature, truncation).
@@ -671,7 +696,7 @@ def kinds() -> None:
         ['logit_bias', 'sequence_bias', 'repetition_penalty']
     """
 
-def needs_prompt_len(specs: Union[Spec, Sequence[Spec]]) -> None:
+def needs_prompt_len(specs: Union[Spec, Sequence[Spec]]) -> bool:
     """Whether any of `specs` depends on where the prompt ends in the ids, so that a row of them
     needs ``prompt_len`` (:meth:`Batch.add`, :class:`Processor`): grammars and ``json_object``
     read the output alone; frequency and presence penalties, and a repetition penalty scoped to
@@ -690,6 +715,26 @@ def needs_prompt_len(specs: Union[Spec, Sequence[Spec]]) -> None:
         >>> needs_prompt_len([{"kind": "temperature", "temperature": 0.7}, {"kind": "repetition_penalty", "penalty": 1.2}])
         False
         >>> needs_prompt_len({"kind": "min_new_tokens", "min_new_tokens": 3, "eos_token_ids": [2]})
+        True
+    """
+
+def needs_token_texts(specs: Union[Spec, Sequence[Spec]]) -> bool:
+    """Whether any of `specs` can need the engine's token texts (the decoded text of every token):
+    ``ban_strings``, DRY's text breakers, ``multiple_choice``, grammars. An engine that loads its
+    tokenizer lazily (SGLang's scheduler) loads it for a row of such specs. The kind's registry
+    entry answers (see :func:`kind_info`).
+
+    Args:
+        specs: JSON text (one spec object or a list), a dict, or a list of dicts / JSON texts.
+
+    Raises:
+        SpecError: for a spec that does not parse, naming the field.
+
+    Example:
+        >>> from logits_processing import needs_token_texts
+        >>> needs_token_texts([{"kind": "temperature", "temperature": 0.7}])
+        False
+        >>> needs_token_texts({"kind": "ban_strings", "strings": ["as an AI"]})
         True
     """
 
@@ -714,7 +759,7 @@ def position_by_tokens(specs: Union[Spec, Sequence[Spec]]) -> list[dict]:
         [{'kind': 'hello_world', 'position': 'tokens'}, {'kind': 'temperature', 'temperature': 0.5}]
     """
 
-def reads_history(specs: Union[Spec, Sequence[Spec]]) -> None:
+def reads_history(specs: Union[Spec, Sequence[Spec]]) -> bool:
     """Whether any of `specs` reads the request's token ids (or counts its steps). Rows whose specs
     read none (temperature, biases, bans, allowed ids, the caller's bitmask, truncation) can be
     planned without the newest sampled token, so an engine that runs ahead of its history (vLLM's

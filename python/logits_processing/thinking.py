@@ -9,6 +9,7 @@ The same names as the reference's ``dynamo.logits_processing.thinking_tokens`` (
 from __future__ import annotations
 
 import logging
+from collections.abc import Iterator, MutableMapping
 from dataclasses import dataclass
 from typing import Any, Optional
 
@@ -46,26 +47,63 @@ class ThinkingTokenConfig:
     newline_token_id: int
 
 
-class _ConfigTable(dict):
-    """The model-name table, a plain dict as in the reference (code that writes
-    ``THINKING_TOKEN_CONFIGS[key] = config`` keeps working); a write is also registered in the
-    core's table, which the Rust side reads."""
+class _ConfigTable(MutableMapping):
+    """The model-name table as a view of the core's, which holds it and does the matching: every
+    read asks the core, every write (``table[key] = config``, ``update``, ``setdefault``)
+    registers in the core (keys lower-cased, as the core keeps them), and removal (``del``, ``pop``, ``popitem``, ``clear``) is refused with
+    a ``TypeError``, the core's table having no removal (a key is replaced, keeping its place).
+    A key reads back as the same object while its ids stay the same, as a dict's would."""
+
+    def __init__(self) -> None:
+        self._objects: "dict[str, ThinkingTokenConfig]" = {}
+
+    def _table(self) -> "dict[str, tuple]":
+        return dict(_lib.thinking_token_table())
+
+    def __getitem__(self, key: str) -> ThinkingTokenConfig:
+        if not isinstance(key, str):
+            raise KeyError(key)
+        key = key.lower()  # as the core keeps its keys
+        ids = self._table()[key]
+        config = self._objects.get(key)
+        if config is None or (config.start_token_id, config.end_token_id, config.newline_token_id) != ids:
+            config = self._objects[key] = ThinkingTokenConfig(*ids)
+        return config
 
     def __setitem__(self, key: str, config: ThinkingTokenConfig) -> None:
         if not isinstance(config, ThinkingTokenConfig):
             raise TypeError(f"THINKING_TOKEN_CONFIGS[{key!r}] must be a ThinkingTokenConfig, found {type(config).__name__}")
+        if not isinstance(key, str):
+            raise TypeError(f"THINKING_TOKEN_CONFIGS keys are model-name substrings (str), found {type(key).__name__}")
         _lib.register_thinking_token_ids(
             key, int(config.start_token_id), int(config.end_token_id), int(config.newline_token_id)
         )
-        super().__setitem__(key, config)
+        self._objects[key.lower()] = config
+
+    def __delitem__(self, key: str) -> None:
+        raise TypeError(
+            f"THINKING_TOKEN_CONFIGS entries cannot be removed (the core's table has no removal): "
+            f"replace {key!r} with THINKING_TOKEN_CONFIGS[{key!r}] = ThinkingTokenConfig(0, 0, 10) "
+            "to disable the budget for those models"
+        )
+
+    def clear(self) -> None:
+        raise TypeError("THINKING_TOKEN_CONFIGS cannot be cleared (the core's table has no removal)")
+
+    def __iter__(self) -> Iterator[str]:
+        return iter([key for key, _ in _lib.thinking_token_table()])
+
+    def __len__(self) -> int:
+        return len(_lib.thinking_token_table())
+
+    def __repr__(self) -> str:
+        return repr(dict(self.items()))
 
 
 #: The table, matched in order by case-insensitive substring of the model name: the
-#: reference's four entries (``deepseek``, ``qwen3``, ``glm4``, ``glm-4``), read from the core,
-#: which holds the table and does the matching.
-THINKING_TOKEN_CONFIGS: "dict[str, ThinkingTokenConfig]" = _ConfigTable(
-    {key: ThinkingTokenConfig(*ids) for key, ids in _lib.thinking_token_table()}
-)
+#: reference's four entries (``deepseek``, ``qwen3``, ``glm4``, ``glm-4``), then the keys added;
+#: a view of the core's table (see ``_ConfigTable``).
+THINKING_TOKEN_CONFIGS: "MutableMapping[str, ThinkingTokenConfig]" = _ConfigTable()
 
 
 def get_thinking_token_config(model_name: str, tokenizer: Optional[Any] = None) -> ThinkingTokenConfig:

@@ -167,3 +167,51 @@ def test_dynamo_entries_run_like_the_reference():
         batch.apply(logits, [[1] + picks])
         picks.append(int(logits[0].argmax()))
     assert picks == [5, 6, 2, 2]
+
+
+def test_every_write_to_the_table_reaches_the_core():
+    from collections.abc import MutableMapping
+
+    from logits_processing.thinking_tokens import THINKING_TOKEN_CONFIGS as table
+    from logits_processing.thinking_tokens import ThinkingTokenConfig
+
+    core = lp._lib.thinking_token_ids
+    assert isinstance(table, MutableMapping) and not isinstance(table, dict)
+    table.update({"update-model": ThinkingTokenConfig(41, 42, 43)})
+    assert core("org/update-model-1b") == ((41, 42, 43), "update-model")
+    table.update(kwarg_update_model=ThinkingTokenConfig(44, 45, 46))
+    assert core("kwarg_update_model") == ((44, 45, 46), "kwarg_update_model")
+    assert table.setdefault("setdefault-model", ThinkingTokenConfig(51, 52, 53)) == ThinkingTokenConfig(51, 52, 53)
+    assert core("setdefault-model") == ((51, 52, 53), "setdefault-model")
+    # setdefault on a key there keeps its entry, here and in the core.
+    assert table.setdefault("setdefault-model", ThinkingTokenConfig(1, 1, 1)) == ThinkingTokenConfig(51, 52, 53)
+    assert core("setdefault-model") == ((51, 52, 53), "setdefault-model")
+    # A key is the core's, lower-cased; what the core holds is what the table reads.
+    table["Mixed-Case-Model"] = ThinkingTokenConfig(61, 62, 63)
+    assert "mixed-case-model" in table and table["Mixed-Case-Model"] == ThinkingTokenConfig(61, 62, 63)
+    assert list(table) == [key for key, _ in lp._lib.thinking_token_table()]
+    assert len(table) == len(lp._lib.thinking_token_table())
+    with pytest.raises(TypeError, match="THINKING_TOKEN_CONFIGS"):
+        table.update({"bad-update": (1, 2, 3)})
+    assert "bad-update" not in table and core("bad-update")[1] is None
+
+
+def test_removing_from_the_table_is_refused_and_removes_nothing():
+    from logits_processing.thinking_tokens import THINKING_TOKEN_CONFIGS as table
+    from logits_processing.thinking_tokens import ThinkingTokenConfig
+
+    before = list(lp._lib.thinking_token_table())
+    for remove in (
+        lambda: table.__delitem__("qwen3"),
+        lambda: table.pop("qwen3"),
+        table.popitem,
+        table.clear,
+    ):
+        with pytest.raises(TypeError, match="THINKING_TOKEN_CONFIGS"):
+            remove()
+    assert list(lp._lib.thinking_token_table()) == before
+    assert table["qwen3"] == ThinkingTokenConfig(151667, 151668, 198)
+    # A key that is not there: pop's default, as a dict's; nothing to remove.
+    assert table.pop("no-such-model-key", None) is None
+    with pytest.raises(KeyError):
+        table.pop("no-such-model-key")

@@ -99,7 +99,7 @@ def oracle(specs, prompt_len):
 
 @pytest.fixture(autouse=True)
 def fresh_store():
-    adapter.STORE.__init__(EngineContext(), position="tokens", running=adapter._running)
+    adapter.REQUESTS.__init__(EngineContext(), position="tokens", running=adapter._running)
     yield
 
 
@@ -164,7 +164,7 @@ def test_a_moving_batch_matches_each_request_alone():
                 oracles[r.rid].apply(expected[i : i + 1], [list(r.origin_input_ids) + list(r.output_ids)])
         step(running, logits)
         assert torch.equal(logits, expected)
-        assert len(adapter.STORE) <= 4
+        assert len(adapter.REQUESTS) <= 4
         running = [r for r in running if not r.finished()]
         steps += 1
     assert steps > 10
@@ -196,8 +196,8 @@ def test_state_is_dropped_when_requests_finish_memory_stays_bounded():
         while waiting and len(running) < batch_size:
             running.append(waiting.pop(0))
         step(running, torch.randn(len(running), V))
-        assert len(adapter.STORE) <= batch_size
-        assert adapter.STORE.batch.occupied <= batch_size
+        assert len(adapter.REQUESTS) <= batch_size
+        assert adapter.REQUESTS.batch.occupied <= batch_size
         for r in running:
             if r.finished():
                 assert list(r.output_ids) == [7] * (int(r.rid[1:]) % 5) + [EOS]
@@ -206,7 +206,7 @@ def test_state_is_dropped_when_requests_finish_memory_stays_bounded():
         running = [r for r in running if not r.finished()]
     assert done == total
     r = None  # the loop variable held the last request
-    assert len(adapter.STORE.rows) <= batch_size and len(adapter.STORE.failed) == 0
+    assert len(adapter.REQUESTS.rows) <= batch_size and len(adapter.REQUESTS.failed) == 0
     gc.collect()
     # The store kept no reference to any request.
     assert all(ref() is None for ref in proc_refs)
@@ -220,8 +220,8 @@ def test_a_request_that_leaves_and_comes_back_continues_from_its_tokens():
     step([r, other], torch.randn(2, V))
     step([r, other], torch.randn(2, V))
     step([other], torch.randn(1, V))  # e.g. a prefill-only step, or r retracted
-    assert "x" in adapter.STORE.parked
-    adapter.STORE.__init__(EngineContext(), position="tokens", running=adapter._running)  # lost
+    assert "x" in adapter.REQUESTS.parked
+    adapter.REQUESTS.__init__(EngineContext(), position="tokens", running=adapter._running)  # lost
     step([other, r], torch.randn(2, V))
     step([r], torch.randn(1, V))
     assert list(r.output_ids) == [30, 31, 32, 33]
@@ -244,7 +244,7 @@ def test_a_running_request_left_out_of_calls_keeps_what_its_ids_cannot_rebuild()
         if n % 3 == 2:  # the prefill of a joining request, alone
             joining = make_req(f"j{n}", [4, 5], [{"kind": "temperature", "temperature": 0.7}], max_new_tokens=1)
             step([joining], torch.randn(1, V))
-            assert len(adapter.STORE.parked) == len(batch)
+            assert len(adapter.REQUESTS.parked) == len(batch)
         logits = torch.randn(len(batch), V) * 3
         expected = logits.clone()
         for i, r in enumerate(batch):
@@ -255,7 +255,7 @@ def test_a_running_request_left_out_of_calls_keeps_what_its_ids_cannot_rebuild()
     for r in reqs:
         r.finished_reason = Finished("abort")
     step([make_req("last", [1], [{"kind": "temperature", "temperature": 0.7}])], torch.randn(1, V))
-    assert len(adapter.STORE) == 1 and adapter.STORE.batch.parked == 0
+    assert len(adapter.REQUESTS) == 1 and adapter.REQUESTS.batch.parked == 0
 
 
 def test_a_migrated_request_continues_given_its_original_prompt_length():
@@ -482,4 +482,32 @@ def test_a_grammar_without_a_tokenizer_finishes_its_request_saying_so():
     plain = make_req("p", [1, 2], [{"kind": "temperature", "temperature": 0.5}])
     step([req, plain], torch.randn(2, V))
     assert "tokenizer" in req.to_finish.message and plain.to_finish is None
-    assert adapter.STORE.context.grammar is None
+    assert adapter.REQUESTS.context.grammar is None
+
+
+def test_ban_strings_as_a_fresh_schedulers_first_request_loads_the_servers_tokenizer(
+    monkeypatch, deepseek_tokenizer_json
+):
+    """SGLang hands custom processors no tokenizer: the first request whose specs need token texts
+    (``ban_strings`` here, no grammar before it) makes the processor load the server's own, as the
+    core's registry says which kinds need them."""
+    import types
+
+    import sglang.srt.runtime_context as runtime
+
+    monkeypatch.setattr(adapter, "_tokenizer_tried", False)  # a fresh scheduler process
+    args = types.SimpleNamespace(
+        tokenizer_path=str(deepseek_tokenizer_json.parent),
+        model_path="deepseek-ai/DeepSeek-V3",
+        trust_remote_code=False,
+        revision=None,
+    )
+    monkeypatch.setattr(runtime, "get_server_args", lambda: args)
+    assert adapter.REQUESTS.context.grammar is None
+    specs = [{"kind": "ban_strings", "strings": ["Hello"]}]
+    assert lp.needs_token_texts(specs)
+    req = make_req("b", [1, 2], specs)
+    vocab = lp.GrammarEnv(str(deepseek_tokenizer_json)).vocab_size
+    step([req], torch.randn(1, vocab))
+    assert req.to_finish is None, req.to_finish.message
+    assert adapter.REQUESTS.context.grammar is not None

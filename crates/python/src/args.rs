@@ -10,7 +10,7 @@ use pyo3::exceptions::PyTypeError;
 use pyo3::prelude::*;
 use pyo3::types::{PyFloat, PyInt, PyString};
 
-use crate::errors::{new_err_with, Attr, Kind};
+use crate::errors::{new_err_with, Attr, ErrorClass};
 
 /// A short, never-failing rendering of `value` for a message (a huge int is not printed whole).
 pub(crate) fn shown(value: &Bound<'_, PyAny>) -> String {
@@ -59,7 +59,7 @@ fn type_name(value: &Bound<'_, PyAny>) -> String {
 /// An `ArgumentTypeError` for `name`.
 pub(crate) fn wrong_type(name: &str, expected: &str, value: &Bound<'_, PyAny>) -> PyErr {
     new_err_with(
-        Kind::ArgumentType,
+        ErrorClass::ArgumentType,
         format!("{name} must be {expected}, got {}", type_name(value)),
         &[("field", Attr::Str(name.into()))],
     )
@@ -68,7 +68,7 @@ pub(crate) fn wrong_type(name: &str, expected: &str, value: &Bound<'_, PyAny>) -
 /// An `InvalidArgumentError` for `name`.
 pub(crate) fn bad_value(name: &str, message: impl std::fmt::Display) -> PyErr {
     new_err_with(
-        Kind::Argument,
+        ErrorClass::Argument,
         format!("{name} {message}"),
         &[("field", Attr::Str(name.into()))],
     )
@@ -198,7 +198,7 @@ pub(crate) fn one_optional<'py>(
     use pyo3::types::PyDictMethods;
     let too_many = |what: String| {
         new_err_with(
-            Kind::ArgumentType,
+            ErrorClass::ArgumentType,
             format!("{callee}() takes one argument, {name}: {what}"),
             &[("field", Attr::Str(name.into()))],
         )

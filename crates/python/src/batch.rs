@@ -13,7 +13,8 @@ use crate::context::{
 };
 use crate::device::{apply_batch_host, apply_batch_host_into, unsupported};
 use crate::errors::{
-    describe_exception, in_row, new_err, new_err_with, spec_error, to_py, Attr, IntoPyResult, Kind,
+    describe_exception, in_row, new_err, new_err_with, spec_error, to_py, Attr, ErrorClass,
+    IntoPyResult,
 };
 use crate::exclusive::{Exclusive, Held};
 use crate::history::PyIds;
@@ -27,7 +28,7 @@ fn source_block(view: &TensorView, block: &Block) -> PyResult<Block> {
     let source = Block::source_from_view(view, 2)?;
     if (source.dtype, source.rows, source.vocab) != (block.dtype, block.rows, block.vocab) {
         return Err(new_err(
-            Kind::Shape,
+            ErrorClass::Shape,
             format!(
                 "out must match logits: logits are {} x {} {}, out is {} x {} {}",
                 source.rows,
@@ -41,7 +42,7 @@ fn source_block(view: &TensorView, block: &Block) -> PyResult<Block> {
     }
     if source.row_stride != block.row_stride {
         return Err(new_err(
-            Kind::Shape,
+            ErrorClass::Shape,
             format!(
                 "out must have the row stride of logits ({}), got {}",
                 source.row_stride, block.row_stride
@@ -50,7 +51,7 @@ fn source_block(view: &TensorView, block: &Block) -> PyResult<Block> {
     }
     if source.device != Device::Cpu || block.device != Device::Cpu {
         return Err(new_err(
-            Kind::Device,
+            ErrorClass::Device,
             format!(
                 "out= takes host tensors (logits on {}, out on {}); for GPU logits clone them and \
                  apply in place",
@@ -60,7 +61,7 @@ fn source_block(view: &TensorView, block: &Block) -> PyResult<Block> {
     }
     if source.overlaps(block) {
         return Err(new_err(
-            Kind::Shape,
+            ErrorClass::Shape,
             "out overlaps logits; leave out None to edit logits in place",
         ));
     }
@@ -177,7 +178,7 @@ impl PyBatch {
         )?;
         let vocab_size = given_vocab.or(context.vocab_size).ok_or_else(|| {
             new_err_with(
-                Kind::ArgumentType,
+                ErrorClass::ArgumentType,
                 "Batch: vocab_size is missing: give it, or a context that knows it",
                 &[("field", Attr::Str("vocab_size".into()))],
             )
@@ -438,7 +439,7 @@ impl PyBatch {
         let vocab = this.batch().vocab_size();
         if block.vocab != vocab {
             return Err(new_err(
-                Kind::Shape,
+                ErrorClass::Shape,
                 format!(
                     "logits have {} per row, the batch's vocab_size is {vocab}",
                     block.vocab
@@ -452,7 +453,7 @@ impl PyBatch {
         let given = input_ids.len().map_err(|_| not_input_ids(input_ids))?;
         if let Some(&row) = rows.last().filter(|&&row| row >= given) {
             return Err(new_err(
-                Kind::Shape,
+                ErrorClass::Shape,
                 format!("row {row} holds a request but input_ids has only {given} entries"),
             ));
         }
@@ -471,7 +472,7 @@ impl PyBatch {
             if ids.is_none() {
                 // An empty history would restart the row's request (its prompt read as absent).
                 let error = new_err(
-                    Kind::Argument,
+                    ErrorClass::Argument,
                     format!(
                         "input_ids[{row}] is None, but row {row} holds a request: give its ids \
                          (None is for a row without one)"
@@ -654,7 +655,7 @@ fn input_ids_arg<'a, 'py>(
     match args::given(input_ids) {
         Some(ids) => Ok(ids),
         None => Err(new_err_with(
-            Kind::ArgumentType,
+            ErrorClass::ArgumentType,
             "input_ids must be a sequence with one entry per row (each a row's ids, or None), got None",
             &[("field", Attr::Str("input_ids".into()))],
         )),
@@ -720,7 +721,11 @@ impl Failure {
                 )
             }
         };
-        let error = new_err_with(Kind::Processor, message, &[("row", Attr::Int(row as u64))]);
+        let error = new_err_with(
+            ErrorClass::Processor,
+            message,
+            &[("row", Attr::Int(row as u64))],
+        );
         error.set_cause(py, cause);
         error
     }

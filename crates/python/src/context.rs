@@ -11,7 +11,7 @@ use pyo3::prelude::*;
 use pyo3::types::{PyBool, PyDict, PyTuple};
 
 use crate::args;
-use crate::errors::{new_err, new_err_with, Attr, IntoPyResult, Kind};
+use crate::errors::{new_err, new_err_with, Attr, ErrorClass, IntoPyResult};
 
 /// A Python tokenizer as the core's `TextEncoder`: `encode(text, add_special_tokens=False)`
 /// returning a list of ids (transformers) or an encoding with `.ids` (tokenizers). Holds the
@@ -136,7 +136,7 @@ pub(crate) fn grammar_env(
 ) -> PyResult<GrammarEnv> {
     grammar_env_or_none(tokenizer, eos_token_ids)?.ok_or_else(|| {
         new_err(
-            Kind::Tokenizer,
+            ErrorClass::Tokenizer,
             format!(
                 "tokenizer must be a GrammarEnv, a tokenizer.json path, a tokenizers.Tokenizer \
                  or a transformers fast tokenizer, got {}",
@@ -257,7 +257,7 @@ impl PyGrammarEnv {
 pub(crate) fn check_grammar_vocab(env: &GrammarEnv, vocab_size: usize) -> PyResult<()> {
     if env.vocab_size() > vocab_size {
         return Err(new_err(
-            Kind::Tokenizer,
+            ErrorClass::Tokenizer,
             format!(
                 "the tokenizer has {} tokens, more than vocab_size {vocab_size}",
                 env.vocab_size()
@@ -366,7 +366,7 @@ pub(crate) fn context_arg(
         Some(context) => {
             if let Some(name) = given.first() {
                 return Err(new_err_with(
-                    Kind::ArgumentType,
+                    ErrorClass::ArgumentType,
                     format!(
                         "{what}: give context= or the deprecated {name}=, not both (the context \
                          holds what {name}= gave)"
@@ -539,7 +539,7 @@ impl PyEngineContext {
                 // encodes text; grammars are then refused, naming the tokenizer.
                 Some(Tokenizer::Object(t)) => grammar_env_or_none(t, explicit_eos.clone())
                     .or_else(|e| {
-                        if e.is_instance(py, &crate::errors::class(py, Kind::Tokenizer)) {
+                        if e.is_instance(py, &crate::errors::class(py, ErrorClass::Tokenizer)) {
                             Ok(None)
                         } else {
                             Err(e)
@@ -807,7 +807,7 @@ pub(crate) fn hello_world_ids(
     )?;
     context.context.hello_world.ok_or_else(|| {
         new_err(
-            Kind::Argument,
+            ErrorClass::Argument,
             "Tokenizer has no eos_token_id; HelloWorldLogitsProcessor requires one.",
         )
     })

@@ -7,7 +7,7 @@ use logits_processing::{
 };
 use pyo3::prelude::*;
 
-use crate::errors::{new_err, IntoPyResult, Kind};
+use crate::errors::{new_err, ErrorClass, IntoPyResult};
 use crate::tensor::{Block, Device};
 
 /// The error for logits on a device this build cannot edit.
@@ -18,7 +18,7 @@ pub(crate) fn unsupported(device: Device) -> PyErr {
         _ => "only host (CPU) and CUDA memory are supported",
     };
     new_err(
-        Kind::Device,
+        ErrorClass::Device,
         format!("logits are on {device}: {why} (they are edited in place and were not copied)"),
     )
 }
@@ -170,7 +170,7 @@ pub(crate) mod cuda {
     use pyo3::prelude::*;
 
     use super::unsupported;
-    use crate::errors::{new_err, Kind};
+    use crate::errors::{new_err, ErrorClass};
     use crate::tensor::{Block, Device};
 
     // One applier per device: kernels loaded once, buffers reused.
@@ -189,7 +189,7 @@ pub(crate) mod cuda {
             Entry::Occupied(entry) => entry.into_mut(),
             Entry::Vacant(entry) => entry.insert(
                 CudaBatchApplier::new(ordinal as usize)
-                    .map_err(|e| new_err(Kind::Device, format!("cuda:{ordinal}: {e}")))?,
+                    .map_err(|e| new_err(ErrorClass::Device, format!("cuda:{ordinal}: {e}")))?,
             ),
         };
         f(applier)
@@ -216,7 +216,7 @@ pub(crate) mod cuda {
                         stream,
                     )
                 }
-                .map_err(|e| new_err(Kind::Device, format!("cuda:{ordinal}: {e}")))
+                .map_err(|e| new_err(ErrorClass::Device, format!("cuda:{ordinal}: {e}")))
             })
         })
     }
@@ -244,7 +244,7 @@ pub(crate) mod cuda {
                         external,
                     )
                 }
-                .map_err(|e| new_err(Kind::Device, format!("cuda:{ordinal}: {e}")))
+                .map_err(|e| new_err(ErrorClass::Device, format!("cuda:{ordinal}: {e}")))
             })
         })
     }

@@ -12,7 +12,7 @@ use pyo3::types::{PyDict, PyTuple, PyType};
 
 /// Which exception class an error becomes.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
-pub(crate) enum Kind {
+pub(crate) enum ErrorClass {
     Base,
     Argument,
     ArgumentType,
@@ -28,34 +28,34 @@ pub(crate) enum Kind {
 }
 
 /// Name, base classes (earlier entries of this table or builtins) and docstring of each class.
-const CLASSES: &[(Kind, &str, &[Parent], &str)] = &[
-    (Kind::Base, "LogitsProcessingError", &[Parent::Builtin(Builtin::Exception)],
+const CLASSES: &[(ErrorClass, &str, &[Parent], &str)] = &[
+    (ErrorClass::Base, "LogitsProcessingError", &[Parent::Builtin(Builtin::Exception)],
      "Base class of every error this package raises. `field` names the argument, id or spec part \
       at fault (`temperature`, `input_ids[0][3]`, `[1].token_ids[2]`; None when there is none \
       to name); `row` is the batch row an error of one row happened in (else None)."),
-    (Kind::Argument, "InvalidArgumentError", &[Parent::Ours(Kind::Base), Parent::Builtin(Builtin::Value)],
+    (ErrorClass::Argument, "InvalidArgumentError", &[Parent::Ours(ErrorClass::Base), Parent::Builtin(Builtin::Value)],
      "A constructor or function argument out of range (a temperature <= 0, a missing EOS id, ...)."),
-    (Kind::ArgumentType, "ArgumentTypeError", &[Parent::Ours(Kind::Base), Parent::Builtin(Builtin::Type)],
+    (ErrorClass::ArgumentType, "ArgumentTypeError", &[Parent::Ours(ErrorClass::Base), Parent::Builtin(Builtin::Type)],
      "A constructor, method or function argument of the wrong type (a str where a number goes, ...). \
       `field` names the argument."),
-    (Kind::Spec, "SpecError", &[Parent::Ours(Kind::Base), Parent::Builtin(Builtin::Value)],
+    (ErrorClass::Spec, "SpecError", &[Parent::Ours(ErrorClass::Base), Parent::Builtin(Builtin::Value)],
      "A request spec (JSON or dict) that cannot be accepted. `field` names the offending part."),
-    (Kind::TokenOutOfVocab, "TokenOutOfVocabError", &[Parent::Ours(Kind::Spec), Parent::Builtin(Builtin::Index)],
+    (ErrorClass::TokenOutOfVocab, "TokenOutOfVocabError", &[Parent::Ours(ErrorClass::Spec), Parent::Builtin(Builtin::Index)],
      "A token id outside the vocab. Attributes: `field`, `token_id`, `vocab_size`."),
-    (Kind::Shape, "ShapeError", &[Parent::Ours(Kind::Base), Parent::Builtin(Builtin::Value)],
+    (ErrorClass::Shape, "ShapeError", &[Parent::Ours(ErrorClass::Base), Parent::Builtin(Builtin::Value)],
      "Logits or token ids whose rank, size or strides do not fit the call."),
-    (Kind::ReadOnly, "ReadOnlyError", &[Parent::Ours(Kind::Base), Parent::Builtin(Builtin::Value)],
+    (ErrorClass::ReadOnly, "ReadOnlyError", &[Parent::Ours(ErrorClass::Base), Parent::Builtin(Builtin::Value)],
      "Logits that cannot be written in place (a read-only numpy array)."),
-    (Kind::DType, "DTypeError", &[Parent::Ours(Kind::Base), Parent::Builtin(Builtin::Type)],
+    (ErrorClass::DType, "DTypeError", &[Parent::Ours(ErrorClass::Base), Parent::Builtin(Builtin::Type)],
      "Logits (or token ids) of an unsupported element type."),
-    (Kind::Device, "DeviceError", &[Parent::Ours(Kind::Base), Parent::Builtin(Builtin::Value)],
+    (ErrorClass::Device, "DeviceError", &[Parent::Ours(ErrorClass::Base), Parent::Builtin(Builtin::Value)],
      "Logits on a device this build cannot edit in place; the message names the device."),
-    (Kind::Tokenizer, "TokenizerError", &[Parent::Ours(Kind::Base), Parent::Builtin(Builtin::Value)],
+    (ErrorClass::Tokenizer, "TokenizerError", &[Parent::Ours(ErrorClass::Base), Parent::Builtin(Builtin::Value)],
      "A tokenizer that could not be loaded or used."),
-    (Kind::Processor, "ProcessorError", &[Parent::Ours(Kind::Base), Parent::Builtin(Builtin::Runtime)],
+    (ErrorClass::Processor, "ProcessorError", &[Parent::Ours(ErrorClass::Base), Parent::Builtin(Builtin::Runtime)],
      "A user's processor failed inside a batch, or moved the logits' memory; `__cause__` is its \
       exception, `row` its row."),
-    (Kind::Busy, "BusyError", &[Parent::Ours(Kind::Base), Parent::Builtin(Builtin::Runtime)],
+    (ErrorClass::Busy, "BusyError", &[Parent::Ours(ErrorClass::Base), Parent::Builtin(Builtin::Runtime)],
      "A processor or batch called again from inside its own call (a user's processor calling the \
       batch that runs it). Calls from several threads wait for each other instead."),
 ];
@@ -72,14 +72,14 @@ enum Builtin {
 #[derive(Clone, Copy)]
 enum Parent {
     Builtin(Builtin),
-    Ours(Kind),
+    Ours(ErrorClass),
 }
 
-static TYPES: PyOnceLock<Vec<(Kind, Py<PyType>)>> = PyOnceLock::new();
+static TYPES: PyOnceLock<Vec<(ErrorClass, Py<PyType>)>> = PyOnceLock::new();
 
-fn types(py: Python<'_>) -> &Vec<(Kind, Py<PyType>)> {
+fn types(py: Python<'_>) -> &Vec<(ErrorClass, Py<PyType>)> {
     TYPES.get_or_init(py, || {
-        let mut made: Vec<(Kind, Py<PyType>)> = vec![];
+        let mut made: Vec<(ErrorClass, Py<PyType>)> = vec![];
         for &(kind, name, parents, doc) in CLASSES {
             let bases: Vec<Bound<'_, PyType>> = parents
                 .iter()
@@ -103,7 +103,7 @@ fn types(py: Python<'_>) -> &Vec<(Kind, Py<PyType>)> {
                 .set_item("__module__", "logits_processing")
                 .unwrap();
             namespace.set_item("__doc__", doc).unwrap();
-            if kind == Kind::Base {
+            if kind == ErrorClass::Base {
                 // Set on the errors of one batch row, and on those with a field to name; None
                 // on the others.
                 namespace.set_item("row", py.None()).unwrap();
@@ -121,7 +121,7 @@ fn types(py: Python<'_>) -> &Vec<(Kind, Py<PyType>)> {
 }
 
 /// The class of `kind`.
-pub(crate) fn class(py: Python<'_>, kind: Kind) -> Bound<'_, PyType> {
+pub(crate) fn class(py: Python<'_>, kind: ErrorClass) -> Bound<'_, PyType> {
     types(py)
         .iter()
         .find(|(k, _)| *k == kind)
@@ -142,7 +142,7 @@ pub(crate) fn register(module: &Bound<'_, PyModule>) -> PyResult<()> {
 
 /// A new exception of `kind`, with extra attributes set on it.
 pub(crate) fn new_err_with(
-    kind: Kind,
+    kind: ErrorClass,
     message: impl Into<String>,
     attrs: &[(&str, Attr)],
 ) -> PyErr {
@@ -168,7 +168,7 @@ pub(crate) enum Attr {
 }
 
 /// A new exception of `kind`.
-pub(crate) fn new_err(kind: Kind, message: impl Into<String>) -> PyErr {
+pub(crate) fn new_err(kind: ErrorClass, message: impl Into<String>) -> PyErr {
     new_err_with(kind, message, &[])
 }
 
@@ -181,7 +181,7 @@ pub(crate) fn to_py(error: Error) -> PyErr {
 }
 
 /// The class, message and attributes of a core error's exception.
-fn describe(error: &Error) -> (Kind, String, Vec<(&'static str, Attr)>) {
+fn describe(error: &Error) -> (ErrorClass, String, Vec<(&'static str, Attr)>) {
     let message = error.to_string();
     let field = |f: &str| ("field", Attr::Str(f.to_string()));
     match error {
@@ -192,16 +192,18 @@ fn describe(error: &Error) -> (Kind, String, Vec<(&'static str, Attr)>) {
             } else {
                 format!("Temperature must be finite and positive, got {value}")
             };
-            (Kind::Argument, message, vec![field("temperature")])
+            (ErrorClass::Argument, message, vec![field("temperature")])
         }
-        Error::MissingEosToken { .. } => (Kind::Argument, message, vec![field("eos_token_id")]),
-        Error::InvalidArgument { field: f, .. } => (Kind::Argument, message, vec![field(f)]),
+        Error::MissingEosToken { .. } => {
+            (ErrorClass::Argument, message, vec![field("eos_token_id")])
+        }
+        Error::InvalidArgument { field: f, .. } => (ErrorClass::Argument, message, vec![field(f)]),
         Error::TokenOutOfVocab {
             field: f,
             token_id,
             vocab_size,
         } => (
-            Kind::TokenOutOfVocab,
+            ErrorClass::TokenOutOfVocab,
             message,
             vec![
                 field(f),
@@ -210,12 +212,16 @@ fn describe(error: &Error) -> (Kind, String, Vec<(&'static str, Attr)>) {
             ],
         ),
         Error::InvalidSpec { field: f, .. } | Error::TooLarge { field: f, .. } => {
-            (Kind::Spec, message, vec![field(f)])
+            (ErrorClass::Spec, message, vec![field(f)])
         }
-        Error::Shape(_) => (Kind::Shape, message, vec![]),
-        Error::Row { row, .. } => (Kind::Shape, message, vec![("row", Attr::Int(*row as u64))]),
-        Error::Tokenizer(_) => (Kind::Tokenizer, message, vec![]),
-        Error::External(_) => (Kind::Processor, message, vec![]),
+        Error::Shape(_) => (ErrorClass::Shape, message, vec![]),
+        Error::Row { row, .. } => (
+            ErrorClass::Shape,
+            message,
+            vec![("row", Attr::Int(*row as u64))],
+        ),
+        Error::Tokenizer(_) => (ErrorClass::Tokenizer, message, vec![]),
+        Error::External(_) => (ErrorClass::Processor, message, vec![]),
         Error::InRow { row, error } => {
             let (kind, inner, mut attrs) = describe(error);
             attrs.retain(|(name, _)| *name != "row");
@@ -223,7 +229,7 @@ fn describe(error: &Error) -> (Kind, String, Vec<(&'static str, Attr)>) {
             (kind, format!("row {row}: {inner}"), attrs)
         }
         // The enum is non-exhaustive; a variant added later still reaches Python as our base class.
-        _ => (Kind::Base, message, vec![]),
+        _ => (ErrorClass::Base, message, vec![]),
     }
 }
 
@@ -236,7 +242,10 @@ pub(crate) fn in_row(py: Python<'_>, error: PyErr, row: usize, field: &str) -> P
         return error;
     }
     let value = error.value(py);
-    if value.is_instance(&class(py, Kind::Base)).unwrap_or(false) {
+    if value
+        .is_instance(&class(py, ErrorClass::Base))
+        .unwrap_or(false)
+    {
         let message = format!("row {row}: {}", text_of(value));
         // A field within the row's ids (`input_ids[3]`) is named within the call's
         // (`input_ids[0][3]`).
@@ -279,7 +288,9 @@ pub(crate) fn in_row(py: Python<'_>, error: PyErr, row: usize, field: &str) -> P
 pub(crate) fn as_ours(py: Python<'_>, error: PyErr, field: &str) -> PyErr {
     let value = error.value(py);
     if !error.is_instance_of::<PyException>(py)
-        || value.is_instance(&class(py, Kind::Base)).unwrap_or(false)
+        || value
+            .is_instance(&class(py, ErrorClass::Base))
+            .unwrap_or(false)
     {
         return error;
     }
@@ -295,9 +306,9 @@ pub(crate) fn as_ours(py: Python<'_>, error: PyErr, field: &str) -> PyErr {
 /// `DTypeError` for a `TypeError`, an `InvalidArgumentError` otherwise.
 fn wrap_foreign(py: Python<'_>, error: PyErr, what: String, attrs: &[(&str, Attr)]) -> PyErr {
     let kind = if error.is_instance_of::<PyTypeError>(py) {
-        Kind::DType
+        ErrorClass::DType
     } else {
-        Kind::Argument
+        ErrorClass::Argument
     };
     let message = format!(
         "{what} could not be read: {}",

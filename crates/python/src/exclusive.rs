@@ -14,7 +14,7 @@ use std::sync::{Condvar, Mutex, MutexGuard};
 
 use pyo3::prelude::*;
 
-use crate::errors::{new_err, Kind};
+use crate::errors::{new_err, ErrorClass};
 
 pub(crate) struct Exclusive<T> {
     value: Mutex<T>,
@@ -120,7 +120,7 @@ impl<T: Send> Exclusive<T> {
                 }
             };
             registry.waiting.remove(&me);
-            return Err(new_err(Kind::Busy, refused));
+            return Err(new_err(ErrorClass::Busy, refused));
         }
     }
 

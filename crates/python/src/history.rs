@@ -10,7 +10,7 @@ use logits_processing::TokenHistory;
 use pyo3::prelude::*;
 use pyo3::types::{PyInt, PyList, PyTuple};
 
-use crate::errors::{new_err_with, Attr, Kind};
+use crate::errors::{new_err_with, Attr, ErrorClass};
 use crate::tensor::{IntArray, TensorView};
 
 enum Ids<'py> {
@@ -97,7 +97,7 @@ impl<'py> PyIds<'py> {
             return match IntArray::from_view(view)? {
                 Some(array) => Ok(Ids::Array(array)),
                 None => Err(new_err_with(
-                    Kind::DType,
+                    ErrorClass::DType,
                     format!("input_ids must hold integers, got {dtype}"),
                     &[("field", Attr::Str("input_ids".into()))],
                 )),
@@ -111,7 +111,7 @@ impl<'py> PyIds<'py> {
         {
             // Ids of the wrong type are a DTypeError, as ids that are not ints are.
             return Err(new_err_with(
-                Kind::DType,
+                ErrorClass::DType,
                 format!(
                     "input_ids must be a sequence of token ids, got {}",
                     source.get_type().name()?
@@ -138,8 +138,8 @@ fn to_id(item: &Bound<'_, PyAny>, index: usize) -> PyResult<u32> {
             .and_then(|operator| operator.getattr("index")?.call1((item,)))
             .is_ok();
         let (kind, expected) = match is_int {
-            true => (Kind::Argument, "a token id (from 0 to 2**32-1)"),
-            false => (Kind::DType, "an integer token id"),
+            true => (ErrorClass::Argument, "a token id (from 0 to 2**32-1)"),
+            false => (ErrorClass::DType, "an integer token id"),
         };
         new_err_with(
             kind,
@@ -171,7 +171,7 @@ impl TokenHistory for PyIds<'_> {
                 return array.get(index).unwrap_or_else(|| {
                     let field = format!("input_ids[{index}]");
                     self.record(new_err_with(
-                        Kind::Argument,
+                        ErrorClass::Argument,
                         format!("{field} is not a token id (from 0 to 2**32-1)"),
                         &[("field", Attr::Str(field.clone()))],
                     ));

@@ -84,7 +84,7 @@ fn reads_history(specs: &Bound<'_, PyAny>) -> PyResult<bool> {
     Ok(entries.iter().any(|(_, entry)| match entry {
         specs::Entry::Specs(specs) => specs
             .iter()
-            .any(|spec| logits_processing::reads_history(spec.kind())),
+            .any(logits_processing::ProcessorSpec::reads_history),
         _ => true,
     }))
 }
@@ -115,6 +115,73 @@ fn needs_prompt_len(specs: &Bound<'_, PyAny>) -> PyResult<bool> {
         specs::Entry::Specs(specs) => specs.iter().any(|spec| spec.needs_prompt_len()),
         _ => false,
     }))
+}
+
+/// Whether any of `specs` can need the engine's token texts (the decoded text of every token):
+/// ``ban_strings``, DRY's text breakers, ``multiple_choice``, grammars. An engine that loads its
+/// tokenizer lazily (SGLang's scheduler) loads it for a row of such specs. The kind's registry
+/// entry answers (see :func:`kind_info`).
+///
+/// Args:
+///     specs: JSON text (one spec object or a list), a dict, or a list of dicts / JSON texts.
+///
+/// Raises:
+///     SpecError: for a spec that does not parse, naming the field.
+///
+/// Example:
+///     >>> from logits_processing import needs_token_texts
+///     >>> needs_token_texts([{"kind": "temperature", "temperature": 0.7}])
+///     False
+///     >>> needs_token_texts({"kind": "ban_strings", "strings": ["as an AI"]})
+///     True
+#[pyfunction]
+fn needs_token_texts(specs: &Bound<'_, PyAny>) -> PyResult<bool> {
+    let entries = specs::entries_any_order(specs, false)?;
+    Ok(entries.iter().any(|(_, entry)| match entry {
+        specs::Entry::Specs(specs) => specs
+            .iter()
+            .any(logits_processing::ProcessorSpec::needs_token_texts),
+        _ => false,
+    }))
+}
+
+/// What the registered kind `name` is, as its registry entry says: whether its specs read the
+/// request's ids (``reads_history``), whether it allows only some tokens whatever their logits
+/// (``masks``: listed before any truncation), whether it cuts a row by its values
+/// (``truncates``), and whether its specs can need the engine's token texts
+/// (``needs_token_texts``). Whether a spec needs ``prompt_len`` depends on its fields: ask
+/// :func:`needs_prompt_len`.
+///
+/// Args:
+///     name (str): A kind, as :func:`kinds` lists them.
+///
+/// Returns:
+///     dict[str, bool]: the four answers.
+///
+/// Raises:
+///     SpecError: for a name that is not a registered kind, listing them.
+///
+/// Example:
+///     >>> from logits_processing import kind_info
+///     >>> kind_info("top_p")
+///     {'reads_history': False, 'masks': False, 'truncates': True, 'needs_token_texts': False}
+///     >>> kind_info("ban_strings")["needs_token_texts"]
+///     True
+#[pyfunction]
+fn kind_info<'py>(py: Python<'py>, name: &str) -> PyResult<Bound<'py, pyo3::types::PyDict>> {
+    let Some(kind) = logits_processing::spec::kind(name) else {
+        let known: Vec<&str> = logits_processing::spec::kinds().collect();
+        return Err(errors::to_py(logits_processing::Error::InvalidSpec {
+            field: "kind".into(),
+            message: format!("unknown kind '{name}'; known kinds: {}", known.join(", ")),
+        }));
+    };
+    let info = pyo3::types::PyDict::new(py);
+    info.set_item("reads_history", kind.reads_history())?;
+    info.set_item("masks", kind.masks())?;
+    info.set_item("truncates", kind.truncates())?;
+    info.set_item("needs_token_texts", kind.needs_token_texts())?;
+    Ok(info)
 }
 
 /// The specs in the canonical order: biases and penalties; bans and masks (allowed ids, grammars,
@@ -211,6 +278,8 @@ fn _lib(m: &Bound<'_, PyModule>) -> PyResult<()> {
     m.add_function(wrap_pyfunction!(reads_history, m)?)?;
     m.add_function(wrap_pyfunction!(specs::refuse_caller_mask_py, m)?)?;
     m.add_function(wrap_pyfunction!(needs_prompt_len, m)?)?;
+    m.add_function(wrap_pyfunction!(needs_token_texts, m)?)?;
+    m.add_function(wrap_pyfunction!(kind_info, m)?)?;
     m.add_function(wrap_pyfunction!(kinds, m)?)?;
     m.add_function(wrap_pyfunction!(canonical_order, m)?)?;
     m.add_function(wrap_pyfunction!(info::spec_schema, m)?)?;

@@ -13,7 +13,7 @@ use pyo3::PyTypeInfo;
 
 use crate::args;
 use crate::device::apply_row;
-use crate::errors::{as_ours, new_err_with, to_py, Attr, IntoPyResult, Kind};
+use crate::errors::{as_ours, new_err_with, to_py, Attr, ErrorClass, IntoPyResult};
 use crate::exclusive::{Exclusive, Held};
 use crate::history::PyIds;
 use crate::tensor::{Block, TensorView};
@@ -130,7 +130,7 @@ pub(crate) fn logits_arg<'a, 'py>(
             "was given twice: pass logits or scores, not both",
         )),
         (None, None) => Err(new_err_with(
-            Kind::ArgumentType,
+            ErrorClass::ArgumentType,
             "logits must be a torch tensor or a numpy array, got None",
             &[("field", Attr::Str("logits".into()))],
         )),

@@ -18,7 +18,7 @@ use pyo3::sync::PyOnceLock;
 use pyo3::types::{PyDict, PyType};
 use std::sync::Mutex;
 
-use crate::errors::{new_err, Kind};
+use crate::errors::{new_err, ErrorClass};
 
 /// Types known to lack the DLPack C Exchange API (numpy's ndarray, ...), so that looking it up
 /// (a failed attribute lookup, which builds an exception) happens once per type, not per call.
@@ -143,7 +143,7 @@ impl TensorView {
             if let Ok(requires_grad) = object.getattr(pyo3::intern!(py, "requires_grad")) {
                 if requires_grad.is_truthy()? {
                     return Err(new_err(
-                        Kind::ReadOnly,
+                        ErrorClass::ReadOnly,
                         format!(
                             "{name} require grad and cannot be edited in place; pass \
                              {name}.detach() or call under torch.no_grad()"
@@ -178,7 +178,7 @@ impl TensorView {
         let dlpack = pyo3::intern!(py, "__dlpack__");
         if !object.hasattr(dlpack)? {
             return Err(new_err(
-                Kind::DType,
+                ErrorClass::DType,
                 format!(
                     "{name}: expected a torch tensor or a numpy array (anything with __dlpack__), \
                      got {}",
@@ -268,11 +268,11 @@ fn not_exported(object: &Bound<'_, PyAny>, name: &str, error: PyErr) -> PyErr {
         .filter(|d| d != "cpu");
     let ours = match device {
         Some(device) => new_err(
-            Kind::Device,
+            ErrorClass::Device,
             format!("{name} is on {device}, which cannot be read through DLPack ({why})"),
         ),
         None => new_err(
-            Kind::DType,
+            ErrorClass::DType,
             format!("{name} cannot be read through DLPack ({why})"),
         ),
     };
@@ -334,7 +334,7 @@ impl Block {
             (DLDataTypeCode::BFLOAT, 16, 1) => DType::BF16,
             _ => {
                 return Err(new_err(
-                    Kind::DType,
+                    ErrorClass::DType,
                     format!(
                         "logits must be float32, float16 or bfloat16, got {}",
                         view.dtype_name()
@@ -349,13 +349,13 @@ impl Block {
                 "2-D (rows, vocab_size)"
             };
             return Err(new_err(
-                Kind::Shape,
+                ErrorClass::Shape,
                 format!("logits must be {expected}, got shape {}", view.shape_text()),
             ));
         }
         if written && view.read_only {
             return Err(new_err(
-                Kind::ReadOnly,
+                ErrorClass::ReadOnly,
                 "logits are read-only; they are edited in place",
             ));
         }
@@ -363,7 +363,7 @@ impl Block {
         let rows = if rank == 2 { view.shape[0] as usize } else { 1 };
         if vocab > 1 && view.strides[rank - 1] != 1 {
             return Err(new_err(
-                Kind::Shape,
+                ErrorClass::Shape,
                 format!(
                     "logits must be contiguous in their last dimension (stride 1), got strides {:?}; \
                      they are edited in place, so no copy is made",
@@ -375,7 +375,7 @@ impl Block {
             let stride = view.strides[0];
             if stride < vocab as i64 {
                 return Err(new_err(
-                    Kind::Shape,
+                    ErrorClass::Shape,
                     format!("logits rows overlap or run backwards: row stride {stride} with {vocab} logits per row"),
                 ));
             }
@@ -385,7 +385,7 @@ impl Block {
         };
         if rows * vocab > 0 && !(view.data as usize).is_multiple_of(dtype.size()) {
             return Err(new_err(
-                Kind::Shape,
+                ErrorClass::Shape,
                 "logits are not aligned to their element size",
             ));
         }
@@ -507,7 +507,7 @@ impl IntArray {
         };
         if view.device != Device::Cpu {
             return Err(new_err(
-                Kind::Device,
+                ErrorClass::Device,
                 format!(
                     "input_ids are on {}; pass them on the host (a list or a CPU tensor)",
                     view.device
@@ -516,7 +516,7 @@ impl IntArray {
         }
         if view.shape.len() != 1 {
             return Err(new_err(
-                Kind::Shape,
+                ErrorClass::Shape,
                 format!("input_ids must be 1-D, got shape {}", view.shape_text()),
             ));
         }
@@ -572,7 +572,7 @@ pub(crate) fn bitmask_words(
     let view = TensorView::of_named(object, "bitmask")?;
     if !matches!(IntKind::of(view.dtype), Some(IntKind::I32 | IntKind::U32)) {
         return Err(new_err(
-            Kind::DType,
+            ErrorClass::DType,
             format!(
                 "bitmask must be int32 (or uint32), got {}",
                 view.dtype_name()
@@ -581,14 +581,14 @@ pub(crate) fn bitmask_words(
     }
     if view.device != Device::Cpu {
         return Err(new_err(
-            Kind::Device,
+            ErrorClass::Device,
             format!("bitmask is on {}; pass it on the host", view.device),
         ));
     }
     let expected = [rows as i64, words_per_row as i64];
     if view.shape != expected {
         return Err(new_err(
-            Kind::Shape,
+            ErrorClass::Shape,
             format!(
                 "bitmask must be [rows, ceil(vocab_size / 32)] = ({rows}, {words_per_row}), got {}",
                 view.shape_text()
@@ -597,10 +597,13 @@ pub(crate) fn bitmask_words(
     }
     let contiguous = rows <= 1 || view.strides[0] == words_per_row as i64;
     if !contiguous || (words_per_row > 1 && view.strides[1] != 1) {
-        return Err(new_err(Kind::Shape, "bitmask must be C-contiguous"));
+        return Err(new_err(ErrorClass::Shape, "bitmask must be C-contiguous"));
     }
     if !(view.data as usize).is_multiple_of(4) {
-        return Err(new_err(Kind::Shape, "bitmask's data is not 4-byte aligned"));
+        return Err(new_err(
+            ErrorClass::Shape,
+            "bitmask's data is not 4-byte aligned",
+        ));
     }
     Ok(BitmaskView {
         view,

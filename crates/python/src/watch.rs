@@ -13,7 +13,7 @@ use dlpark::ffi::DLDataType;
 use pyo3::intern;
 use pyo3::prelude::*;
 
-use crate::errors::{new_err, Kind};
+use crate::errors::{new_err, ErrorClass};
 use crate::tensor::TensorView;
 
 /// Who owns a tensor's memory, and which memory it had when the step began.
@@ -128,7 +128,7 @@ pub(crate) fn check_unmoved(
     match TensorView::of(object) {
         Ok(now) if Layout::of(&now) == Layout::of(view) => Ok(()),
         _ => Err(new_err(
-            Kind::Shape,
+            ErrorClass::Shape,
             format!(
                 "{name} were moved or reshaped while input_ids were read (reading them ran \
                  Python code); nothing was edited"

@@ -60,7 +60,7 @@ from ._common import (
     runs_processors,
 )
 
-__all__ = ["PROMPT_LEN_KEY", "SGLangLogitProcessor", "STORE", "activate", "requests_of", "SPEC_KEY"]
+__all__ = ["PROMPT_LEN_KEY", "SGLangLogitProcessor", "REQUESTS", "activate", "requests_of", "SPEC_KEY"]
 
 logger = logging.getLogger(__name__)
 
@@ -176,21 +176,17 @@ _LAGGING = (
     "late here and which could not be completed from the forward pass; start SGLang with "
     "--disable-overlap-schedule (disable_overlap_schedule=True) or SGLANG_ENABLE_DELAY_SAMPLE=1"
 )
-#: Kinds that need the tokenizer on the scheduler.
-_GRAMMAR_KINDS = frozenset({"grammar", "json_object"})
+def _needs_token_texts(payload: Any) -> bool:
+    """Whether the specs of ``payload`` can need the tokenizer's token texts (grammars,
+    ``ban_strings``, DRY's text breakers, ``multiple_choice``), as the core's registry says."""
+    import logits_processing as lp
 
-
-def _needs_grammar(payload: Any) -> bool:
     if callable(payload):
         return False
     try:
-        specs = decode_specs(payload)
+        return lp.needs_token_texts(decode_specs(payload))
     except (TypeError, ValueError):
-        return False
-    return any(
-        isinstance(s, dict) and s.get("kind") in _GRAMMAR_KINDS
-        for s in (specs if isinstance(specs, list) else [specs])
-    )
+        return False  # refused when the batch builds it
 
 
 def _refusal(error: Exception) -> Any:
@@ -325,24 +321,26 @@ def finish_with_error(req: Any, message: str, *, row: Optional[int] = None) -> N
 
 #: The state of this process (SGLang's scheduler is one thread per process): the requests of the
 #: latest call, each at its row, and those it left out that SGLang still runs.
-STORE = KeyedBatch(EngineContext(), position="tokens", running=_running)
+REQUESTS = KeyedBatch(EngineContext(), position="tokens", running=_running)
 
 
 def use_tokenizer(tokenizer: Any) -> None:
     """Gives this scheduler process the model's tokenizer (a transformers fast tokenizer, a
-    ``tokenizers.Tokenizer``, a ``tokenizer.json`` path or a ``GrammarEnv``), for ``grammar`` and
-    ``json_object`` specs: SGLang hands custom logit processors none. Call it before the first
-    request that carries a grammar."""
+    ``tokenizers.Tokenizer``, a ``tokenizer.json`` path or a ``GrammarEnv``), for the specs that
+    need token texts (:func:`logits_processing.needs_token_texts`: grammars, ``ban_strings``, ...):
+    SGLang hands custom logit processors none. The processor loads the server's own by itself
+    (:func:`use_scheduler_tokenizer`); this sets one by hand."""
     import logits_processing as lp
 
-    STORE.context.grammar = tokenizer if isinstance(tokenizer, lp.GrammarEnv) else lp.GrammarEnv(tokenizer)
-    STORE.batch = None  # the next call builds its batch with it
+    REQUESTS.context.grammar = tokenizer if isinstance(tokenizer, lp.GrammarEnv) else lp.GrammarEnv(tokenizer)
+    REQUESTS.batch = None  # the next call builds its batch with it
 
 
 def use_scheduler_tokenizer() -> bool:
     """Loads the tokenizer this SGLang server serves (its ``tokenizer_path``) into this scheduler
-    process for ``grammar`` and ``json_object`` specs; done by the processor when the first such
-    request arrives, so no one has to reach the scheduler process. Returns whether it loaded;
+    process for the specs that need token texts (grammars, ``ban_strings``, DRY's text breakers,
+    ``multiple_choice``: :func:`logits_processing.needs_token_texts`); done by the processor when
+    the first such request arrives, so no one has to reach the scheduler process. Returns whether it loaded;
     when it cannot (no server configuration here, a tokenizer llguidance cannot read), grammar
     specs are refused and their requests finish with that error."""
     try:
@@ -364,8 +362,8 @@ def use_scheduler_tokenizer() -> bool:
             "logits_processing: the server's tokenizer is not one llguidance reads; grammars are refused"
         )
         return False
-    STORE.context = context
-    STORE.batch = None  # the next call builds its batch with it
+    REQUESTS.context = context
+    REQUESTS.batch = None  # the next call builds its batch with it
     return True
 
 
@@ -386,14 +384,14 @@ class SGLangLogitProcessor(CustomLogitProcessor):
         global _tokenizer_tried
         if (
             not _tokenizer_tried
-            and STORE.context.grammar is None
-            and any(r is not None and r[0] not in STORE and _needs_grammar(r[1]) for r in rows)
+            and REQUESTS.context.grammar is None
+            and any(r is not None and r[0] not in REQUESTS and _needs_token_texts(r[1]) for r in rows)
         ):
             _tokenizer_tried = True  # once: a tokenizer that failed to load fails again
             use_scheduler_tokenizer()
-        refused = STORE.apply(logits, rows)
+        refused = REQUESTS.apply(logits, rows)
         for rid in refused:
-            finish_with_error(reqs.get(rid), STORE.failed.get(rid, "refused"))
+            finish_with_error(reqs.get(rid), REQUESTS.failed.get(rid, "refused"))
         return logits
 
     @classmethod
