@@ -1,4 +1,5 @@
-//! The built-in processors, one file each, and the trait they share.
+//! The built-in processors, one file each, and the registry of their kinds ([`KINDS`]). The
+//! traits they implement are in `processor.rs` (re-exported here); the order of steps in `order.rs`.
 
 pub(crate) mod adaptive_p;
 mod allowed_token_ids;
@@ -112,9 +113,11 @@ pub use order::{canonical_order, check_order, check_prompt_len, user_steps_at, U
 
 use crate::spec::Kind;
 
-/// Every spec kind, by its `"kind"` name, in the canonical order ([`canonical_order`]). Adding a
-/// processor: its file (the processor, its spec struct and `KindSpec`), one line here, its docs
-/// and its tests (docs/core.md).
+/// Every spec kind, by its `"kind"` name, in the canonical order ([`canonical_order`]), each line
+/// also saying what the kind is (`.history_free()`, `.masking()`, `.truncating()`,
+/// `.with_token_texts()`; see [`Kind`]): the one list every question about kinds is asked of.
+/// Adding a processor: its file (the processor, its spec struct and `KindSpec`), one line here,
+/// its docs and its tests (docs/core.md).
 pub(crate) static KINDS: &[Kind] = &[
     // Biases and penalties: they move logits, and never to or from -inf.
     Kind::new::<LogitBiasSpec>("logit_bias").history_free(),
