@@ -355,11 +355,11 @@ def use_scheduler_tokenizer() -> bool:
         )
         context = EngineContext.resolve(tokenizer=tokenizer, model_name=args.model_path)
     except Exception as e:  # noqa: BLE001 - the grammar specs are refused with the reason
-        logger.error("logits_processing: the server's tokenizer could not be loaded for grammars: %s", e)
+        logger.error("logits_processing: the server's tokenizer could not be loaded for the specs that need token texts: %s", e)
         return False
     if context.grammar is None:
         logger.error(
-            "logits_processing: the server's tokenizer is not one llguidance reads; grammars are refused"
+            "logits_processing: the server's tokenizer is not one llguidance reads; specs that need token texts are refused"
         )
         return False
     REQUESTS.context = context
