@@ -157,13 +157,13 @@ class TRTLLMLogitsProcessor:
             thinking_tokens=thinking_tokens,
         )
         self.pipeline = check_in_process_pipeline(pipeline, engine="TensorRT-LLM")
+        if _is_data(self.pipeline):
+            self.context.validate(self.pipeline)
         check_settings(
             self.pipeline,
             disable_overlap_scheduler=disable_overlap_scheduler,
             speculative_config=speculative_config,
         )
-        if _is_data(self.pipeline):
-            self.context.validate(self.pipeline)
         self.enabled = runs_processors(role)
         self.prompt_len = prompt_len
         # Per request id: [batch, beams, the round of calls that last used it].
