@@ -443,3 +443,19 @@ def test_speculative_config_refuses_every_spec():
     )
     with pytest.raises(lp.SpecError, match="speculative_config"):
         batched.register(1, [{"kind": "temperature", "temperature": 0.5}])
+
+
+def test_stale_ids_under_a_setting_that_claims_no_overlap_are_refused_not_late(caplog):
+    """Told the overlap scheduler is off while the ids arrive a step stale: the request is left
+    alone from the first call with no new id, never processed on the stale history."""
+    specs = [{"kind": "forced_sequence", "token_ids": [5, 6, 7], "eos_token_id": EOS}]
+    engine = OverlapEngine(layout="pytorch")
+    req = engine.add([1, 2, 3], TRTLLMLogitsProcessor(specs, vocab_size=V))
+    torch.manual_seed(5)
+    with caplog.at_level(logging.ERROR):
+        first = torch.randn(1, 1, V)
+        assert engine.step(first.clone())[0, 0].argmax() == 5  # the prompt alone: exact
+        for _ in range(4):
+            logits = torch.randn(1, 1, V)
+            assert torch.equal(engine.step(logits.clone()), logits)  # left alone, not a step late
+    assert "disable_overlap_scheduler" in caplog.text and str(req["id"]) in caplog.text

@@ -164,9 +164,11 @@ class TRTLLMLogitsProcessor:
             disable_overlap_scheduler=disable_overlap_scheduler,
             speculative_config=speculative_config,
         )
+        self._reads = _reads_history(self.pipeline)
         self.enabled = runs_processors(role)
         self.prompt_len = prompt_len
-        # Per request id: [batch, beams, the round of calls that last used it].
+        # Per request id: [batch (None once refused), beams, the round of calls that last used it,
+        # the length of its last call's ids].
         self._requests: dict = {}
         self._round, self._called = 0, set()
         # A Python step may fail half way through its row; keep a copy to put back then.
@@ -196,8 +198,21 @@ class TRTLLMLogitsProcessor:
                 self._called.add(req_id)
                 state = self._requests.get(req_id)
                 if state is None or rows.shape[0] != state[1]:
-                    state = self._requests[req_id] = [self._start(rows, token_ids), rows.shape[0], 0]
+                    state = self._requests[req_id] = [self._start(rows, token_ids), rows.shape[0], 0, -1]
                 state[2] = self._round
+                have = len(token_ids[0]) if token_ids else 0
+                if self._reads and have == state[3]:
+                    # Called again with no new id: the ids are a step stale (an overlap scheduler
+                    # the settings did not say); the request is left alone from here on.
+                    state[0] = None
+                    logger.error(
+                        "logits_processing: request %s runs unprocessed from here: %s",
+                        req_id,
+                        OVERLAP_REFUSED,
+                    )
+                state[3] = have
+                if state[0] is None:
+                    return
                 backup = rows.clone() if self._backup else None
                 state[0].apply(rows, token_ids)
         except Exception:  # noqa: BLE001 - log it, leave the row, let the engine go on
