@@ -17,11 +17,16 @@ import pytest
 
 torch = pytest.importorskip("torch")
 
+import functools  # noqa: E402
+
 import logits_processing as lp  # noqa: E402
-from logits_processing.adapters.trtllm import (  # noqa: E402
-    TRTLLMBatchedLogitsProcessor,
-    TRTLLMLogitsProcessor,
-    _as_block,
+from logits_processing.adapters import trtllm  # noqa: E402
+from logits_processing.adapters.trtllm import _as_block  # noqa: E402
+
+# The fake loop below hands current ids (the scheduler without overlap, or the C++ runtime).
+TRTLLMLogitsProcessor = functools.partial(trtllm.TRTLLMLogitsProcessor, disable_overlap_scheduler=True)
+TRTLLMBatchedLogitsProcessor = functools.partial(
+    trtllm.TRTLLMBatchedLogitsProcessor, disable_overlap_scheduler=True
 )
 
 V = 48
@@ -192,7 +197,9 @@ def test_batched_pytorch_backend_finds_specs_by_request_id(caplog):
     engine = FakeEngine(beams=2, layout="pytorch")
     forced = engine.add([1, 2, 3])
     other = engine.add([1, 2, 3])
-    batched.register(forced["id"], [{"kind": "forced_sequence", "token_ids": [3, 4], "eos_token_id": EOS}], prompt_len=3)
+    batched.register(
+        forced["id"], [{"kind": "forced_sequence", "token_ids": [3, 4], "eos_token_id": EOS}], prompt_len=3
+    )
     batched.register("client-7", [{"kind": "ban_tokens", "token_ids": list(range(V - 1))}])
     with caplog.at_level(logging.WARNING):
         while engine.active():
@@ -336,3 +343,119 @@ def test_one_processor_serving_several_requests_gives_each_what_a_fresh_one_give
     assert all(r["out"][0] == [5, 6, 7, EOS] for r in engine.requests)
     shared.reset()
     assert not shared._requests
+
+
+class OverlapEngine(FakeEngine):
+    """TensorRT-LLM's overlap scheduler (the PyTorch backend's default): each step's processors
+    run before the previous step's token is appended, so ``token_ids`` are one step stale."""
+
+    def step(self, logits, batched=None, max_new=8):
+        active = self.active()
+        for r in active:
+            r.setdefault("pending", None)
+        slices = [logits[i].unsqueeze(1) for i in range(len(active))]
+        ids = [[r["prompt"] + r["out"][b] for b in range(self.beams)] for r in active]
+        for r, s, i in zip(active, slices, ids):
+            if r["processor"] is not None:
+                r["processor"](r["id"], s, i, None, None)
+        picks = logits.argmax(-1).tolist()
+        for r, p in zip(active, picks):
+            if r["pending"] is not None:  # the previous step's token lands only now
+                for b in range(self.beams):
+                    r["out"][b].append(r["pending"][b])
+            r["pending"] = p
+            if len(r["out"][0]) + 1 >= max_new:
+                r["done"] = True
+        return logits
+
+
+HISTORY_READING = [
+    [{"kind": "forced_sequence", "token_ids": [5, 6], "eos_token_id": EOS}],
+    [{"kind": "repetition_penalty", "penalty": 1.5}],
+    [{"kind": "temperature", "temperature": 0.5}, lambda ids, row: None],
+]
+
+
+@pytest.mark.parametrize("specs", HISTORY_READING)
+def test_overlap_scheduler_refuses_history_reading_specs_naming_the_setting(specs):
+    with pytest.raises(lp.SpecError, match="disable_overlap_scheduler"):
+        trtllm.TRTLLMLogitsProcessor(specs, vocab_size=V)
+    batched = trtllm.TRTLLMBatchedLogitsProcessor(vocab_size=V)
+    if all(isinstance(s, dict) for s in specs):
+        with pytest.raises(lp.SpecError, match="disable_overlap_scheduler"):
+            batched.register(1, specs)
+        with pytest.raises(lp.SpecError, match="disable_overlap_scheduler"):
+            trtllm.TRTLLMBatchedLogitsProcessor({1: specs}, vocab_size=V)
+    trtllm.TRTLLMLogitsProcessor(specs, vocab_size=V, disable_overlap_scheduler=True)  # exact there
+
+
+def test_overlap_scheduler_refusal_comes_from_the_core_registry():
+    # Every kind the core says reads no history is accepted under overlap; every other refused.
+    free = [{"kind": "temperature", "temperature": 0.5}, {"kind": "top_k", "k": 3}]
+    assert not lp.reads_history(free)
+    trtllm.TRTLLMLogitsProcessor(free, vocab_size=V)
+    reading = [{"kind": "no_repeat_ngram", "n": 2}]
+    assert lp.reads_history(reading)
+    with pytest.raises(lp.SpecError):
+        trtllm.TRTLLMLogitsProcessor(reading, vocab_size=V)
+
+
+def test_overlap_scheduler_history_free_specs_are_exact_on_stale_ids():
+    torch.manual_seed(3)
+    specs = [{"kind": "temperature", "temperature": 0.5}, {"kind": "logit_bias", "bias": {"7": 50.0}}]
+    prompt = [1, 2, 3]
+    steps = [torch.randn(1, 1, V) for _ in range(6)]
+    engine = OverlapEngine(layout="pytorch")
+    engine.add(prompt, trtllm.TRTLLMLogitsProcessor(specs, vocab_size=V))
+    ref = oracle(specs, len(prompt))
+    for logits in steps:
+        want = logits[0].clone()
+        ref.apply(want, [prompt])  # history-free: the ids do not matter
+        got = engine.step(logits.clone(), max_new=100)
+        assert torch.equal(got[0], want)
+
+
+def test_overlap_scheduler_callable_specs_are_refused_at_the_first_call(caplog):
+    batched = trtllm.TRTLLMBatchedLogitsProcessor(
+        lambda req_id, client_id: [{"kind": "forced_sequence", "token_ids": [5], "eos_token_id": EOS}],
+        vocab_size=V,
+    )
+    engine = OverlapEngine(layout="pytorch")
+    engine.add([1, 2, 3])
+    with caplog.at_level(logging.ERROR):
+        for _ in range(3):
+            logits = torch.randn(1, 1, V)
+            got = engine.step(logits.clone(), batched=None)
+            batched([100], [logits[0].unsqueeze(1)], [[[1, 2, 3]]], None, [None])
+            assert torch.equal(logits, got)  # never edited: not even one step late
+    assert "disable_overlap_scheduler" in caplog.text
+
+
+def test_speculative_config_refuses_every_spec():
+    with pytest.raises(lp.SpecError, match="speculative_config"):
+        trtllm.TRTLLMLogitsProcessor(
+            [{"kind": "temperature", "temperature": 0.5}],
+            vocab_size=V,
+            speculative_config={"decoding_type": "MTP"},
+        )
+    batched = trtllm.TRTLLMBatchedLogitsProcessor(
+        vocab_size=V, disable_overlap_scheduler=True, speculative_config=object()
+    )
+    with pytest.raises(lp.SpecError, match="speculative_config"):
+        batched.register(1, [{"kind": "temperature", "temperature": 0.5}])
+
+
+def test_stale_ids_under_a_setting_that_claims_no_overlap_are_refused_not_late(caplog):
+    """Told the overlap scheduler is off while the ids arrive a step stale: the request is left
+    alone from the first call with no new id, never processed on the stale history."""
+    specs = [{"kind": "forced_sequence", "token_ids": [5, 6, 7], "eos_token_id": EOS}]
+    engine = OverlapEngine(layout="pytorch")
+    req = engine.add([1, 2, 3], TRTLLMLogitsProcessor(specs, vocab_size=V))
+    torch.manual_seed(5)
+    with caplog.at_level(logging.ERROR):
+        first = torch.randn(1, 1, V)
+        assert engine.step(first.clone())[0, 0].argmax() == 5  # the prompt alone: exact
+        for _ in range(4):
+            logits = torch.randn(1, 1, V)
+            assert torch.equal(engine.step(logits.clone()), logits)  # left alone, not a step late
+    assert "disable_overlap_scheduler" in caplog.text and str(req["id"]) in caplog.text

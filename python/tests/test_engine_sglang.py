@@ -511,3 +511,20 @@ def test_ban_strings_as_a_fresh_schedulers_first_request_loads_the_servers_token
     step([req], torch.randn(1, vocab))
     assert req.to_finish is None, req.to_finish.message
     assert adapter.REQUESTS.context.grammar is not None
+
+
+@pytest.mark.parametrize("algorithm", ["EAGLE", "NGRAM", "DFLASH"])
+def test_speculative_decoding_finishes_every_spec_request_naming_the_setting(monkeypatch, algorithm):
+    """Under speculation SGLang either never calls the processor after the first token (EAGLE,
+    n-gram) or calls it on draft rows it does not tell apart: every request with specs finishes
+    with an error naming --speculative-algorithm at its first call, its logits untouched; rows
+    without specs are left alone."""
+    monkeypatch.setattr(adapter, "speculative_algorithm", lambda: algorithm)
+    spec = make_req("s", [1, 2], [{"kind": "ban_tokens", "token_ids": [7]}])
+    plain = make_req("p", [1, 2])
+    logits = torch.randn(2, V)
+    before = logits.clone()
+    apply_custom_logit_processor(logits, sampling_info([spec, plain]))
+    assert torch.equal(logits, before)
+    assert "--speculative-algorithm" in spec.to_finish.message and algorithm in spec.to_finish.message
+    assert spec.to_finish.status_code == 400 and plain.to_finish is None

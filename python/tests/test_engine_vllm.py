@@ -450,7 +450,7 @@ def test_specs_refused_under_speculative_decoding():
     from vllm.exceptions import VLLMValidationError
 
     params = SamplingParams(extra_args={adapter.SPEC_KEY: [{"kind": "temperature", "temperature": 0.5}]})
-    with pytest.raises(VLLMValidationError, match="speculative decoding"):
+    with pytest.raises(VLLMValidationError, match="--speculative-config"):
         _Frontend(speculative=True)._validate_params(params)
     _Frontend(speculative=True)._validate_params(SamplingParams())  # no specs: served
     _Frontend()._validate_params(params)

@@ -94,6 +94,7 @@ def requests_of(
     *,
     reqs: Optional[Dict[Any, Any]] = None,
     history_lags: bool = False,
+    speculative: Optional[str] = None,
 ) -> List[Optional[tuple]]:
     """The rows of one call, as ``KeyedBatch`` takes them: ``(request id, specs, prompt length,
     token ids so far, Req)``, or None for a row without specs (or one finished here with an error).
@@ -148,6 +149,10 @@ def requests_of(
         seen.add(rid)
         if reqs is not None:
             reqs[rid] = req
+        if speculative:
+            finish_with_error(req, _SPECULATIVE.format(algorithm=speculative), row=i)
+            rows.append(None)
+            continue
         try:
             # A migrated request's prompt holds the ids it generated before.
             prompt_len = original_prompt_len(params, len(prompt))
@@ -176,6 +181,14 @@ _LAGGING = (
     "late here and which could not be completed from the forward pass; start SGLang with "
     "--disable-overlap-schedule (disable_overlap_schedule=True) or SGLANG_ENABLE_DELAY_SAMPLE=1"
 )
+_SPECULATIVE = (
+    "speculative decoding is on ({algorithm}): SGLang's EAGLE and n-gram verification never calls "
+    "custom logit processors (the specs would silently stop after the first token) and its other "
+    "drafters call them on every draft row without saying which draft it is; serve the model "
+    "without --speculative-algorithm to use specs"
+)
+
+
 def _needs_token_texts(payload: Any) -> bool:
     """Whether the specs of ``payload`` can need the tokenizer's token texts (grammars,
     ``ban_strings``, DRY's text breakers, ``multiple_choice``), as the core's registry says."""
@@ -300,6 +313,19 @@ def history_is_current() -> Optional[bool]:
         return None
 
 
+def speculative_algorithm() -> Optional[str]:
+    """The name of this scheduler's speculative algorithm (``--speculative-algorithm``), or None
+    when speculative decoding is off or outside a scheduler process."""
+    try:
+        from sglang.srt.runtime_context import get_server_args
+
+        args = get_server_args()
+        algorithm = getattr(args, "speculative_algorithm", None) if args is not None else None
+    except Exception:  # noqa: BLE001 - not in a scheduler (tests), or another SGLang
+        return None
+    return str(algorithm) if algorithm else None
+
+
 def finish_with_error(req: Any, message: str, *, row: Optional[int] = None) -> None:
     """Finishes ``req`` with an error its client receives (SGLang's ``FINISH_ABORT``, status
     400, as its own grammar errors do), and logs it. Without a live ``Req`` only the log says."""
@@ -380,7 +406,9 @@ class SGLangLogitProcessor(CustomLogitProcessor):
         reqs: Dict[Any, Any] = {}
         tails = in_flight(len(custom_param_list))
         stale = tails is None and history_is_current() is False
-        rows = requests_of(custom_param_list, tails, reqs=reqs, history_lags=stale)
+        rows = requests_of(
+            custom_param_list, tails, reqs=reqs, history_lags=stale, speculative=speculative_algorithm()
+        )
         global _tokenizer_tried
         if (
             not _tokenizer_tried

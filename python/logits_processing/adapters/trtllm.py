@@ -14,6 +14,20 @@ swallowed them silently); the engine goes on.
 
 This module imports only torch: TensorRT-LLM accepts any callable with these signatures, so it
 does not need to be importable here. See docs/engines/trtllm.md for what was (not) run against it.
+
+Two engine settings decide what can be exact, and TensorRT-LLM does not tell its processors
+either, so both processors take them under TensorRT-LLM's own names, with its defaults:
+
+- ``disable_overlap_scheduler`` (default False: the PyTorch backend's overlap scheduler is on).
+  The overlap scheduler calls processors before the previous step's token reaches ``token_ids``,
+  and nothing a processor is given holds that token; specs that read the history (grammars,
+  penalties, forced sequences, thinking budgets: :func:`logits_processing.reads_history`) would
+  run one step late, so they are refused when the processor is made (or the request
+  registered). History-free specs (temperature, biases, bans, truncation) are exact either way.
+  The C++ runtime has no overlap scheduler: pass ``disable_overlap_scheduler=True`` there.
+- ``speculative_config`` (default None). Under speculative decoding TensorRT-LLM calls
+  processors once per request without saying which of its rows is which draft, so every spec
+  is refused.
 """
 
 from __future__ import annotations
@@ -37,6 +51,38 @@ from ._common import (
 __all__ = ["TRTLLMLogitsProcessor", "TRTLLMBatchedLogitsProcessor"]
 
 logger = logging.getLogger(__name__)
+
+OVERLAP_REFUSED = (
+    "these specs read the token history, and TensorRT-LLM's overlap scheduler (its default) calls "
+    "logits processors before the previous step's token is in token_ids, so they would run one "
+    "step late; start the engine with LLM(..., disable_overlap_scheduler=True) and pass "
+    "disable_overlap_scheduler=True to this processor too (the C++ runtime has no overlap "
+    "scheduler: pass it there as well)"
+)
+SPECULATIVE_REFUSED = (
+    "speculative decoding is on (speculative_config), and TensorRT-LLM calls logits processors "
+    "once per request without telling its draft rows apart, so no spec can be applied exactly; "
+    "serve the model without speculative_config to use specs"
+)
+
+
+def _reads_history(pipeline: Any) -> bool:
+    """Whether a pipeline reads the token history: the core decides for specs; a Python
+    processor or callable is given the ids, so it does."""
+    items = pipeline if isinstance(pipeline, (list, tuple)) else [pipeline]
+    data = [p for p in items if isinstance(p, (str, bytes, dict))]
+    if len(data) != len(items):
+        return True
+    return bool(_lib.reads_history(data))
+
+
+def check_settings(pipeline: Any, *, disable_overlap_scheduler: bool, speculative_config: Any) -> None:
+    """Refuses, with :class:`logits_processing.SpecError` naming the engine setting, specs that
+    these settings would make inexact (see the module's notes)."""
+    if speculative_config is not None:
+        raise _lib.SpecError(SPECULATIVE_REFUSED)
+    if not disable_overlap_scheduler and _reads_history(pipeline):
+        raise _lib.SpecError(OVERLAP_REFUSED)
 
 
 def _on_stream(stream_ptr: Optional[int], tensor: torch.Tensor):
@@ -70,6 +116,8 @@ class TRTLLMLogitsProcessor:
             :class:`logits_processing.adapters.hf.HFLogitsProcessor`.
         role: ``"aggregated"`` (default), ``"decode"`` or ``"prefill"``; on a prefill worker the
             processor does nothing.
+        disable_overlap_scheduler, speculative_config: the engine's settings of these names (see
+            the module's notes); specs they would make inexact raise ``SpecError`` here.
 
     One object may serve several requests (one ``SamplingParams`` given to many prompts): each
     request id has its own state, started at its first call, so every request gives what a fresh
@@ -97,6 +145,8 @@ class TRTLLMLogitsProcessor:
         thinking_tokens: Any = None,
         role: Any = "aggregated",
         context: Optional[_lib.EngineContext] = None,
+        disable_overlap_scheduler: bool = False,
+        speculative_config: Any = None,
     ) -> None:
         self.context = context_for(
             context,
@@ -109,9 +159,16 @@ class TRTLLMLogitsProcessor:
         self.pipeline = check_in_process_pipeline(pipeline, engine="TensorRT-LLM")
         if _is_data(self.pipeline):
             self.context.validate(self.pipeline)
+        check_settings(
+            self.pipeline,
+            disable_overlap_scheduler=disable_overlap_scheduler,
+            speculative_config=speculative_config,
+        )
+        self._reads = _reads_history(self.pipeline)
         self.enabled = runs_processors(role)
         self.prompt_len = prompt_len
-        # Per request id: [batch, beams, the round of calls that last used it].
+        # Per request id: [batch (None once refused), beams, the round of calls that last used it,
+        # the length of its last call's ids].
         self._requests: dict = {}
         self._round, self._called = 0, set()
         # A Python step may fail half way through its row; keep a copy to put back then.
@@ -141,8 +198,21 @@ class TRTLLMLogitsProcessor:
                 self._called.add(req_id)
                 state = self._requests.get(req_id)
                 if state is None or rows.shape[0] != state[1]:
-                    state = self._requests[req_id] = [self._start(rows, token_ids), rows.shape[0], 0]
+                    state = self._requests[req_id] = [self._start(rows, token_ids), rows.shape[0], 0, -1]
                 state[2] = self._round
+                have = len(token_ids[0]) if token_ids else 0
+                if self._reads and have == state[3]:
+                    # Called again with no new id: the ids are a step stale (an overlap scheduler
+                    # the settings did not say); the request is left alone from here on.
+                    state[0] = None
+                    logger.error(
+                        "logits_processing: request %s runs unprocessed from here: %s",
+                        req_id,
+                        OVERLAP_REFUSED,
+                    )
+                state[3] = have
+                if state[0] is None:
+                    return
                 backup = rows.clone() if self._backup else None
                 state[0].apply(rows, token_ids)
         except Exception:  # noqa: BLE001 - log it, leave the row, let the engine go on
@@ -188,6 +258,11 @@ class TRTLLMBatchedLogitsProcessor:
     The logits of a call arrive as one tensor per request. When they are consecutive slices of one
     buffer (as the runtime lays them out) they are edited there as one block; otherwise they are
     gathered into one block and written back.
+
+    ``disable_overlap_scheduler`` and ``speculative_config`` are the engine's settings (see the
+    module's notes): specs they would make inexact raise ``SpecError`` when given (constructor,
+    :meth:`register`); those a callable returns are refused at the request's first call, its
+    rows then left as they were for its whole life (logged once), never processed a step late.
     """
 
     def __init__(
@@ -201,6 +276,8 @@ class TRTLLMBatchedLogitsProcessor:
         thinking_tokens: Any = None,
         role: Any = "aggregated",
         context: Optional[_lib.EngineContext] = None,
+        disable_overlap_scheduler: bool = False,
+        speculative_config: Any = None,
     ) -> None:
         self.context = context_for(
             context,
@@ -211,6 +288,13 @@ class TRTLLMBatchedLogitsProcessor:
             thinking_tokens=thinking_tokens,
         )
         self.enabled = runs_processors(role)
+        self._settings = dict(
+            disable_overlap_scheduler=disable_overlap_scheduler, speculative_config=speculative_config
+        )
+        self._refused: dict = {}  # request id -> why its specs (from a callable) were refused
+        if specs is not None and not callable(specs):
+            for one in specs.values():
+                check_settings(no_caller_mask(one, "TensorRT-LLM"), **self._settings)
         self._specs: Any = {} if specs is None else specs
         self._prompt_lens: dict = {}
         self.keyed = KeyedBatch(self.context, position="tokens")
@@ -221,6 +305,7 @@ class TRTLLMBatchedLogitsProcessor:
         if not isinstance(self._specs, dict):
             raise _lib.ArgumentTypeError("register() needs the specs given as a mapping (or none)")
         self.context.validate(no_caller_mask(specs, "TensorRT-LLM"))
+        check_settings(specs, **self._settings)
         self._specs[key] = specs
         if prompt_len is not None:
             self._prompt_lens[key] = prompt_len
@@ -231,7 +316,17 @@ class TRTLLMBatchedLogitsProcessor:
 
     def _lookup(self, req_id: int, client_id: Optional[int]) -> tuple:
         if callable(self._specs):
-            return self._specs(req_id, client_id), None
+            if req_id in self._refused:
+                return None, None
+            specs = self._specs(req_id, client_id)
+            if specs is not None:
+                try:
+                    check_settings(specs, **self._settings)
+                except _lib.SpecError as e:
+                    self._refused[req_id] = str(e)
+                    logger.error("logits_processing: request %s runs unprocessed: %s", req_id, e)
+                    return None, None
+            return specs, None
         for key in (client_id, req_id):
             if key is not None and key in self._specs:
                 return self._specs[key], self._prompt_lens.get(key)
@@ -256,6 +351,9 @@ class TRTLLMBatchedLogitsProcessor:
     ) -> None:
         if not self.enabled or not req_ids:
             return
+        if self._refused:  # only requests still running stay refused (memory stays bounded)
+            live = set(req_ids)
+            self._refused = {r: why for r, why in self._refused.items() if r in live}
         views = [rows_of(t) for t in logits]
         requests: list = []
         for req_id, client_id, rows, beams_ids in zip(req_ids, client_ids, views, token_ids):

@@ -88,9 +88,12 @@ ROLE_ENV = "LOGITS_PROCESSING_ROLE"
 #: counts as one generated token and never as ``<think>``, ``</think>`` or a newline.
 PLACEHOLDER_ID = 2**32 - 1
 
+#: Why a request with specs is refused while the model is served with ``--speculative-config``.
 SPEC_DECODING_REFUSED = (
-    "speculative decoding is on for this model, and vLLM does not run logits processors on "
-    "speculative steps, so these specs would silently do nothing; serve the model without "
+    "speculative decoding is on for this model (--speculative-config): vLLM's V1 engine itself "
+    "refuses custom logits processors with it (\"Custom logits processors are not supported when "
+    "speculative decoding is enabled\"), and on Model Runner V2 a request has one row per draft, "
+    "which these specs are not planned for, so they would not be exact; serve the model without "
     "--speculative-config to use them"
 )
 
