@@ -3,9 +3,21 @@
 # each fuzz target, the Python package built into the venv and its tests (differential against the
 # reference, adapters, docs' examples, bad input, threads, the slow churn test), the portable wheel
 # and the sdist (scripts/test-wheel.sh), then the engine adapters against the real vLLM and SGLang
-# packages in their own venvs.
+# packages in their own venvs. This is what CI runs (.ci/run).
+#
+# scripts/test.sh --quick: the fast tier for an edit: fmt, clippy, the Rust workspace's tests (the
+# DeepSeek-tokenizer ones included), the package built into the venv and its Python suite without
+# the tests marked slow (the churn run); no fuzz run, no NVRTC checks, no llama.cpp build (its
+# differential tests run only if the library is already built, else they skip saying so), no
+# wheel, no engine venvs (the engine tests skip in the main venv, saying so).
 set -euo pipefail
 cd "$(dirname "${BASH_SOURCE[0]}")/.."
+quick=0
+case "${1-}" in
+  "") ;;
+  --quick) quick=1 ;;
+  *) echo "usage: scripts/test.sh [--quick]" >&2; exit 2 ;;
+esac
 source scripts/lib.sh
 
 echo "== cargo fmt --check"
@@ -19,6 +31,15 @@ cargo test --workspace --exclude logits-processing-python
 # The core's tests that need the DeepSeek tokenizer are ignored by a plain `cargo test`; run them.
 cargo test -p logits-processing --test tokenizer -- --ignored
 cargo test -p logits-processing --test grammar -- --ignored
+
+if [ "$quick" = 1 ]; then
+  echo "== python package (quick: no slow tests)"
+  "$venv/bin/ruff" check python
+  "$venv/bin/maturin" develop --release --quiet --manifest-path crates/python/Cargo.toml
+  "$venv/bin/python" -m pytest -q -m "not slow" python/tests
+  exit 0
+fi
+
 echo "== fuzz: a short run of each target (scripts/fuzz.sh; FUZZ_SECONDS, default 20)"
 scripts/fuzz.sh
 echo "== NVRTC: the kernels compile (sm_75..sm_100); the checked-in PTX is NVRTC 13.0's"

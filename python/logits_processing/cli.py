@@ -8,6 +8,13 @@
 - ``bench``: each kind's step cost on this machine beside a memcpy of the same block.
 - ``info``: the version, the CPU path, CUDA and NVRTC, the engines installed here.
 
+Exit codes, the same for every subcommand: 0 done (``check``: the specs are valid), 1 ``check``
+found invalid specs, 2 bad usage or input (an unknown option, a number out of its range, a file
+that cannot be read or is not UTF-8, a tokenizer that does not load), each said in one line on
+stderr; 3 is a bug in the command (one line too, naming the exception), 130 an interrupt.
+A subcommand is a function that adds its parser (see :data:`SUBCOMMANDS`); it raises
+:class:`UsageError` for bad input, and its ``--json`` output goes through :func:`print_json`.
+
 Everything about the kinds comes from the extension (its registry's JSON Schema); nothing is
 listed here by hand. Importing this module imports neither torch nor numpy (``bench`` imports
 numpy when it runs).
@@ -17,15 +24,52 @@ from __future__ import annotations
 
 import argparse
 import json
+import math
 import os
 import sys
-from typing import Any
+from typing import Any, Callable
 
 from . import _lib
 
-# A spec that is valid whatever the vocab: stands in for the entries before the one being checked,
-# so an error names the entry's place in the list as admission of the whole list does.
-_PLACEHOLDER = {"kind": "temperature", "temperature": 1}
+PROG = "logits-processing"
+EXIT_OK, EXIT_INVALID, EXIT_USAGE, EXIT_BUG = 0, 1, 2, 3
+
+
+class UsageError(Exception):
+    """Bad usage or input: :func:`main` prints ``logits-processing <command>: <message>`` on
+    stderr and exits 2."""
+
+
+def count(minimum: int) -> Callable[[str], int]:
+    """An argparse ``type``: an integer of at least `minimum`, else a usage error naming it."""
+
+    def parse(text: str) -> int:
+        try:
+            value = int(text)
+        except ValueError:
+            raise argparse.ArgumentTypeError(f"expected an integer, got {text!r}") from None
+        if value < minimum:
+            raise argparse.ArgumentTypeError(f"must be at least {minimum}, got {value}")
+        return value
+
+    parse.__name__ = f"integer >= {minimum}"
+    return parse
+
+
+def _finite(value: float) -> float | None:
+    return value if math.isfinite(value) else None
+
+
+def print_json(data: Any) -> None:
+    """``--json`` output: strict JSON (a NaN or an infinity is a bug here, never ``Infinity``)."""
+    print(json.dumps(data, indent=2, allow_nan=False))
+
+
+class _Parser(argparse.ArgumentParser):
+    """argparse, but a usage error is the one line ``prog: error: message`` (exit 2)."""
+
+    def error(self, message: str):  # type: ignore[override]
+        self.exit(EXIT_USAGE, f"{self.prog}: error: {message} (see --help)\n")
 
 
 def _schema() -> dict:
@@ -41,25 +85,51 @@ def _kind_defs(schema: dict) -> list[tuple[str, dict]]:
 # -- check ---------------------------------------------------------------------------------------
 
 
+def _decode(data: bytes, name: str) -> str:
+    try:
+        return data.decode("utf-8")
+    except UnicodeDecodeError as e:
+        raise UsageError(f"{name}: not UTF-8 (byte 0x{data[e.start]:02x} at offset {e.start})") from None
+
+
 def _read_spec(arg: str) -> str:
     if arg == "-":
-        return sys.stdin.read()
+        stdin = getattr(sys.stdin, "buffer", None)  # a StringIO in place of stdin has none
+        return sys.stdin.read() if stdin is None else _decode(stdin.read(), "stdin")
     if arg.lstrip()[:1] in ("[", "{"):
-        return arg
+        return arg  # a lone surrogate (non-UTF-8 argv) is the core's to refuse, as a SpecError
     try:
-        with open(arg, encoding="utf-8") as f:
-            return f.read()
+        with open(arg, "rb") as f:
+            data = f.read()
     except OSError as e:
-        raise SystemExit(f"logits-processing check: {arg}: not inline JSON and {e.strerror.lower()}") from None
+        raise UsageError(f"{arg!r}: not inline JSON and {(e.strerror or str(e)).lower()}") from None
+    return _decode(data, repr(arg))
 
 
 def _error(e: Exception) -> dict:
     return {"field": getattr(e, "field", None), "error": type(e).__name__, "message": str(e)}
 
 
+def _at(error: dict, i: int) -> dict | None:
+    """An error of the one-spec list ``[spec]`` as admission names it at place `i` of the list;
+    None for one that names no place (text the core does not read as JSON, a number too large)."""
+    field = error["field"]
+    if not isinstance(field, str) or not field.startswith("[0]"):
+        return None
+    if i == 0:
+        return error
+    moved = f"[{i}]{field[3:]}"
+    return {**error, "field": moved, "message": error["message"].replace(field, moved, 1)}
+
+
 def check_text(text: str, **context: Any) -> list[dict]:
     """Every error in a spec list: the first exactly as :func:`validate_specs` reports it, then
-    one per further spec that admission would refuse, each named by its place in the list."""
+    one per further spec that admission would refuse, each named by its place in the list.
+
+    Each spec is validated once, on its own (as ``[spec]``, its path then given its place), so
+    the cost is linear in the list, and a list over the pipeline limit is one error, not one per
+    spec past the limit. A rule between specs (their order) is found by the whole list's check,
+    which gives the first error."""
     from . import SpecError
 
     try:
@@ -69,44 +139,68 @@ def check_text(text: str, **context: Any) -> list[dict]:
         errors = [_error(e)]
     try:
         specs = json.loads(text)
-    except ValueError:
+    except (ValueError, RecursionError):  # not JSON, or nested deeper than Python parses
         return errors
     if not isinstance(specs, list):
         return errors
+    seen = {json.dumps(errors[0], sort_keys=True)}
     for i, spec in enumerate(specs):
         try:
-            _lib.validate_specs(json.dumps([_PLACEHOLDER] * i + [spec]), **context)
+            _lib.validate_specs(json.dumps([spec], allow_nan=False), **context)
         except SpecError as e:
-            if _error(e) != errors[0]:
-                errors.append(_error(e))
+            error = _at(_error(e), i)
+            key = json.dumps(error, sort_keys=True)
+            if error is not None and key not in seen:
+                seen.add(key)
+                errors.append(error)
+        except (ValueError, RecursionError):  # a number Python reads and JSON cannot write (1e999)
+            continue
     return errors
 
 
 def _context(args: argparse.Namespace) -> dict:
     """What admission in an engine would know (the vocab, "Hello world!", the thinking tokens),
     as the keyword arguments of :func:`validate_specs`: the engine's :class:`EngineContext`."""
-    from . import EngineContext, GrammarEnv
+    from . import EngineContext, LogitsProcessingError
 
-    vocab = args.vocab
-    if args.tokenizer and vocab is None:
-        vocab = GrammarEnv(args.tokenizer).vocab_size
-    if not (args.tokenizer or args.model_name or vocab is not None):
+    if not (args.tokenizer or args.model_name or args.vocab is not None):
         return {}
-    return {
-        "context": EngineContext(args.tokenizer or None, model_name=args.model_name, vocab_size=vocab)
-    }
+    option = "--tokenizer" if args.tokenizer else "--model-name" if args.model_name else "--vocab"
+    try:
+        vocab = args.vocab
+        if args.tokenizer:
+            tokenizer = load_tokenizer(args.tokenizer)
+            vocab = tokenizer.vocab_size if vocab is None else vocab
+        return {
+            "context": EngineContext(args.tokenizer or None, model_name=args.model_name, vocab_size=vocab)
+        }
+    except LogitsProcessingError as e:  # a tokenizer that does not load, a name that is not text
+        raise UsageError(f"{option}: {e}") from None
+
+
+def load_tokenizer(path: str):
+    """The :class:`GrammarEnv` of a tokenizer.json, or a :class:`UsageError` saying why not."""
+    from . import GrammarEnv, LogitsProcessingError
+
+    if os.path.isdir(path):
+        raise UsageError(f"--tokenizer: {path!r} is a directory (give its tokenizer.json)")
+    try:
+        return GrammarEnv(path)
+    except LogitsProcessingError as e:
+        raise UsageError(f"--tokenizer: {e}") from None
 
 
 def _check(args: argparse.Namespace) -> int:
-    errors = check_text(_read_spec(args.spec), **_context(args))
+    text = _read_spec(args.spec)
+    errors = check_text(text, **_context(args))
     if args.json:
-        print(json.dumps({"ok": not errors, "errors": errors}, indent=2))
+        print_json({"ok": not errors, "errors": errors})
     elif errors:
         for e in errors:
             print(f"{e['error']}: {e['message']}")
     else:
         print("ok")
-    return 1 if errors else 0
+    return EXIT_INVALID if errors else EXIT_OK
 
 
 # -- kinds ---------------------------------------------------------------------------------------
@@ -163,7 +257,7 @@ def _kinds(args: argparse.Namespace) -> int:
         return 0
     table = kinds_table(_schema())
     if args.json:
-        print(json.dumps(table, indent=2))
+        print_json(table)
         return 0
     for kind in table:
         print(f"{kind['kind']}: {kind['description']}")
@@ -187,34 +281,49 @@ def _example(description: str) -> Any:
         return None
 
 
+def _memory_bytes() -> int | None:
+    try:
+        return os.sysconf("SC_PAGE_SIZE") * os.sysconf("SC_PHYS_PAGES")
+    except (ValueError, OSError, AttributeError):  # not a POSIX system
+        return None
+
+
 def _bench(args: argparse.Namespace) -> int:
     import time
 
     try:
         import numpy as np
     except ImportError:
-        print("bench needs numpy", file=sys.stderr)
-        return 2
-    from . import Batch, GrammarEnv, ThinkingTokenConfig
+        raise UsageError("needs numpy") from None
+    from . import Batch, ThinkingTokenConfig
 
     table = kinds_table(_schema())
     names = args.kinds or [k["kind"] for k in table]
     unknown = sorted(set(names) - {k["kind"] for k in table})
     if unknown:
-        print(f"unknown kinds: {', '.join(unknown)}", file=sys.stderr)
-        return 2
+        raise UsageError(f"--kinds: unknown kinds: {', '.join(unknown)}")
     context = {"hello_world": ([1, 2, 3], 0), "thinking_tokens": ThinkingTokenConfig(1, 2, 3)}
     vocab = args.vocab
     if args.tokenizer:  # for the grammar kinds
-        context["tokenizer"] = GrammarEnv(args.tokenizer)
+        context["tokenizer"] = load_tokenizer(args.tokenizer)
         vocab = max(vocab, context["tokenizer"].vocab_size)
+    # Two float32 blocks of [rows, vocab] (and the history): refuse what this machine cannot hold
+    # rather than be killed for memory half-way.
+    needed, memory = 2 * 4 * args.rows * vocab, _memory_bytes()
+    if memory is not None and needed > memory // 2:
+        raise UsageError(f"--rows {args.rows} x --vocab {vocab}: two float32 blocks of "
+                         f"{needed / 2**30:.1f} GiB, over half of this machine's "
+                         f"{memory / 2**30:.1f} GiB")
     rng = np.random.default_rng(0)
     # Each step reads `source` and writes `block` (out=): fresh logits every step, and the same
     # traffic as the memcpy beside it.
-    source = rng.standard_normal((args.rows, vocab), dtype=np.float32)
-    block = np.empty_like(source)
+    try:
+        source = rng.standard_normal((args.rows, vocab), dtype=np.float32)
+        block = np.empty_like(source)
+        all_allowed = np.full((args.rows, (vocab + 31) // 32), -1, dtype=np.int32)
+    except MemoryError:
+        raise UsageError(f"--rows {args.rows} x --vocab {vocab}: cannot allocate the blocks") from None
     ids = [list(range(1, 9)) for _ in range(args.rows)]
-    all_allowed = np.full((args.rows, (vocab + 31) // 32), -1, dtype=np.int32)
 
     def per_step(step) -> float:
         best = float("inf")
@@ -240,14 +349,13 @@ def _bench(args: argparse.Namespace) -> int:
                 batch.add(r, spec, prompt_len=0)  # every id of the history is output
             extra = {"bitmask": all_allowed} if name == "bitmask" else {}
             row["us_per_step"] = per_step(lambda: batch.apply(source, ids, out=block, **extra)) * 1e6  # noqa: B023
-            row["vs_memcpy"] = row["us_per_step"] / (memcpy * 1e6)
+            row["vs_memcpy"] = _finite(row["us_per_step"] / (memcpy * 1e6)) if memcpy > 0 else None
         except Exception as e:  # a kind that needs what the bench has not got (a tokenizer)
             row["skipped"] = f"{type(e).__name__}: {e}"
         rows.append(row)
     print(f"\r{' ' * 64}\r", end="", file=sys.stderr, flush=True)
     if args.json:
-        print(json.dumps({"vocab": vocab, "rows": args.rows, "memcpy_us": memcpy * 1e6,
-                          "kinds": rows}, indent=2))
+        print_json({"vocab": vocab, "rows": args.rows, "memcpy_us": memcpy * 1e6, "kinds": rows})
         return 0
     print(f"vocab {vocab}, {args.rows} rows, float32, read from one block and written to another; "
           f"best of {args.repeat} x {args.steps} steps")
@@ -257,7 +365,8 @@ def _bench(args: argparse.Namespace) -> int:
         if "skipped" in row:
             print(f"{row['kind']:<34} {'-':>10} {'-':>9}  skipped: {row['skipped']}")
         else:
-            print(f"{row['kind']:<34} {row['us_per_step']:>10.1f} {row['vs_memcpy']:>9.2f}")
+            ratio = "-" if row["vs_memcpy"] is None else f"{row['vs_memcpy']:.2f}"
+            print(f"{row['kind']:<34} {row['us_per_step']:>10.1f} {ratio:>9}")
     return 0
 
 
@@ -310,7 +419,7 @@ def info() -> dict:
 def _info(args: argparse.Namespace) -> int:
     data = info()
     if args.json:
-        print(json.dumps(data, indent=2))
+        print_json(data)
         return 0
     print(f"logits-processing {data['version']} (Python {data['python']})")
     print(f"  extension: {data['extension']}")
@@ -328,44 +437,77 @@ def _info(args: argparse.Namespace) -> int:
 # -- main ----------------------------------------------------------------------------------------
 
 
-def parser() -> argparse.ArgumentParser:
-    p = argparse.ArgumentParser(prog="logits-processing", description=__doc__.split("\n\n")[0])
-    sub = p.add_subparsers(dest="command", required=True)
+def _add_check(sub) -> None:
     c = sub.add_parser("check", help="validate a spec list as admission would")
     c.add_argument("spec", help="a file, - for stdin, or inline JSON")
     source = c.add_mutually_exclusive_group()
     source.add_argument("--tokenizer", metavar="PATH",
                         help="a tokenizer.json: its vocab size, its 'Hello world!', its thinking tokens")
     source.add_argument("--model-name", metavar="NAME", help="the model, for its thinking tokens")
-    c.add_argument("--vocab", type=int, metavar="N", help="token ids must be below N")
+    c.add_argument("--vocab", type=count(1), metavar="N", help="token ids must be below N")
     c.add_argument("--json", action="store_true", help="the verdict as JSON")
     c.set_defaults(run=_check)
+
+
+def _add_kinds(sub) -> None:
     k = sub.add_parser("kinds", help="every kind with its fields, or the JSON Schema")
     k.add_argument("--json-schema", action="store_true", help="print the spec language's JSON Schema")
     k.add_argument("--json", action="store_true", help="the table as JSON")
     k.set_defaults(run=_kinds)
+
+
+def _add_bench(sub) -> None:
     b = sub.add_parser("bench", help="each kind's step cost beside a memcpy")
-    b.add_argument("--vocab", type=int, default=151_936, metavar="N")
-    b.add_argument("--rows", type=int, default=8, metavar="B")
+    b.add_argument("--vocab", type=count(1), default=151_936, metavar="N")
+    b.add_argument("--rows", type=count(1), default=8, metavar="B")
     b.add_argument("--kinds", nargs="+", metavar="KIND")
     b.add_argument("--tokenizer", metavar="PATH", help="a tokenizer.json, for the grammar kinds")
-    b.add_argument("--steps", type=int, default=20, help="steps per timing (default 20)")
-    b.add_argument("--repeat", type=int, default=5, help="timings, the best is kept (default 5)")
+    b.add_argument("--steps", type=count(1), default=20, metavar="N", help="steps per timing (default 20)")
+    b.add_argument("--repeat", type=count(1), default=5, metavar="N",
+                   help="timings, the best is kept (default 5)")
     b.add_argument("--json", action="store_true")
     b.set_defaults(run=_bench)
+
+
+def _add_info(sub) -> None:
     i = sub.add_parser("info", help="version, CPU path, CUDA, engines installed")
     i.add_argument("--json", action="store_true")
     i.set_defaults(run=_info)
+
+
+# Each subcommand: a function that adds its parser to the subparsers and sets ``run``, a function
+# of the parsed arguments that returns the exit code (or raises UsageError).
+SUBCOMMANDS: list[Callable[[Any], None]] = [_add_check, _add_kinds, _add_bench, _add_info]
+
+
+def parser() -> argparse.ArgumentParser:
+    p = _Parser(prog=PROG, description=__doc__.split("\n\n")[0])
+    sub = p.add_subparsers(dest="command", required=True)
+    for add in SUBCOMMANDS:
+        add(sub)
     return p
 
 
 def main(argv: list[str] | None = None) -> int:
-    args = parser().parse_args(argv)
+    """Runs the command; returns its exit code (see the module's docstring), never raises."""
+    try:
+        args = parser().parse_args(argv)
+    except SystemExit as e:  # --help (0), or a usage error argparse has printed (2)
+        return e.code if isinstance(e.code, int) else EXIT_USAGE
     try:
         return args.run(args)
+    except UsageError as e:
+        print(f"{PROG} {args.command}: {e}", file=sys.stderr)
+        return EXIT_USAGE
     except BrokenPipeError:  # `| head`
         os.dup2(os.open(os.devnull, os.O_WRONLY), sys.stdout.fileno())
-        return 1
+        return EXIT_INVALID
+    except KeyboardInterrupt:
+        print(f"{PROG} {args.command}: interrupted", file=sys.stderr)
+        return 130
+    except Exception as e:  # a bug here: one line, not a traceback
+        print(f"{PROG} {args.command}: internal error: {type(e).__name__}: {e}", file=sys.stderr)
+        return EXIT_BUG
 
 
 if __name__ == "__main__":
