@@ -273,3 +273,42 @@ def test_declares_no_continuous_batching():
     assert HFLogitsProcessor.supports_continuous_batching is False
     if hasattr(LogitsProcessor, "supports_continuous_batching"):
         assert HFLogitsProcessor({"kind": "temperature", "temperature": 0.5}).supports_continuous_batching is False
+
+
+class _IdsOnDevice(torch.Tensor):
+    """Host ids that say they are on cuda:0 (as ``generate()``'s are on a GPU) and count the
+    copies made to the host."""
+
+    copies: list = []
+
+    @property
+    def device(self):
+        return torch.device("cuda:0")
+
+    def cpu(self):
+        plain = self.as_subclass(torch.Tensor).clone()
+        _IdsOnDevice.copies.append(plain.shape[1])
+        return plain
+
+
+def test_ids_on_a_device_cross_to_the_host_new_ones_only_once_a_step():
+    spec = [{"kind": "repetition_penalty", "penalty": 1.5}, {"kind": "no_repeat_ngram", "n": 2}]
+    on_device = HFLogitsProcessor(spec, vocab_size=50)
+    on_host = HFLogitsProcessor(spec, vocab_size=50)
+    generator = torch.Generator().manual_seed(0)
+    ids = torch.randint(0, 50, (3, 5), generator=generator)
+    _IdsOnDevice.copies = []
+    for step in range(6):
+        scores = torch.randn(3, 50, generator=generator)
+        got = on_device(ids.as_subclass(_IdsOnDevice), scores)
+        want = on_host(ids, scores)
+        assert torch.equal(got, want), step
+        ids = torch.cat([ids, torch.randint(0, 50, (3, 1), generator=generator)], dim=1)
+    # The prompt once, then one new id a row a step.
+    assert _IdsOnDevice.copies == [5, 1, 1, 1, 1, 1]
+    assert on_device.host_copies == 6 and on_host.host_copies == 0
+    # A new prompt starts over: its ids cross whole.
+    prompt = torch.randint(0, 50, (3, 4), generator=generator)
+    scores = torch.randn(3, 50, generator=generator)
+    assert torch.equal(on_device(prompt.as_subclass(_IdsOnDevice), scores), on_host(prompt, scores))
+    assert _IdsOnDevice.copies[-1] == 4 and on_device.prompt_len == 4

@@ -18,9 +18,8 @@ pub enum CudaError {
     /// A bad argument: a null or misaligned pointer, a row outside the block, a row listed twice.
     #[error("invalid argument: {0}")]
     InvalidArgument(String),
-    /// A plan holds an edit the kernel does not carry out (a kind only the CPU path has: dynamic
-    /// temperature, smoothing, adaptive-p, top-n-sigma, top-a, tail-free, XTC, mirostat); the message names
-    /// the row.
+    /// A plan holds an edit the kernel does not carry out (one for which
+    /// [`logits_processing::RowPlan::cpu_only`] is true); the message names the row.
     #[error("not supported on the CUDA path: {0}")]
     Unsupported(String),
     /// A plan or a batch the core refuses (a token outside the vocab, a bad layout).

@@ -550,6 +550,21 @@ pub fn tiles_per_row(vocab_size: usize) -> usize {
     vocab_size.div_ceil(TILE)
 }
 
+/// Whether the kernel carries out every edit of `plan` (what [`PackedPlans::pack`] accepts,
+/// apart from its bounds checks): `false` exactly when [`RowPlan::cpu_only`] is true.
+pub fn kernel_carries(plan: &RowPlan) -> bool {
+    plan.edits().iter().all(|edit| match edit {
+        Edit::Truncate(rule) => Rule::of(rule).is_some(),
+        other => Op::of(other).is_some(),
+    })
+}
+
+/// Whether some row of a planned batch holds, at some stage, a plan the kernel does not carry
+/// out: the step that the host round trip (not yet built) has to take.
+pub fn needs_host(batch: &Batch) -> bool {
+    (0..levels(batch)).any(|level| level_plans(batch, level).any(|(_, plan)| !kernel_carries(plan)))
+}
+
 /// Stage levels of a planned batch: the most stages any row has.
 pub(crate) fn levels(batch: &Batch) -> usize {
     batch
@@ -586,6 +601,67 @@ pub(crate) fn level_externals(
 mod tests {
     use super::*;
     use logits_processing::Truncation;
+
+    /// Every truncation rule: the kernel carries a plan holding it exactly when the plan is not
+    /// `cpu_only`, and `pack` accepts it exactly then.
+    #[test]
+    fn kernel_carries_exactly_the_plans_pack_accepts() {
+        let rules = [
+            Truncation::TopK { k: 2, min_keep: 1 },
+            Truncation::TopP {
+                p: 0.5,
+                min_keep: 1,
+            },
+            Truncation::MinP {
+                p: 0.1,
+                min_keep: 1,
+            },
+            Truncation::Typical {
+                mass: 0.5,
+                min_keep: 1,
+            },
+            Truncation::Epsilon {
+                epsilon: 0.01,
+                min_keep: 1,
+            },
+            Truncation::Eta {
+                epsilon: 0.01,
+                min_keep: 1,
+            },
+            Truncation::TopNSigma { n: 1.0 },
+            Truncation::TopA {
+                a: 0.1,
+                min_keep: 1,
+            },
+            Truncation::TailFree {
+                z: 0.9,
+                min_keep: 1,
+            },
+            Truncation::Xtc {
+                threshold: 0.1,
+                min_keep: 1,
+            },
+            Truncation::MirostatV1 {
+                mu: 5.0,
+                m: 4,
+                n_vocab: 8,
+                key: 0,
+            },
+            Truncation::MirostatV2 { mu: 5.0, key: 0 },
+        ];
+        let mut refused = 0;
+        for rule in rules {
+            let mut plan = RowPlan::new();
+            plan.push(Edit::Truncate(rule));
+            let carries = kernel_carries(&plan);
+            assert_eq!(carries, !plan.cpu_only(), "{rule:?}");
+            let packed = PackedPlans::new().pack(|| std::iter::once((0, &plan)), 1, 8);
+            assert_eq!(packed.is_ok(), carries, "{rule:?}: {packed:?}");
+            refused += usize::from(!carries);
+        }
+        // top-n-sigma, top-a, tail-free, XTC and both mirostats.
+        assert_eq!(refused, 6);
+    }
 
     #[test]
     fn op_codes_are_distinct_and_decode() {

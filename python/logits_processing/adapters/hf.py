@@ -24,6 +24,9 @@ class HFLogitsProcessor(LogitsProcessor):
     HF's contract is that a processor returns new scores and leaves its input as it was: on the
     CPU each call reads ``scores`` and writes a new tensor in one pass (``out=``); on a GPU it
     copies the scores once and edits the copy in place. Nothing else is allocated per step.
+    The ids are read on the host: on a GPU only the ids new since the previous call are copied
+    there, once a call (:attr:`host_copies` counts the copies), and the rest are kept from the
+    previous calls.
     The ids HF passes are the prompt and the tokens generated so far, so the first call's length
     is taken as the prompt length (forced sequences positioned by ``"tokens"`` count from there).
     A call whose ids do not extend the previous call's (a new prompt, even a longer one, or a
@@ -101,7 +104,12 @@ class HFLogitsProcessor(LogitsProcessor):
         """Forgets the current generation; the next call starts a new one."""
         self._batch = None
         self._last_ids: Optional[torch.Tensor] = None
+        # The ids so far on the host, one row per batch row: ids on a GPU cross to the host only
+        # where they are new since the last call.
+        self._host_ids: Optional[torch.Tensor] = None
         self.prompt_len: Optional[int] = None
+        #: Device-to-host copies of ``input_ids`` made so far (at most one a call: the new ids).
+        self.host_copies = 0
 
     def _continues(self, input_ids: torch.Tensor) -> bool:
         """Whether ``input_ids`` extend the previous call's ids (same rows, longer, same prefix):
@@ -130,11 +138,25 @@ class HFLogitsProcessor(LogitsProcessor):
             batch.add(row, p, prompt_len=length)
         self._batch, self.prompt_len = batch, length
 
+    def _ids_on_host(self, input_ids: torch.Tensor, continues: bool) -> torch.Tensor:
+        """``input_ids`` as host ids: the tensor itself on the CPU; on a device, the ids kept
+        from the previous calls followed by the new ones, copied in one ``.cpu()`` call (the
+        whole tensor when a generation starts)."""
+        if input_ids.device.type == "cpu":
+            return input_ids
+        known = self._host_ids.shape[1] if continues and self._host_ids is not None else 0
+        new = input_ids[:, known:].cpu()
+        self.host_copies += 1
+        self._host_ids = new if known == 0 else torch.cat([self._host_ids, new], dim=1)
+        return self._host_ids
+
     def __call__(self, input_ids: torch.LongTensor, scores: torch.FloatTensor) -> torch.FloatTensor:
-        if not self._continues(input_ids):
+        continues = self._continues(input_ids)
+        if not continues:
             self._start(*input_ids.shape, scores.shape[-1])
         # A copy: generate() makes a new tensor each step, but nothing promises it.
         self._last_ids = input_ids.clone()
+        input_ids = self._ids_on_host(input_ids, continues)
         processed = torch.empty_like(scores)
         if scores.is_cuda or processed.stride() != scores.stride():
             processed.copy_(scores)
