@@ -16,6 +16,7 @@ pub(crate) mod dynamic_temperature;
 mod eos;
 mod exponential_decay_length_penalty;
 mod force_last_phrase;
+mod forced_bos;
 mod forced_eos;
 mod forced_sequence;
 mod frequency_penalty;
@@ -66,6 +67,7 @@ pub use exponential_decay_length_penalty::{
     ExponentialDecayLengthPenalty, ExponentialDecayLengthPenaltySpec,
 };
 pub use force_last_phrase::{ForceLastPhrase, ForceLastPhraseSpec};
+pub use forced_bos::{ForcedBos, ForcedBosSpec};
 pub use forced_eos::{ForcedEos, ForcedEosSpec};
 pub use forced_sequence::{ForcedSequence, ForcedSequenceSpec, Position, PositionSpec};
 pub use frequency_penalty::{FrequencyPenalty, FrequencyPenaltySpec};
@@ -138,6 +140,7 @@ pub(crate) static KINDS: &[Kind] = &[
     #[cfg(feature = "grammar")]
     Kind::new::<JsonObjectSpec>("json_object"),
     Kind::new::<BitmaskSpec>("bitmask"),
+    Kind::new::<ForcedBosSpec>("forced_bos"),
     Kind::new::<ForcedEosSpec>("forced_eos"),
     Kind::new::<ForcedSequenceSpec>("forced_sequence"),
     Kind::new::<HelloWorldSpec>("hello_world"),
