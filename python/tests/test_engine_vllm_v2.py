@@ -190,6 +190,7 @@ PIPELINES = {
     "min_new_tokens": [{"kind": "min_new_tokens", "min_new_tokens": 4, "eos_token_ids": [EOS]}],
     "suppress_tokens_at_begin": [{"kind": "suppress_tokens_at_begin", "token_ids": [10, 11, 12]}],
     "allowed_token_ids": [{"kind": "allowed_token_ids", "token_ids": [13, 14, 15, 16, EOS]}],
+    "forced_bos": [{"kind": "forced_bos", "bos_token_id": 20}],
     "forced_eos": [{"kind": "forced_eos", "max_length": 10, "eos_token_ids": [EOS]}],
     "forced_sequence": [{"kind": "forced_sequence", "token_ids": [20, 21, 22, 23, 24, 25, 26], "eos_token_id": EOS}],
     "forced_sequence_tokens": [

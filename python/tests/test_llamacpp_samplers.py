@@ -94,6 +94,10 @@ def lib():
         sampler = ctypes.c_void_p
         signatures = {
             "llama_sampler_init_top_n_sigma": ([ctypes.c_float], sampler),
+            "llama_sampler_init_top_k": ([ctypes.c_int32], sampler),
+            "llama_sampler_init_top_p": ([ctypes.c_float, ctypes.c_size_t], sampler),
+            "llama_sampler_init_min_p": ([ctypes.c_float, ctypes.c_size_t], sampler),
+            "llama_sampler_init_typical": ([ctypes.c_float, ctypes.c_size_t], sampler),
             "llama_sampler_init_temp_ext": ([ctypes.c_float] * 3, sampler),
             "llama_sampler_init_xtc": (
                 [ctypes.c_float, ctypes.c_float, ctypes.c_size_t, ctypes.c_uint32],
@@ -194,6 +198,49 @@ def finite_ids(row):
 
 def kept(row):
     return np.isfinite(row)
+
+
+# --- the "off" values and llama.cpp's extremes of top-k, top-p, min-p and typical -------------
+
+OFF = [
+    ({"kind": "top_k", "k": 0}, "llama_sampler_init_top_k", (0,)),
+    ({"kind": "top_k", "k": -1}, "llama_sampler_init_top_k", (-1,)),
+    ({"kind": "top_p", "p": 1.0}, "llama_sampler_init_top_p", (1.0, 1)),
+    ({"kind": "min_p", "p": 0.0}, "llama_sampler_init_min_p", (0.0, 1)),
+    ({"kind": "typical_p", "mass": 1.0}, "llama_sampler_init_typical", (1.0, 1)),
+]
+
+
+@pytest.mark.parametrize("spec, init, args", OFF, ids=[str(case[0]) for case in OFF])
+def test_off_values_leave_the_row_bit_for_bit_as_llama_cpp_does(spec, init, args):
+    for row in rows(7):
+        got = ours(spec, row)
+        assert np.array_equal(got.view(np.uint32), row.view(np.uint32)), spec
+        want = llama_apply(getattr(lib(), init)(*args), row, candidates=finite_ids(row))
+        assert np.array_equal(got[kept(want)], want[kept(want)]) and kept(want).sum() == kept(row).sum()
+
+
+EXTREMES = [
+    ({"kind": "top_p", "p": 0.0}, "llama_sampler_init_top_p", (0.0,)),
+    ({"kind": "min_p", "p": 1.5}, "llama_sampler_init_min_p", (1.5,)),
+    ({"kind": "min_p", "p": 40.0}, "llama_sampler_init_min_p", (40.0,)),
+]
+
+
+@pytest.mark.parametrize("min_keep", [1, 3])
+@pytest.mark.parametrize("spec, init, args", EXTREMES, ids=[str(case[0]) for case in EXTREMES])
+def test_top_p_zero_and_min_p_above_one_keep_what_llama_cpp_keeps(spec, init, args, min_keep):
+    compared = 0
+    for row in rows(8):
+        finite = np.sort(row[np.isfinite(row)])[::-1]
+        if len(finite) <= min_keep or finite[min_keep - 1] == finite[min_keep]:
+            continue  # a tie at the last place: llama.cpp keeps one of them, we keep all
+        got = ours({**spec, "min_tokens_to_keep": min_keep}, row)
+        want = llama_apply(getattr(lib(), init)(*args, min_keep), row, candidates=finite_ids(row))
+        assert np.array_equal(kept(got), kept(want)), (spec, min_keep)
+        assert np.array_equal(got[kept(got)], row[kept(got)])
+        compared += 1
+    assert compared >= 10
 
 
 # --- top-n-sigma -----------------------------------------------------------------------------
@@ -297,7 +344,11 @@ def test_xtc_keeps_a_tie_at_the_last_place_whole():
 
 @pytest.mark.parametrize("window", [1, 3, 16, 64])
 @pytest.mark.parametrize(
-    "repeat, freq, present", [(1.3, 0.0, 0.0), (1.0, 0.4, 0.0), (1.0, 0.0, 0.7), (0.8, 0.0, 0.0)]
+    "repeat, freq, present",
+    # Beyond OpenAI's -2..2 too, as llama.cpp accepts. (One penalty at a time: llama.cpp subtracts
+    # frequency and presence as one sum, we as two biases, which can round apart by an ulp.)
+    [(1.3, 0.0, 0.0), (1.0, 0.4, 0.0), (1.0, 0.0, 0.7), (0.8, 0.0, 0.0), (1.0, 3.0, 0.0),
+     (1.0, 0.0, -2.5), (1.0, -4.0, 0.0), (1.0, 0.0, 6.0)],
 )
 def test_penalties_with_a_window_equal_llama_cpps_last_n(window, repeat, freq, present):
     rng = np.random.default_rng(window)

@@ -90,8 +90,9 @@ SPECS = st.one_of(
     ),
     st.builds(lambda ids: {"kind": "allowed_token_ids", "token_ids": ids}, _IDS),
     st.builds(lambda n, e: {"kind": "forced_eos", "max_length": n, "eos_token_ids": e}, st.integers(0, 8), _IDS),
-    st.builds(lambda k, m: {"kind": "top_k", "k": k, "min_tokens_to_keep": m}, st.integers(1, 10), _KEEP),
-    st.builds(lambda p, m: {"kind": "top_p", "p": p, "min_tokens_to_keep": m}, st.floats(0.05, 1.0), _KEEP),
+    st.builds(lambda b: {"kind": "forced_bos", "bos_token_id": b}, st.integers(0, 9)),
+    st.builds(lambda k, m: {"kind": "top_k", "k": k, "min_tokens_to_keep": m}, st.integers(-1, 10), _KEEP),
+    st.builds(lambda p, m: {"kind": "top_p", "p": p, "min_tokens_to_keep": m}, st.sampled_from([0.0, 1.0]) | st.floats(0.05, 1.0), _KEEP),
     st.builds(lambda p, m: {"kind": "min_p", "p": p, "min_tokens_to_keep": m}, st.floats(0.0, 1.0), _KEEP),
     st.builds(lambda p, m: {"kind": "typical_p", "mass": p, "min_tokens_to_keep": m}, st.floats(0.05, 0.95), _KEEP),
     st.builds(

@@ -274,6 +274,17 @@ def test_forced_eos(vocab, dtype, seed, eos, length):
 
 
 @params(seeds=(0,))
+@pytest.mark.parametrize("length", [1, 2, 5])
+def test_forced_bos(vocab, dtype, seed, length):
+    logits, ids = logits_for(vocab, dtype, seed), ids_for(vocab, length, seed).clamp(max=vocab - 1)
+    bos = vocab // 2
+    got = ours({"kind": "forced_bos", "bos_token_id": bos}, logits, ids)
+    want = hf.ForcedBOSTokenLogitsProcessor(bos)(ids, logits.clone())
+    assert_bit_identical(got, want)
+    assert torch.equal(got, logits) == (length != 1)
+
+
+@params(seeds=(0,))
 @pytest.mark.parametrize("length", [4, 5, 6])
 def test_suppress_tokens_at_begin(vocab, dtype, seed, length):
     logits, ids = logits_for(vocab, dtype, seed), ids_for(vocab, length, seed)

@@ -23,7 +23,7 @@ pub struct CountPenalty<const PER_OCCURRENCE: bool> {
 }
 
 impl<const PER_OCCURRENCE: bool> CountPenalty<PER_OCCURRENCE> {
-    /// `penalty` in OpenAI's range, `-2..=2`.
+    /// `penalty` finite (OpenAI's range is `-2..=2`; llama.cpp accepts any value, and so do we).
     pub fn new(penalty: f64, prompt_len: usize, vocab_size: Option<usize>) -> Result<Self> {
         check_openai_penalty(penalty)?;
         Ok(Self {
@@ -58,14 +58,15 @@ pub(crate) fn check_count_penalty(penalty: f64, window: Option<i64>) -> Result<(
     check_openai_penalty(penalty)
 }
 
-/// OpenAI's range for frequency and presence penalties.
+/// A frequency or presence penalty: any finite value (also in f32), as llama.cpp accepts
+/// beyond OpenAI's `-2..=2`; 0 changes nothing.
 fn check_openai_penalty(penalty: f64) -> Result<()> {
-    if (-2.0..=2.0).contains(&penalty) {
+    if penalty.is_finite() && (penalty as f32).is_finite() {
         Ok(())
     } else {
         Err(crate::Error::argument(
             "penalty",
-            format!("must be between -2 and 2, got {penalty}"),
+            format!("must be finite, got {penalty}"),
         ))
     }
 }

@@ -6,7 +6,8 @@ use crate::processors::count_penalty::{check_count_penalty, CountPenalty};
 use crate::processors::LogitsProcessor;
 use crate::spec::{KindSpec, SpecContext};
 
-/// `{"kind": "frequency_penalty", "penalty": 0.5}`: `penalty` in `-2..=2`, over the generated ids.
+/// `{"kind": "frequency_penalty", "penalty": 0.5}`: `penalty` finite (OpenAI's range `-2..=2`, or beyond as
+/// llama.cpp accepts; 0 changes nothing), over the generated ids.
 #[derive(Debug, Clone, Serialize, Deserialize, JsonSchema)]
 #[serde(deny_unknown_fields)]
 pub struct FrequencyPenaltySpec {

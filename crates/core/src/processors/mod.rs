@@ -18,6 +18,7 @@ pub(crate) mod dynamic_temperature;
 mod eos;
 mod exponential_decay_length_penalty;
 mod force_last_phrase;
+mod forced_bos;
 mod forced_eos;
 mod forced_sequence;
 mod frequency_penalty;
@@ -69,6 +70,7 @@ pub use exponential_decay_length_penalty::{
     ExponentialDecayLengthPenalty, ExponentialDecayLengthPenaltySpec,
 };
 pub use force_last_phrase::{ForceLastPhrase, ForceLastPhraseSpec};
+pub use forced_bos::{ForcedBos, ForcedBosSpec};
 pub use forced_eos::{ForcedEos, ForcedEosSpec};
 pub use forced_sequence::{ForcedSequence, ForcedSequenceSpec, Position, PositionSpec};
 pub use frequency_penalty::{FrequencyPenalty, FrequencyPenaltySpec};
@@ -155,6 +157,7 @@ pub(crate) static KINDS: &[Kind] = &[
         .masking()
         .with_token_texts(),
     Kind::new::<BitmaskSpec>("bitmask").history_free().masking(),
+    Kind::new::<ForcedBosSpec>("forced_bos"),
     Kind::new::<ForcedEosSpec>("forced_eos"),
     Kind::new::<ForcedSequenceSpec>("forced_sequence"),
     Kind::new::<HelloWorldSpec>("hello_world"),

@@ -6,7 +6,7 @@
 use schemars::JsonSchema;
 use serde::{Deserialize, Serialize};
 
-use crate::error::Result;
+use crate::error::{Error, Result};
 use crate::history::TokenHistory;
 use crate::plan::{Edit, RowPlan, Truncation};
 use crate::processors::LogitsProcessor;
@@ -57,26 +57,52 @@ pub(crate) fn one() -> u32 {
     1
 }
 
-/// A truncation kind's spec: the rule it names.
+/// A truncation kind's spec: the rule it names, `None` for the ecosystems' "off" value of its
+/// parameter (the spec then changes nothing).
 trait RuleSpec {
-    fn rule(&self) -> Truncation;
+    fn rule(&self) -> Result<Option<Truncation>>;
 }
 
-/// Each truncation spec is checked as its rule is, and realized as [`Truncate`] of it.
+/// A spec at its "off" value: no edit at all, so the row is left bit for bit as it was.
+#[derive(Debug, Clone, Copy, PartialEq)]
+struct Off;
+
+impl LogitsProcessor for Off {
+    fn plan(&mut self, _ids: &dyn TokenHistory, _plan: &mut RowPlan) -> Result<()> {
+        Ok(())
+    }
+
+    fn undo(&mut self) {}
+}
+
+/// Each truncation spec is checked as its rule is, and realized as [`Truncate`] of it (or as
+/// nothing at its "off" value).
 macro_rules! truncation_kinds {
     ($($spec:ident),* $(,)?) => {
         $(
             impl KindSpec for $spec {
                 fn check(&self) -> Result<()> {
-                    self.rule().validate()
+                    self.rule()?.map_or(Ok(()), |rule| rule.validate())
                 }
 
                 fn realize(&self, _: &SpecContext, _: usize) -> Result<Box<dyn LogitsProcessor>> {
-                    Ok(Box::new(Truncate::new(self.rule())?))
+                    Ok(match self.rule()? {
+                        Some(rule) => Box::new(Truncate::new(rule)?),
+                        None => Box::new(Off),
+                    })
                 }
             }
         )*
     };
+}
+
+/// The `min_tokens_to_keep` largest logits (and ties): what llama.cpp keeps for `top_p` 0 and
+/// `min_p` above 1.
+fn keep_min(min_keep: u32) -> Truncation {
+    Truncation::TopK {
+        k: min_keep,
+        min_keep,
+    }
 }
 
 truncation_kinds!(
@@ -90,27 +116,38 @@ truncation_kinds!(
 
 /// `{"kind": "top_k", "k": 50, "min_tokens_to_keep": 1}`: keeps the `k` (at least 1) largest logits
 /// and every logit tied with the k-th; `min_tokens_to_keep` (at least 1, default 1) as in
-/// transformers' `TopKLogitsWarper`.
+/// transformers' `TopKLogitsWarper`. `k` 0 or -1 is off (the row is left as it is), as in
+/// llama.cpp, vLLM and SGLang; below -1 is refused.
 #[derive(Debug, Clone, Serialize, Deserialize, JsonSchema)]
 #[serde(deny_unknown_fields)]
 pub struct TopKSpec {
-    pub k: u32,
+    pub k: i64,
     #[serde(default = "one")]
     pub min_tokens_to_keep: u32,
 }
 
 impl RuleSpec for TopKSpec {
-    fn rule(&self) -> Truncation {
-        Truncation::TopK {
-            k: self.k,
-            min_keep: self.min_tokens_to_keep,
+    fn rule(&self) -> Result<Option<Truncation>> {
+        match self.k {
+            0 | -1 => Ok(None),
+            k => match u32::try_from(k) {
+                Ok(k) => Ok(Some(Truncation::TopK {
+                    k,
+                    min_keep: self.min_tokens_to_keep,
+                })),
+                Err(_) => Err(Error::argument(
+                    "k",
+                    format!("{k} is outside the range >= 1 (0 or -1: off) and < 2^32"),
+                )),
+            },
         }
     }
 }
 
 /// `{"kind": "top_p", "p": 0.9, "min_tokens_to_keep": 1}`: keeps the smallest set of largest logits
 /// whose probability reaches `p` (`0 < p <= 1`); `min_tokens_to_keep` (at least 1, default 1) as in
-/// transformers' `TopPLogitsWarper`.
+/// transformers' `TopPLogitsWarper`. `p` 1 is off (the row is left as it is); `p` 0 keeps the
+/// `min_tokens_to_keep` largest logits (and ties), as llama.cpp and transformers do.
 #[derive(Debug, Clone, Serialize, Deserialize, JsonSchema)]
 #[serde(deny_unknown_fields)]
 pub struct TopPSpec {
@@ -120,17 +157,22 @@ pub struct TopPSpec {
 }
 
 impl RuleSpec for TopPSpec {
-    fn rule(&self) -> Truncation {
-        Truncation::TopP {
-            p: self.p as f32,
-            min_keep: self.min_tokens_to_keep,
-        }
+    fn rule(&self) -> Result<Option<Truncation>> {
+        Ok(match self.p {
+            1.0 => None,
+            0.0 => Some(keep_min(self.min_tokens_to_keep)),
+            p => Some(Truncation::TopP {
+                p: p as f32,
+                min_keep: self.min_tokens_to_keep,
+            }),
+        })
     }
 }
 
 /// `{"kind": "min_p", "p": 0.05, "min_tokens_to_keep": 1}`: keeps the logits whose probability is
 /// at least `p` (`0 <= p <= 1`) times the largest; `min_tokens_to_keep` (at least 1, default 1) as
-/// in transformers' `MinPLogitsWarper`.
+/// in transformers' `MinPLogitsWarper`. `p` 0 is off (the row is left as it is); a finite `p`
+/// above 1 keeps the `min_tokens_to_keep` largest logits (and ties), as llama.cpp does.
 #[derive(Debug, Clone, Serialize, Deserialize, JsonSchema)]
 #[serde(deny_unknown_fields)]
 pub struct MinPSpec {
@@ -140,17 +182,21 @@ pub struct MinPSpec {
 }
 
 impl RuleSpec for MinPSpec {
-    fn rule(&self) -> Truncation {
-        Truncation::MinP {
-            p: self.p as f32,
-            min_keep: self.min_tokens_to_keep,
-        }
+    fn rule(&self) -> Result<Option<Truncation>> {
+        Ok(match self.p {
+            0.0 => None,
+            p if p > 1.0 && p.is_finite() => Some(keep_min(self.min_tokens_to_keep)),
+            p => Some(Truncation::MinP {
+                p: p as f32,
+                min_keep: self.min_tokens_to_keep,
+            }),
+        })
     }
 }
 
 /// `{"kind": "typical_p", "mass": 0.9, "min_tokens_to_keep": 1}`: locally typical sampling with
 /// mass `mass` (`0 < mass < 1`); `min_tokens_to_keep` (at least 1, default 1) as in transformers'
-/// `TypicalLogitsWarper`.
+/// `TypicalLogitsWarper`. `mass` 1 is off (the row is left as it is), as in llama.cpp.
 #[derive(Debug, Clone, Serialize, Deserialize, JsonSchema)]
 #[serde(deny_unknown_fields)]
 pub struct TypicalPSpec {
@@ -160,11 +206,14 @@ pub struct TypicalPSpec {
 }
 
 impl RuleSpec for TypicalPSpec {
-    fn rule(&self) -> Truncation {
-        Truncation::Typical {
-            mass: self.mass as f32,
-            min_keep: self.min_tokens_to_keep,
-        }
+    fn rule(&self) -> Result<Option<Truncation>> {
+        Ok(match self.mass {
+            1.0 => None,
+            mass => Some(Truncation::Typical {
+                mass: mass as f32,
+                min_keep: self.min_tokens_to_keep,
+            }),
+        })
     }
 }
 
@@ -180,11 +229,11 @@ pub struct EpsilonCutoffSpec {
 }
 
 impl RuleSpec for EpsilonCutoffSpec {
-    fn rule(&self) -> Truncation {
-        Truncation::Epsilon {
+    fn rule(&self) -> Result<Option<Truncation>> {
+        Ok(Some(Truncation::Epsilon {
             epsilon: self.epsilon as f32,
             min_keep: self.min_tokens_to_keep,
-        }
+        }))
     }
 }
 
@@ -200,10 +249,120 @@ pub struct EtaCutoffSpec {
 }
 
 impl RuleSpec for EtaCutoffSpec {
-    fn rule(&self) -> Truncation {
-        Truncation::Eta {
+    fn rule(&self) -> Result<Option<Truncation>> {
+        Ok(Some(Truncation::Eta {
             epsilon: self.epsilon as f32,
             min_keep: self.min_tokens_to_keep,
+        }))
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use crate::spec::{ProcessorSpec, SpecContext};
+
+    /// A row with ties, NaN, both infinities and signed zeros, where any edit would show.
+    fn row() -> Vec<f32> {
+        vec![
+            1.5,
+            f32::NAN,
+            -0.0,
+            3.0,
+            3.0,
+            f32::NEG_INFINITY,
+            f32::INFINITY,
+            -7.25,
+            0.0,
+            2.0,
+        ]
+    }
+
+    fn run(json: &str) -> crate::Result<Vec<f32>> {
+        let spec = ProcessorSpec::parse(json)?;
+        let mut processor = spec.realize(&SpecContext::default(), 1)?;
+        let mut row = row();
+        crate::process_row(processor.as_mut(), &[0u32, 3, 3, 9], &mut row)?;
+        Ok(row)
+    }
+
+    #[test]
+    fn off_values_leave_the_row_bit_for_bit() {
+        for json in [
+            r#"{"kind": "top_k", "k": 0}"#,
+            r#"{"kind": "top_k", "k": -1}"#,
+            r#"{"kind": "top_p", "p": 1.0}"#,
+            r#"{"kind": "min_p", "p": 0.0}"#,
+            r#"{"kind": "typical_p", "mass": 1.0}"#,
+            r#"{"kind": "repetition_penalty", "penalty": 1.0}"#,
+            r#"{"kind": "frequency_penalty", "penalty": 0.0}"#,
+            r#"{"kind": "presence_penalty", "penalty": 0.0}"#,
+        ] {
+            let got: Vec<u32> = run(json).unwrap().iter().map(|x| x.to_bits()).collect();
+            let want: Vec<u32> = row().iter().map(|x| x.to_bits()).collect();
+            assert_eq!(got, want, "{json}");
+        }
+    }
+
+    #[test]
+    fn top_p_zero_and_min_p_above_one_keep_the_largest_as_llama_cpp() {
+        let ninf = f32::NEG_INFINITY;
+        let row = [1.0f32, 4.0, 2.0, 3.0];
+        for (json, want) in [
+            (r#"{"kind": "top_p", "p": 0.0}"#, [ninf, 4.0, ninf, ninf]),
+            (r#"{"kind": "min_p", "p": 1.5}"#, [ninf, 4.0, ninf, ninf]),
+            (
+                r#"{"kind": "min_p", "p": 7.0, "min_tokens_to_keep": 2}"#,
+                [ninf, 4.0, ninf, 3.0],
+            ),
+            (
+                r#"{"kind": "top_p", "p": 0.0, "min_tokens_to_keep": 3}"#,
+                [ninf, 4.0, 2.0, 3.0],
+            ),
+        ] {
+            let spec = ProcessorSpec::parse(json).unwrap();
+            let mut processor = spec.realize(&SpecContext::default(), 0).unwrap();
+            let mut got = row;
+            crate::process_row(processor.as_mut(), &[0u32], &mut got).unwrap();
+            assert_eq!(got, want, "{json}");
+        }
+    }
+
+    #[test]
+    fn penalties_beyond_two_are_accepted_as_llama_cpp_does() {
+        let got = run(r#"{"kind": "frequency_penalty", "penalty": 3.0}"#).unwrap();
+        // Token 3 occurs twice after the one-id prompt: 3.0 - 3.0 * 2.
+        assert_eq!(got[3], -3.0);
+        let got = run(r#"{"kind": "presence_penalty", "penalty": -2.5}"#).unwrap();
+        assert_eq!(got[9], 4.5);
+    }
+
+    #[test]
+    fn values_neither_valid_nor_off_are_refused_naming_the_field() {
+        for (json, field) in [
+            (r#"{"kind": "top_k", "k": -2}"#, "k"),
+            (r#"{"kind": "top_k", "k": 4294967296}"#, "k"),
+            (r#"{"kind": "top_p", "p": -0.1}"#, "p"),
+            (r#"{"kind": "top_p", "p": 1.5}"#, "p"),
+            (r#"{"kind": "min_p", "p": -0.5}"#, "p"),
+            (r#"{"kind": "typical_p", "mass": 1.5}"#, "mass"),
+            (r#"{"kind": "typical_p", "mass": 0.0}"#, "mass"),
+            (
+                r#"{"kind": "frequency_penalty", "penalty": 1e39}"#,
+                "penalty",
+            ),
+            (
+                r#"{"kind": "repetition_penalty", "penalty": 0.0}"#,
+                "penalty",
+            ),
+        ] {
+            let error = ProcessorSpec::parse(json)
+                .and_then(|spec| spec.realize(&SpecContext::default(), 0).map(drop))
+                .unwrap_err();
+            match error {
+                crate::Error::InvalidArgument { field: f, .. }
+                | crate::Error::InvalidSpec { field: f, .. } => assert_eq!(f, field, "{json}"),
+                other => panic!("{json}: {other:?}"),
+            }
         }
     }
 }
