@@ -97,6 +97,13 @@ impl DrySpec {
                 })?;
                 breakers.extend(resolved.iter().cloned());
             }
+            // The ids the texts resolve to count against the limit under the field written.
+            if breakers.iter().map(Vec::len).sum::<usize>() > MAX_TOKEN_IDS {
+                return Err(Error::spec(
+                    "sequence_breakers",
+                    format!("the texts resolve to more than {MAX_TOKEN_IDS} breaker ids"),
+                ));
+            }
             return Ok(breakers);
         }
         let _ = context;
