@@ -48,6 +48,12 @@ impl KindSpec for BanStringsSpec {
     }
 
     fn check(&self) -> Result<()> {
+        if self.strings.is_empty() {
+            return Err(Error::spec(
+                "strings",
+                "must hold 1 to 1,024 strings, got none",
+            ));
+        }
         check_texts(
             "strings",
             self.strings.iter().map(String::as_str),
@@ -262,6 +268,16 @@ mod tests {
                 })
             })
             .collect()
+    }
+
+    #[test]
+    fn no_strings_is_refused_naming_strings() {
+        let spec = BanStringsSpec {
+            strings: vec![],
+            ..serde_json::from_value(serde_json::json!({"strings": ["x"]})).unwrap()
+        };
+        let error = spec.check().unwrap_err().to_string();
+        assert!(error.contains("strings"), "{error}");
     }
 
     #[test]

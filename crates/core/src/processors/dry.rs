@@ -50,6 +50,8 @@ pub const DEFAULT_SEQUENCE_BREAKERS: [&str; 4] = ["\n", ":", "\"", "*"];
 const MAX_BREAKER_BYTES: usize = 40;
 const MAX_BREAKER_TAIL: usize = 20;
 const MAX_BREAKERS: usize = 64;
+/// The most new ids a step pushes one by one; more are read by a rescan.
+const MAX_PUSHES: usize = 16;
 
 fn default_base() -> f64 {
     1.75
@@ -94,6 +96,13 @@ impl DrySpec {
                     overlapping_sequences(env, text)
                 })?;
                 breakers.extend(resolved.iter().cloned());
+            }
+            // The ids the texts resolve to count against the limit under the field written.
+            if breakers.iter().map(Vec::len).sum::<usize>() > MAX_TOKEN_IDS {
+                return Err(Error::spec(
+                    "sequence_breakers",
+                    format!("the texts resolve to more than {MAX_TOKEN_IDS} breaker ids"),
+                ));
             }
             return Ok(breakers);
         }
@@ -219,8 +228,8 @@ impl KindSpec for DrySpec {
 /// Here the state carries them: after a new id `c`, the matches are exactly the earlier
 /// occurrences `e` of `c`, each one longer than the match that ended at `e - 1`, so a step costs
 /// `O(occurrences of c in the window)` (a per-token list of positions), plus the breaker check
-/// over the last `max breaker length` ids. A rescan (ids that do not extend those read) runs the
-/// Z-algorithm once.
+/// over the last `max breaker length` ids. A rescan (ids that do not extend those read, or more
+/// than 16 new ids at once, as a fresh processor's prompt) runs the Z-algorithm once, `O(L)`.
 ///
 /// ```
 /// use logits_processing::{process_row, processors::Dry};
@@ -527,7 +536,11 @@ impl LogitsProcessor for Dry {
         }
         self.last = None;
         self.before = None;
-        if self.state.cursor.extended_by(ids) {
+        // Pushing costs `O(occurrences)` per id, so many new ids at once (a fresh processor's
+        // prompt) are read by the one Z-algorithm pass of a rescan, which is `O(L)`.
+        let extends = self.state.cursor.extended_by(ids)
+            && ids.token_count() - self.state.ids.len() <= MAX_PUSHES;
+        if extends {
             let mut state = std::mem::take(&mut self.state);
             let change = Change {
                 cursor: state.cursor,
@@ -720,6 +733,38 @@ mod tests {
                 prop_assert_eq!(&got, &want, "{:?}", ids);
                 let mut fresh = Dry::new(0.8, 1.75, allowed, window, breakers.clone(), None).unwrap();
                 prop_assert_eq!(planned(&mut fresh, &ids), want);
+            }
+        }
+    }
+
+    /// Seconds `dry` takes to plan `ids`.
+    fn plan_time(dry: &mut Dry, ids: &[u32]) -> f64 {
+        let mut plan = RowPlan::default();
+        let start = std::time::Instant::now();
+        dry.plan(&ids, &mut plan).unwrap();
+        start.elapsed().as_secs_f64()
+    }
+
+    #[test]
+    fn a_fresh_processor_reads_a_long_prompt_in_the_time_of_a_rescan() {
+        let shapes: [fn(usize) -> Vec<u32>; 3] = [
+            |n| vec![5; n],
+            |n| (0..n as u32).collect(),
+            |n| (0..n as u32).rev().collect(),
+        ];
+        for n in [32_768, 131_072] {
+            for shape in shapes {
+                let ids = shape(n);
+                let new = || Dry::new(1.0, 1.75, 2, None, vec![], None).unwrap();
+                let fresh = plan_time(&mut new(), &ids);
+                let mut rewound = new();
+                plan_time(&mut rewound, &[7, 7, 7]);
+                let rescan = plan_time(&mut rewound, &ids);
+                // Same order of cost: a generous ratio, with a floor for timer noise.
+                assert!(
+                    fresh <= 20.0 * rescan + 0.05,
+                    "{n} ids: fresh {fresh:.3}s, rewound {rescan:.3}s"
+                );
             }
         }
     }

@@ -19,8 +19,8 @@ use crate::truncation::Softmax;
 /// temperature. A temperature that comes out `<= 0` keeps only the largest logit (every tie of
 /// it), as llama.cpp's temperature 0 does; a row with at most one finite logit is left as it is.
 ///
-/// `temperature` (finite, `>= 0`), `range` (finite; default 0), `exponent` (finite, `>= 0`,
-/// default 1).
+/// `temperature` (finite, `>= 0`), `range` (finite, `temperature + range` finite in f32; default 0),
+/// `exponent` (finite, `>= 0`, default 1).
 ///
 /// Differences from llama.cpp: `n` and the entropy count the finite logits only (llama.cpp
 /// counts every candidate, `-inf` included, in `ln n`); the entropy is the truncation module's
@@ -84,6 +84,12 @@ impl DynamicTemperature {
                 )),
             }
         };
+        if !((temperature as f32) + (range as f32).max(0.0)).is_finite() {
+            return Err(Error::argument(
+                "range",
+                format!("temperature + range must be finite in f32, got {temperature} + {range}"),
+            ));
+        }
         Ok(Self {
             rule: Reshape::DynamicTemperature {
                 temperature: finite("temperature", temperature, true)?,
@@ -167,6 +173,15 @@ mod tests {
             .sum::<f64>();
         let lo = (t - range).max(0.0);
         lo + (t + range - lo) * (h / (finite.len() as f64).ln()).powf(exponent)
+    }
+
+    #[test]
+    fn a_top_temperature_past_f32_is_refused_naming_range() {
+        let error = DynamicTemperature::new(3e38, 3e38, 1.0)
+            .unwrap_err()
+            .to_string();
+        assert!(error.contains("range"), "{error}");
+        assert!(DynamicTemperature::new(3e38, 0.0, 1.0).is_ok());
     }
 
     #[test]

@@ -13,7 +13,8 @@ use crate::spec::{KindSpec, SpecContext};
 /// `GenLengthLogitsProcessor` (negative factors lengthen answers).
 ///
 /// - `boost_factor` (finite): after `n` generated tokens the end token's logit gets
-///   `boost_factor * n^p / 10^p` (in f64, added in f32), until the end token has been generated;
+///   `boost_factor * n^p / 10^p` (in f64, saturated at ±1e30 so that it stays finite, added in
+///   f32), until the end token has been generated;
 /// - `p` (int >= 0, default 2);
 /// - `complete_sentences` (default false): only when the last id ends a sentence;
 /// - `boost_token` (text of one token, or an id; default the engine's EOS id), e.g. `"</think>"`;
@@ -38,6 +39,9 @@ pub struct GenLengthSpec {
     pub sentence_end_ids: Option<Vec<u32>>,
 }
 
+/// The boost saturates at this magnitude: added to any finite f32 it stays finite.
+const MAX_BOOST: f64 = 1e30;
+
 fn default_p() -> u32 {
     2
 }
@@ -53,6 +57,9 @@ pub(crate) fn boost_and_ends(
         Some(token) => token.id(context, "boost_token")?,
         None => eos_or(context, None, "boost_token")?,
     };
+    if let Some(ids) = sentence_end_ids {
+        context.check_ids("sentence_end_ids", ids.iter().copied())?;
+    }
     let ends = complete_sentences
         .then(|| sentence_ends(context, sentence_end_ids, "sentence_end_ids"))
         .transpose()?;
@@ -156,7 +163,15 @@ impl GenLength {
             Some(v) => v as f64,
             None => (base as f64).powi(self.p.min(i32::MAX as u32) as i32),
         };
-        (self.boost_factor * power(n as u128) / power(10)) as f32
+        let mut boost = self.boost_factor * power(n as u128) / power(10);
+        if boost.is_nan() {
+            // Both powers overflowed: their ratio, then `0 * inf` is no boost.
+            boost = self.boost_factor * (n as f64 / 10.0).powf(self.p as f64);
+            if boost.is_nan() {
+                boost = 0.0;
+            }
+        }
+        boost.clamp(-MAX_BOOST, MAX_BOOST) as f32
     }
 }
 
@@ -204,6 +219,38 @@ mod tests {
             prompt_len: 2,
             seen: Seen::default(),
             before: Seen::default(),
+        }
+    }
+
+    #[test]
+    fn an_extreme_boost_saturates_finite() {
+        for (factor, p, n) in [
+            (1.0, 400, 5),
+            (1e300, 2, 50),
+            (1.0, 200, 1000),
+            (-1.0, 400, 1000),
+        ] {
+            let spec = GenLengthSpec {
+                boost_factor: factor,
+                p,
+                complete_sentences: false,
+                boost_token: None,
+                sentence_end_ids: None,
+            };
+            let gen = GenLength {
+                boost_factor: spec.boost_factor,
+                p: spec.p,
+                boost_token: 0,
+                sentence_ends: None,
+                prompt_len: 0,
+                seen: Seen::default(),
+                before: Seen::default(),
+            };
+            let boost = gen.boost(n);
+            assert!(
+                boost.is_finite() && (1.0f32 + boost).is_finite(),
+                "{factor} {p} {n}: {boost}"
+            );
         }
     }
 

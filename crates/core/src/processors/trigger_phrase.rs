@@ -281,6 +281,34 @@ mod tests {
     }
 
     #[test]
+    #[ignore = "open: after a history that does not extend the last one, the continuing processor still forces the phrase's second id"]
+    fn replaced_ids_equal_a_fresh_processor() {
+        let new = || TriggerPhrase::new(vec![4, 5], Some(9), None, 2, false, 0);
+        let mut pipeline = Pipeline::new(vec![Step::Processor(Box::new(new()))]);
+        let mut row = vec![0.0f32; 10];
+        row[9] = 1.0;
+        // A run written, then another history of the same or larger length, not an extension.
+        for ids in [
+            &[1u32][..],
+            &[1, 4],
+            &[1, 4, 5],
+            &[1, 4, 5, 7],
+            &[2, 2, 2, 2, 2],
+        ] {
+            let mut r = row.clone();
+            pipeline.process(&ids, &mut r).unwrap();
+        }
+        let ids = [2u32, 2, 2, 2, 2, 2];
+        let mut continuing = row.clone();
+        pipeline.process(&ids, &mut continuing).unwrap();
+        let mut fresh = row.clone();
+        Pipeline::new(vec![Step::Processor(Box::new(new()))])
+            .process(&ids, &mut fresh)
+            .unwrap();
+        assert_eq!(survivors(&continuing), survivors(&fresh));
+    }
+
+    #[test]
     fn instead_of_the_trigger_or_after_it_as_often_as_asked() {
         let instead = TriggerPhrase::new(vec![5, 6], Some(1), None, 2, false, 1);
         assert_eq!(
