@@ -261,11 +261,11 @@ def test_a_too_long_pipeline_is_one_error(capsys):
     assert cli.main(["check", json.dumps([TEMPERATURE] * 1500)]) == 1
     assert len(capsys.readouterr().out.splitlines()) == 1
     specs = [TEMPERATURE] * 100
-    specs[3], specs[90] = {"kind": "top_k", "k": 0}, {"kind": "ban_tokens"}
+    specs[3], specs[90] = {"kind": "top_k", "k": -2}, {"kind": "ban_tokens"}
     assert [e["field"] for e in cli.check_text(json.dumps(specs))] == ["pipeline", "[3].k", "[90].token_ids"]
     # A number the core does not read is the whole text's one error (not one more for its spec);
     # the specs it could read are still checked.
-    huge = json.dumps([TEMPERATURE, {"kind": "temperature", "temperature": 10**400}, {"kind": "top_k", "k": 0}])
+    huge = json.dumps([TEMPERATURE, {"kind": "temperature", "temperature": 10**400}, {"kind": "top_k", "k": -2}])
     assert [e["field"] for e in cli.check_text(huge)] == ["spec", "[2].k"]
     assert [e["field"] for e in cli.check_text("[" * 100_000)] == ["spec"]  # deeper than Python parses
 
@@ -284,7 +284,7 @@ def test_check_validates_each_spec_once(monkeypatch):
     for n in (1, 64, 65, 8000):
         checked.clear()
         specs = [TEMPERATURE] * n
-        specs[-1] = {"kind": "top_k", "k": 0}
+        specs[-1] = {"kind": "top_k", "k": -2}
         errors = cli.check_text(json.dumps(specs))
         assert errors[-1]["field"] == f"[{n - 1}].k"
         assert sum(checked) <= 2 * n, (n, sum(checked))
@@ -292,7 +292,7 @@ def test_check_validates_each_spec_once(monkeypatch):
 
 # Bad single specs (with a vocab of 5), each named at its place in a list as admission names it.
 PLACED_BAD_SPECS = [s for s, _ in BAD_SPECS if isinstance(s, dict)] + [
-    {"kind": "top_k", "k": 0},
+    {"kind": "top_k", "k": -2},
     {"kind": "forced_sequence", "token_ids": [7], "eos_token_id": 2},
     {"kind": "bad_words", "bad_words_ids": [[1], [9, 2]]},
     {"kind": "logit_bias", "logit_bias": {"9": 1.0}},
@@ -306,7 +306,7 @@ def test_each_later_error_is_the_one_admission_gives_at_that_place(spec, at):
     context = {"context": lp.EngineContext(None, vocab_size=5)}
     with pytest.raises(lp.SpecError) as info:
         lp.validate_specs(json.dumps([TEMPERATURE] * at + [spec]), **context)
-    specs = [{"kind": "top_k", "k": 0}] + [TEMPERATURE] * (at - 1) + [spec]
+    specs = [{"kind": "top_k", "k": -2}] + [TEMPERATURE] * (at - 1) + [spec]
     errors = cli.check_text(json.dumps(specs), **context)
     assert errors[0]["field"] == "[0].k"
     assert errors[1:] == [cli._error(info.value)]

@@ -176,6 +176,9 @@ fn spec_of(kind: &'static str) -> BoxedStrategy<Value> {
                        "decay_factor": f, "eos_token_ids": e})
             })
             .boxed(),
+        "forced_bos" => token()
+            .prop_map(|b| json!({"kind": "forced_bos", "bos_token_id": b}))
+            .boxed(),
         "forced_eos" => (0usize..12, tokens(3))
             .prop_map(|(n, e)| json!({"kind": "forced_eos", "max_length": n, "eos_token_ids": e}))
             .boxed(),
@@ -331,6 +334,7 @@ resume_safe! {
     resume_safe_min_new_tokens: "min_new_tokens",
     resume_safe_min_length: "min_length",
     resume_safe_exponential_decay_length_penalty: "exponential_decay_length_penalty",
+    resume_safe_forced_bos: "forced_bos",
     resume_safe_forced_eos: "forced_eos",
     resume_safe_suppress_tokens_at_begin: "suppress_tokens_at_begin",
     resume_safe_forced_sequence_by_tokens: "forced_sequence",
@@ -414,7 +418,7 @@ proptest! {
                 })
                 .collect();
             if !set.is_empty() {
-                prop_assert!(matches!(spec.kind(), "forced_eos" | "thinking_budget"), "{}", spec.kind());
+                prop_assert!(matches!(spec.kind(), "forced_bos" | "forced_eos" | "thinking_budget"), "{}", spec.kind());
             }
             let before = row.clone();
             plan.apply(&mut row).unwrap();
@@ -537,16 +541,16 @@ fn every_new_kind_parses_and_writes_back_what_it_read() {
 #[test]
 fn bad_values_are_refused_naming_the_field() {
     let cases = [
-        (r#"{"kind": "top_k", "k": 0}"#, "k"),
-        (r#"{"kind": "top_k", "k": -1}"#, "k"),
+        (r#"{"kind": "top_k", "k": -2}"#, "k"),
+        (r#"{"kind": "top_k", "k": 4294967296}"#, "k"),
         (
             r#"{"kind": "top_k", "k": 3, "min_tokens_to_keep": 0}"#,
             "min_tokens_to_keep",
         ),
-        (r#"{"kind": "top_p", "p": 0}"#, "p"),
+        (r#"{"kind": "top_p", "p": -0.1}"#, "p"),
         (r#"{"kind": "top_p", "p": 1.5}"#, "p"),
         (r#"{"kind": "min_p", "p": -0.1}"#, "p"),
-        (r#"{"kind": "typical_p", "mass": 1}"#, "mass"),
+        (r#"{"kind": "typical_p", "mass": 0}"#, "mass"),
         (r#"{"kind": "epsilon_cutoff", "epsilon": 0}"#, "epsilon"),
         (r#"{"kind": "eta_cutoff", "epsilon": 1}"#, "epsilon"),
         (r#"{"kind": "eta_cutoff", "eps": 0.1}"#, "eps"),
@@ -556,10 +560,10 @@ fn bad_values_are_refused_naming_the_field() {
             "scope",
         ),
         (
-            r#"{"kind": "frequency_penalty", "penalty": 2.5}"#,
+            r#"{"kind": "frequency_penalty", "penalty": 1e39}"#,
             "penalty",
         ),
-        (r#"{"kind": "presence_penalty", "penalty": -3}"#, "penalty"),
+        (r#"{"kind": "presence_penalty", "penalty": -1e39}"#, "penalty"),
         (r#"{"kind": "no_repeat_ngram", "n": 0}"#, "n"),
         (
             r#"{"kind": "repetition_penalty", "penalty": 1.1, "window": -2}"#,
@@ -649,7 +653,7 @@ fn bad_values_are_refused_naming_the_field() {
             "decay_factor",
         ),
         (
-            r#"[{"kind": "top_k", "k": 1}, {"kind": "min_p", "p": 2}]"#,
+            r#"[{"kind": "top_k", "k": 1}, {"kind": "min_p", "p": -1}]"#,
             "[1].p",
         ),
     ];
