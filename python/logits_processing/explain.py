@@ -1,0 +1,84 @@
+"""What a pipeline does to one row, step by step: ``logits-processing explain``.
+
+Each prefix of the spec list runs through the library (:class:`Processor`) on a copy of the row;
+each step reports the tokens kept, the top tokens' probabilities before and after it, and the
+entropy. :func:`figure` draws the top tokens' probability after each step, side by side, with
+matplotlib (the ``explain`` extra). Needs numpy.
+"""
+
+from __future__ import annotations
+
+import json
+from dataclasses import dataclass, field
+from typing import Any
+
+SHAPES = ("flat", "peaked", "zipf")
+
+
+@dataclass
+class Step:
+    label: str
+    probs: Any  # float64 numpy array, 0 where a token was removed
+    kept: int
+    entropy_bits: float
+    top: list = field(default_factory=list)  # token ids, most probable first
+
+
+def synthetic_row(shape: str = "zipf", vocab: int = 1000, seed: int = 0):
+    """A float32 row: ``flat`` N(0, 1), ``peaked`` (N(0, 1) with five tokens far above), ``zipf``
+    (probability 1/rank over a shuffled vocab)."""
+    import numpy as np
+
+    rng = np.random.default_rng(seed)
+    if shape == "flat":
+        return rng.standard_normal(vocab).astype(np.float32)
+    if shape == "peaked":
+        row = rng.standard_normal(vocab).astype(np.float32)
+        row[rng.choice(vocab, 5, replace=False)] += np.array([9, 8, 7, 6, 5], np.float32)
+        return row
+    if shape == "zipf":
+        return (-np.log1p(rng.permutation(vocab))).astype(np.float32)
+    raise ValueError(f"shape: {shape!r} is not one of {', '.join(SHAPES)}")
+
+
+def _probs(row):
+    import numpy as np
+
+    x = row.astype(np.float64)
+    finite = np.isfinite(x)
+    p = np.zeros_like(x)
+    if finite.any():
+        e = np.exp(x[finite] - x[finite].max())
+        p[finite] = e / e.sum()
+    return p
+
+
+def _step(label, row, top):
+    import numpy as np
+
+    p = _probs(row)
+    nz = p[p > 0]
+    order = np.argsort(-p, kind="stable")[:top]
+    return Step(label, p, int(np.isfinite(row).sum()), float(-(nz * np.log2(nz)).sum()),
+                [int(i) for i in order if p[i] > 0])
+
+
+def explain(specs, row=None, *, input_ids=(), prompt_len: int = 0, top: int = 10, context=None) -> list[Step]:
+    """Step 0 is the row as given, step k the row after the first k specs."""
+    import numpy as np
+
+    from . import Processor
+
+    if isinstance(specs, str):
+        specs = json.loads(specs)
+    if isinstance(specs, dict):
+        specs = [specs]
+    row = synthetic_row() if row is None else np.asarray(row, dtype=np.float32)
+    steps = [_step("input", row, top)]
+    for k in range(1, len(specs) + 1):
+        x = row.copy()
+        Processor(specs[:k], prompt_len=prompt_len, context=context)(np.asarray(input_ids, np.int64), x)
+        spec = specs[k - 1]
+        args = " ".join(f"{a}={json.dumps(v)}" for a, v in spec.items() if a != "kind")
+        steps.append(_step(f"{spec['kind']} {args}".strip(), x, top))
+    return steps
