@@ -82,3 +82,27 @@ def explain(specs, row=None, *, input_ids=(), prompt_len: int = 0, top: int = 10
         args = " ".join(f"{a}={json.dumps(v)}" for a, v in spec.items() if a != "kind")
         steps.append(_step(f"{spec['kind']} {args}".strip(), x, top))
     return steps
+
+
+def figure(steps: list[Step], labels=None):
+    """A matplotlib Figure: one panel per step, side by side, bars of the top tokens' probability
+    after that step (the tokens of every step's top, in the input's order). ``labels(id)`` names a
+    token (default: its id)."""
+    try:
+        from matplotlib.figure import Figure
+    except ImportError:
+        raise ImportError("explain's pictures need matplotlib: pip install 'logits-processing[explain]'") from None
+    tokens = []
+    for s in steps:
+        tokens += [t for t in s.top if t not in tokens]
+    tokens.sort(key=lambda t: -steps[0].probs[t])
+    names = [labels(t) if labels else str(t) for t in tokens]
+    fig = Figure(figsize=(2.6 * len(steps), 0.3 * len(tokens) + 1.2), layout="constrained")
+    axes = fig.subplots(1, len(steps), sharey=True, squeeze=False)[0]
+    for ax, s in zip(axes, steps):
+        ax.barh(range(len(tokens)), [s.probs[t] for t in tokens], color="tab:blue")
+        ax.set_yticks(range(len(tokens)), names)
+        ax.invert_yaxis()
+        ax.set_xlim(0, 1)
+        ax.set_title(f"{s.label}\nkept {s.kept}, H {s.entropy_bits:.2f} bits", fontsize=8)
+    return fig
