@@ -33,7 +33,8 @@ def test_steps_and_figure_come_from_the_pipeline(specs, shape, tmp_path):
         assert s.entropy_bits == pytest.approx(-(nz * np.log2(nz)).sum())
     fig = figure(steps)
     fig.savefig(tmp_path / "x.png")  # draws the tick labels too
+    labels = [int(t.get_text()) for t in fig.axes[0].get_yticklabels()]  # shared by the panels
+    assert labels
     for ax, s in zip(fig.axes, steps):
-        labels = [int(t.get_text()) for t in ax.get_yticklabels()]
         assert [b.get_width() for b in ax.patches] == pytest.approx([s.probs[t] for t in labels])
     assert (tmp_path / "x.png").read_bytes()[:8] == b"\x89PNG\r\n\x1a\n"
