@@ -356,6 +356,9 @@ def parser() -> argparse.ArgumentParser:
     i = sub.add_parser("info", help="version, CPU path, CUDA, engines installed")
     i.add_argument("--json", action="store_true")
     i.set_defaults(run=_info)
+    from . import explain
+
+    explain.add_parser(sub)
     return p
 
 

@@ -106,3 +106,40 @@ def figure(steps: list[Step], labels=None):
         ax.set_xlim(0, 1)
         ax.set_title(f"{s.label}\nkept {s.kept}, H {s.entropy_bits:.2f} bits", fontsize=8)
     return fig
+
+
+def table(steps: list[Step]) -> str:
+    """The steps as text: for each, the tokens kept, the entropy, and the top tokens' probability
+    before and after it."""
+    out = []
+    for k, s in enumerate(steps):
+        out.append(f"step {k}: {s.label}: kept {s.kept}, entropy {s.entropy_bits:.4f} bits")
+        for t in s.top:
+            before = f"{steps[k - 1].probs[t]:.6f} -> " if k else ""
+            out.append(f"    {t:>8}  {before}{s.probs[t]:.6f}")
+    return "\n".join(out)
+
+
+def add_parser(sub) -> None:
+    e = sub.add_parser("explain", help="what a pipeline does to a row, step by step")
+    e.add_argument("specs", help="inline JSON or a file")
+    e.add_argument("--shape", choices=SHAPES, default="zipf", help="the synthetic row (default zipf)")
+    e.add_argument("--vocab", type=int, default=1000)
+    e.add_argument("--top", type=int, default=10)
+    e.add_argument("--png", metavar="PATH")
+    e.set_defaults(run=_run)
+
+
+def _run(args) -> int:
+    import sys
+
+    text = args.specs if args.specs.lstrip()[:1] in "[{" else open(args.specs, encoding="utf-8").read()
+    steps = explain(text, synthetic_row(args.shape, args.vocab), top=args.top)
+    print(table(steps))
+    if args.png:
+        try:
+            figure(steps).savefig(args.png)
+        except ImportError as e:
+            print(f"logits-processing explain: {e}", file=sys.stderr)
+            return 2
+    return 0
