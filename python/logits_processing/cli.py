@@ -475,9 +475,15 @@ def _add_info(sub) -> None:
     i.set_defaults(run=_info)
 
 
+def _add_explain(sub) -> None:
+    from . import explain
+
+    explain.add_parser(sub)
+
+
 # Each subcommand: a function that adds its parser to the subparsers and sets ``run``, a function
 # of the parsed arguments that returns the exit code (or raises UsageError).
-SUBCOMMANDS: list[Callable[[Any], None]] = [_add_check, _add_kinds, _add_bench, _add_info]
+SUBCOMMANDS: list[Callable[[Any], None]] = [_add_check, _add_kinds, _add_bench, _add_info, _add_explain]
 
 
 def parser() -> argparse.ArgumentParser:
