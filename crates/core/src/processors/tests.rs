@@ -551,6 +551,7 @@ fn bad_values_are_refused_naming_the_field() {
         (r#"{"kind": "top_p", "p": 1.5}"#, "p"),
         (r#"{"kind": "min_p", "p": -0.1}"#, "p"),
         (r#"{"kind": "typical_p", "mass": 0}"#, "mass"),
+        (r#"{"kind": "typical_p", "mass": 1.5}"#, "mass"),
         (r#"{"kind": "epsilon_cutoff", "epsilon": 0}"#, "epsilon"),
         (r#"{"kind": "eta_cutoff", "epsilon": 1}"#, "epsilon"),
         (r#"{"kind": "eta_cutoff", "eps": 0.1}"#, "eps"),
@@ -563,7 +564,10 @@ fn bad_values_are_refused_naming_the_field() {
             r#"{"kind": "frequency_penalty", "penalty": 1e39}"#,
             "penalty",
         ),
-        (r#"{"kind": "presence_penalty", "penalty": -1e39}"#, "penalty"),
+        (
+            r#"{"kind": "presence_penalty", "penalty": -1e39}"#,
+            "penalty",
+        ),
         (r#"{"kind": "no_repeat_ngram", "n": 0}"#, "n"),
         (
             r#"{"kind": "repetition_penalty", "penalty": 1.1, "window": -2}"#,
