@@ -125,19 +125,45 @@ pub(crate) fn kernels(ordinal: usize) -> Result<Arc<Kernels>, CudaError> {
     Ok(kernels)
 }
 
-fn load(ordinal: usize) -> Result<Kernels, CudaError> {
-    let mut device = 0;
-    let mut ctx = std::ptr::null_mut();
-    // SAFETY: the driver is initialized and `ordinal` is below the device count.
-    unsafe {
-        check(cu::cuDeviceGet(&mut device, ordinal as i32), "cuDeviceGet")?;
-        // The primary context is the one torch and the runtime API use: pointers and streams the
-        // caller hands us belong to it. Retained for the life of the process.
-        check(
-            cu::cuDevicePrimaryCtxRetain(&mut ctx, device),
-            "cuDevicePrimaryCtxRetain",
-        )?;
+/// Device `ordinal`'s primary context, the one torch and the runtime API use (pointers and streams
+/// the caller hands us belong to it), retained once and kept for the life of the process.
+pub(crate) fn primary_context(ordinal: usize) -> Result<cu::CUcontext, CudaError> {
+    // Contexts as addresses: a raw pointer is not Send.
+    static CONTEXTS: Mutex<Vec<usize>> = Mutex::new(Vec::new());
+    let count = device_count()?;
+    if ordinal >= count {
+        return Err(CudaError::NoDevice(format!(
+            "device {ordinal} asked for, {count} found"
+        )));
     }
+    let mut contexts = CONTEXTS.lock().unwrap_or_else(|e| e.into_inner());
+    if contexts.len() < count {
+        contexts.resize(count, 0);
+    }
+    if contexts[ordinal] == 0 {
+        let mut device = 0;
+        let mut ctx = std::ptr::null_mut();
+        // SAFETY: the driver is initialized and `ordinal` is below the device count.
+        unsafe {
+            check(cu::cuDeviceGet(&mut device, ordinal as i32), "cuDeviceGet")?;
+            check(
+                cu::cuDevicePrimaryCtxRetain(&mut ctx, device),
+                "cuDevicePrimaryCtxRetain",
+            )?;
+        }
+        contexts[ordinal] = ctx as usize;
+    }
+    Ok(contexts[ordinal] as cu::CUcontext)
+}
+
+fn load(ordinal: usize) -> Result<Kernels, CudaError> {
+    let ctx = primary_context(ordinal)?;
+    let mut device = 0;
+    // SAFETY: the driver is initialized and `ordinal` is below the device count.
+    check(
+        unsafe { cu::cuDeviceGet(&mut device, ordinal as i32) },
+        "cuDeviceGet",
+    )?;
     let _current = CurrentContext::push(ctx)?;
     let force_nvrtc =
         std::env::var_os("LOGITS_PROCESSING_CUDA_NVRTC").is_some_and(|v| v != "0" && !v.is_empty());

@@ -25,6 +25,7 @@ mod driver;
 mod error;
 pub mod nvrtc;
 pub mod packed;
+pub mod round_trip;
 mod self_check;
 
 pub use applier::CudaBatchApplier;

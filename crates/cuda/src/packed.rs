@@ -560,7 +560,7 @@ pub fn kernel_carries(plan: &RowPlan) -> bool {
 }
 
 /// Whether some row of a planned batch holds, at some stage, a plan the kernel does not carry
-/// out: the step that the host round trip (not yet built) has to take.
+/// out: a step the host round trip ([`crate::round_trip`]) takes.
 pub fn needs_host(batch: &Batch) -> bool {
     (0..levels(batch)).any(|level| level_plans(batch, level).any(|(_, plan)| !kernel_carries(plan)))
 }

@@ -11,7 +11,7 @@ use crate::args;
 use crate::context::{
     check_grammar_vocab, context_arg, context_of, eos_token_ids_arg, grammar_env, Legacy,
 };
-use crate::device::{apply_batch_host, apply_batch_host_into, unsupported};
+use crate::device::{apply_batch, apply_batch_host_into};
 use crate::errors::{
     describe_exception, in_row, new_err, new_err_with, spec_error, to_py, Attr, ErrorClass,
     IntoPyResult,
@@ -598,18 +598,10 @@ impl PyBatch {
                 }
             })
         };
-        let result = match (block.device, source) {
-            (Device::Cpu, Some(source)) => {
-                apply_batch_host_into(py, batch, source, block, &mut external)
-            }
-            (Device::Cpu, None) => apply_batch_host(py, batch, block, &mut external),
-            #[cfg(feature = "cuda")]
-            (Device::Cuda(ordinal), _) => {
-                crate::device::cuda::apply_batch(py, ordinal, batch, block, &mut |row, key| {
-                    external(row, key).map_err(logits_processing_cuda::CudaError::from)
-                })
-            }
-            (other, _) => Err(unsupported(other)),
+        let result = match source {
+            // `source_block` took host blocks only.
+            Some(source) => apply_batch_host_into(py, batch, source, block, &mut external),
+            None => apply_batch(py, batch, block, &mut external),
         };
         match failure {
             Some((row, failure)) => Err(failure.into_py_err(py, row)),

@@ -1,6 +1,9 @@
 //! Where a plan is carried out: on the host in place (the GIL released), or on the GPU through the
-//! `logits-processing-cuda` crate (feature `cuda`). Without that feature a CUDA tensor is a
-//! `DeviceError` naming its device; logits are never copied to the host behind the caller's back.
+//! `logits-processing-cuda` crate (feature `cuda`): by its kernels, or by the host round trip (the
+//! rows copied to the host, edited by the CPU path, copied back) for the plans the kernels do not
+//! carry, on a device whose kernels could not load or failed their self-check, and for every step
+//! with `LOGITS_PROCESSING_DEVICE=host`. Without the feature a CUDA tensor is a `DeviceError`
+//! naming its device.
 
 use logits_processing::{
     bf16, f16, Batch, DType, Error, Logit, Pipeline, Result as CoreResult, RowPlan,
@@ -37,20 +40,29 @@ pub(crate) fn apply_row(py: Python<'_>, plan: &mut RowPlan, block: Block) -> PyR
     if plan.is_empty() {
         return Ok(());
     }
+    #[cfg(feature = "cuda")]
+    if let Some(route) = cuda::route(py, block, || cuda::carries(plan))? {
+        return match route {
+            cuda::Route::Kernels(ordinal) => cuda::apply_plans(py, ordinal, &[(0, &*plan)], block),
+            cuda::Route::RoundTrip => {
+                cuda::on_host_copy(block, |host| apply_row_host(py, plan, host))
+            }
+        };
+    }
     match block.device {
-        Device::Cpu => {
-            // SAFETY: the dtype matches, the block is on the host, and this call has it alone.
-            py.detach(|| match block.dtype {
-                DType::F32 => plan.apply(unsafe { block.slice::<f32>() }),
-                DType::F16 => plan.apply(unsafe { block.slice::<f16>() }),
-                DType::BF16 => plan.apply(unsafe { block.slice::<bf16>() }),
-            })
-            .py()
-        }
-        #[cfg(feature = "cuda")]
-        Device::Cuda(ordinal) => cuda::apply_plans(py, ordinal, &[(0, &*plan)], block),
+        Device::Cpu => apply_row_host(py, plan, block),
         other => Err(unsupported(other)),
     }
+}
+
+fn apply_row_host(py: Python<'_>, plan: &mut RowPlan, block: Block) -> PyResult<()> {
+    // SAFETY: the dtype matches, the block is on the host, and this call has it alone.
+    py.detach(|| match block.dtype {
+        DType::F32 => plan.apply(unsafe { block.slice::<f32>() }),
+        DType::F16 => plan.apply(unsafe { block.slice::<f16>() }),
+        DType::BF16 => plan.apply(unsafe { block.slice::<bf16>() }),
+    })
+    .py()
 }
 
 /// Applies a pipeline's last (validated) plan, which has no external steps, to the one row of
@@ -60,33 +72,60 @@ pub(crate) fn apply_pipeline_row(
     pipeline: &mut Pipeline,
     block: Block,
 ) -> PyResult<()> {
-    match block.device {
-        Device::Cpu => {
-            fn run<T: Logit>(pipeline: &mut Pipeline, block: Block) -> CoreResult<()> {
-                // SAFETY: the dtype matches, the block is on the host, and this call has it alone.
-                let row = unsafe { block.slice::<T>() };
-                pipeline.apply_planned(row, &mut |key, _| {
-                    Err(Error::External(format!(
-                        "no callable for external step {key}"
-                    )))
-                })
-            }
-            py.detach(|| match block.dtype {
-                DType::F32 => run::<f32>(pipeline, block),
-                DType::F16 => run::<f16>(pipeline, block),
-                DType::BF16 => run::<bf16>(pipeline, block),
-            })
-            .py()
-        }
-        #[cfg(feature = "cuda")]
-        Device::Cuda(ordinal) => {
-            for stage in pipeline.stages() {
-                if let logits_processing::Stage::Plan(plan) = stage {
-                    cuda::apply_plans(py, ordinal, &[(0, plan)], block)?;
+    #[cfg(feature = "cuda")]
+    if let Some(route) = cuda::route(py, block, || cuda::carries_pipeline(pipeline))? {
+        return match route {
+            cuda::Route::Kernels(ordinal) => {
+                for stage in pipeline.stages() {
+                    if let logits_processing::Stage::Plan(plan) = stage {
+                        cuda::apply_plans(py, ordinal, &[(0, plan)], block)?;
+                    }
                 }
+                Ok(())
             }
-            Ok(())
-        }
+            cuda::Route::RoundTrip => {
+                cuda::on_host_copy(block, |host| apply_pipeline_row_host(py, pipeline, host))
+            }
+        };
+    }
+    match block.device {
+        Device::Cpu => apply_pipeline_row_host(py, pipeline, block),
+        other => Err(unsupported(other)),
+    }
+}
+
+fn apply_pipeline_row_host(py: Python<'_>, pipeline: &mut Pipeline, block: Block) -> PyResult<()> {
+    fn run<T: Logit>(pipeline: &mut Pipeline, block: Block) -> CoreResult<()> {
+        // SAFETY: the dtype matches, the block is on the host, and this call has it alone.
+        let row = unsafe { block.slice::<T>() };
+        pipeline.apply_planned(row, &mut |key, _| {
+            Err(Error::External(format!(
+                "no callable for external step {key}"
+            )))
+        })
+    }
+    py.detach(|| match block.dtype {
+        DType::F32 => run::<f32>(pipeline, block),
+        DType::F16 => run::<f16>(pipeline, block),
+        DType::BF16 => run::<bf16>(pipeline, block),
+    })
+    .py()
+}
+
+/// Applies a planned batch to `block` in place, where it lives (see [`apply_batch_host`] for the
+/// host, `cuda::apply_batch` for a device).
+pub(crate) fn apply_batch(
+    py: Python<'_>,
+    batch: &mut Batch,
+    block: Block,
+    external: &mut (dyn FnMut(usize, u64) -> CoreResult<()> + Send),
+) -> PyResult<()> {
+    #[cfg(feature = "cuda")]
+    if cuda::takes(block) {
+        return cuda::apply_batch(py, batch, block, external);
+    }
+    match block.device {
+        Device::Cpu => apply_batch_host(py, batch, block, external),
         other => Err(unsupported(other)),
     }
 }
@@ -158,41 +197,231 @@ pub(crate) fn apply_batch_host_into(
     .py()
 }
 
-/// The GPU path, against the contract in `crates/cuda/src/lib.rs`.
+/// The GPU path, against the contract in `crates/cuda/src/lib.rs`, and the host round trip.
 #[cfg(feature = "cuda")]
 pub(crate) mod cuda {
     use std::collections::hash_map::Entry;
     use std::collections::HashMap;
+    use std::sync::atomic::{AtomicBool, AtomicUsize, Ordering};
     use std::sync::Mutex;
 
-    use logits_processing::{Batch, RowPlan};
-    use logits_processing_cuda::CudaBatchApplier;
+    use logits_processing::{Batch, BatchLayout, Pipeline, RowPlan, Stage};
+    use logits_processing_cuda::packed::{kernel_carries, needs_host};
+    use logits_processing_cuda::round_trip::{
+        self, CopiedMemory, DeviceStaging, HostMemory, HostRows,
+    };
+    use logits_processing_cuda::{CudaBatchApplier, CudaError};
     use pyo3::prelude::*;
 
     use super::unsupported;
     use crate::errors::{new_err, ErrorClass};
     use crate::tensor::{Block, Device};
 
-    // One applier per device: kernels loaded once, buffers reused.
-    static APPLIERS: Mutex<Option<HashMap<i32, CudaBatchApplier>>> = Mutex::new(None);
+    /// A device's kernels: ready, or refused (they could not load, or failed the self-check; the
+    /// warning said why), in which case its steps take the host round trip.
+    enum Kernels {
+        Ready(CudaBatchApplier),
+        Refused,
+    }
+
+    // One entry per device: kernels loaded once, buffers reused.
+    static KERNELS: Mutex<Option<HashMap<i32, Kernels>>> = Mutex::new(None);
+    // One pinned staging buffer per device for the round trip.
+    static STAGING: Mutex<Option<HashMap<i32, DeviceStaging>>> = Mutex::new(None);
+
+    /// Test hooks: host tensors sent through the round trip (copies of host memory, as a device's
+    /// are made), and the waits the round trip has made.
+    pub(crate) static ROUND_TRIP_HOST_TENSORS: AtomicBool = AtomicBool::new(false);
+    pub(crate) static ROUND_TRIP_WAITS: AtomicUsize = AtomicUsize::new(0);
+
+    /// How a step on a device block is carried out.
+    pub(crate) enum Route {
+        Kernels(i32),
+        RoundTrip,
+    }
+
+    /// `LOGITS_PROCESSING_DEVICE`: unset or `auto` (the kernels, the round trip where they cannot),
+    /// or `host` (the round trip for every step).
+    fn round_trip_always() -> PyResult<bool> {
+        match std::env::var("LOGITS_PROCESSING_DEVICE") {
+            Err(_) => Ok(false),
+            Ok(value) => match value.as_str() {
+                "" | "auto" => Ok(false),
+                "host" => Ok(true),
+                other => Err(new_err(
+                    ErrorClass::Device,
+                    format!("LOGITS_PROCESSING_DEVICE={other:?}: expected \"auto\" or \"host\""),
+                )),
+            },
+        }
+    }
+
+    /// The route for a step on `block`: `None` for a host block edited in place (the host path),
+    /// else the kernels when they carry the step (`carries`) and may run on the device, or the
+    /// round trip.
+    pub(crate) fn route(
+        py: Python<'_>,
+        block: Block,
+        carries: impl FnOnce() -> bool,
+    ) -> PyResult<Option<Route>> {
+        match block.device {
+            Device::Cpu if ROUND_TRIP_HOST_TENSORS.load(Ordering::Relaxed) => {
+                Ok(Some(Route::RoundTrip))
+            }
+            Device::Cuda(ordinal) => {
+                if round_trip_always()? || !carries() || !kernels_usable(py, ordinal)? {
+                    Ok(Some(Route::RoundTrip))
+                } else {
+                    Ok(Some(Route::Kernels(ordinal)))
+                }
+            }
+            _ => Ok(None),
+        }
+    }
+
+    /// Whether a batch step on `block` takes this module's path: a device block, or a host block
+    /// with the test hook on.
+    pub(crate) fn takes(block: Block) -> bool {
+        match block.device {
+            Device::Cpu => ROUND_TRIP_HOST_TENSORS.load(Ordering::Relaxed),
+            _ => true,
+        }
+    }
+
+    pub(crate) fn carries(plan: &RowPlan) -> bool {
+        kernel_carries(plan)
+    }
+
+    pub(crate) fn carries_pipeline(pipeline: &Pipeline) -> bool {
+        pipeline.stages().iter().all(|stage| match stage {
+            Stage::Plan(plan) => kernel_carries(plan),
+            Stage::External(_) => true,
+        })
+    }
+
+    /// Whether the device's kernels may run: loaded and self-checked on first use. Kernels that
+    /// could not load or failed the self-check are refused for the process, with one warning
+    /// naming why; that device's steps then take the round trip.
+    fn kernels_usable(py: Python<'_>, ordinal: i32) -> PyResult<bool> {
+        if !logits_processing_cuda::cuda_available() {
+            return Err(unsupported(Device::Cuda(ordinal)));
+        }
+        let mut guard = KERNELS.lock().unwrap_or_else(|e| e.into_inner());
+        let kernels = guard.get_or_insert_with(HashMap::new);
+        if let Some(entry) = kernels.get(&ordinal) {
+            return Ok(matches!(entry, Kernels::Ready(_)));
+        }
+        let created = py.detach(|| CudaBatchApplier::new(ordinal as usize));
+        match created {
+            Ok(applier) => {
+                kernels.insert(ordinal, Kernels::Ready(applier));
+                Ok(true)
+            }
+            Err(error @ (CudaError::SelfCheck(_) | CudaError::Compile(_))) => {
+                let why = error.to_string();
+                kernels.insert(ordinal, Kernels::Refused);
+                drop(guard);
+                let message = format!(
+                    "logits_processing: cuda:{ordinal}: {why}; every step on this device now \
+                     copies its rows to the host and back (exact, slower)"
+                );
+                let category = py.get_type::<pyo3::exceptions::PyRuntimeWarning>();
+                PyErr::warn(
+                    py,
+                    &category,
+                    &std::ffi::CString::new(message).unwrap_or_default(),
+                    1,
+                )?;
+                Ok(false)
+            }
+            Err(error) => Err(device_error(ordinal, error)),
+        }
+    }
+
+    fn device_error(ordinal: i32, error: CudaError) -> PyErr {
+        new_err(ErrorClass::Device, format!("cuda:{ordinal}: {error}"))
+    }
 
     fn with_applier<R>(
         ordinal: i32,
         f: impl FnOnce(&mut CudaBatchApplier) -> PyResult<R>,
     ) -> PyResult<R> {
-        if !logits_processing_cuda::cuda_available() {
-            return Err(unsupported(Device::Cuda(ordinal)));
+        let mut guard = KERNELS.lock().unwrap_or_else(|e| e.into_inner());
+        match guard.as_mut().and_then(|kernels| kernels.get_mut(&ordinal)) {
+            Some(Kernels::Ready(applier)) => f(applier),
+            // `route` chose the kernels only once they were ready.
+            _ => Err(unsupported(Device::Cuda(ordinal))),
         }
-        let mut guard = APPLIERS.lock().unwrap_or_else(|e| e.into_inner());
-        let appliers = guard.get_or_insert_with(HashMap::new);
-        let applier = match appliers.entry(ordinal) {
-            Entry::Occupied(entry) => entry.into_mut(),
-            Entry::Vacant(entry) => entry.insert(
-                CudaBatchApplier::new(ordinal as usize)
-                    .map_err(|e| new_err(ErrorClass::Device, format!("cuda:{ordinal}: {e}")))?,
-            ),
+    }
+
+    /// Runs `f` on the memory of `block` reached by copies: the device's through its staging
+    /// buffer, on the block's stream; or, for the test hook, the host block's own.
+    fn with_memory<R>(
+        block: Block,
+        f: impl FnOnce(&mut dyn CopiedMemory) -> Result<R, CudaError>,
+    ) -> PyResult<R> {
+        match block.device {
+            Device::Cuda(ordinal) => {
+                let mut guard = STAGING.lock().unwrap_or_else(|e| e.into_inner());
+                let staging = match guard.get_or_insert_with(HashMap::new).entry(ordinal) {
+                    Entry::Occupied(entry) => entry.into_mut(),
+                    Entry::Vacant(entry) => entry.insert(
+                        DeviceStaging::new(ordinal as usize)
+                            .map_err(|e| device_error(ordinal, e))?,
+                    ),
+                };
+                // SAFETY: the block describes the caller's live CUDA tensor on `ordinal`, and its
+                // stream is the producer's.
+                let mut memory =
+                    unsafe { staging.memory(block.data as u64, block.stream.unwrap_or(0)) }
+                        .map_err(|e| device_error(ordinal, e))?;
+                f(&mut memory).map_err(|e| device_error(ordinal, e))
+            }
+            _ => {
+                let bytes = block.len() * block.dtype.size();
+                // SAFETY: the host block is the caller's live tensor, edited by this call alone.
+                let mut memory = unsafe { HostMemory::new(block.data, bytes) };
+                let result = f(&mut memory);
+                ROUND_TRIP_WAITS.fetch_add(memory.waits, Ordering::Relaxed);
+                result.map_err(|e| new_err(ErrorClass::Device, e.to_string()))
+            }
+        }
+    }
+
+    /// One row (a processor's) by the round trip: copied to the host, `edit` run on the copy by
+    /// the host path, copied back; on error nothing is written back.
+    pub(crate) fn on_host_copy(
+        block: Block,
+        edit: impl FnOnce(Block) -> PyResult<()>,
+    ) -> PyResult<()> {
+        let layout = BatchLayout {
+            rows: 1,
+            row_stride: block.vocab,
         };
-        f(applier)
+        let mut edited = None;
+        let result = with_memory(block, |memory| {
+            let staged = HostRows::read(memory, vec![0], block.dtype, layout, block.vocab)?;
+            let (host, _) = staged.host();
+            let host_block = Block {
+                data: host,
+                row_stride: block.vocab,
+                rows: 1,
+                device: Device::Cpu,
+                stream: None,
+                ..block
+            };
+            match edit(host_block) {
+                Ok(()) => staged.write_back(),
+                Err(error) => {
+                    edited = Some(error);
+                    Ok(())
+                }
+            }
+        });
+        match edited {
+            Some(error) => Err(error),
+            None => result,
+        }
     }
 
     /// One launch for the listed rows' plans, on the producer's current stream.
@@ -216,36 +445,58 @@ pub(crate) mod cuda {
                         stream,
                     )
                 }
-                .map_err(|e| new_err(ErrorClass::Device, format!("cuda:{ordinal}: {e}")))
+                .map_err(|e| device_error(ordinal, e))
             })
         })
     }
 
-    /// A planned batch on the GPU; `external(row, key)` edits a row on the same stream.
+    /// A planned batch on a device block (or a host block, with the test hook): by the kernels
+    /// (one launch per stage level, `external(row, key)` editing its row on the same stream in
+    /// between), or by the round trip. A failed step takes back every row's plan; the round trip's
+    /// writes nothing back.
     pub(crate) fn apply_batch(
         py: Python<'_>,
-        ordinal: i32,
         batch: &mut Batch,
         block: Block,
-        external: &mut (dyn FnMut(usize, u64) -> Result<(), logits_processing_cuda::CudaError>
-                  + Send),
+        external: &mut (dyn FnMut(usize, u64) -> logits_processing::Result<()> + Send),
     ) -> PyResult<()> {
-        let stream = block.stream.unwrap_or(0);
-        py.detach(|| {
-            with_applier(ordinal, |applier| {
-                // SAFETY: the block describes the caller's live CUDA tensor on `ordinal`.
-                unsafe {
-                    applier.apply_batch(
-                        batch,
-                        block.data as u64,
-                        block.dtype,
-                        block.layout(),
-                        stream,
-                        external,
-                    )
+        let route = match route(py, block, || !needs_host(batch)) {
+            Ok(Some(route)) => route,
+            Ok(None) => unreachable!("only device blocks and the test hook's take this path"),
+            Err(error) => {
+                batch.undo_plan();
+                return Err(error);
+            }
+        };
+        match route {
+            Route::RoundTrip => py.detach(|| {
+                with_memory(block, |memory| {
+                    round_trip::apply_batch(memory, batch, block.dtype, block.layout(), external)
+                })
+            }),
+            Route::Kernels(ordinal) => {
+                let stream = block.stream.unwrap_or(0);
+                let result = py.detach(|| {
+                    with_applier(ordinal, |applier| {
+                        // SAFETY: the block describes the caller's live CUDA tensor on `ordinal`.
+                        unsafe {
+                            applier.apply_batch(
+                                batch,
+                                block.data as u64,
+                                block.dtype,
+                                block.layout(),
+                                stream,
+                                &mut |row, key| external(row, key).map_err(CudaError::from),
+                            )
+                        }
+                        .map_err(|e| device_error(ordinal, e))
+                    })
+                });
+                if result.is_err() {
+                    batch.undo_plan();
                 }
-                .map_err(|e| new_err(ErrorClass::Device, format!("cuda:{ordinal}: {e}")))
-            })
-        })
+                result
+            }
+        }
     }
 }

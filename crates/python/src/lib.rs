@@ -235,6 +235,23 @@ fn kinds() -> Vec<&'static str> {
     logits_processing::spec::kinds().collect()
 }
 
+/// Sends host tensors through the device path's host round trip (their rows copied to a staging
+/// buffer, edited there, copied back, as a device's are), for the tests of that path on machines
+/// without a GPU. Returns the previous setting.
+#[cfg(feature = "cuda")]
+#[pyfunction]
+fn _round_trip_host_tensors(on: bool) -> bool {
+    device::cuda::ROUND_TRIP_HOST_TENSORS.swap(on, std::sync::atomic::Ordering::Relaxed)
+}
+
+/// The waits for copies the host round trip has made in this process (host tensors, under the
+/// hook above).
+#[cfg(feature = "cuda")]
+#[pyfunction]
+fn _round_trip_waits() -> usize {
+    device::cuda::ROUND_TRIP_WAITS.load(std::sync::atomic::Ordering::Relaxed)
+}
+
 /// Panics inside Rust, for the tests that show a panic becomes an exception, never an abort.
 /// With `in_pool`, the panic happens on a worker thread with the GIL released.
 #[pyfunction]
@@ -290,6 +307,11 @@ fn _lib(m: &Bound<'_, PyModule>) -> PyResult<()> {
         let testing = PyModule::new(m.py(), "_testing")?;
         testing.add_function(wrap_pyfunction!(_panic_for_tests, &testing)?)?;
         testing.add_class::<reference::PyOutOfVocabForTests>()?;
+        #[cfg(feature = "cuda")]
+        {
+            testing.add_function(wrap_pyfunction!(_round_trip_host_tensors, &testing)?)?;
+            testing.add_function(wrap_pyfunction!(_round_trip_waits, &testing)?)?;
+        }
         m.add_submodule(&testing)?;
     }
     Ok(())
