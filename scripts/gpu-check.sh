@@ -156,6 +156,15 @@ if [ -n "$pypath" ]; then
   quick=()
   [ "${GPU_CHECK_QUICK:-0}" = 1 ] && quick=(--quick)
   t0=$(date +%s)
+  # Every kind GPU against host bit for bit at B = 1..256, vocab 151,936, the kernels and the host
+  # round trip (LOGITS_PROCESSING_DEVICE=host); a failed step leaves the logits as they were.
+  if PYTHONPATH="$pypath" timeout 240 "$python" python/benchmarks/check_device_kinds.py --steps 2 \
+    --json "$out/device_kinds.json" | tee "$out/device_kinds.txt"; then
+    record "every kind, GPU vs host (check_device_kinds.py)" PASS "$(($(date +%s) - t0))"
+  else
+    record "every kind, GPU vs host (check_device_kinds.py)" FAIL "$(($(date +%s) - t0))"
+  fi
+  t0=$(date +%s)
   if PYTHONPATH="$pypath" timeout 240 "$python" python/benchmarks/bench_cuda.py --require-gpu \
     --json "$out/bench.json" "${quick[@]}" | tee "$out/bench.txt"; then
     record "benchmark (python/benchmarks/bench_cuda.py)" PASS "$(($(date +%s) - t0))"
@@ -192,11 +201,16 @@ fi
     echo
     cat "$out/bench_vllm_v2.txt"
   fi
+  if [ -f "$out/device_kinds.txt" ]; then
+    echo
+    tail -1 "$out/device_kinds.txt"
+  fi
 } | tee "$out/summary.txt"
 if [ -n "${OUT:-}" ] && [ -d "${OUT:-}" ]; then
   cp "$out/summary.txt" "$OUT/gpu-check.txt"
   [ -f "$out/bench.json" ] && cp "$out/bench.json" "$OUT/bench.json"
   [ -f "$out/bench_kernel.txt" ] && cp "$out/bench_kernel.txt" "$OUT/bench_kernel.txt"
   [ -f "$out/bench_vllm_v2.json" ] && cp "$out/bench_vllm_v2.json" "$OUT/bench_vllm_v2.json"
+  [ -f "$out/device_kinds.json" ] && cp "$out/device_kinds.json" "$OUT/device_kinds.json"
 fi
 exit $failed

@@ -147,3 +147,16 @@ def test_multiple_choice_boosting_first_words_by_the_round_trip(deepseek_tokeniz
         tripped(prompt, logits)
     assert torch.equal(logits, want)
     assert torch.isfinite(logits).sum() == 2
+
+
+@pytest.mark.slow
+def test_the_gpu_checks_kind_script_passes_through_the_hook():
+    """scripts/gpu-check.sh runs python/benchmarks/check_device_kinds.py on a GPU; here the same
+    script on host tensors through the hook (every kind's documented example, vocab 151,936)."""
+    import pathlib
+    import runpy
+
+    script = pathlib.Path(__file__).parents[1] / "benchmarks" / "check_device_kinds.py"
+    main = runpy.run_path(str(script))["main"]
+    assert main(["--device", "cpu", "--rows", "1", "--steps", "2"]) == 0
+    assert testing._round_trip_host_tensors(False) is False  # the script turned the hook off again
