@@ -277,7 +277,8 @@ def test_declares_no_continuous_batching():
 
 class _IdsOnDevice(torch.Tensor):
     """Host ids that say they are on cuda:0 (as ``generate()``'s are on a GPU) and count the
-    copies made to the host."""
+    copies made to the host (each one wait on a GPU) by the ids they carry. ``torch.equal`` on
+    them is refused: on a GPU it waits too."""
 
     copies: list = []
 
@@ -287,8 +288,14 @@ class _IdsOnDevice(torch.Tensor):
 
     def cpu(self):
         plain = self.as_subclass(torch.Tensor).clone()
-        _IdsOnDevice.copies.append(plain.shape[1])
+        _IdsOnDevice.copies.append(plain.numel())
         return plain
+
+    @classmethod
+    def __torch_function__(cls, func, types, args=(), kwargs=None):
+        if func is torch.equal:
+            raise AssertionError("torch.equal on device ids waits for the device")
+        return super().__torch_function__(func, types, args, kwargs or {})
 
 
 def test_ids_on_a_device_cross_to_the_host_new_ones_only_once_a_step():
@@ -304,11 +311,17 @@ def test_ids_on_a_device_cross_to_the_host_new_ones_only_once_a_step():
         want = on_host(ids, scores)
         assert torch.equal(got, want), step
         ids = torch.cat([ids, torch.randint(0, 50, (3, 1), generator=generator)], dim=1)
-    # The prompt once, then one new id a row a step.
-    assert _IdsOnDevice.copies == [5, 1, 1, 1, 1, 1]
+    # The prompt once, then one new id a row a step with the flag that the rest is unchanged.
+    assert _IdsOnDevice.copies == [15, 4, 4, 4, 4, 4]
     assert on_device.host_copies == 6 and on_host.host_copies == 0
     # A new prompt starts over: its ids cross whole.
     prompt = torch.randint(0, 50, (3, 4), generator=generator)
     scores = torch.randn(3, 50, generator=generator)
     assert torch.equal(on_device(prompt.as_subclass(_IdsOnDevice), scores), on_host(prompt, scores))
-    assert _IdsOnDevice.copies[-1] == 4 and on_device.prompt_len == 4
+    assert _IdsOnDevice.copies[-1] == 12 and on_device.prompt_len == 4
+    # A new prompt one id longer, with another prefix: the flag says so, and its ids cross whole.
+    other = torch.cat([prompt.flip(1), prompt[:, :1]], dim=1)
+    scores = torch.randn(3, 50, generator=generator)
+    assert torch.equal(on_device(other.as_subclass(_IdsOnDevice), scores), on_host(other, scores))
+    assert _IdsOnDevice.copies[-2:] == [4, 15] and on_device.prompt_len == 5
+

@@ -530,3 +530,17 @@ def test_speculative_decoding_finishes_every_spec_request_naming_the_setting(mon
     assert torch.equal(logits, before)
     assert "--speculative-algorithm" in spec.to_finish.message and algorithm in spec.to_finish.message
     assert spec.to_finish.status_code == 400 and plain.to_finish is None
+
+
+def test_the_forward_pass_is_read_once_a_step_and_only_for_history_readers():
+    """Reading the forward pass's input ids waits for it on a GPU: a step whose rows are all
+    history-free reads nothing, a step with a history reader reads it once (SGLang's host copy of
+    the sequence lengths is used, not read again)."""
+    free = make_req("f", [1, 2], [{"kind": "temperature", "temperature": 0.5}])
+    reader = make_req("r", [1, 2], [{"kind": "no_repeat_ngram", "n": 2}])
+    for reqs, reads in (([free], 0), ([free, reader], 1)):
+        before = adapter.forward_reads
+        fb = ForwardBatch(sampling_info(reqs), ForwardMode.DECODE, [4] * len(reqs), [3] * len(reqs))
+        sample(fb, torch.randn(len(reqs), V))
+        assert adapter.forward_reads - before == reads
+    assert free.to_finish is None and reader.to_finish is None

@@ -6,7 +6,7 @@ Imports transformers (and torch) when this module is imported.
 from __future__ import annotations
 
 import operator
-from typing import Any, Optional, Sequence
+from typing import Any, Optional, Sequence, Tuple
 
 import torch
 from transformers import LogitsProcessor
@@ -25,8 +25,9 @@ class HFLogitsProcessor(LogitsProcessor):
     CPU each call reads ``scores`` and writes a new tensor in one pass (``out=``); on a GPU it
     copies the scores once and edits the copy in place. Nothing else is allocated per step.
     The ids are read on the host: on a GPU only the ids new since the previous call are copied
-    there, once a call (:attr:`host_copies` counts the copies), and the rest are kept from the
-    previous calls.
+    there, with whether the older ones are unchanged (computed on the device), in one copy a call
+    (one wait; :attr:`host_copies` counts the copies), and the rest are kept from the previous
+    calls.
     The ids HF passes are the prompt and the tokens generated so far, so the first call's length
     is taken as the prompt length (forced sequences positioned by ``"tokens"`` count from there).
     A call whose ids do not extend the previous call's (a new prompt, even a longer one, or a
@@ -112,14 +113,17 @@ class HFLogitsProcessor(LogitsProcessor):
         self.host_copies = 0
 
     def _continues(self, input_ids: torch.Tensor) -> bool:
-        """Whether ``input_ids`` extend the previous call's ids (same rows, longer, same prefix):
-        the same generation. One comparison of the previous call's ids a step."""
+        """Whether host ``input_ids`` extend the previous call's ids (same rows, longer, same
+        prefix): the same generation."""
+        last = self._last_ids
+        return self._extends(input_ids) and torch.equal(input_ids[:, : last.shape[1]], last)
+
+    def _extends(self, input_ids: torch.Tensor) -> bool:
         last = self._last_ids
         return (
             self._batch is not None
             and input_ids.shape[0] == last.shape[0]
             and input_ids.shape[1] > last.shape[1]
-            and torch.equal(input_ids[:, : last.shape[1]], last)
         )
 
     def _start(self, rows: int, length: int, vocab: int) -> None:
@@ -138,25 +142,34 @@ class HFLogitsProcessor(LogitsProcessor):
             batch.add(row, p, prompt_len=length)
         self._batch, self.prompt_len = batch, length
 
-    def _ids_on_host(self, input_ids: torch.Tensor, continues: bool) -> torch.Tensor:
-        """``input_ids`` as host ids: the tensor itself on the CPU; on a device, the ids kept
-        from the previous calls followed by the new ones, copied in one ``.cpu()`` call (the
-        whole tensor when a generation starts)."""
-        if input_ids.device.type == "cpu":
-            return input_ids
-        known = self._host_ids.shape[1] if continues and self._host_ids is not None else 0
-        new = input_ids[:, known:].cpu()
+    def _device_ids(self, input_ids: torch.Tensor) -> Tuple[bool, torch.Tensor]:
+        """For ``input_ids`` on a device: whether they continue the generation, and the ids on the
+        host. One copy (one wait) a step: whether the previous call's ids are their prefix,
+        computed on the device, travels with the new ids; the ids known from earlier calls are
+        kept on the host. A new generation's ids cross whole."""
+        if self._extends(input_ids):
+            known = self._last_ids.shape[1]
+            same = torch.eq(input_ids[:, :known], self._last_ids).all().to(input_ids.dtype).reshape(1)
+            packed = torch.cat([same, input_ids[:, known:].reshape(-1)]).cpu()
+            self.host_copies += 1
+            if bool(packed[0]):
+                new = packed[1:].reshape(input_ids.shape[0], -1)
+                self._host_ids = torch.cat([self._host_ids, new], dim=1)
+                return True, self._host_ids
+        self._host_ids = input_ids.cpu()
         self.host_copies += 1
-        self._host_ids = new if known == 0 else torch.cat([self._host_ids, new], dim=1)
-        return self._host_ids
+        return False, self._host_ids
 
     def __call__(self, input_ids: torch.LongTensor, scores: torch.FloatTensor) -> torch.FloatTensor:
-        continues = self._continues(input_ids)
+        if input_ids.device.type == "cpu":
+            continues, host_ids = self._continues(input_ids), input_ids
+        else:
+            continues, host_ids = self._device_ids(input_ids)
         if not continues:
             self._start(*input_ids.shape, scores.shape[-1])
         # A copy: generate() makes a new tensor each step, but nothing promises it.
         self._last_ids = input_ids.clone()
-        input_ids = self._ids_on_host(input_ids, continues)
+        input_ids = host_ids
         processed = torch.empty_like(scores)
         if scores.is_cuda or processed.stride() != scores.stride():
             processed.copy_(scores)

@@ -202,6 +202,36 @@ def _needs_token_texts(payload: Any) -> bool:
         return False  # refused when the batch builds it
 
 
+# Request id -> whether its specs read the history, for the requests of the latest call.
+_reads_history_of: Dict[Any, bool] = {}
+
+
+def _some_row_reads_history(params_list: List[Optional[Dict[str, Any]]]) -> bool:
+    """Whether some row's specs read the token history; each request's answer is worked out once
+    (its specs decoded at its first call) and kept while it comes in calls."""
+    global _reads_history_of
+    known, found, answer = _reads_history_of, {}, False
+    for params in params_list:
+        req = params.get("__req__") if params else None
+        try:
+            rid = req.rid if req is not None else None
+        except ReferenceError:  # the request is gone
+            continue
+        if rid is None:
+            continue
+        reads = known.get(rid)
+        if reads is None:
+            try:
+                payload = request_payload(params)
+            except (TypeError, ValueError):
+                payload = None  # finished with its error by requests_of
+            reads = payload is not None and _reads_history(payload)
+        found[rid] = reads
+        answer = answer or reads
+    _reads_history_of = found
+    return answer
+
+
 def _refusal(error: Exception) -> Any:
     def specs():
         raise error
@@ -280,7 +310,11 @@ def _tails(fb: Any, selected: Any, rows: int) -> Optional[List[Optional[Tuple[in
     if selected is None or len(selected) != rows:
         return None  # several tokens per row (speculative decoding): not this shape
     mode = fb.forward_mode
-    seq_lens = fb.seq_lens_cpu if getattr(fb, "seq_lens_cpu", None) is not None else fb.seq_lens.cpu()
+    global forward_reads
+    seq_lens = getattr(fb, "seq_lens_cpu", None)
+    if seq_lens is None:  # SGLang keeps a host copy; without one it is read (a second wait)
+        seq_lens = fb.seq_lens.cpu()
+        forward_reads += 1
     if mode.is_decode():
         where = list(selected)
     elif mode.is_extend() and getattr(fb, "extend_seq_lens_cpu", None) is not None:
@@ -291,9 +325,17 @@ def _tails(fb: Any, selected: Any, rows: int) -> Optional[List[Optional[Tuple[in
         where = [ends[b] for b in selected]
     else:
         return None
-    ids = fb.input_ids[torch.tensor(where, dtype=torch.long, device=fb.input_ids.device)].tolist()
-    lens = seq_lens[torch.tensor(list(selected), dtype=torch.long)].tolist()
-    return [(int(n), int(t)) for n, t in zip(lens, ids)]
+    # One copy of the pass's input ids to the host (one wait on a GPU; a decode pass has one id a
+    # row, an extend pass at most its chunk), then indexed there.
+    forward_reads += 1
+    ids = fb.input_ids.cpu().tolist()
+    lens = seq_lens.tolist()
+    return [(int(lens[b]), int(ids[w])) for b, w in zip(selected, where)]
+
+
+forward_reads = 0
+"""Copies of a forward pass's input ids to the host (:func:`in_flight`), each one wait on a GPU:
+one a step with a row that reads its history, none otherwise (the tests assert the counts)."""
 
 
 def history_is_current() -> Optional[bool]:
@@ -404,7 +446,9 @@ class SGLangLogitProcessor(CustomLogitProcessor):
         if not custom_param_list:
             return logits
         reqs: Dict[Any, Any] = {}
-        tails = in_flight(len(custom_param_list))
+        # Reading the forward pass waits for it on a GPU: only for a step with a row that reads
+        # its history (history-free rows never wait).
+        tails = in_flight(len(custom_param_list)) if _some_row_reads_history(custom_param_list) else None
         stale = tails is None and history_is_current() is False
         rows = requests_of(
             custom_param_list, tails, reqs=reqs, history_lags=stale, speculative=speculative_algorithm()
