@@ -505,6 +505,30 @@ fn truncation(c: &mut Criterion) {
                 })
             });
         }
+        // llama.cpp's default chain (its samplers on at their defaults) as one plan: the later
+        // steps run on the 40 tokens top-k keeps (the survivors' path).
+        let chain = [
+            Edit::Truncate(Truncation::TopK { k: 40, min_keep: 1 }),
+            Edit::Truncate(Truncation::TopP {
+                p: 0.95,
+                min_keep: 1,
+            }),
+            Edit::Truncate(Truncation::MinP {
+                p: 0.05,
+                min_keep: 1,
+            }),
+            Edit::Scale { temperature: 0.8 },
+        ];
+        group.bench_function(BenchmarkId::new("llama_cpp_default_chain", shape), |b| {
+            b.iter(|| {
+                row.copy_from_slice(&source);
+                plan.clear();
+                for edit in chain {
+                    plan.push(edit);
+                }
+                plan.apply(black_box(&mut row)).unwrap()
+            })
+        });
     }
     group.finish();
 }

@@ -21,6 +21,8 @@ use std::any::Any;
 use crate::error::{check_token, Result};
 use crate::kernels;
 use crate::logit::Logit;
+
+mod survivors;
 pub use crate::reshape::{Reshape, Shape};
 pub use crate::truncation::{Band, Truncation};
 
@@ -268,6 +270,8 @@ pub struct RowPlan {
     scratch: Option<Box<dyn Any + Send + Sync>>,
     values: Vec<f32>,
     selection: crate::truncation::Work,
+    // The survivors' path (`survivors.rs`): the tokens a top-k kept, by index.
+    survivors: Vec<u32>,
 }
 
 impl Clone for RowPlan {
@@ -633,7 +637,7 @@ impl RowPlan {
 
     /// [`RowPlan::apply`] for a plan already validated against `row.len()`.
     pub(crate) fn apply_validated<T: Logit>(&mut self, row: &mut [T], fill: Fill) {
-        if self.edits.is_empty() {
+        if self.edits.is_empty() || self.apply_on_survivors(None, row, fill) {
             return;
         }
         self.resolve_truncations(row);
@@ -683,6 +687,9 @@ impl RowPlan {
     /// pass that reads and writes each logit once, where a copy and an edit in place would make
     /// two. The plan must be validated against the length.
     pub(crate) fn apply_into_validated<T: Logit>(&mut self, src: &[T], dst: &mut [T]) {
+        if self.apply_on_survivors(Some(src), dst, Fill::Cached) {
+            return;
+        }
         self.resolve_truncations(src);
         if let Some(token) = self.forced_token() {
             let index = token as usize;
@@ -1168,6 +1175,90 @@ mod tests {
             plan.apply(&mut row).unwrap();
             prop_assert_eq!(row[banned as usize], f32::NEG_INFINITY);
         }
+    }
+
+    /// Rows long enough for the survivors' path (`survivors.rs`), with ties (values on a grid of
+    /// quarters), and now and then NaN or an infinity.
+    fn long_row() -> impl Strategy<Value = Vec<f32>> {
+        proptest::collection::vec(
+            prop_oneof![
+                20 => (-120i32..120).prop_map(|q| q as f32 / 4.0),
+                1 => Just(f32::NAN),
+                1 => Just(f32::INFINITY),
+                1 => Just(f32::NEG_INFINITY),
+            ],
+            4096..6000,
+        )
+    }
+
+    proptest! {
+        #![proptest_config(ProptestConfig::with_cases(96))]
+        #[test]
+        fn a_top_k_cut_then_any_edits_equal_step_by_step(
+            row in long_row(),
+            before in proptest::collection::vec(edit_strategy(6000), 0..3),
+            k in 1u32..300,
+            min_keep in 1u32..4,
+            after in proptest::collection::vec(edit_strategy(6000), 1..7),
+        ) {
+            let edits: Vec<Edit> = before
+                .iter()
+                .chain(&[Edit::Truncate(Truncation::TopK { k, min_keep })])
+                .chain(&after)
+                .copied()
+                .collect();
+            let mut plan = plan_of(&edits, row.len());
+            check_fused::<f32>(&mut plan, &row)?;
+            check_fused::<bf16>(&mut plan, &row)?;
+            check_fused::<f16>(&mut plan, &row)?;
+        }
+    }
+
+    #[test]
+    fn llama_cpps_default_chain_takes_the_survivors_path_and_equals_step_by_step() {
+        let vocab = 151_936;
+        let mut state = 0x9e37_79b9_7f4a_7c15u64;
+        let row: Vec<f32> = (0..vocab)
+            .map(|_| {
+                state ^= state << 13;
+                state ^= state >> 7;
+                state ^= state << 17;
+                (state >> 40) as f32 / (1u64 << 24) as f32 * 16.0 - 8.0
+            })
+            .collect();
+        let chain = [
+            Edit::Truncate(Truncation::TopK { k: 40, min_keep: 1 }),
+            Edit::Truncate(Truncation::TopP {
+                p: 0.95,
+                min_keep: 1,
+            }),
+            Edit::Truncate(Truncation::MinP {
+                p: 0.05,
+                min_keep: 1,
+            }),
+            Edit::Scale { temperature: 0.8 },
+        ];
+        let plan = plan_of(&chain, vocab);
+        assert_eq!(plan.survivor_cut(vocab), Some(0));
+        let (mut fused, mut expected) = (row.clone(), row.clone());
+        let mut plan = plan_of(&chain, vocab);
+        plan.apply(&mut fused).unwrap();
+        plan.apply_edit_by_edit(&mut expected).unwrap();
+        assert_eq!(bits(&fused), bits(&expected));
+        assert!(fused.iter().filter(|x| x.is_finite()).count() <= 40);
+        // A temperature before the top-k (transformers' order) takes it too, from a copy.
+        let hf = [
+            Edit::Scale { temperature: 0.7 },
+            chain[0],
+            chain[1],
+            chain[2],
+        ];
+        let mut plan = plan_of(&hf, vocab);
+        assert_eq!(plan.survivor_cut(vocab), Some(1));
+        let (mut fused, mut expected) = (row.clone(), row.clone());
+        plan.apply(&mut fused).unwrap();
+        plan.apply_edit_by_edit(&mut expected).unwrap();
+        assert_eq!(bits(&fused), bits(&expected));
     }
 
     #[test]
