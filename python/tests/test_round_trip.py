@@ -160,3 +160,43 @@ def test_the_gpu_checks_kind_script_passes_through_the_hook():
     main = runpy.run_path(str(script))["main"]
     assert main(["--device", "cpu", "--rows", "1", "--steps", "2"]) == 0
     assert testing._round_trip_host_tensors(False) is False  # the script turned the hook off again
+
+
+def test_threads_sharing_the_round_trip_do_not_deadlock():
+    """A batch whose user processor (which takes the GIL) runs while the round trip holds the
+    staging buffer, beside a thread calling a processor through the round trip: both finish."""
+    import threading
+    import time
+
+    def slow(ids, row):
+        time.sleep(0.01)
+        row.add_(1.0)
+
+    batch = Batch(VOCAB)
+    batch.add(0, slow)
+    batch.add(1, PIPELINES[6], prompt_len=1)
+    processor = Processor(PIPELINES[2], prompt_len=1)
+    errors = []
+
+    def run_batch():
+        try:
+            for _ in range(20):
+                batch.apply(torch.randn(2, VOCAB), [[1], [1]])
+        except Exception as e:  # noqa: BLE001 - reported below
+            errors.append(e)
+
+    def run_processor():
+        try:
+            for _ in range(200):
+                processor([1], torch.randn(VOCAB))
+        except Exception as e:  # noqa: BLE001 - reported below
+            errors.append(e)
+
+    with round_trip():
+        threads = [threading.Thread(target=run_batch), threading.Thread(target=run_processor)]
+        for thread in threads:
+            thread.start()
+        for thread in threads:
+            thread.join(timeout=60)
+        assert not any(thread.is_alive() for thread in threads), "deadlocked"
+    assert not errors, errors

@@ -45,24 +45,24 @@ pub(crate) fn apply_row(py: Python<'_>, plan: &mut RowPlan, block: Block) -> PyR
         return match route {
             cuda::Route::Kernels(ordinal) => cuda::apply_plans(py, ordinal, &[(0, &*plan)], block),
             cuda::Route::RoundTrip => {
-                cuda::on_host_copy(block, |host| apply_row_host(py, plan, host))
+                cuda::on_host_copy(py, block, |host| edit_row(plan, host).py())
             }
         };
     }
     match block.device {
-        Device::Cpu => apply_row_host(py, plan, block),
+        Device::Cpu => py.detach(|| edit_row(plan, block)).py(),
         other => Err(unsupported(other)),
     }
 }
 
-fn apply_row_host(py: Python<'_>, plan: &mut RowPlan, block: Block) -> PyResult<()> {
+/// `plan` applied to the host row `block`.
+fn edit_row(plan: &mut RowPlan, block: Block) -> CoreResult<()> {
     // SAFETY: the dtype matches, the block is on the host, and this call has it alone.
-    py.detach(|| match block.dtype {
+    match block.dtype {
         DType::F32 => plan.apply(unsafe { block.slice::<f32>() }),
         DType::F16 => plan.apply(unsafe { block.slice::<f16>() }),
         DType::BF16 => plan.apply(unsafe { block.slice::<bf16>() }),
-    })
-    .py()
+    }
 }
 
 /// Applies a pipeline's last (validated) plan, which has no external steps, to the one row of
@@ -84,17 +84,18 @@ pub(crate) fn apply_pipeline_row(
                 Ok(())
             }
             cuda::Route::RoundTrip => {
-                cuda::on_host_copy(block, |host| apply_pipeline_row_host(py, pipeline, host))
+                cuda::on_host_copy(py, block, |host| edit_pipeline_row(pipeline, host).py())
             }
         };
     }
     match block.device {
-        Device::Cpu => apply_pipeline_row_host(py, pipeline, block),
+        Device::Cpu => py.detach(|| edit_pipeline_row(pipeline, block)).py(),
         other => Err(unsupported(other)),
     }
 }
 
-fn apply_pipeline_row_host(py: Python<'_>, pipeline: &mut Pipeline, block: Block) -> PyResult<()> {
+/// A pipeline's last (validated) plan, without external steps, applied to the host row `block`.
+fn edit_pipeline_row(pipeline: &mut Pipeline, block: Block) -> CoreResult<()> {
     fn run<T: Logit>(pipeline: &mut Pipeline, block: Block) -> CoreResult<()> {
         // SAFETY: the dtype matches, the block is on the host, and this call has it alone.
         let row = unsafe { block.slice::<T>() };
@@ -104,12 +105,11 @@ fn apply_pipeline_row_host(py: Python<'_>, pipeline: &mut Pipeline, block: Block
             )))
         })
     }
-    py.detach(|| match block.dtype {
+    match block.dtype {
         DType::F32 => run::<f32>(pipeline, block),
         DType::F16 => run::<f16>(pipeline, block),
         DType::BF16 => run::<bf16>(pipeline, block),
-    })
-    .py()
+    }
 }
 
 /// Applies a planned batch to `block` in place, where it lives (see [`apply_batch_host`] for the
@@ -306,21 +306,29 @@ pub(crate) mod cuda {
         if !logits_processing_cuda::cuda_available() {
             return Err(unsupported(Device::Cuda(ordinal)));
         }
-        let mut guard = KERNELS.lock().unwrap_or_else(|e| e.into_inner());
-        let kernels = guard.get_or_insert_with(HashMap::new);
-        if let Some(entry) = kernels.get(&ordinal) {
-            return Ok(matches!(entry, Kernels::Ready(_)));
-        }
-        let created = py.detach(|| CudaBatchApplier::new(ordinal as usize));
-        match created {
-            Ok(applier) => {
-                kernels.insert(ordinal, Kernels::Ready(applier));
-                Ok(true)
+        // The lock is taken without the GIL: a step holding it may call a user's processor,
+        // which takes the GIL.
+        let outcome = py.detach(|| {
+            let mut guard = KERNELS.lock().unwrap_or_else(|e| e.into_inner());
+            let kernels = guard.get_or_insert_with(HashMap::new);
+            if let Some(entry) = kernels.get(&ordinal) {
+                return Ok(Ok(matches!(entry, Kernels::Ready(_))));
             }
-            Err(error @ (CudaError::SelfCheck(_) | CudaError::Compile(_))) => {
-                let why = error.to_string();
-                kernels.insert(ordinal, Kernels::Refused);
-                drop(guard);
+            match CudaBatchApplier::new(ordinal as usize) {
+                Ok(applier) => {
+                    kernels.insert(ordinal, Kernels::Ready(applier));
+                    Ok(Ok(true))
+                }
+                Err(error @ (CudaError::SelfCheck(_) | CudaError::Compile(_))) => {
+                    kernels.insert(ordinal, Kernels::Refused);
+                    Ok(Err(error.to_string()))
+                }
+                Err(error) => Err(error),
+            }
+        });
+        match outcome {
+            Ok(Ok(usable)) => Ok(usable),
+            Ok(Err(why)) => {
                 let message = format!(
                     "logits_processing: cuda:{ordinal}: {why}; every step on this device now \
                      copies its rows to the host and back (exact, slower)"
@@ -389,39 +397,38 @@ pub(crate) mod cuda {
     }
 
     /// One row (a processor's) by the round trip: copied to the host, `edit` run on the copy by
-    /// the host path, copied back; on error nothing is written back.
+    /// the host path, copied back; on error nothing is written back. Without the GIL: the
+    /// staging lock may be held by a step that calls a user's processor.
     pub(crate) fn on_host_copy(
+        py: Python<'_>,
         block: Block,
-        edit: impl FnOnce(Block) -> PyResult<()>,
+        edit: impl FnOnce(Block) -> PyResult<()> + Send,
     ) -> PyResult<()> {
         let layout = BatchLayout {
             rows: 1,
             row_stride: block.vocab,
         };
-        let mut edited = None;
-        let result = with_memory(block, |memory| {
-            let staged = HostRows::read(memory, vec![0], block.dtype, layout, block.vocab)?;
-            let (host, _) = staged.host();
-            let host_block = Block {
-                data: host,
-                row_stride: block.vocab,
-                rows: 1,
-                device: Device::Cpu,
-                stream: None,
-                ..block
-            };
-            match edit(host_block) {
-                Ok(()) => staged.write_back(),
-                Err(error) => {
-                    edited = Some(error);
-                    Ok(())
+        py.detach(|| {
+            let mut edited = Ok(());
+            let copied = with_memory(block, |memory| {
+                let staged = HostRows::read(memory, vec![0], block.dtype, layout, block.vocab)?;
+                let (host, _) = staged.host();
+                let host_block = Block {
+                    data: host,
+                    row_stride: block.vocab,
+                    rows: 1,
+                    device: Device::Cpu,
+                    stream: None,
+                    ..block
+                };
+                edited = edit(host_block);
+                match edited {
+                    Ok(()) => staged.write_back(),
+                    Err(_) => Ok(()),
                 }
-            }
-        });
-        match edited {
-            Some(error) => Err(error),
-            None => result,
-        }
+            });
+            edited.and(copied)
+        })
     }
 
     /// One launch for the listed rows' plans, on the producer's current stream.
