@@ -163,8 +163,9 @@ def test_the_gpu_checks_kind_script_passes_through_the_hook():
 
 
 def test_threads_sharing_the_round_trip_do_not_deadlock():
-    """A batch whose user processor (which takes the GIL) runs while the round trip holds the
-    staging buffer, beside a thread calling a processor through the round trip: both finish."""
+    """A batch whose user processor runs inside the round trip (taking the GIL back from a step
+    that released it), beside a thread calling a processor through the round trip: both finish.
+    (Host memory has no staging lock; on a GPU every lock is taken without the GIL, as here.)"""
     import threading
     import time
 
