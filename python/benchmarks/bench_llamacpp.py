@@ -198,15 +198,13 @@ def bench_row(lib, row, calls, history):
 def cpu_model():
     try:
         with open("/proc/cpuinfo") as f:
-            for line in f:
-                if line.startswith("model name"):
-                    name = line.split(":", 1)[1].strip()
-                    flags = next((l for l in open("/proc/cpuinfo") if l.startswith("flags")), "")
-                    simd = "AVX-512" if " avx512f" in flags else ("AVX2" if " avx2" in flags else "no AVX2")
-                    return f"{name} ({simd})"
+            info = f.read().splitlines()
     except OSError:
-        pass
-    return platform.processor() or "unknown CPU"
+        return platform.processor() or "unknown CPU"
+    name = next((line.split(":", 1)[1].strip() for line in info if line.startswith("model name")), "unknown CPU")
+    flags = next((line for line in info if line.startswith("flags")), "")
+    simd = "AVX-512" if " avx512f" in flags else ("AVX2" if " avx2" in flags else "no AVX2")
+    return f"{name} ({simd})"
 
 
 def main(argv=None) -> int:

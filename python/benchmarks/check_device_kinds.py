@@ -26,7 +26,6 @@ import os
 import re
 import sys
 
-
 # Id-only forms of kinds whose documented example names texts (the kernels see only ids).
 BY_IDS = {
     "dry": {"kind": "dry", "multiplier": 0.8, "allowed_length": 1, "penalty_last_n": -1, "sequence_breaker_ids": [[2]]},

@@ -7,6 +7,9 @@
   spec language's JSON Schema (docs/spec.schema.json).
 - ``bench``: each kind's step cost on this machine beside a memcpy of the same block.
 - ``info``: the version, the CPU path, CUDA and NVRTC, the engines installed here.
+- ``convert SETTINGS --from llamacpp|vllm|openai``: the spec list for a source's sampling settings
+  (:mod:`logits_processing.convert`), with the fields it could not convert; exit 1 when there are
+  some.
 
 Exit codes, the same for every subcommand: 0 done (``check``: the specs are valid), 1 ``check``
 found invalid specs, 2 bad usage or input (an unknown option, a number out of its range, a file
@@ -475,6 +478,35 @@ def _add_info(sub) -> None:
     i.set_defaults(run=_info)
 
 
+def _add_convert(sub) -> None:
+    from .convert import SOURCES
+
+    c = sub.add_parser("convert", help="a spec list from llama.cpp, vLLM or OpenAI-style settings")
+    c.add_argument("settings", help="a JSON file, - for stdin, or inline JSON")
+    c.add_argument("--from", dest="source", choices=sorted(SOURCES), required=True)
+    c.set_defaults(run=_convert)
+
+
+def _convert(args) -> int:
+    """Prints ``{"specs": [...], "unsupported": {...}}``; exit 0, or 1 when some field could not
+    be converted (the specs still printed)."""
+    from .convert import SOURCES
+
+    text = _read_spec(args.settings)
+    try:
+        settings = json.loads(text)
+    except ValueError as e:
+        raise UsageError(f"{args.settings}: not JSON: {e}") from None
+    if not isinstance(settings, dict):
+        raise UsageError(f"{args.settings}: expected a JSON object of settings")
+    try:
+        converted = SOURCES[args.source](settings)
+    except (TypeError, ValueError) as e:
+        raise UsageError(f"{args.settings}: {e}") from None
+    print_json(converted.as_json())
+    return EXIT_INVALID if converted.unsupported else 0
+
+
 def _add_explain(sub) -> None:
     from . import explain
 
@@ -483,7 +515,7 @@ def _add_explain(sub) -> None:
 
 # Each subcommand: a function that adds its parser to the subparsers and sets ``run``, a function
 # of the parsed arguments that returns the exit code (or raises UsageError).
-SUBCOMMANDS: list[Callable[[Any], None]] = [_add_check, _add_kinds, _add_bench, _add_info, _add_explain]
+SUBCOMMANDS: list[Callable[[Any], None]] = [_add_check, _add_kinds, _add_bench, _add_info, _add_convert, _add_explain]
 
 
 def parser() -> argparse.ArgumentParser:

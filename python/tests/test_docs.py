@@ -17,13 +17,14 @@ import pytest
 from doc_blocks import ROOT, all_blocks
 
 import logits_processing
+import logits_processing.convert
 import logits_processing.examples
 import logits_processing.thinking
 
 
 def documented():
     seen = {}
-    for module in (logits_processing, logits_processing.examples, logits_processing.thinking):
+    for module in (logits_processing, logits_processing.convert, logits_processing.examples, logits_processing.thinking):
         for name in getattr(module, "__all__", dir(module)):
             obj = getattr(module, name)
             ours = (getattr(obj, "__module__", "") or "").startswith("logits_processing")
