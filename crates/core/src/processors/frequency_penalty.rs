@@ -38,8 +38,8 @@ impl KindSpec for FrequencyPenaltySpec {
 
 /// OpenAI's and vLLM's frequency penalty: each token's logit is lowered by `penalty` times the
 /// number of times it occurs among the generated ids (the ids past the prompt's length):
-/// `logit - penalty * count`, computed in f32 as vLLM does. A negative penalty encourages
-/// repeats.
+/// `logit - penalty * count`, computed in f32 as vLLM does (`penalty * count` saturated at
+/// `±1e30`, [`crate::processors::MAX_BIAS`]). A negative penalty encourages repeats.
 ///
 /// Counts are updated from the new ids only; a step costs one sparse edit per distinct generated
 /// token, whatever the history's length.

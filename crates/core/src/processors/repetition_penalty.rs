@@ -5,7 +5,7 @@ use crate::error::{Error, Result};
 use crate::history::TokenHistory;
 use crate::plan::{Edit, RowPlan};
 use crate::processors::counts::{window_of, TokenCounts};
-use crate::processors::LogitsProcessor;
+use crate::processors::{LogitsProcessor, MIN_TEMPERATURE};
 use crate::spec::{KindSpec, SpecContext};
 
 /// Which ids a repetition penalty looks at.
@@ -21,7 +21,8 @@ pub enum Scope {
     Prompt,
 }
 
-/// `{"kind": "repetition_penalty", "penalty": 1.2, "scope": "all"}`.
+/// `{"kind": "repetition_penalty", "penalty": 1.2, "scope": "all"}`: `penalty` finite, at least
+/// `1e-30` (as a temperature: positive logits are divided by it) and within f32's range.
 #[derive(Debug, Clone, Serialize, Deserialize, JsonSchema)]
 #[serde(deny_unknown_fields)]
 pub struct RepetitionPenaltySpec {
@@ -99,10 +100,14 @@ impl RepetitionPenalty {
         vocab_size: Option<usize>,
     ) -> Result<Self> {
         let as_f32 = penalty as f32;
-        if !(penalty.is_finite() && penalty > 0.0 && as_f32 > 0.0 && as_f32.is_finite()) {
+        // A positive logit is divided by it: below the smallest temperature, it would overflow.
+        if !(penalty.is_finite() && penalty >= MIN_TEMPERATURE && as_f32.is_finite()) {
             return Err(Error::argument(
                 "penalty",
-                format!("must be finite and > 0, got {penalty}"),
+                format!(
+                    "must be finite and at least 1e-30 (a smaller one turns logits into \
+                     infinity), got {penalty}"
+                ),
             ));
         }
         let (from, to) = match scope {
