@@ -28,10 +28,12 @@ use crate::spec::{KindSpec, SpecContext};
 #[serde(deny_unknown_fields)]
 pub struct CiteFromPromptSpec {
     #[serde(default = "default_boost")]
+    #[schemars(range(min = -1e30, max = 1e30))]
     pub boost_factor: f64,
     #[serde(default = "default_boost_eos")]
     pub boost_eos: bool,
     #[serde(default)]
+    #[schemars(range(min = -1e30, max = 1e30))]
     pub conditional_boost_factor: f64,
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub eos_token_id: Option<u32>,

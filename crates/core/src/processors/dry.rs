@@ -37,6 +37,7 @@ pub struct DrySpec {
     #[serde(default = "default_allowed_length")]
     pub allowed_length: u32,
     #[serde(default = "default_last_n")]
+    #[schemars(range(min = -1))]
     pub penalty_last_n: i64,
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub sequence_breaker_ids: Option<Vec<Vec<u32>>>,

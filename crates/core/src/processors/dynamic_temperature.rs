@@ -40,10 +40,12 @@ use crate::truncation::Softmax;
 #[derive(Debug, Clone, Serialize, Deserialize, JsonSchema)]
 #[serde(deny_unknown_fields)]
 pub struct DynamicTemperatureSpec {
+    #[schemars(range(min = 0.0))]
     pub temperature: f64,
     #[serde(default)]
     pub range: f64,
     #[serde(default = "default_exponent")]
+    #[schemars(range(min = 0.0))]
     pub exponent: f64,
 }
 

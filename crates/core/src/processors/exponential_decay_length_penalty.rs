@@ -14,6 +14,7 @@ use crate::spec::{KindSpec, SpecContext};
 #[serde(deny_unknown_fields)]
 pub struct ExponentialDecayLengthPenaltySpec {
     pub start_index: usize,
+    #[schemars(extend("exclusiveMinimum" = 0))]
     pub decay_factor: f64,
     pub eos_token_ids: Vec<u32>,
 }

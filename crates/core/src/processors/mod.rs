@@ -51,7 +51,7 @@ mod thinking_config;
 pub(crate) mod top_a;
 pub(crate) mod top_n_sigma;
 mod trigger_phrase;
-mod truncate;
+pub(crate) mod truncate;
 pub(crate) mod xtc;
 pub(crate) mod zoo;
 

@@ -26,12 +26,14 @@ pub enum Scope {
 #[derive(Debug, Clone, Serialize, Deserialize, JsonSchema)]
 #[serde(deny_unknown_fields)]
 pub struct RepetitionPenaltySpec {
+    #[schemars(range(min = 1e-30))]
     pub penalty: f64,
     #[serde(default)]
     pub scope: Scope,
     /// Only the last `window` ids in scope count (llama.cpp's `penalty_last_n`; -1 or absent:
     /// all of them, 0: none).
     #[serde(default, skip_serializing_if = "Option::is_none")]
+    #[schemars(range(min = -1))]
     pub window: Option<i64>,
 }
 

@@ -33,6 +33,7 @@ use crate::spec::{KindSpec, SpecContext};
 #[derive(Debug, Clone, Serialize, Deserialize, JsonSchema)]
 #[serde(deny_unknown_fields)]
 pub struct SmoothingSpec {
+    #[schemars(range(min = 0.0))]
     pub factor: f64,
     #[serde(default = "default_curve")]
     pub curve: f64,

@@ -12,6 +12,7 @@ use crate::spec::{KindSpec, SpecContext};
 #[derive(Debug, Clone, Serialize, Deserialize, JsonSchema)]
 #[serde(deny_unknown_fields)]
 pub struct TemperatureSpec {
+    #[schemars(range(min = 1e-30))]
     pub temperature: f64,
 }
 

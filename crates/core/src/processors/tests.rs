@@ -1375,3 +1375,118 @@ fn every_kind_plans_its_first_step_in_time_linear_in_the_history() {
     }
     assert!(failures.is_empty(), "{failures:#?}");
 }
+
+/// A limit of a numeric field: its value and whether the value itself is allowed.
+type Limit = Option<(f64, bool)>;
+
+/// A numeric field's limits as the schema states them (`minimum`, `exclusiveMinimum`, `maximum`,
+/// `exclusiveMaximum`, and an integer's `format`): `(integer, lowest, highest)`, `None` for a
+/// field that is not a number. A float field the schema states no limit for has none here.
+fn schema_limits(property: &Value) -> Option<(bool, Limit, Limit)> {
+    let options: Vec<&Value> = match property["anyOf"].as_array() {
+        Some(options) => options.iter().collect(),
+        None => vec![property],
+    };
+    let number = options
+        .into_iter()
+        .find(|o| schema_takes_number(o, true) || schema_takes_number(o, false))?;
+    let integer = schema_takes_number(number, false) && !schema_takes_number(number, true);
+    let (mut low, mut high): (Limit, Limit) = match number["format"].as_str() {
+        Some("uint8") => (Some((0.0, true)), Some((u8::MAX as f64, true))),
+        Some("uint16") => (Some((0.0, true)), Some((u16::MAX as f64, true))),
+        Some("uint32") => (Some((0.0, true)), Some((u32::MAX as f64, true))),
+        Some("int32") => (Some((i32::MIN as f64, true)), Some((i32::MAX as f64, true))),
+        // Past 2^53 an f64 is not every integer: only the lower bound is tried.
+        Some("uint64") | Some("uint") => (Some((0.0, true)), None),
+        _ => (None, None),
+    };
+    if let Some(m) = number["minimum"].as_f64() {
+        low = Some((m, true));
+    }
+    if let Some(m) = number["exclusiveMinimum"].as_f64() {
+        low = Some((m, false));
+    }
+    if let Some(m) = number["maximum"].as_f64() {
+        high = Some((m, true));
+    }
+    if let Some(m) = number["exclusiveMaximum"].as_f64() {
+        high = Some((m, false));
+    }
+    Some((integer, low, high))
+}
+
+/// Values just inside and just outside each limit: `(value, inside)`.
+fn edges(integer: bool, low: Limit, high: Limit) -> Vec<(Value, bool)> {
+    let mut out = vec![];
+    if integer {
+        let int = |n: i128| match u64::try_from(n) {
+            Ok(n) => json!(n),
+            Err(_) => json!(n as i64),
+        };
+        if let Some((m, allowed)) = low {
+            let first = m as i128 + !allowed as i128;
+            out.extend([(int(first), true), (int(first - 1), false)]);
+        }
+        if let Some((m, allowed)) = high {
+            let last = m as i128 - !allowed as i128;
+            out.extend([(int(last), true), (int(last + 1), false)]);
+        }
+    } else {
+        if let Some((m, allowed)) = low {
+            let first = if allowed { m } else { m.next_up() };
+            out.extend([(json!(first), true), (json!(first.next_down()), false)]);
+        }
+        if let Some((m, allowed)) = high {
+            let last = if allowed { m } else { m.next_down() };
+            out.extend([(json!(last), true), (json!(last.next_up()), false)]);
+        }
+    }
+    out
+}
+
+/// Every numeric field of every kind, at each edge of the limits its schema states: a value
+/// just inside is admitted (an id field may instead be refused for the vocab), one just outside
+/// is refused with an error naming the field. What the docs (the schema's descriptions) refuse,
+/// the schema states, and admission refuses.
+#[test]
+fn admission_refuses_exactly_past_the_schemas_limits() {
+    let schema = crate::spec_schema::spec_schema();
+    let runner = &mut proptest::test_runner::TestRunner::deterministic();
+    let mut mismatches = vec![];
+    for name in kinds_where(|_| true) {
+        let base = spec_of(name).new_tree(runner).unwrap().current();
+        let properties = schema["$defs"][name]["properties"].as_object().unwrap();
+        for (field, property) in properties {
+            let Some((integer, low, high)) = schema_limits(property) else {
+                continue;
+            };
+            for (value, inside) in edges(integer, low, high) {
+                let mut spec = base.clone();
+                spec[field.as_str()] = value.clone();
+                let outcome = ProcessorSpec::from_value(&spec)
+                    .and_then(|s| s.realize(&context(), 4).map(drop));
+                let named = |e: &crate::Error| match e {
+                    crate::Error::InvalidSpec { field: f, .. }
+                    | crate::Error::InvalidArgument { field: f, .. }
+                    | crate::Error::TooLarge { field: f, .. } => f == field,
+                    _ => false,
+                };
+                match (inside, &outcome) {
+                    (true, Ok(())) => {}
+                    (true, Err(crate::Error::TokenOutOfVocab { field: f, .. })) if f == field => {}
+                    (false, Err(e)) if named(e) => {}
+                    (true, Err(e)) => {
+                        mismatches.push(format!("{name}.{field} = {value}: refused: {e}"))
+                    }
+                    (false, Err(e)) => mismatches.push(format!(
+                        "{name}.{field} = {value}: refused without naming it: {e:?}"
+                    )),
+                    (false, Ok(())) => {
+                        mismatches.push(format!("{name}.{field} = {value}: admitted"))
+                    }
+                }
+            }
+        }
+    }
+    assert!(mismatches.is_empty(), "{}", mismatches.join("\n"));
+}

@@ -38,6 +38,7 @@ pub struct TriggerPhraseSpec {
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub trigger_token_phrase: Option<TextOrId>,
     #[serde(default, skip_serializing_if = "Option::is_none")]
+    #[schemars(range(min = 0.0))]
     pub trigger_time: Option<f64>,
     #[serde(default = "default_count")]
     pub trigger_count: u32,
