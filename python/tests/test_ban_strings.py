@@ -75,3 +75,40 @@ def test_without_token_texts_it_is_refused_naming_the_field():
     with pytest.raises(SpecError) as e:
         Processor({"kind": "ban_strings", "strings": ["x"]}, context=EngineContext(vocab_size=10))
     assert e.value.field == "strings"
+
+
+# The bytes of derived values (ban_strings' automata among them) an engine context keeps
+# (`DERIVED_CACHE_BYTES`, docs/hardening.md).
+DERIVED_CACHE_BYTES = 128 << 20
+
+
+def _rss() -> int:
+    import os
+
+    with open("/proc/self/statm") as f:
+        return int(f.read().split()[1]) * os.sysconf("SC_PAGE_SIZE")
+
+
+@pytest.mark.slow
+def test_distinct_large_lists_leave_memory_within_the_cache_budget(tok, context):
+    """Forty requests, each with its own 1,024 strings of 250 bytes, each run a step and
+    dropped: what stays is the cache's budget at most, not each list's automaton."""
+    import random
+
+    rand = random.Random(29)
+    alphabet = "abcdefghijklmnopqrstuvwxyzABCDEFGHIJKLMNOPQRSTUVWXYZ0123456789 .,;:!?"
+    prompt = tok.encode("Say something.", add_special_tokens=False)
+    row = torch.zeros(len(tok))
+
+    def request(seed):
+        rand.seed(seed)
+        strings = ["".join(rand.choices(alphabet, k=250)) for _ in range(1024)]
+        p = Processor({"kind": "ban_strings", "strings": strings}, prompt_len=len(prompt), context=context)
+        p(prompt + tok.encode(" ab", add_special_tokens=False), row.clone())
+
+    request(-1)  # the environment and the allocator's first arenas
+    before = _rss()
+    for seed in range(40):
+        request(seed)
+        grown = _rss() - before
+        assert grown <= DERIVED_CACHE_BYTES + (64 << 20), f"after {seed + 1} lists: {grown >> 20} MiB"

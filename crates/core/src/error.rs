@@ -7,8 +7,8 @@ use thiserror::Error;
 #[derive(Debug, Clone, PartialEq, Error)]
 #[non_exhaustive]
 pub enum Error {
-    /// A temperature that is not finite and strictly positive (also in f32).
-    #[error("temperature must be finite and positive, got {value}")]
+    /// A temperature that is not finite or is below [`crate::processors::MIN_TEMPERATURE`].
+    #[error("temperature must be finite and at least 1e-30 (a smaller one turns logits into infinity), got {value}")]
     InvalidTemperature { value: f64 },
 
     /// A forced sequence (or HelloWorld) was built without an end-of-sequence token.

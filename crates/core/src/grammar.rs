@@ -15,10 +15,17 @@ use llguidance::toktrie::{SimpleVob, TokEnv, TokTrie};
 use llguidance::{Matcher, ParserFactory};
 use lru::LruCache;
 
+use crate::budget::{ByteBudgetCache, Footprint};
 use crate::error::{Error, Result};
 
 /// Compiled grammars kept per environment (least recently used dropped first).
 pub const GRAMMAR_CACHE_SIZE: usize = 256;
+
+/// The bytes of what kinds derive from the whole vocab (`ban_strings`' automata, DRY's breakers
+/// of a text, the newline tokens) kept per environment, keyed by the spec's content: the least
+/// recently used are dropped to stay within it, and a value larger than it is used by its
+/// request and not kept (docs/hardening.md).
+pub const DERIVED_CACHE_BYTES: usize = 128 << 20;
 
 /// The limits every grammar is compiled and run under, so a hostile grammar cannot stall a
 /// step: past them the grammar's compile fails (a `SpecError`) or its row stops with a failure
@@ -194,7 +201,7 @@ struct Built {
     eos_token_ids: Vec<u32>,
     cache: Mutex<LruCache<String, Arc<Matcher>>>,
     // What kinds derive from the whole vocab (DRY's breakers of a text), by key.
-    derived: Mutex<LruCache<String, Arc<dyn Any + Send + Sync>>>,
+    derived: Mutex<ByteBudgetCache>,
 }
 
 impl std::fmt::Debug for GrammarEnv {
@@ -327,21 +334,35 @@ impl GrammarEnv {
         })
     }
 
-    /// `make`'s value for `key`, made once per environment (the last [`GRAMMAR_CACHE_SIZE`] keys
-    /// kept): what a kind derives from the whole vocab is not derived again for each request.
-    pub(crate) fn derived<T: Any + Send + Sync>(
+    /// `make`'s value for `key`, made once per environment (the most recently used kept, within
+    /// [`DERIVED_CACHE_BYTES`]): what a kind derives from the whole vocab is not derived again for
+    /// each request.
+    pub(crate) fn derived<T: Any + Send + Sync + Footprint>(
         &self,
         key: &str,
         make: impl FnOnce(&Self) -> Result<T>,
     ) -> Result<Arc<T>> {
         let built = self.built()?;
-        let cached = unpoisoned(&built.derived).get(key).cloned();
+        let cached = unpoisoned(&built.derived).get(key);
         if let Some(value) = cached.and_then(|v| v.downcast::<T>().ok()) {
             return Ok(value);
         }
         let value = Arc::new(make(self)?);
-        unpoisoned(&built.derived).put(key.to_string(), value.clone());
+        let footprint = value.footprint();
+        unpoisoned(&built.derived).put(key, value.clone(), footprint);
         Ok(value)
+    }
+
+    /// The bytes [`GrammarEnv::derived`] values hold in the cache (at most
+    /// [`DERIVED_CACHE_BYTES`]), and how many there are.
+    pub fn derived_held(&self) -> (usize, usize) {
+        match self.0.built.get() {
+            Some(Ok(built)) => {
+                let cache = unpoisoned(&built.derived);
+                (cache.held(), cache.len())
+            }
+            _ => (0, 0),
+        }
     }
 
     /// The tokenizer it was made from.
@@ -392,9 +413,7 @@ fn build_unchecked(tokenizer: tokenizers::Tokenizer, eos_token_ids: &[u32]) -> R
         cache: Mutex::new(LruCache::new(
             NonZeroUsize::new(GRAMMAR_CACHE_SIZE).expect("not zero"),
         )),
-        derived: Mutex::new(LruCache::new(
-            NonZeroUsize::new(GRAMMAR_CACHE_SIZE).expect("not zero"),
-        )),
+        derived: Mutex::new(ByteBudgetCache::new(DERIVED_CACHE_BYTES)),
     })
 }
 

@@ -19,6 +19,8 @@
 //! ```
 
 mod batch;
+#[cfg(feature = "grammar")]
+mod budget;
 pub mod context;
 mod error;
 #[cfg(feature = "grammar")]

@@ -75,11 +75,22 @@ pub enum Shape {
     /// Quadratic sampling around `max`: a value `x` other than `-inf`, with `d = x - max`, becomes
     /// `(-(k * d^2) + s * d^3) + max`, each operation rounded to f32 (`d^2 = d * d`,
     /// `d^3 = d * d * d`), as torch computes text-generation-webui's expression on an f32 row.
+    /// Where that overflows (torch's infinity or NaN) for a finite `x`, the value is the
+    /// expression computed in f64 saturated at `±f32::MAX`: a finite logit stays finite.
     Quadratic { max: f32, k: f32, s: f32 },
     /// llama.cpp's adaptive-p transform: a value `x` other than `-inf`, with
     /// `p = exp(x - max) / scale` and `d = |(p - target) / 0.3|`, becomes `5 - 10 d^2 / (1 + d)`
     /// (f32, as llama.cpp).
     AdaptiveP { max: f32, scale: f32, target: f32 },
+}
+
+/// [`Shape::Quadratic`] of a finite `x` whose f32 arithmetic overflowed: in f64 (which cannot
+/// overflow for f32 operands: `|k d^2|, |s d^3| < 1e155`), saturated at `±f32::MAX`.
+#[cold]
+fn saturated_quadratic(x: f32, max: f32, k: f32, s: f32) -> f32 {
+    let d = x as f64 - max as f64;
+    let y = -(k as f64 * d * d) + s as f64 * d * d * d + max as f64;
+    y.clamp(-(f32::MAX as f64), f32::MAX as f64) as f32
 }
 
 impl Shape {
@@ -103,7 +114,11 @@ impl Shape {
                 let d = x - max;
                 let d2 = d * d;
                 let d3 = d * d * d;
-                (-(k * d2) + s * d3) + max
+                let y = (-(k * d2) + s * d3) + max;
+                if y.is_finite() || !x.is_finite() {
+                    return y;
+                }
+                saturated_quadratic(x, max, k, s)
             }
             Shape::AdaptiveP { max, scale, target } => {
                 if x == f32::NEG_INFINITY {

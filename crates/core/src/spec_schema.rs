@@ -4,9 +4,11 @@
 //! with no other change. docs/spec.schema.json is this function's output (a test keeps it so).
 //!
 //! The schema checks structure: the kinds, their fields, the fields' JSON types, which are
-//! required, that no others are there, and the pipeline's length. Value ranges (a temperature
-//! `> 0`), token ids against a vocab, and a grammar's own text are checked at admission
-//! ([`crate::ProcessorSpec::validate`]), whose errors name the field.
+//! required, that no others are there, and the pipeline's length; and each numeric field's
+//! documented range (`minimum`, `maximum`, `exclusiveMinimum`, `exclusiveMaximum`: a temperature
+//! `>= 1e-30`), which admission refuses past, naming the field (a test tries each edge). What
+//! depends on several fields, token ids against a vocab, and a grammar's own text are checked at
+//! admission only ([`crate::ProcessorSpec::validate`]), whose errors name the field.
 //!
 //! ```
 //! let schema = logits_processing::spec_schema::spec_schema();
@@ -73,8 +75,9 @@ pub fn spec_schema() -> Value {
         "title": "logits-processing pipeline",
         "description": format!(
             "A request's logits processors: one spec object, or a list of at most \
-             {MAX_PIPELINE_LEN} applied in order. Structure only: value ranges, token ids against \
-             the vocab and grammar texts are checked at admission."
+             {MAX_PIPELINE_LEN} applied in order. Structure and each number's range: what depends \
+             on several fields, token ids against the vocab and grammar texts are checked at \
+             admission."
         ),
         "oneOf": [
             {"$ref": "#/$defs/spec"},

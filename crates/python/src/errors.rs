@@ -190,7 +190,10 @@ fn describe(error: &Error) -> (ErrorClass, String, Vec<(&'static str, Attr)>) {
             let message = if *value <= 0.0 {
                 "Temperature must be positive".to_string()
             } else {
-                format!("Temperature must be finite and positive, got {value}")
+                format!(
+                    "Temperature must be finite and at least 1e-30 (a smaller one turns logits \
+                     into infinity), got {value}"
+                )
             };
             (ErrorClass::Argument, message, vec![field("temperature")])
         }

@@ -2,11 +2,12 @@ use std::collections::HashMap;
 use std::sync::{Arc, Mutex};
 
 use aho_corasick::automaton::{Automaton, StateID};
-use aho_corasick::dfa::DFA;
+use aho_corasick::nfa::contiguous::NFA;
 use aho_corasick::{Anchored, MatchKind};
 use schemars::JsonSchema;
 use serde::{Deserialize, Serialize};
 
+use crate::budget::Footprint;
 use crate::error::{Error, Result};
 use crate::grammar::GrammarEnv;
 use crate::history::TokenHistory;
@@ -88,29 +89,53 @@ impl KindSpec for BanStringsSpec {
     }
 }
 
+/// The bytes of banned-token lists one [`Banner`] keeps: past them its lists are dropped and
+/// found again as states are visited (a pass over the vocab's texts each).
+pub(crate) const BANNED_LISTS_BYTES: usize = 4 << 20;
+
 /// The automaton over the banned strings and, by its state, the tokens that would complete one:
 /// shared by every request with the same strings, each state's tokens found once (a pass over
-/// the vocab's texts) and kept.
+/// the vocab's texts) and kept, within [`BANNED_LISTS_BYTES`]. The automaton is a contiguous NFA
+/// (a few bytes per byte of the strings: 1,024 strings of 256 bytes take about 2 MB; a DFA would
+/// take a transition table of every state by every byte class, hundreds of megabytes).
 struct Banner {
-    dfa: DFA,
-    banned: Mutex<HashMap<StateID, Arc<[u32]>>>,
+    nfa: NFA,
+    banned: Mutex<BannedLists>,
+}
+
+#[derive(Default)]
+struct BannedLists {
+    by_state: HashMap<StateID, Arc<[u32]>>,
+    bytes: usize,
+}
+
+/// What a list costs in [`BannedLists`]: its ids, its `Arc`'s counts and the map's slot.
+fn list_bytes(tokens: &[u32]) -> usize {
+    tokens.len() * 4 + 64
+}
+
+/// The automaton and the most its lists may hold.
+impl Footprint for Banner {
+    fn footprint(&self) -> usize {
+        std::mem::size_of::<Self>() + self.nfa.memory_usage() + BANNED_LISTS_BYTES
+    }
 }
 
 impl Banner {
     fn new(strings: &[String], case_sensitive: bool) -> Result<Self> {
-        let dfa = DFA::builder()
+        let nfa = NFA::builder()
             .match_kind(MatchKind::Standard)
             .ascii_case_insensitive(!case_sensitive)
             .build(strings)
             .map_err(|e| Error::spec("strings", e.to_string()))?;
         Ok(Self {
-            dfa,
-            banned: Mutex::new(HashMap::new()),
+            nfa,
+            banned: Mutex::new(BannedLists::default()),
         })
     }
 
     fn start(&self) -> StateID {
-        self.dfa
+        self.nfa
             .start_state(Anchored::No)
             .expect("an unanchored search starts")
     }
@@ -118,28 +143,36 @@ impl Banner {
     /// The state after reading `text` from `state`.
     fn read(&self, state: StateID, text: &[u8]) -> StateID {
         text.iter()
-            .fold(state, |s, &byte| self.dfa.next_state(Anchored::No, s, byte))
+            .fold(state, |s, &byte| self.nfa.next_state(Anchored::No, s, byte))
     }
 
     /// The tokens whose text would complete a string in `state`, sorted.
     fn banned(&self, state: StateID, env: &GrammarEnv) -> Result<Arc<[u32]>> {
         let lock = || self.banned.lock().unwrap_or_else(|e| e.into_inner());
-        if let Some(tokens) = lock().get(&state) {
+        if let Some(tokens) = lock().by_state.get(&state) {
             return Ok(tokens.clone());
         }
         let mut tokens = vec![];
         for id in 0..env.vocab_size() as u32 {
             let text = env.decoded_text(id)?;
             let completes = text.iter().scan(state, |s, &byte| {
-                *s = self.dfa.next_state(Anchored::No, *s, byte);
-                Some(self.dfa.is_match(*s))
+                *s = self.nfa.next_state(Anchored::No, *s, byte);
+                Some(self.nfa.is_match(*s))
             });
             if completes.into_iter().any(|m| m) {
                 tokens.push(id);
             }
         }
         let tokens: Arc<[u32]> = tokens.into();
-        lock().insert(state, tokens.clone());
+        let cost = list_bytes(&tokens);
+        let mut lists = lock();
+        if lists.bytes + cost > BANNED_LISTS_BYTES {
+            lists.by_state.clear();
+            lists.bytes = 0;
+        }
+        if cost <= BANNED_LISTS_BYTES && lists.by_state.insert(state, tokens.clone()).is_none() {
+            lists.bytes += cost;
+        }
         Ok(tokens)
     }
 }
@@ -304,6 +337,57 @@ mod tests {
         assert!(error.to_string().contains("strings"), "{error}");
         let empty = spec(r#"{"strings": ["ok", ""]}"#).check().unwrap_err();
         assert!(empty.to_string().contains("strings[1]"), "{empty}");
+    }
+
+    /// 1,024 strings of 256 bytes, `seed` making them differ from another list's.
+    fn large_strings(seed: u64) -> Vec<String> {
+        let mut x = seed.wrapping_mul(0x9e37_79b9_7f4a_7c15) | 1;
+        (0..1024)
+            .map(|_| {
+                (0..MAX_STRING_BYTES)
+                    .map(|_| {
+                        x ^= x << 13;
+                        x ^= x >> 7;
+                        x ^= x << 17;
+                        char::from(b' ' + (x % 95) as u8)
+                    })
+                    .collect()
+            })
+            .collect()
+    }
+
+    #[test]
+    fn the_largest_lists_cost_megabytes_and_the_cache_keeps_its_byte_budget() {
+        let env = byte_level_env(&PIECES);
+        let context = SpecContext {
+            grammar: Some(env.clone()),
+            ..Default::default()
+        };
+        let banner = Banner::new(&large_strings(0), true).unwrap();
+        let footprint = banner.footprint();
+        assert!(footprint < 16 << 20, "{footprint} bytes");
+        let mut held = vec![];
+        for seed in 0..18 {
+            let spec = BanStringsSpec {
+                strings: large_strings(seed),
+                case_sensitive: true,
+            };
+            let mut ban = spec.realize(&context, 0).unwrap();
+            banned(&mut ban, &[b'a' as u32, b' ' as u32]);
+            let (bytes, count) = env.derived_held();
+            assert!(
+                bytes <= crate::grammar::DERIVED_CACHE_BYTES,
+                "{bytes} bytes"
+            );
+            held.push(count);
+        }
+        // Past the budget, the oldest lists are dropped: fewer kept than admitted.
+        let kept = *held.last().unwrap();
+        assert!((4..18).contains(&kept), "{held:?}");
+        assert!(
+            kept as u64 * (footprint as u64) <= crate::grammar::DERIVED_CACHE_BYTES as u64 * 2,
+            "{held:?}"
+        );
     }
 
     proptest! {

@@ -3,13 +3,13 @@ use std::collections::HashMap;
 use schemars::JsonSchema;
 use serde::{Deserialize, Serialize};
 
-use crate::error::{Error, Result};
+use crate::error::Result;
 use crate::history::TokenHistory;
 use crate::plan::{Edit, RowPlan};
 use crate::processors::cursor::Cursor;
 use crate::processors::repetition_penalty::vocab_limit;
 use crate::processors::zoo::{eos_or, structure_only, with_kind};
-use crate::processors::LogitsProcessor;
+use crate::processors::{check_bias, LogitsProcessor};
 use crate::spec::{KindSpec, SpecContext};
 
 /// `{"kind": "cite_from_prompt", "boost_factor": 1.0, "conditional_boost_factor": 0.5, "eos_token_id": 2}`:
@@ -28,10 +28,12 @@ use crate::spec::{KindSpec, SpecContext};
 #[serde(deny_unknown_fields)]
 pub struct CiteFromPromptSpec {
     #[serde(default = "default_boost")]
+    #[schemars(range(min = -1e30, max = 1e30))]
     pub boost_factor: f64,
     #[serde(default = "default_boost_eos")]
     pub boost_eos: bool,
     #[serde(default)]
+    #[schemars(range(min = -1e30, max = 1e30))]
     pub conditional_boost_factor: f64,
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub eos_token_id: Option<u32>,
@@ -56,12 +58,7 @@ impl KindSpec for CiteFromPromptSpec {
             ("boost_factor", self.boost_factor),
             ("conditional_boost_factor", self.conditional_boost_factor),
         ] {
-            if !(value.is_finite() && (value as f32).is_finite()) {
-                return Err(Error::argument(
-                    name,
-                    format!("must be finite, got {value}"),
-                ));
-            }
+            check_bias(name, value)?;
         }
         Ok(())
     }

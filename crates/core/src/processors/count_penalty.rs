@@ -6,13 +6,17 @@ use crate::history::TokenHistory;
 use crate::plan::{Edit, RowPlan};
 use crate::processors::counts::{window_of, TokenCounts};
 use crate::processors::repetition_penalty::vocab_limit;
-use crate::processors::LogitsProcessor;
+use crate::processors::{LogitsProcessor, MAX_BIAS};
 use crate::spec::SpecContext;
+
+/// The largest penalty a token gets, either way ([`MAX_BIAS`]): a product `penalty * count`
+/// past it saturates there, so a finite logit stays finite.
+const MAX_PENALTY: f32 = MAX_BIAS as f32;
 
 /// A penalty over the counts of the generated ids (the ids past the prompt's length), computed
 /// in f32 as vLLM does: `logit - penalty * count` when `PER_OCCURRENCE` (the frequency penalty),
-/// `logit - penalty` for every token present otherwise (the presence penalty). A negative
-/// penalty encourages repeats.
+/// `logit - penalty` for every token present otherwise (the presence penalty), `penalty * count`
+/// saturated at `±1e30`. A negative penalty encourages repeats.
 ///
 /// Counts are updated from the new ids only; a step costs one sparse edit per distinct generated
 /// token, whatever the history's length.
@@ -79,9 +83,11 @@ impl<const PER_OCCURRENCE: bool> LogitsProcessor for CountPenalty<PER_OCCURRENCE
         self.counts.update(ids);
         for &(token, count) in self.counts.counts() {
             let times = if PER_OCCURRENCE { count as f32 } else { 1.0 };
+            let bias = -(self.penalty * times);
             plan.push(Edit::Bias {
                 token,
-                bias: -(self.penalty * times),
+                // vLLM's product where it is finite; past f32's range, saturated.
+                bias: bias.clamp(-MAX_PENALTY, MAX_PENALTY),
             });
         }
         Ok(())

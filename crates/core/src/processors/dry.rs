@@ -8,7 +8,7 @@ use crate::history::TokenHistory;
 use crate::plan::{Edit, RowPlan};
 use crate::processors::cursor::Cursor;
 use crate::processors::repetition_penalty::vocab_limit;
-use crate::processors::LogitsProcessor;
+use crate::processors::{LogitsProcessor, MAX_BIAS};
 use crate::spec::{check_texts, KindSpec, SpecContext, MAX_TOKEN_IDS};
 
 /// `{"kind": "dry", "multiplier": 0.8, "base": 1.75, "allowed_length": 2, "penalty_last_n": 64,
@@ -37,6 +37,7 @@ pub struct DrySpec {
     #[serde(default = "default_allowed_length")]
     pub allowed_length: u32,
     #[serde(default = "default_last_n")]
+    #[schemars(range(min = -1))]
     pub penalty_last_n: i64,
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub sequence_breaker_ids: Option<Vec<Vec<u32>>>,
@@ -222,7 +223,9 @@ impl KindSpec for DrySpec {
 /// history, prompt included), a token `t` that would extend a repetition gets
 /// `x - multiplier * base^(n - allowed_length)`, `n` the longest `k` such that the window's last
 /// `k` ids also occur earlier in it followed by `t` (at most the ids since the latest breaker),
-/// when `n >= allowed_length`.
+/// when `n >= allowed_length`. The penalty saturates at `±1e30` ([`crate::processors::MAX_BIAS`];
+/// llama.cpp's overflows to infinity for a large `multiplier`, and a negative one would make
+/// `-inf` logits NaN).
 ///
 /// llama.cpp recomputes every match length each step (a Z-algorithm over the window, `O(L)`).
 /// Here the state carries them: after a new id `c`, the matches are exactly the earlier
@@ -577,9 +580,10 @@ impl LogitsProcessor for Dry {
             if max_exponent > 0 && exponent > max_exponent {
                 exponent = max_exponent;
             }
-            // As llama.cpp: `multiplier * std::pow(base, exponent)` in double, rounded to f32.
-            let penalty =
-                (self.multiplier as f64 * (self.base as f64).powf(exponent as f64)) as f32;
+            // As llama.cpp: `multiplier * std::pow(base, exponent)` in double, rounded to f32;
+            // past f32's range (where llama.cpp's is infinite), saturated.
+            let penalty = (self.multiplier as f64 * (self.base as f64).powf(exponent as f64))
+                .clamp(-MAX_BIAS, MAX_BIAS) as f32;
             plan.push(Edit::Bias {
                 token,
                 bias: -penalty,

@@ -4,7 +4,7 @@ use serde::{Deserialize, Serialize};
 use crate::error::{Error, Result};
 use crate::history::TokenHistory;
 use crate::plan::{Edit, Reshape, RowPlan, Shape};
-use crate::processors::LogitsProcessor;
+use crate::processors::{LogitsProcessor, MIN_TEMPERATURE};
 use crate::spec::{KindSpec, SpecContext};
 use crate::truncation::Softmax;
 
@@ -17,7 +17,9 @@ use crate::truncation::Softmax;
 ///
 /// (`min + (max - min) * normalized^exponent`, in f32 as llama.cpp). `range <= 0` is a plain
 /// temperature. A temperature that comes out `<= 0` keeps only the largest logit (every tie of
-/// it), as llama.cpp's temperature 0 does; a row with at most one finite logit is left as it is.
+/// it), as llama.cpp's temperature 0 does, and so does one below `1e-30` ([`MIN_TEMPERATURE`]:
+/// dividing by it would turn logits into infinity); a row with at most one finite logit is left
+/// as it is.
 ///
 /// `temperature` (finite, `>= 0`), `range` (finite, `temperature + range` finite in f32; default 0),
 /// `exponent` (finite, `>= 0`, default 1).
@@ -38,10 +40,12 @@ use crate::truncation::Softmax;
 #[derive(Debug, Clone, Serialize, Deserialize, JsonSchema)]
 #[serde(deny_unknown_fields)]
 pub struct DynamicTemperatureSpec {
+    #[schemars(range(min = 0.0))]
     pub temperature: f64,
     #[serde(default)]
     pub range: f64,
     #[serde(default = "default_exponent")]
+    #[schemars(range(min = 0.0))]
     pub exponent: f64,
 }
 
@@ -108,7 +112,9 @@ impl LogitsProcessor for DynamicTemperature {
             } if range <= 0.0 && temperature == 1.0 => {}
             Reshape::DynamicTemperature {
                 temperature, range, ..
-            } if range <= 0.0 && temperature > 0.0 => plan.push(Edit::Scale { temperature }),
+            } if range <= 0.0 && temperature as f64 >= MIN_TEMPERATURE => {
+                plan.push(Edit::Scale { temperature })
+            }
             rule => plan.push(Edit::Reshape(rule)),
         }
         Ok(())
@@ -121,7 +127,8 @@ impl LogitsProcessor for DynamicTemperature {
 #[inline(always)]
 pub(crate) fn shape(values: &[f32], temperature: f32, range: f32, exponent: f32) -> Shape {
     let greedy_or_scale = |t: f32| {
-        if t <= 0.0 {
+        // Below the smallest temperature, a division would turn logits into infinity.
+        if (t as f64) < MIN_TEMPERATURE {
             let max = crate::truncation::largest(values);
             Shape::Greedy { max }
         } else {

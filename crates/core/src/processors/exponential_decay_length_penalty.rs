@@ -14,6 +14,7 @@ use crate::spec::{KindSpec, SpecContext};
 #[serde(deny_unknown_fields)]
 pub struct ExponentialDecayLengthPenaltySpec {
     pub start_index: usize,
+    #[schemars(extend("exclusiveMinimum" = 0))]
     pub decay_factor: f64,
     pub eos_token_ids: Vec<u32>,
 }
@@ -44,13 +45,18 @@ impl KindSpec for ExponentialDecayLengthPenaltySpec {
     }
 }
 
+/// The largest `decay_factor^i - 1`: a logit of `1e4` gains at most `1e34`.
+const MAX_FACTOR: f64 = 1e30;
+
 /// transformers' `ExponentialDecayLengthPenalty`: once more than `start_index` ids follow the
 /// prompt, each EOS id's logit `x` (when finite) becomes `x + |x| * (decay_factor^i - 1)`, where
 /// `i` is how many ids past `prompt_len + start_index` there are: the EOS logit rises (for
 /// `decay_factor > 1`) exponentially with the length, from either sign.
 ///
-/// `decay_factor^i - 1` is computed in f64 with the C library's `pow` and rounded to f32, and the
-/// rest in f32, as transformers computes it on an f32 row: bit for bit its result there. On f16
+/// `decay_factor^i - 1` is computed in f64 with the C library's `pow`, saturated at `1e30` (so
+/// that a long generation or a large factor leaves the logit finite, where transformers' becomes
+/// infinite: 1.05 passes f32's range after about 1,800 ids), and rounded to f32, and the rest in
+/// f32, as transformers computes it on an f32 row: bit for bit its result there. On f16
 /// and bf16 rows transformers rounds `|x| * (decay_factor^i - 1)` to the row's type before the
 /// addition, and here the result is rounded once: the two can differ by one unit in the last
 /// place of the added value plus one of the result.
@@ -97,8 +103,9 @@ impl LogitsProcessor for ExponentialDecayLengthPenalty {
         let len = ids.token_count();
         if len > self.regulation_start {
             let i = (len - self.regulation_start) as f64;
-            // Python's `pow(factor, i) - 1` (a double), which torch rounds to f32.
-            let factor = (self.decay_factor.powf(i) - 1.0) as f32;
+            // Python's `pow(factor, i) - 1` (a double), which torch rounds to f32; saturated,
+            // where torch's would overflow.
+            let factor = (self.decay_factor.powf(i) - 1.0).min(MAX_FACTOR) as f32;
             for &token in &self.eos_token_ids {
                 plan.push(Edit::AddScaledAbs { token, factor });
             }

@@ -15,6 +15,7 @@ pub struct FrequencyPenaltySpec {
     /// Only the last `window` generated ids count (llama.cpp's `penalty_last_n`; -1 or absent:
     /// all of them, 0: none).
     #[serde(default, skip_serializing_if = "Option::is_none")]
+    #[schemars(range(min = -1))]
     pub window: Option<i64>,
 }
 
@@ -38,8 +39,8 @@ impl KindSpec for FrequencyPenaltySpec {
 
 /// OpenAI's and vLLM's frequency penalty: each token's logit is lowered by `penalty` times the
 /// number of times it occurs among the generated ids (the ids past the prompt's length):
-/// `logit - penalty * count`, computed in f32 as vLLM does. A negative penalty encourages
-/// repeats.
+/// `logit - penalty * count`, computed in f32 as vLLM does (`penalty * count` saturated at
+/// `±1e30`, [`crate::processors::MAX_BIAS`]). A negative penalty encourages repeats.
 ///
 /// Counts are updated from the new ids only; a step costs one sparse edit per distinct generated
 /// token, whatever the history's length.

@@ -9,8 +9,24 @@ use crate::plan::{Edit, RowPlan};
 use crate::processors::LogitsProcessor;
 use crate::spec::{check_len, KindSpec, SpecContext};
 
+/// The largest bias a spec gives, either way, and where the biases kinds compute (penalties,
+/// boosts) saturate: biases that meet on one token (a sequence bias's, a pipeline's) sum to at
+/// most `1e30` times their number, far within f32's range.
+pub const MAX_BIAS: f64 = 1e30;
+
+/// Refuses a bias that is not finite or is larger than [`MAX_BIAS`], naming `field`.
+pub(crate) fn check_bias(field: impl Into<String>, bias: f64) -> Result<()> {
+    if bias.is_finite() && bias.abs() <= MAX_BIAS {
+        return Ok(());
+    }
+    Err(Error::argument(
+        field,
+        format!("must be finite and at most 1e30 either way, got {bias}"),
+    ))
+}
+
 /// `{"kind": "logit_bias", "bias": {"123": -1.5}}`: an object from token id (a string, as JSON
-/// keys are) to a finite bias (OpenAI's form).
+/// keys are) to a finite bias of at most `1e30` either way ([`MAX_BIAS`]; OpenAI's form).
 #[derive(Debug, Clone, Serialize, Deserialize, JsonSchema)]
 #[serde(deny_unknown_fields)]
 pub struct LogitBiasSpec {
@@ -20,13 +36,9 @@ pub struct LogitBiasSpec {
 impl KindSpec for LogitBiasSpec {
     fn check(&self) -> Result<()> {
         check_len("bias", self.bias.len())?;
-        match self.bias.iter().find(|(_, b)| !b.is_finite()) {
-            Some((token, bias)) => Err(Error::argument(
-                format!("bias.{token}"),
-                format!("must be finite (in f32), got {bias}"),
-            )),
-            None => Ok(()),
-        }
+        self.bias
+            .iter()
+            .try_for_each(|(token, &bias)| check_bias(format!("bias.{token}"), bias as f64))
     }
 
     fn realize(&self, context: &SpecContext, _: usize) -> Result<Box<dyn LogitsProcessor>> {

@@ -29,6 +29,7 @@ use crate::spec::{KindSpec, SpecContext};
 #[derive(Debug, Clone, Serialize, Deserialize, JsonSchema)]
 #[serde(deny_unknown_fields)]
 pub struct MaxTimeSpec {
+    #[schemars(range(min = 0.0))]
     pub max_time: f64,
     #[serde(default)]
     pub complete_sentences: bool,

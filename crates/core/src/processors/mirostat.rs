@@ -35,14 +35,17 @@ use crate::truncation::{collect_from, exp, kth_largest, largest, Softmax, Work};
 #[serde(deny_unknown_fields)]
 pub struct MirostatSpec {
     #[serde(default = "default_version")]
+    #[schemars(range(min = 1, max = 2))]
     pub version: u32,
     #[serde(default = "default_tau")]
     pub tau: f64,
     #[serde(default = "default_eta")]
     pub eta: f64,
     #[serde(default = "default_m")]
+    #[schemars(range(min = 2))]
     pub m: u32,
     #[serde(default, skip_serializing_if = "Option::is_none")]
+    #[schemars(range(min = 1))]
     pub n_vocab: Option<u32>,
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub mu: Option<f64>,
@@ -79,14 +82,15 @@ impl MirostatSpec {
             Some(mu) => finite("mu", mu)?,
             None => 2.0 * tau,
         };
+        // Read by version 1 only, and refused below 2 whatever the version, as documented.
+        if self.m < 2 {
+            return Err(Error::argument(
+                "m",
+                format!("must be at least 2, got {}", self.m),
+            ));
+        }
         let version = match self.version {
             1 => {
-                if self.m < 2 {
-                    return Err(Error::argument(
-                        "m",
-                        format!("must be at least 2, got {}", self.m),
-                    ));
-                }
                 let n_vocab = self
                     .n_vocab
                     .or(vocab_size.map(|v| v.min(u32::MAX as usize) as u32))

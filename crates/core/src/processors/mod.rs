@@ -51,7 +51,7 @@ mod thinking_config;
 pub(crate) mod top_a;
 pub(crate) mod top_n_sigma;
 mod trigger_phrase;
-mod truncate;
+pub(crate) mod truncate;
 pub(crate) mod xtc;
 pub(crate) mod zoo;
 
@@ -78,7 +78,8 @@ pub use gen_length::{GenLength, GenLengthSpec};
 #[cfg(feature = "grammar")]
 pub use grammar::{Grammar, GrammarSpec, JsonObjectSpec};
 pub use hello_world::{hello_world, HelloWorldSpec, TextEncoder, HELLO_WORLD_TEXT};
-pub use logit_bias::{LogitBias, LogitBiasSpec};
+pub(crate) use logit_bias::check_bias;
+pub use logit_bias::{LogitBias, LogitBiasSpec, MAX_BIAS};
 pub use max_time::{MaxTime, MaxTimeSpec};
 pub use min_length::{MinLength, MinLengthSpec};
 pub use min_new_tokens::{MinNewTokens, MinNewTokensSpec};
@@ -92,7 +93,7 @@ pub use sequence_bias::{SequenceBias, SequenceBiasSpec};
 pub use smoothing::{Smoothing, SmoothingSpec};
 pub use suppress_tokens_at_begin::{SuppressTokensAtBegin, SuppressTokensAtBeginSpec};
 pub use tail_free::TailFreeSpec;
-pub use temperature::{Temperature, TemperatureSpec};
+pub use temperature::{Temperature, TemperatureSpec, MIN_TEMPERATURE};
 pub use thinking_budget::{ThinkingBudget, ThinkingBudgetSpec, CHECKED_TAIL};
 pub use thinking_config::{
     get_thinking_token_config, lookup_thinking_token_config, register_thinking_token_config,

@@ -16,6 +16,7 @@ use crate::spec::{KindSpec, SpecContext};
 #[derive(Debug, Clone, Serialize, Deserialize, JsonSchema)]
 #[serde(deny_unknown_fields)]
 pub struct NoRepeatNGramSpec {
+    #[schemars(range(min = 1))]
     pub n: u32,
 }
 

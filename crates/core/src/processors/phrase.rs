@@ -12,6 +12,7 @@
 
 use crate::history::TokenHistory;
 use crate::plan::{Edit, RowPlan};
+use crate::processors::cursor::Cursor;
 
 /// What a step does.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
@@ -39,6 +40,9 @@ struct State {
     pending: Option<(usize, Edit, usize, bool)>,
     /// The step last planned.
     last_step: Option<usize>,
+    /// The ids of the step last planned: ids that do not extend them (another request's, or a
+    /// rewrite) are read afresh, whatever the passes said about the old ones.
+    cursor: Cursor,
 }
 
 /// The runs of one request's phrase: see the module's documentation.
@@ -102,7 +106,8 @@ impl PhraseRuns {
         let n = self.step(ids);
         let mut learned = None;
         let state = &mut self.state;
-        let advanced = state.last_step.is_some_and(|last| n > last);
+        let last_step = state.last_step;
+        let advanced = last_step.is_some_and(|last| n > last);
         match state.pending.take() {
             Some((at, edit, step, starts_run)) if n > step => match plan.fired(at, &edit) {
                 Some(fired) => {
@@ -119,9 +124,21 @@ impl PhraseRuns {
             None if !advanced => state.observed = false,
             None => {}
         }
-        if state.fired_at.is_some_and(|f| n <= f) {
+        if state.fired_at.is_some_and(|f| n <= f) || !state.cursor.extended_by(ids) {
             state.observed = false;
+        } else if let (Some(fired_at), Some(last)) = (state.fired_at, last_step) {
+            // The ids since the last step, where the run forced its phrase, must be the phrase:
+            // else they are not this run's (the forced token was not taken) and are read.
+            let run = fired_at + self.offset..fired_at + self.offset + self.phrase.len();
+            let written = last.max(run.start)..n.min(run.end);
+            if written
+                .into_iter()
+                .any(|i| ids.token_at(self.prompt_len + i) != self.phrase[i - run.start])
+            {
+                state.observed = false;
+            }
         }
+        state.cursor.read_all(ids);
         if !state.observed {
             let (runs, fired_at) = self.read(ids);
             self.state.runs = runs;

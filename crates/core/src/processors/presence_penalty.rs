@@ -15,6 +15,7 @@ pub struct PresencePenaltySpec {
     /// Only the last `window` generated ids count (llama.cpp's `penalty_last_n`; -1 or absent:
     /// all of them, 0: none).
     #[serde(default, skip_serializing_if = "Option::is_none")]
+    #[schemars(range(min = -1))]
     pub window: Option<i64>,
 }
 

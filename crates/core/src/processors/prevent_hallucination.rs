@@ -30,6 +30,7 @@ use crate::spec::{KindSpec, SpecContext};
 #[serde(deny_unknown_fields)]
 pub struct PreventHallucinationSpec {
     #[serde(default = "default_minp")]
+    #[schemars(range(min = 0.0, max = 1.0))]
     pub minp: f64,
     #[serde(default = "default_tolerate")]
     pub tolerate: u32,

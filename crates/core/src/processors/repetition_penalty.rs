@@ -5,7 +5,7 @@ use crate::error::{Error, Result};
 use crate::history::TokenHistory;
 use crate::plan::{Edit, RowPlan};
 use crate::processors::counts::{window_of, TokenCounts};
-use crate::processors::LogitsProcessor;
+use crate::processors::{LogitsProcessor, MIN_TEMPERATURE};
 use crate::spec::{KindSpec, SpecContext};
 
 /// Which ids a repetition penalty looks at.
@@ -21,16 +21,19 @@ pub enum Scope {
     Prompt,
 }
 
-/// `{"kind": "repetition_penalty", "penalty": 1.2, "scope": "all"}`.
+/// `{"kind": "repetition_penalty", "penalty": 1.2, "scope": "all"}`: `penalty` finite, at least
+/// `1e-30` (as a temperature: positive logits are divided by it) and within f32's range.
 #[derive(Debug, Clone, Serialize, Deserialize, JsonSchema)]
 #[serde(deny_unknown_fields)]
 pub struct RepetitionPenaltySpec {
+    #[schemars(range(min = 1e-30))]
     pub penalty: f64,
     #[serde(default)]
     pub scope: Scope,
     /// Only the last `window` ids in scope count (llama.cpp's `penalty_last_n`; -1 or absent:
     /// all of them, 0: none).
     #[serde(default, skip_serializing_if = "Option::is_none")]
+    #[schemars(range(min = -1))]
     pub window: Option<i64>,
 }
 
@@ -99,10 +102,14 @@ impl RepetitionPenalty {
         vocab_size: Option<usize>,
     ) -> Result<Self> {
         let as_f32 = penalty as f32;
-        if !(penalty.is_finite() && penalty > 0.0 && as_f32 > 0.0 && as_f32.is_finite()) {
+        // A positive logit is divided by it: below the smallest temperature, it would overflow.
+        if !(penalty.is_finite() && penalty >= MIN_TEMPERATURE && as_f32.is_finite()) {
             return Err(Error::argument(
                 "penalty",
-                format!("must be finite and > 0, got {penalty}"),
+                format!(
+                    "must be finite and at least 1e-30 (a smaller one turns logits into \
+                     infinity), got {penalty}"
+                ),
             ));
         }
         let (from, to) = match scope {

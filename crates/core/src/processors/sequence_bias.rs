@@ -3,12 +3,12 @@ use std::sync::Arc;
 use schemars::JsonSchema;
 use serde::{Deserialize, Serialize};
 
-use crate::error::{Error, Result};
+use crate::error::Result;
 use crate::history::TokenHistory;
 use crate::plan::{Edit, RowPlan};
 use crate::processors::bad_words::check_sequences;
 use crate::processors::matcher::{Automaton, Matcher};
-use crate::processors::LogitsProcessor;
+use crate::processors::{check_bias, LogitsProcessor};
 use crate::spec::{KindSpec, SpecContext};
 
 /// `{"kind": "sequence_bias", "biases": [[[5], -1.0], [[7, 8], 2.5]]}`: a list of
@@ -75,12 +75,7 @@ impl SequenceBias {
     fn check(biases: &[(Vec<u32>, f64)]) -> Result<()> {
         check_sequences("biases", biases.iter().map(|(s, _)| s))?;
         for (i, &(_, bias)) in biases.iter().enumerate() {
-            if !(bias.is_finite() && (bias as f32).is_finite()) {
-                return Err(Error::argument(
-                    format!("biases[{i}][1]"),
-                    format!("must be finite (in f32), got {bias}"),
-                ));
-            }
+            check_bias(format!("biases[{i}][1]"), bias)?;
         }
         Ok(())
     }
@@ -207,7 +202,7 @@ mod tests {
     #[test]
     fn non_finite_biases_are_refused_naming_the_entry() {
         match SequenceBias::new(vec![(vec![1], 1.0), (vec![2], f64::NEG_INFINITY)]) {
-            Err(Error::InvalidArgument { field, .. }) => assert_eq!(field, "biases[1][1]"),
+            Err(crate::Error::InvalidArgument { field, .. }) => assert_eq!(field, "biases[1][1]"),
             other => panic!("{other:?}"),
         }
     }

@@ -14,7 +14,10 @@ use crate::spec::{KindSpec, SpecContext};
 /// `-(k * factor * d^2) + s * factor * d^3 + m`, `k = (3 - curve) / 2`, `s = (curve - 1) / 2`,
 ///
 /// computed as torch computes the webui's expression on an f32 row (`k * factor` and
-/// `s * factor` in f64 rounded to f32, then f32 operations; see [`Shape::Quadratic`]).
+/// `s * factor` in f64 rounded to f32, then f32 operations; see [`Shape::Quadratic`]). Where
+/// torch's arithmetic would overflow, it saturates: the constants at `±f32::MAX`, a value whose
+/// f32 expression overflows at the f64 expression clamped to `±f32::MAX`, so a finite logit
+/// stays finite.
 /// `factor` (finite, `>= 0`; 0 changes nothing), `curve` (finite, default 1: purely quadratic).
 /// A row whose largest logit is not finite is left as it is (the webui would fill it with NaN);
 /// NaN logits stay NaN and do not count for the maximum.
@@ -30,6 +33,7 @@ use crate::spec::{KindSpec, SpecContext};
 #[derive(Debug, Clone, Serialize, Deserialize, JsonSchema)]
 #[serde(deny_unknown_fields)]
 pub struct SmoothingSpec {
+    #[schemars(range(min = 0.0))]
     pub factor: f64,
     #[serde(default = "default_curve")]
     pub curve: f64,
@@ -77,9 +81,12 @@ impl Smoothing {
 impl LogitsProcessor for Smoothing {
     fn plan(&mut self, _ids: &dyn TokenHistory, plan: &mut RowPlan) -> Result<()> {
         if self.factor > 0.0 {
+            // Past f32's range the constants saturate (an infinite one would make the maximum
+            // itself NaN: `inf * 0`).
+            let to_f32 = |c: f64| c.clamp(-(f32::MAX as f64), f32::MAX as f64) as f32;
             plan.push(Edit::Reshape(Reshape::Smoothing {
-                k: ((3.0 - self.curve) / 2.0 * self.factor) as f32,
-                s: ((self.curve - 1.0) / 2.0 * self.factor) as f32,
+                k: to_f32((3.0 - self.curve) / 2.0 * self.factor),
+                s: to_f32((self.curve - 1.0) / 2.0 * self.factor),
             }));
         }
         Ok(())

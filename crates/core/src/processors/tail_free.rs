@@ -32,8 +32,10 @@ use crate::truncation::{exp, from_order_key, kth_largest, order_key, Work};
 #[derive(Debug, Clone, Serialize, Deserialize, JsonSchema)]
 #[serde(deny_unknown_fields)]
 pub struct TailFreeSpec {
+    #[schemars(range(min = 0.0, max = 1.0))]
     pub z: f64,
     #[serde(default = "one")]
+    #[schemars(range(min = 1))]
     pub min_tokens_to_keep: u32,
 }
 
@@ -48,6 +50,7 @@ impl TailFreeSpec {
 
 impl KindSpec for TailFreeSpec {
     fn check(&self) -> Result<()> {
+        crate::processors::truncate::parameter("z", self.z, (0.0, true), (1.0, true))?;
         self.rule().validate()
     }
 

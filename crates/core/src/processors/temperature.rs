@@ -7,10 +7,12 @@ use crate::plan::{Edit, RowPlan};
 use crate::processors::LogitsProcessor;
 use crate::spec::{KindSpec, SpecContext};
 
-/// `{"kind": "temperature", "temperature": 0.7}`: the temperature, finite and > 0.
+/// `{"kind": "temperature", "temperature": 0.7}`: the temperature, finite and at least `1e-30`
+/// ([`MIN_TEMPERATURE`]).
 #[derive(Debug, Clone, Serialize, Deserialize, JsonSchema)]
 #[serde(deny_unknown_fields)]
 pub struct TemperatureSpec {
+    #[schemars(range(min = 1e-30))]
     pub temperature: f64,
 }
 
@@ -30,8 +32,9 @@ impl KindSpec for TemperatureSpec {
 ///
 /// Matches the reference's `TemperatureProcessor`: `1.0` leaves the row untouched; otherwise each
 /// logit becomes `logit / temperature`, divided (not multiplied by a reciprocal) so f32 results are
-/// bit for bit torch's `div_`. Unlike the reference, a temperature that is not finite (or that
-/// rounds to 0 or infinity in f32) is rejected too, not only one `<= 0`.
+/// bit for bit torch's `div_`. Unlike the reference, a temperature that is not finite, that
+/// rounds to infinity in f32, or that is below [`MIN_TEMPERATURE`] is rejected too, not only one
+/// `<= 0`.
 ///
 /// ```
 /// use logits_processing::{process_row, Temperature};
@@ -41,6 +44,11 @@ impl KindSpec for TemperatureSpec {
 /// assert_eq!(row, [2.0, -4.0, 0.5]);
 /// # Ok::<(), logits_processing::Error>(())
 /// ```
+/// The smallest temperature: a logit of `1e4` divided by it is `1e34`, well within f32; below
+/// it logits become infinite (a subnormal one, `1e-45`, turns every logit above `5e-7` into
+/// infinity).
+pub const MIN_TEMPERATURE: f64 = 1e-30;
+
 #[derive(Debug, Clone, PartialEq)]
 pub struct Temperature {
     temperature: f64,
@@ -50,7 +58,7 @@ pub struct Temperature {
 impl Temperature {
     pub fn new(temperature: f64) -> Result<Self> {
         let divisor = temperature as f32;
-        if !(temperature.is_finite() && temperature > 0.0 && divisor.is_finite() && divisor > 0.0) {
+        if !(temperature.is_finite() && temperature >= MIN_TEMPERATURE && divisor.is_finite()) {
             return Err(Error::InvalidTemperature { value: temperature });
         }
         Ok(Self {
@@ -84,7 +92,16 @@ mod tests {
 
     #[test]
     fn rejects_non_positive_and_non_finite() {
-        for t in [0.0, -1.0, f64::NAN, f64::INFINITY, 1e-50, 1e300] {
+        for t in [
+            0.0,
+            -1.0,
+            f64::NAN,
+            f64::INFINITY,
+            1e-50,
+            1e-45,
+            9.9e-31,
+            1e300,
+        ] {
             assert!(matches!(
                 Temperature::new(t),
                 Err(Error::InvalidTemperature { value }) if value.to_bits() == t.to_bits()

@@ -363,6 +363,57 @@ resume_safe! {
     resume_safe_multiple_choice: "multiple_choice",
 }
 
+/// Kinds whose state is what their passes saw, which no history tells (mirostat's `mu`,
+/// adaptive-p's running average, a clock): after a replaced history they keep it, as documented.
+fn state_from_passes(kind: &str) -> bool {
+    matches!(kind, "mirostat" | "adaptive_p" | "max_time")
+}
+
+proptest! {
+    #![proptest_config(ProptestConfig::with_cases(1024))]
+
+    /// A processor that saw its passes (the triggers that fired, the tokens they forced), then
+    /// is given a history that does not extend the last (another request's ids, a rewrite), plans
+    /// as a fresh processor given that history: nothing counted from the old history survives.
+    #[test]
+    fn a_replaced_history_plans_as_a_fresh_processor_after_passes(
+        spec in proptest::sample::select(
+            kinds_where(|k| !state_from_passes(k.name))
+        ).prop_flat_map(spec_of),
+        prompt_len in 0usize..6,
+        moves in moves(),
+        rows in proptest::collection::vec(
+            proptest::collection::vec(-4.0f32..4.0, VOCAB as usize), 1..8),
+    ) {
+        let spec = ProcessorSpec::from_value(&spec).unwrap();
+        let mut running = realize(&spec, prompt_len);
+        let mut ids: Vec<u32> = (0..prompt_len as u32).map(|i| i % 5).collect();
+        let mut plan = RowPlan::new();
+        for (i, step) in moves.iter().enumerate() {
+            let row = &rows[i % rows.len()];
+            if let Move::Undone(_) = step {
+                plan.clear();
+                running.plan(&ids, &mut plan).unwrap();
+                running.undo();
+            }
+            let before = ids.clone();
+            step.apply(&mut ids);
+            plan.clear();
+            running.plan(&ids, &mut plan).unwrap();
+            let (mut got, mut want) = (row.clone(), row.clone());
+            plan.apply(&mut got).unwrap();
+            if !ids.starts_with(&before) {
+                let mut fresh = RowPlan::new();
+                realize(&spec, prompt_len).plan(&ids, &mut fresh).unwrap();
+                fresh.apply(&mut want).unwrap();
+                let bits = |r: &[f32]| r.iter().map(|x| x.to_bits()).collect::<Vec<_>>();
+                prop_assert_eq!(bits(&got), bits(&want), "{} after {:?} then {:?}",
+                    spec.to_value(), before, ids);
+            }
+        }
+    }
+}
+
 #[test]
 fn every_kind_has_a_strategy_and_a_resume_test() {
     // `spec_of` panics for a kind it does not know: a new kind must be added to these tests.
@@ -1041,4 +1092,410 @@ fn the_docs_list_every_kind_in_the_registrys_order() {
             "docs/python.md does not name {kind}"
         );
     }
+}
+
+/// Finite values at the edges of what a spec's numbers may be: zeros, the smallest and largest
+/// normal and subnormal numbers of f32 and f64, and the values around them.
+const EXTREME_NUMBERS: &[f64] = &[
+    0.0,
+    -0.0,
+    1e-300,
+    -1e-300,
+    1e-45,
+    1e-40,
+    -1e-40,
+    1.2e-38,
+    1e-30,
+    1e-6,
+    0.5,
+    1.0,
+    -1.0,
+    2.0,
+    1e6,
+    -1e6,
+    1e30,
+    -1e30,
+    3.4e38,
+    -3.4e38,
+    3.5e38,
+    -3.5e38,
+    1e300,
+    -1e300,
+    f64::MAX,
+    f64::MIN,
+];
+
+/// Integers at the edges of a spec's counts: 0, 1, a few, and each integer type's largest.
+const EXTREME_INTEGERS: &[i128] = &[
+    0,
+    1,
+    2,
+    3,
+    1000,
+    65_536,
+    i32::MAX as i128,
+    u32::MAX as i128,
+    u32::MAX as i128 + 1,
+    i64::MAX as i128,
+    u64::MAX as i128,
+    -1,
+    i64::MIN as i128,
+];
+
+/// Whether a property's schema admits a number (a float when `float`, else an integer).
+fn schema_takes_number(schema: &Value, float: bool) -> bool {
+    let wanted = if float { "number" } else { "integer" };
+    let typed = match &schema["type"] {
+        Value::String(t) => t == wanted,
+        Value::Array(types) => types.iter().any(|t| t == wanted),
+        _ => false,
+    };
+    typed
+        || ["anyOf", "oneOf"].iter().any(|k| {
+            schema[*k]
+                .as_array()
+                .is_some_and(|options| options.iter().any(|o| schema_takes_number(o, float)))
+        })
+}
+
+/// The JSON pointers of `spec`'s numbers, each with whether it is a float; and, from the
+/// kind's schema, its top-level number fields that `spec` leaves out (as pointers to add).
+fn number_places(spec: &Value) -> Vec<(String, bool)> {
+    fn walk(v: &Value, at: String, out: &mut Vec<(String, bool)>) {
+        match v {
+            Value::Number(n) => out.push((at, !(n.is_u64() || n.is_i64()))),
+            Value::Array(items) => {
+                for (i, item) in items.iter().enumerate() {
+                    walk(item, format!("{at}/{i}"), out);
+                }
+            }
+            Value::Object(fields) => {
+                for (k, item) in fields {
+                    walk(
+                        item,
+                        format!("{at}/{}", k.replace('~', "~0").replace('/', "~1")),
+                        out,
+                    );
+                }
+            }
+            _ => {}
+        }
+    }
+    let mut places = vec![];
+    walk(spec, String::new(), &mut places);
+    static SCHEMA: std::sync::OnceLock<Value> = std::sync::OnceLock::new();
+    let schema = SCHEMA.get_or_init(crate::spec_schema::spec_schema);
+    let kind = spec["kind"].as_str().unwrap();
+    for (name, property) in schema["$defs"][kind]["properties"].as_object().unwrap() {
+        if spec.get(name).is_none() {
+            for float in [true, false] {
+                if schema_takes_number(property, float) {
+                    places.push((format!("/{name}"), float));
+                }
+            }
+        }
+    }
+    places
+}
+
+/// `spec` with the number at `at` (added when it is a top-level field not there) replaced.
+fn with_number(mut spec: Value, at: &str, value: Value) -> Value {
+    match spec.pointer_mut(at) {
+        Some(slot) => *slot = value,
+        None => {
+            spec[&at[1..]] = value;
+        }
+    }
+    spec
+}
+
+/// A finite logit as models give them (`|x| <= 1e4`), `-inf` (banned), or an exact edge value.
+fn logit() -> impl Strategy<Value = f32> {
+    prop_oneof![
+        6 => -30.0f32..30.0,
+        2 => -1e4f32..1e4,
+        1 => Just(f32::NEG_INFINITY),
+        1 => prop::sample::select(vec![0.0f32, -0.0, 1e4, -1e4, 1e-38, -1e-38, 1e-45]),
+    ]
+}
+
+proptest! {
+    #![proptest_config(ProptestConfig { cases: 1024, max_shrink_iters: 256, ..ProptestConfig::default() })]
+
+    /// Every kind, its numbers set to extreme finite values (one to three at a time, within the
+    /// spec or among the schema's fields it leaves out): if admission takes the spec, every step
+    /// leaves a finite logit finite or `-inf`, never NaN or infinity, and `-inf` stays `-inf`
+    /// (but for a token a step sets by value: a forced EOS, the thinking budget's end).
+    #[test]
+    fn no_admitted_spec_makes_a_finite_logit_nan_or_infinite(
+        (base, changes) in proptest::sample::select(kinds_where(|_| true))
+            .prop_flat_map(spec_of)
+            .prop_flat_map(|base| {
+                let n = number_places(&base).len().max(1);
+                (Just(base), proptest::collection::vec(
+                    (0..n, any::<prop::sample::Index>()), 1..4))
+            }),
+        prompt_len in 0usize..6,
+        history in prop_oneof![
+            3 => proptest::collection::vec(0u32..VOCAB, 0..12),
+            1 => (0u32..VOCAB, 0usize..1500).prop_map(|(id, n)| vec![id; n]),
+        ],
+        steps in proptest::collection::vec(
+            (0u32..VOCAB, proptest::collection::vec(logit(), VOCAB as usize)), 1..4),
+    ) {
+        let places = number_places(&base);
+        let mut spec = base.clone();
+        for (place, pick) in &changes {
+            let Some((at, float)) = places.get(*place) else { continue };
+            let value = if *float {
+                json!(pick.get(EXTREME_NUMBERS))
+            } else {
+                let n = *pick.get(EXTREME_INTEGERS);
+                match u64::try_from(n) {
+                    Ok(n) => json!(n),
+                    Err(_) => json!(n as i64),
+                }
+            };
+            spec = with_number(spec, at, value);
+        }
+        let Ok(parsed) = ProcessorSpec::from_value(&spec) else { return Ok(()) };
+        let Ok(mut processor) = parsed.realize(&context(), prompt_len) else { return Ok(()) };
+        let mut ids: Vec<u32> = (0..prompt_len as u32).map(|i| i % 5).chain(history).collect();
+        let mut plan = RowPlan::new();
+        for (next, row) in &steps {
+            plan.clear();
+            processor.plan(&ids, &mut plan).unwrap();
+            let set: Vec<u32> = plan
+                .edits()
+                .iter()
+                .filter_map(|e| match *e {
+                    Edit::Set { token, .. } => Some(token),
+                    Edit::Force { token, value: ForcedValue::Set(_) } => Some(token),
+                    _ => None,
+                })
+                .collect();
+            let mut edited = row.clone();
+            plan.apply(&mut edited).unwrap();
+            for (t, (&before, &after)) in row.iter().zip(&edited).enumerate() {
+                prop_assert!(
+                    after.is_finite() || after == f32::NEG_INFINITY,
+                    "{spec}: logit {t} {before} became {after} (ids {} long)", ids.len()
+                );
+                if before == f32::NEG_INFINITY && !set.contains(&(t as u32)) {
+                    prop_assert_eq!(after, f32::NEG_INFINITY, "{}: logit {} came back", spec, t);
+                }
+            }
+            ids.push(*next);
+        }
+    }
+}
+
+/// Histories of `n` ids in the shapes that make a scan superlinear if anything does: a short
+/// pattern repeated, one id throughout, every id once, ascending and descending runs.
+fn history_shapes(n: usize) -> Vec<(&'static str, Vec<u32>)> {
+    let n32 = n as u32;
+    vec![
+        ("repeats", (0..n32).map(|i| i % 5).collect()),
+        ("one id", vec![3; n]),
+        ("every id once", (0..n32).collect()),
+        ("ascending", (0..n32).map(|i| i % 1000).collect()),
+        ("descending", (0..n32).map(|i| 999 - i % 1000).collect()),
+    ]
+}
+
+/// The lesser of two timings of `run`, each on a value `make` builds untimed.
+fn least_time<T>(mut make: impl FnMut() -> T, mut run: impl FnMut(T)) -> std::time::Duration {
+    (0..2)
+        .map(|_| {
+            let value = make();
+            let start = std::time::Instant::now();
+            run(value);
+            start.elapsed()
+        })
+        .min()
+        .unwrap()
+}
+
+/// Every kind that reads the history plans its first step over a history of 1k, 32k and 128k ids
+/// (each shape of [`history_shapes`]) at the cost of a rescan: a fresh processor (a request
+/// admitted with its prompt) within 20 times a rewound one's (which rescans after a rollback)
+/// plus 2 ms, and the fresh one at 128k within 4 times 20 its cost at 32k plus 2 ms: linear in
+/// the history, whatever its shape. A continuing processor's step is timed beside them.
+#[test]
+fn every_kind_plans_its_first_step_in_time_linear_in_the_history() {
+    let context = SpecContext {
+        vocab_size: Some(1 << 18),
+        ..Default::default()
+    };
+    let runner = &mut proptest::test_runner::TestRunner::deterministic();
+    let slack = std::time::Duration::from_millis(2);
+    let mut failures = vec![];
+    for name in kinds_where(crate::spec::Kind::reads_history) {
+        // The whole history read, where a spec can say so: the longest scans.
+        let mut value = spec_of(name).new_tree(runner).unwrap().current();
+        for whole in ["window", "penalty_last_n"] {
+            if value.get(whole).is_some() {
+                value[whole] = json!(-1);
+            }
+        }
+        if name == "dry" {
+            value["multiplier"] = json!(1.0);
+        }
+        let spec = ProcessorSpec::from_value(&value).unwrap();
+        let realize = || spec.realize(&context, 4).unwrap();
+        let plan = |p: &mut Box<dyn LogitsProcessor>, ids: &[u32]| {
+            p.plan(&ids.to_vec(), &mut RowPlan::new()).unwrap();
+        };
+        for (shape, ids) in history_shapes((128 << 10) + 64) {
+            let mut fresh_at = vec![];
+            for n in [1 << 10, 32 << 10, 128 << 10] {
+                let ids = &ids[..n + 64];
+                let fresh = least_time(realize, |mut p| plan(&mut p, &ids[..n]));
+                let rewound = least_time(
+                    || {
+                        let mut p = realize();
+                        plan(&mut p, ids);
+                        p
+                    },
+                    |mut p| plan(&mut p, &ids[..n]),
+                );
+                let continuing = least_time(
+                    || {
+                        let mut p = realize();
+                        plan(&mut p, &ids[..n - 1]);
+                        p
+                    },
+                    |mut p| plan(&mut p, &ids[..n]),
+                );
+                if fresh > rewound * 20 + slack {
+                    failures.push(format!(
+                        "{name}, {shape}, {n} ids: fresh {fresh:?}, rewound {rewound:?}, \
+                         continuing {continuing:?}"
+                    ));
+                }
+                fresh_at.push(fresh);
+            }
+            if fresh_at[2] > fresh_at[1] * 80 + slack {
+                failures.push(format!(
+                    "{name}, {shape}: fresh at 32k, 128k ids {fresh_at:?}"
+                ));
+            }
+        }
+    }
+    assert!(failures.is_empty(), "{failures:#?}");
+}
+
+/// A limit of a numeric field: its value and whether the value itself is allowed.
+type Limit = Option<(f64, bool)>;
+
+/// A numeric field's limits as the schema states them (`minimum`, `exclusiveMinimum`, `maximum`,
+/// `exclusiveMaximum`, and an integer's `format`): `(integer, lowest, highest)`, `None` for a
+/// field that is not a number. A float field the schema states no limit for has none here.
+fn schema_limits(property: &Value) -> Option<(bool, Limit, Limit)> {
+    let options: Vec<&Value> = match property["anyOf"].as_array() {
+        Some(options) => options.iter().collect(),
+        None => vec![property],
+    };
+    let number = options
+        .into_iter()
+        .find(|o| schema_takes_number(o, true) || schema_takes_number(o, false))?;
+    let integer = schema_takes_number(number, false) && !schema_takes_number(number, true);
+    let (mut low, mut high): (Limit, Limit) = match number["format"].as_str() {
+        Some("uint8") => (Some((0.0, true)), Some((u8::MAX as f64, true))),
+        Some("uint16") => (Some((0.0, true)), Some((u16::MAX as f64, true))),
+        Some("uint32") => (Some((0.0, true)), Some((u32::MAX as f64, true))),
+        Some("int32") => (Some((i32::MIN as f64, true)), Some((i32::MAX as f64, true))),
+        // Past 2^53 an f64 is not every integer: only the lower bound is tried.
+        Some("uint64") | Some("uint") => (Some((0.0, true)), None),
+        _ => (None, None),
+    };
+    if let Some(m) = number["minimum"].as_f64() {
+        low = Some((m, true));
+    }
+    if let Some(m) = number["exclusiveMinimum"].as_f64() {
+        low = Some((m, false));
+    }
+    if let Some(m) = number["maximum"].as_f64() {
+        high = Some((m, true));
+    }
+    if let Some(m) = number["exclusiveMaximum"].as_f64() {
+        high = Some((m, false));
+    }
+    Some((integer, low, high))
+}
+
+/// Values just inside and just outside each limit: `(value, inside)`.
+fn edges(integer: bool, low: Limit, high: Limit) -> Vec<(Value, bool)> {
+    let mut out = vec![];
+    if integer {
+        let int = |n: i128| match u64::try_from(n) {
+            Ok(n) => json!(n),
+            Err(_) => json!(n as i64),
+        };
+        if let Some((m, allowed)) = low {
+            let first = m as i128 + !allowed as i128;
+            out.extend([(int(first), true), (int(first - 1), false)]);
+        }
+        if let Some((m, allowed)) = high {
+            let last = m as i128 - !allowed as i128;
+            out.extend([(int(last), true), (int(last + 1), false)]);
+        }
+    } else {
+        if let Some((m, allowed)) = low {
+            let first = if allowed { m } else { m.next_up() };
+            out.extend([(json!(first), true), (json!(first.next_down()), false)]);
+        }
+        if let Some((m, allowed)) = high {
+            let last = if allowed { m } else { m.next_down() };
+            out.extend([(json!(last), true), (json!(last.next_up()), false)]);
+        }
+    }
+    out
+}
+
+/// Every numeric field of every kind, at each edge of the limits its schema states: a value
+/// just inside is admitted (an id field may instead be refused for the vocab), one just outside
+/// is refused with an error naming the field. What the docs (the schema's descriptions) refuse,
+/// the schema states, and admission refuses.
+#[test]
+fn admission_refuses_exactly_past_the_schemas_limits() {
+    let schema = crate::spec_schema::spec_schema();
+    let runner = &mut proptest::test_runner::TestRunner::deterministic();
+    let mut mismatches = vec![];
+    for name in kinds_where(|_| true) {
+        let base = spec_of(name).new_tree(runner).unwrap().current();
+        let properties = schema["$defs"][name]["properties"].as_object().unwrap();
+        for (field, property) in properties {
+            let Some((integer, low, high)) = schema_limits(property) else {
+                continue;
+            };
+            for (value, inside) in edges(integer, low, high) {
+                let mut spec = base.clone();
+                spec[field.as_str()] = value.clone();
+                let outcome = ProcessorSpec::from_value(&spec)
+                    .and_then(|s| s.realize(&context(), 4).map(drop));
+                let named = |e: &crate::Error| match e {
+                    crate::Error::InvalidSpec { field: f, .. }
+                    | crate::Error::InvalidArgument { field: f, .. }
+                    | crate::Error::TooLarge { field: f, .. } => f == field,
+                    _ => false,
+                };
+                match (inside, &outcome) {
+                    (true, Ok(())) => {}
+                    (true, Err(crate::Error::TokenOutOfVocab { field: f, .. })) if f == field => {}
+                    (false, Err(e)) if named(e) => {}
+                    (true, Err(e)) => {
+                        mismatches.push(format!("{name}.{field} = {value}: refused: {e}"))
+                    }
+                    (false, Err(e)) => mismatches.push(format!(
+                        "{name}.{field} = {value}: refused without naming it: {e:?}"
+                    )),
+                    (false, Ok(())) => {
+                        mismatches.push(format!("{name}.{field} = {value}: admitted"))
+                    }
+                }
+            }
+        }
+    }
+    assert!(mismatches.is_empty(), "{}", mismatches.join("\n"));
 }

@@ -15,6 +15,7 @@ use crate::spec::{KindSpec, SpecContext};
 pub struct ThinkingBudgetSpec {
     pub max_thinking_tokens: usize,
     #[serde(default = "default_overflow")]
+    #[schemars(range(min = 0.0))]
     pub overflow_percentage: f64,
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub start_token_id: Option<u32>,

@@ -24,8 +24,10 @@ use crate::truncation::{exp, kth_largest, largest, Softmax, Work, EXP_MIN};
 #[derive(Debug, Clone, Serialize, Deserialize, JsonSchema)]
 #[serde(deny_unknown_fields)]
 pub struct TopASpec {
+    #[schemars(range(min = 0.0, max = 1.0))]
     pub a: f64,
     #[serde(default = "one")]
+    #[schemars(range(min = 1))]
     pub min_tokens_to_keep: u32,
 }
 
@@ -40,6 +42,7 @@ impl TopASpec {
 
 impl KindSpec for TopASpec {
     fn check(&self) -> Result<()> {
+        crate::processors::truncate::parameter("a", self.a, (0.0, true), (1.0, true))?;
         self.rule().validate()
     }
 

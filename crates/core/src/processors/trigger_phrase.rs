@@ -38,6 +38,7 @@ pub struct TriggerPhraseSpec {
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub trigger_token_phrase: Option<TextOrId>,
     #[serde(default, skip_serializing_if = "Option::is_none")]
+    #[schemars(range(min = 0.0))]
     pub trigger_time: Option<f64>,
     #[serde(default = "default_count")]
     pub trigger_count: u32,
@@ -281,7 +282,6 @@ mod tests {
     }
 
     #[test]
-    #[ignore = "open: after a history that does not extend the last one, the continuing processor still forces the phrase's second id"]
     fn replaced_ids_equal_a_fresh_processor() {
         let new = || TriggerPhrase::new(vec![4, 5], Some(9), None, 2, false, 0);
         let mut pipeline = Pipeline::new(vec![Step::Processor(Box::new(new()))]);

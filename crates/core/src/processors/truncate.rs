@@ -121,8 +121,10 @@ truncation_kinds!(
 #[derive(Debug, Clone, Serialize, Deserialize, JsonSchema)]
 #[serde(deny_unknown_fields)]
 pub struct TopKSpec {
+    #[schemars(range(min = -1, max = 4294967295i64))]
     pub k: i64,
     #[serde(default = "one")]
+    #[schemars(range(min = 1))]
     pub min_tokens_to_keep: u32,
 }
 
@@ -151,9 +153,46 @@ impl RuleSpec for TopKSpec {
 #[derive(Debug, Clone, Serialize, Deserialize, JsonSchema)]
 #[serde(deny_unknown_fields)]
 pub struct TopPSpec {
+    #[schemars(range(min = 0.0, max = 1.0))]
     pub p: f64,
     #[serde(default = "one")]
+    #[schemars(range(min = 1))]
     pub min_tokens_to_keep: u32,
+}
+
+/// A rule's parameter within `lo` and `hi` (each allowed when its flag says so), checked as the
+/// f64 written (not once rounded), then rounded to the f32 the rule takes and kept inside the
+/// range (a positive `5e-324` is f32's smallest positive, not 0). Refused naming `field`.
+pub(crate) fn parameter(
+    field: &str,
+    value: f64,
+    (lo, lo_in): (f64, bool),
+    (hi, hi_in): (f64, bool),
+) -> Result<f32> {
+    let above = if lo_in { value >= lo } else { value > lo };
+    let below = if hi_in { value <= hi } else { value < hi };
+    if !(above && below) {
+        let sign = |allowed: bool| if allowed { "<=" } else { "<" };
+        return Err(Error::argument(
+            field,
+            format!(
+                "{value} is outside the range {lo} {} {field} {} {hi}",
+                sign(lo_in),
+                sign(hi_in)
+            ),
+        ));
+    }
+    let f32_lo = if lo_in {
+        lo as f32
+    } else {
+        (lo as f32).next_up()
+    };
+    let f32_hi = if hi_in {
+        hi as f32
+    } else {
+        (hi as f32).next_down()
+    };
+    Ok((value as f32).clamp(f32_lo, f32_hi))
 }
 
 impl RuleSpec for TopPSpec {
@@ -162,7 +201,7 @@ impl RuleSpec for TopPSpec {
             1.0 => None,
             0.0 => Some(keep_min(self.min_tokens_to_keep)),
             p => Some(Truncation::TopP {
-                p: p as f32,
+                p: parameter("p", p, (0.0, false), (1.0, true))?,
                 min_keep: self.min_tokens_to_keep,
             }),
         })
@@ -176,8 +215,10 @@ impl RuleSpec for TopPSpec {
 #[derive(Debug, Clone, Serialize, Deserialize, JsonSchema)]
 #[serde(deny_unknown_fields)]
 pub struct MinPSpec {
+    #[schemars(range(min = 0.0))]
     pub p: f64,
     #[serde(default = "one")]
+    #[schemars(range(min = 1))]
     pub min_tokens_to_keep: u32,
 }
 
@@ -187,7 +228,7 @@ impl RuleSpec for MinPSpec {
             0.0 => None,
             p if p > 1.0 && p.is_finite() => Some(keep_min(self.min_tokens_to_keep)),
             p => Some(Truncation::MinP {
-                p: p as f32,
+                p: parameter("p", p, (0.0, true), (1.0, true))?,
                 min_keep: self.min_tokens_to_keep,
             }),
         })
@@ -200,8 +241,10 @@ impl RuleSpec for MinPSpec {
 #[derive(Debug, Clone, Serialize, Deserialize, JsonSchema)]
 #[serde(deny_unknown_fields)]
 pub struct TypicalPSpec {
+    #[schemars(extend("exclusiveMinimum" = 0), range(max = 1.0))]
     pub mass: f64,
     #[serde(default = "one")]
+    #[schemars(range(min = 1))]
     pub min_tokens_to_keep: u32,
 }
 
@@ -210,7 +253,7 @@ impl RuleSpec for TypicalPSpec {
         Ok(match self.mass {
             1.0 => None,
             mass => Some(Truncation::Typical {
-                mass: mass as f32,
+                mass: parameter("mass", mass, (0.0, false), (1.0, false))?,
                 min_keep: self.min_tokens_to_keep,
             }),
         })
@@ -223,15 +266,17 @@ impl RuleSpec for TypicalPSpec {
 #[derive(Debug, Clone, Serialize, Deserialize, JsonSchema)]
 #[serde(deny_unknown_fields)]
 pub struct EpsilonCutoffSpec {
+    #[schemars(extend("exclusiveMinimum" = 0, "exclusiveMaximum" = 1))]
     pub epsilon: f64,
     #[serde(default = "one")]
+    #[schemars(range(min = 1))]
     pub min_tokens_to_keep: u32,
 }
 
 impl RuleSpec for EpsilonCutoffSpec {
     fn rule(&self) -> Result<Option<Truncation>> {
         Ok(Some(Truncation::Epsilon {
-            epsilon: self.epsilon as f32,
+            epsilon: parameter("epsilon", self.epsilon, (0.0, false), (1.0, false))?,
             min_keep: self.min_tokens_to_keep,
         }))
     }
@@ -243,15 +288,17 @@ impl RuleSpec for EpsilonCutoffSpec {
 #[derive(Debug, Clone, Serialize, Deserialize, JsonSchema)]
 #[serde(deny_unknown_fields)]
 pub struct EtaCutoffSpec {
+    #[schemars(extend("exclusiveMinimum" = 0, "exclusiveMaximum" = 1))]
     pub epsilon: f64,
     #[serde(default = "one")]
+    #[schemars(range(min = 1))]
     pub min_tokens_to_keep: u32,
 }
 
 impl RuleSpec for EtaCutoffSpec {
     fn rule(&self) -> Result<Option<Truncation>> {
         Ok(Some(Truncation::Eta {
-            epsilon: self.epsilon as f32,
+            epsilon: parameter("epsilon", self.epsilon, (0.0, false), (1.0, false))?,
             min_keep: self.min_tokens_to_keep,
         }))
     }

@@ -29,10 +29,13 @@ use crate::truncation::{largest, Softmax, Work};
 #[derive(Debug, Clone, Serialize, Deserialize, JsonSchema)]
 #[serde(deny_unknown_fields)]
 pub struct XtcSpec {
+    #[schemars(range(min = 0.0, max = 1.0))]
     pub probability: f64,
     #[serde(default = "default_threshold")]
+    #[schemars(range(min = 0.0, max = 1.0))]
     pub threshold: f64,
     #[serde(default = "one")]
+    #[schemars(range(min = 1))]
     pub min_keep: u32,
     #[serde(default)]
     pub seed: u64,
