@@ -43,7 +43,7 @@ THINK, THINK_END, NL = 60, 61, 62
 CPU = torch.device("cpu")
 
 
-def vllm_config(speculative=False, vocab=V, tokenizer=None, model="toy"):
+def vllm_config(speculative=False, vocab=V, tokenizer=None, model="toy", runner_v2=True):
     model_config = SimpleNamespace(
         get_vocab_size=lambda: vocab, tokenizer=tokenizer, model=model, logits_processors=None
     )
@@ -51,15 +51,16 @@ def vllm_config(speculative=False, vocab=V, tokenizer=None, model="toy"):
         model_config=model_config,
         kv_transfer_config=None,
         speculative_config=SimpleNamespace(method="ngram") if speculative else None,
+        use_v2_model_runner=runner_v2,
     )
 
 
-def request_state(max_reqs=8, vocab=V):
+def request_state(max_reqs=8, vocab=V, speculative_steps=0):
     return RequestState(
         max_num_reqs=max_reqs,
         max_model_len=256,
         max_num_batched_tokens=256,
-        num_speculative_steps=0,
+        num_speculative_steps=speculative_steps,
         vocab_size=vocab,
         device=CPU,
     )
@@ -127,10 +128,10 @@ def test_the_v2_validator_refuses_bad_specs_naming_the_field(specs, field):
 
 class _Frontend:
     """Stands for vLLM's InputProcessor under V2: the validator it builds finds the model (vocab,
-    speculative decoding) through its caller, as on V1."""
+    speculative decoding, the runner) through its caller, as on V1."""
 
-    def __init__(self, speculative=False):
-        self.vllm_config = vllm_config(speculative)
+    def __init__(self, speculative=False, runner_v2=True):
+        self.vllm_config = vllm_config(speculative, runner_v2=runner_v2)
         self.tokenizer = None
         self.validate = v2.build_custom_logits_processors_params_validator([adapter.QUALIFIED_NAME])
 
@@ -146,8 +147,14 @@ def test_the_v2_validator_refuses_ids_beyond_the_vocab_and_speculative_decoding(
         _Frontend()._validate_params(params)
     ok = SamplingParams(extra_args={adapter.SPEC_KEY: [{"kind": "temperature", "temperature": 0.5}]})
     _Frontend()._validate_params(ok)
-    with pytest.raises(VLLMValidationError, match="speculative decoding"):
-        _Frontend(speculative=True)._validate_params(ok)
+    # Under speculative decoding V2 takes them (every draft row is processed exactly), except
+    # specs whose next step reads the previous pass; V1 takes none (vLLM's own rule).
+    _Frontend(speculative=True)._validate_params(ok)
+    observing = SamplingParams(extra_args={adapter.SPEC_KEY: [{"kind": "mirostat", "tau": 3.0}]})
+    with pytest.raises(VLLMValidationError, match="previous step's pass"):
+        _Frontend(speculative=True)._validate_params(observing)
+    with pytest.raises(VLLMValidationError, match="V1 model runner.*VLLM_USE_V2_MODEL_RUNNER=1"):
+        _Frontend(speculative=True, runner_v2=False)._validate_params(ok)
 
 
 def test_a_bitmask_spec_that_reaches_a_worker_runs_unprocessed(caplog):
@@ -160,12 +167,14 @@ def test_a_bitmask_spec_that_reaches_a_worker_runs_unprocessed(caplog):
     assert caplog.text.count("runs unprocessed") == 2 and "'bitmask'" in caplog.text
 
 
-def test_under_speculative_decoding_specs_that_arrive_run_unprocessed(caplog):
+def test_under_speculative_decoding_observing_specs_that_arrive_run_unprocessed(caplog):
     state = request_state()
     proc = adapter.VLLMLogitsProcessor(vllm_config(speculative=True), LogitsProcRequestState.from_request_state(state))
     params = SamplingParams(extra_args={adapter.SPEC_KEY: [{"kind": "temperature", "temperature": 0.5}]})
-    assert proc.add_request(0, params) is False
-    assert "speculative decoding" in caplog.text
+    assert proc.add_request(0, params) is True
+    for specs in (PIPELINES["mirostat"], PIPELINES["adaptive_p"]):
+        assert proc.add_request(1, SamplingParams(extra_args={adapter.SPEC_KEY: specs})) is False
+    assert caplog.text.count("previous step's pass") == 2
 
 
 # ---------------------------------------------------------------------------------------------
@@ -523,14 +532,19 @@ def test_history_free_rows_never_read_the_device():
     reads = Request("reads", [1, 2, 3], PIPELINES["repetition_penalty"])
     two.add(reads)
     gathered = []
-    original = two.proc._read_ids
-    two.proc._read_ids = lambda unread: (gathered.append([(s, len(e.ids), n) for s, e, n in unread]), original(unread))
+    original = two.proc._read
+
+    def read(ctx, readers, upper, *rest):
+        gathered.append([(len(e.ids), int(upper[i])) for i, _, e in readers])
+        return original(ctx, readers, upper, *rest)
+
+    two.proc._read = read
     for step in range(4, 8):
         got = two.step([free, reads], step)
         for r in (free, reads):
             two.sampled(r, int(torch.argmax(got[r.id])))
     assert two.proc.device_reads == 4
-    assert [g[0][1:] for g in gathered] == [(0, 3), (3, 4), (4, 5), (5, 6)]  # new ids only
+    assert [g[0] for g in gathered] == [(0, 3), (3, 4), (4, 5), (5, 6)]  # new ids only
 
 
 def test_requests_without_specs_cost_nothing():

@@ -196,7 +196,9 @@ pub(crate) static KINDS: &[Kind] = &[
         .truncating(),
     Kind::new::<XtcSpec>("xtc").truncating(),
     // Mirostat last: it reads the row the others left and its next step reads what it kept.
-    Kind::new::<MirostatSpec>("mirostat").truncating(),
+    Kind::new::<MirostatSpec>("mirostat")
+        .truncating()
+        .observing_the_pass(),
     // adaptive-p last too, as llama.cpp chains it: its next step reads the row its pass read.
-    Kind::new::<AdaptivePSpec>("adaptive_p"),
+    Kind::new::<AdaptivePSpec>("adaptive_p").observing_the_pass(),
 ];
