@@ -115,9 +115,10 @@ impl Kind {
         }
     }
 
-    /// The kind's next step reads what its previous step's pass saw (the sampled token's
-    /// probability among the row's kept tokens): its state is not a function of the ids alone,
-    /// so a row planned for a draft that the engine rejects cannot be taken back from the ids.
+    /// The kind's next step reads what its previous step's pass saw (mirostat's and adaptive-p's
+    /// sampled-token probability, whether a phrase kind's trigger held on the row): its state is
+    /// not a function of the ids alone, so a row planned for a draft that the engine rejects
+    /// cannot be taken back from the ids.
     pub const fn observing_the_pass(self) -> Self {
         Self {
             observes_pass: true,

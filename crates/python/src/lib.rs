@@ -146,10 +146,11 @@ fn needs_token_texts(specs: &Bound<'_, PyAny>) -> PyResult<bool> {
 }
 
 /// Whether any of `specs` reads what its previous step's pass saw (mirostat's ``mu`` and
-/// adaptive-p's moving average take the sampled token's probability from it): such state is not
-/// a function of the ids alone, so a row planned for a draft token the engine rejects cannot be
-/// taken back from the ids, and an engine's speculative decoding refuses these specs. The kind's
-/// registry entry answers (see :func:`kind_info`).
+/// adaptive-p's moving average take the sampled token's probability from it; ``trigger_phrase``,
+/// ``force_last_phrase`` and ``prevent_hallucination`` whether their trigger held): such state
+/// is not a function of the ids alone, so a row planned for a draft token the engine rejects
+/// cannot be taken back from the ids, and vLLM's Model Runner V2 refuses these specs under
+/// speculative decoding. The kind's registry entry answers (see :func:`kind_info`).
 ///
 /// Args:
 ///     specs: JSON text (one spec object or a list), a dict, or a list of dicts / JSON texts.
@@ -179,8 +180,8 @@ fn observes_pass(specs: &Bound<'_, PyAny>) -> PyResult<bool> {
 /// (``masks``: listed before any truncation), whether it cuts a row by its values
 /// (``truncates``), whether its specs can need the engine's token texts
 /// (``needs_token_texts``), and whether its next step reads what its previous step's pass saw
-/// (``observes_pass``, see :func:`observes_pass`). Whether a spec needs ``prompt_len`` depends on its fields: ask
-/// :func:`needs_prompt_len`.
+/// (``observes_pass``, see :func:`observes_pass`). Whether a spec needs ``prompt_len`` depends
+/// on its fields: ask :func:`needs_prompt_len`.
 ///
 /// Args:
 ///     name (str): A kind, as :func:`kinds` lists them.

@@ -102,7 +102,8 @@ SPEC_DECODING_REFUSED = (
 #: speculative decoding.
 SPEC_DECODING_OBSERVES_PASS = (
     "speculative decoding is on for this model (--speculative-config): these specs' next step "
-    "reads what the previous step's pass saw (mirostat's mu, adaptive_p's moving average), "
+    "reads what the previous step's pass saw (mirostat's mu, adaptive_p's moving average, "
+    "whether a trigger_phrase, force_last_phrase or prevent_hallucination trigger held), "
     "which a rejected draft row would leave changed, so they would not be exact; serve the model "
     "without --speculative-config to use them"
 )

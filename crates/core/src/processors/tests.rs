@@ -950,6 +950,7 @@ proptest! {
 
 #[test]
 fn kinds_said_to_observe_the_pass_do() {
+    use proptest::strategy::ValueTree;
     let observing = kinds_where(crate::spec::Kind::observes_pass);
     assert!(observing.contains(&"mirostat"), "{observing:?}");
     let runner = &mut proptest::test_runner::TestRunner::deterministic();
