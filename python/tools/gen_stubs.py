@@ -104,6 +104,7 @@ RETURNS = {
     "kind_info": "dict[str, bool]",
     "needs_prompt_len": "bool",
     "needs_token_texts": "bool",
+    "observes_pass": "bool",
     "reads_history": "bool",
     "position_by_tokens": "list[dict]",
     "thinking_token_table": "list[Tuple[str, Tuple[int, int, int]]]",

@@ -47,8 +47,8 @@ type ParseResult =
 
 /// One registered kind: its name, how its spec is read, its JSON Schema (derived from the same
 /// struct, see [`crate::spec_schema`]), and what the kind is: the questions asked of a kind
-/// ([`Kind::reads_history`], [`Kind::masks`], [`Kind::truncates`], [`Kind::needs_token_texts`])
-/// are answered here, on its registry line, and a test over every registered kind holds each
+/// ([`Kind::reads_history`], [`Kind::masks`], [`Kind::truncates`], [`Kind::needs_token_texts`],
+/// [`Kind::observes_pass`]) are answered here, on its registry line, and a test over every registered kind holds each
 /// answer to the kind's behaviour (processors/tests.rs).
 pub struct Kind {
     pub name: &'static str,
@@ -58,6 +58,7 @@ pub struct Kind {
     masks: bool,
     truncates: bool,
     token_texts: bool,
+    observes_pass: bool,
 }
 
 impl Kind {
@@ -74,6 +75,7 @@ impl Kind {
             masks: false,
             truncates: false,
             token_texts: false,
+            observes_pass: false,
         }
     }
 
@@ -113,6 +115,17 @@ impl Kind {
         }
     }
 
+    /// The kind's next step reads what its previous step's pass saw (mirostat's and adaptive-p's
+    /// sampled-token probability, whether a phrase kind's trigger held on the row): its state is
+    /// not a function of the ids alone, so a row planned for a draft that the engine rejects
+    /// cannot be taken back from the ids.
+    pub const fn observing_the_pass(self) -> Self {
+        Self {
+            observes_pass: true,
+            ..self
+        }
+    }
+
     /// Whether specs of the kind read the request's token ids (or count its steps).
     pub const fn reads_history(&self) -> bool {
         self.reads_history
@@ -131,6 +144,12 @@ impl Kind {
     /// Whether specs of the kind can need the engine's token texts.
     pub const fn needs_token_texts(&self) -> bool {
         self.token_texts
+    }
+
+    /// Whether the kind's next step reads what its previous step's pass saw (see
+    /// [`Kind::observing_the_pass`]).
+    pub const fn observes_pass(&self) -> bool {
+        self.observes_pass
     }
 }
 
@@ -414,6 +433,12 @@ impl ProcessorSpec {
     /// [`Kind::needs_token_texts`]).
     pub fn needs_token_texts(&self) -> bool {
         self.kind.token_texts
+    }
+
+    /// Whether the spec's kind reads what its previous step's pass saw (see
+    /// [`Kind::observes_pass`]).
+    pub fn observes_pass(&self) -> bool {
+        self.kind.observes_pass
     }
 
     /// Where the spec stood in the pipeline it was read from (`"[1]"`), or `""`.

@@ -397,8 +397,11 @@ class KeyedBatch:
             self.parked[key] = self.batch.park(self.where.pop(key))
         for key in [k for k in self.parked if k not in present and not self._still_running(k)]:
             self.batch.discard(self.parked.pop(key))
-        self.handles = {k: h for k, h in self.handles.items() if k in present or k in self.parked}
-        self.failed = {k: why for k, why in self.failed.items() if k in present}
+        # A refused request is not tried again while it runs, present in this call or not.
+        self.failed = {k: why for k, why in self.failed.items() if k in present or self._still_running(k)}
+        self.handles = {
+            k: h for k, h in self.handles.items() if k in present or k in self.parked or k in self.failed
+        }
         self.rows = [k if k in self.where else None for k in self.rows]
         if len(self.rows) < len(order):
             self.rows.extend([None] * (len(order) - len(self.rows)))

@@ -88,13 +88,24 @@ ROLE_ENV = "LOGITS_PROCESSING_ROLE"
 #: counts as one generated token and never as ``<think>``, ``</think>`` or a newline.
 PLACEHOLDER_ID = 2**32 - 1
 
-#: Why a request with specs is refused while the model is served with ``--speculative-config``.
+#: Why a request with specs is refused on vLLM's V1 runner while the model is served with
+#: ``--speculative-config``.
 SPEC_DECODING_REFUSED = (
-    "speculative decoding is on for this model (--speculative-config): vLLM's V1 engine itself "
-    "refuses custom logits processors with it (\"Custom logits processors are not supported when "
-    "speculative decoding is enabled\"), and on Model Runner V2 a request has one row per draft, "
-    "which these specs are not planned for, so they would not be exact; serve the model without "
-    "--speculative-config to use them"
+    "speculative decoding is on for this model (--speculative-config) and it runs on vLLM's V1 "
+    "model runner, which itself refuses custom logits processors with it (\"Custom logits "
+    "processors are not supported when speculative decoding is enabled\"); serve it on Model "
+    "Runner V2 (VLLM_USE_V2_MODEL_RUNNER=1, the default on GPUs), where every draft row is "
+    "processed exactly, or without --speculative-config"
+)
+
+#: Why specs whose next step reads the previous step's pass are refused on Model Runner V2 under
+#: speculative decoding.
+SPEC_DECODING_OBSERVES_PASS = (
+    "speculative decoding is on for this model (--speculative-config): these specs' next step "
+    "reads what the previous step's pass saw (mirostat's mu, adaptive_p's moving average, "
+    "whether a trigger_phrase, force_last_phrase or prevent_hallucination trigger held), "
+    "which a rejected draft row would leave changed, so they would not be exact; serve the model "
+    "without --speculative-config to use them"
 )
 
 
@@ -153,9 +164,17 @@ def _frontend() -> Any:
     return None
 
 
-def _frontend_context(frontend: Any) -> "tuple[EngineContext, bool, bool]":
-    """``(the model's EngineContext, speculative decoding on, read Dynamo's key)`` for a
-    frontend, made once."""
+def _speculation(vllm_config: Any) -> Optional[str]:
+    """Under speculative decoding, the runner that takes the draft rows (``"v1"`` or ``"v2"``);
+    None without speculative decoding."""
+    if getattr(vllm_config, "speculative_config", None) is None:
+        return None
+    return "v2" if getattr(vllm_config, "use_v2_model_runner", False) else "v1"
+
+
+def _frontend_context(frontend: Any) -> "tuple[EngineContext, Optional[str], bool]":
+    """``(the model's EngineContext, the runner under speculative decoding or None, read Dynamo's
+    key)`` for a frontend, made once."""
     try:
         known = _FRONTENDS.get(frontend)
     except TypeError:  # not weak-referenceable: no cache
@@ -175,7 +194,7 @@ def _frontend_context(frontend: Any) -> "tuple[EngineContext, bool, bool]":
     )
     known = (
         context,
-        getattr(config, "speculative_config", None) is not None,
+        _speculation(config),
         not _dynamo_adapter_in(model_config),
     )
     try:
@@ -237,19 +256,23 @@ def validate_request(params: SamplingParams) -> None:
     an HTTP 400 naming the field): unknown kind or field, wrong type, bad value, over the size
     limits; and, with the model known (vLLM's frontend), a token id beyond its vocab, a
     ``hello_world`` or id-less thinking budget the tokenizer cannot resolve, a grammar that does
-    not compile, and any spec while speculative decoding is on (see :data:`SPEC_DECODING_REFUSED`)."""
+    not compile; and, while speculative decoding is on, every spec on the V1 runner (see
+    :data:`SPEC_DECODING_REFUSED`) and on Model Runner V2 the specs whose next step reads the
+    previous step's pass (see :data:`SPEC_DECODING_OBSERVES_PASS`)."""
     refused = None
     try:
         frontend = _frontend()
         context, speculative, dynamo = (
-            _frontend_context(frontend) if frontend is not None else (None, False, True)
+            _frontend_context(frontend) if frontend is not None else (None, None, True)
         )
         specs = request_specs(params, dynamo=dynamo)
         if specs is None:
             return
         decoded = no_caller_mask(validate_structure(specs), "vLLM")
-        if speculative:
+        if speculative == "v1":
             raise ValueError(SPEC_DECODING_REFUSED)
+        if speculative == "v2" and _lib.observes_pass(decoded):
+            raise ValueError(SPEC_DECODING_OBSERVES_PASS)
         if context is not None:
             context.validate(decoded)
         try:
@@ -439,8 +462,8 @@ def _real(token: int) -> int:
 
 
 class _Slot:
-    """One request in a Model Runner V2 slot: its specs, where its prompt ends, and the ids read
-    back from the device so far (only for specs that read them)."""
+    """One request in a Model Runner V2 slot: its specs, where its prompt ends, and its committed
+    ids read back from the device so far (only for specs that read them)."""
 
     __slots__ = ("key", "specs", "prompt_len", "prefill_len", "ids")
 
@@ -458,42 +481,65 @@ _NO_IDS: list = []
 
 class VLLMV2LogitsProcessor(_EngineSide, *((V2LogitsProcessor,) if V2LogitsProcessor else ())):
     """vLLM's Model Runner V2 (the default on GPUs since vLLM 0.32): runs each opted-in request's
-    pipeline on the rows of its slot.
+    pipeline on the rows of its slot, draft rows included.
 
     V2 hands over its request slots' on-device history (``req_states``) once, calls
     :meth:`add_request` when a request takes a slot (slots are recycled: the slot's state is
-    built afresh there) and :meth:`apply` once per step with that step's rows mapped to slots by
-    ``ctx.idx_mapping``. Rows of requests without specs are not touched and cost nothing
-    (``add_request`` returns False for them). Rows whose specs read no history (temperature,
-    biases, bans, allowed ids, the caller's bitmask, truncation: :func:`logits_processing.reads_history`)
-    are planned without waiting for the device; the others copy the ids new since their last step
-    from ``req_states.all_token_ids`` in one gather, which waits for the step that sampled them.
-    A row whose request is still prefilling (its sample is discarded) is left alone. A request
-    resumed after preemption (its prefill holds its earlier output) or re-sent with
-    ``logits_processing_prompt_len`` continues exactly. With speculative decoding on, specs are
-    refused at admission and any that arrive run unprocessed, as on the V1 runner.
+    built afresh there) and :meth:`apply` once per step (or once per chunk of requests) with that
+    step's rows mapped to slots. Rows of requests without specs are not touched and cost nothing
+    (``add_request`` returns False for them). A row whose request is still prefilling (its sample
+    is discarded) is left alone. A request resumed after preemption (its prefill holds its earlier
+    output) or re-sent with ``logits_processing_prompt_len`` continues exactly.
+
+    **Speculative decoding.** A request owns one row per draft position: row ``j`` of a request
+    is sampled after its committed ids (``all_token_ids[slot, :total_len]``) and the drafts fed at
+    its rows ``1..j`` (``ctx.input_ids``). Each row gets the plan the request's pipeline makes for
+    that history: the rows are planned depth by depth (every request's row 0, then every row 1,
+    ...), one batch call each, so a pipeline steps through its drafts as through tokens it
+    generated (a grammar's matcher advances through them). The next step's committed ids hold
+    only the drafts the engine accepted: where they part from the drafts planned, each processor
+    rolls back to the ids they share (a grammar's matcher rolls back; processors that keep
+    counts read the ids again), so a rejected draft leaves no trace. Rows after a ``-1``
+    placeholder draft (a step that starts inside the prefill) are left alone: the rejection
+    sampler rejects such drafts, so those rows are never sampled. Specs whose next step reads the
+    previous step's pass (:func:`logits_processing.observes_pass`) are refused under speculative
+    decoding.
+
+    **Device reads.** Rows whose specs read no history (temperature, biases, bans, allowed ids,
+    truncation: :func:`logits_processing.reads_history`) are planned without waiting for the
+    device when the step has no draft rows. Otherwise a call copies back, in one gather and one
+    wait for the step that sampled them, everything it needs: the committed ids new since each
+    reading request's last step, and under speculative decoding each slot's ``total_len`` and
+    the rows' local positions and drafts (:attr:`device_reads` counts these copies).
     """
 
     def __init__(self, vllm_config: Any, req_states: Any) -> None:
         self.req_states = req_states
         self.slots: dict[int, _Slot] = {}
         self._generation = 0
-        #: Steps that read ids back from the device (each is one gather and one wait).
+        #: Calls that copied ids back from the device (each is one gather and one wait).
         self.device_reads = 0
         self._start(vllm_config, "v2")
-        self.batch = KeyedBatch(self.context, position="tokens") if self.context is not None else None
+        self._keys: set = set()
+        self.batch = (
+            KeyedBatch(self.context, position="tokens", running=self._keys.__contains__)
+            if self.context is not None
+            else None
+        )
 
     def add_request(self, req_idx: int, sampling_params: SamplingParams) -> bool:
-        self.slots.pop(req_idx, None)
+        gone = self.slots.pop(req_idx, None)
+        if gone is not None:
+            self._keys.discard(gone.key)
         if not self.enabled:
             return False
         specs = request_specs(sampling_params, dynamo=self._dynamo_key)
         if specs is None:
             return False
         try:
-            if self.speculative:
-                raise ValueError(SPEC_DECODING_REFUSED)
             specs = no_caller_mask(decode_specs(specs) if isinstance(specs, (str, bytes)) else specs, "vLLM")
+            if self.speculative and _lib.observes_pass(specs):
+                raise ValueError(SPEC_DECODING_OBSERVES_PASS)
             reads = _lib.reads_history(specs)
             prompt = int(self.req_states.prompt_len.np[req_idx])
             prompt_len = original_prompt_len(sampling_params.extra_args, prompt)
@@ -503,54 +549,135 @@ class VLLMV2LogitsProcessor(_EngineSide, *((V2LogitsProcessor,) if V2LogitsProce
         self._generation += 1
         prefill_len = int(self.req_states.prefill_len.np[req_idx])
         self.slots[req_idx] = _Slot(self._generation, specs, prompt_len, prefill_len, reads)
+        self._keys.add(self._generation)
         return True
 
     def apply(self, logits: torch.Tensor, ctx: Any) -> torch.Tensor:
         if not self.slots:
             return logits
         slots = np.asarray(ctx.idx_mapping_np)
-        rows = logits.shape[0]
-        if rows != len(slots):  # draft rows: never ours (specs are refused under speculative decoding)
+        n, rows = len(slots), logits.shape[0]
+        mine = [(i, slot, self.slots[slot]) for i, slot in enumerate(slots.tolist()) if slot in self.slots]
+        if not mine:
             return logits
-        position = np.full(self.req_states.max_num_reqs, -1, dtype=np.int64)
-        position[slots] = np.arange(rows)
-        requests: list = [None] * rows
-        unread: list = []
-        for slot, entry in self.slots.items():
-            row = int(position[slot])
-            if row < 0:
+        upper = np.asarray(ctx.seq_lens_upper_bound_np)
+        drafts = rows != n
+        # Without speculative decoding a request's upper bound is its row's length, and its
+        # committed ids are read only when some are new; with it, only the device knows.
+        exact = not (self.speculative or drafts)
+        readers = [
+            (i, slot, entry)
+            for i, slot, entry in mine
+            if entry.ids is not None
+            and int(upper[i]) >= entry.prefill_len  # else a prefill chunk: left alone
+            and (not exact or len(entry.ids) != int(upper[i]))
+        ]
+        committed = dict.fromkeys((slot for _, slot, _ in readers), None)
+        local = inputs = None
+        if drafts or readers:
+            local, inputs = self._read(ctx, readers, upper, exact, rows if drafts else 0, committed)
+        if drafts:
+            starts = np.flatnonzero(np.asarray(local) == 0)
+            counts = np.diff(np.append(starts, rows))
+        else:
+            starts = np.arange(n)
+            counts = np.ones(n, dtype=np.int64)
+        # Per request: how many of its rows to process (1 + its leading real drafts).
+        work = []
+        for i, slot, entry in mine:
+            start, count = int(starts[i]), int(counts[i])
+            if int(upper[i]) - (count - 1) < entry.prefill_len:  # a prefill chunk
                 continue
-            seq_len = int(ctx.seq_lens_upper_bound_np[row])
-            if seq_len < entry.prefill_len:  # a prefill chunk: its sample is discarded
-                continue
-            if entry.ids is None:
-                history = _NO_IDS
-            else:
-                del entry.ids[seq_len:]
-                if len(entry.ids) < seq_len:
-                    unread.append((slot, entry, seq_len))
-                history = entry.ids
-            requests[row] = (entry.key, entry.specs, entry.prompt_len, history)
-        if unread:
-            self._read_ids(unread)
-        self.batch.apply(logits, requests)
+            depth = 1
+            while depth < count and inputs[start + depth] >= 0:
+                depth += 1
+            work.append((start, depth, entry, committed.get(slot)))
+        for _, _, entry, length in work:
+            if entry.ids is not None and length is not None:
+                del entry.ids[length:]
+        uniform = drafts and len(set(counts.tolist())) == 1 and logits.is_contiguous()
+        deepest = max((depth for _, depth, _, _ in work), default=0)
+        held = [(entry, len(entry.ids)) for _, depth, entry, _ in work if depth > 1 and entry.ids is not None]
+        try:
+            for j in range(deepest):
+                members = [(start, entry) for start, depth, entry, _ in work if depth > j]
+                if j:  # the history of row j: the committed ids and the drafts at rows 1..j
+                    for start, entry in members:
+                        if entry.ids is not None:
+                            entry.ids.append(int(inputs[start + j]))
+                self._apply_depth(logits, j, members, drafts, uniform, int(counts[0]))
+        finally:
+            for entry, length in held:  # the drafts are not committed
+                del entry.ids[length:]
         return logits
 
-    def _read_ids(self, unread: list) -> None:
-        """Appends each slot's ids from where it stopped to ``seq_len``, read from the device's
-        history in one gather and one copy back (the copy waits for the step that sampled them)."""
+    def _apply_depth(self, logits, j, members, drafts, uniform, per_request) -> None:
+        """One batch call for the rows at offset ``j`` of their requests (``members``: each
+        request's first row and its slot entry): in place on ``logits`` when the rows are
+        evenly spaced (without drafts, or every request with as many), else on a gathered copy
+        written back."""
+        def request(entry):
+            ids = entry.ids if entry.ids is not None else _NO_IDS
+            return (entry.key, entry.specs, entry.prompt_len, ids, entry.key)
+
+        if not drafts or uniform:
+            block = logits if not drafts else logits.view(-1, per_request, logits.shape[-1])[:, j]
+            requests: list = [None] * block.shape[0]
+            for start, entry in members:
+                requests[start // per_request if drafts else start] = request(entry)
+            self.batch.apply(block, requests)
+            return
+        index = torch.tensor([start + j for start, _ in members], dtype=torch.int64, device=logits.device)
+        block = logits.index_select(0, index)
+        self.batch.apply(block, [request(entry) for _, entry in members])
+        logits.index_copy_(0, index, block)
+
+    def _read(self, ctx, readers, upper, exact, rows, committed) -> "tuple[Optional[list], Optional[list]]":
+        """Copies back, in one gather and one wait, the rows' local positions and fed ids (the
+        first ``rows`` of each, when the step has draft rows) and each reader's committed ids
+        new since its last step: read up to its upper bound (the row's length without
+        speculative decoding), with its ``total_len`` beside them where that bound may be past
+        it. Extends each reader's ids by its committed ones and sets ``committed[slot]`` to its
+        committed length. Returns the local positions and the fed ids (None without draft
+        rows)."""
         tokens = self.req_states.all_token_ids.gpu
-        stride = tokens.stride(0)
-        index = np.concatenate(
-            [np.arange(slot * stride + len(e.ids), slot * stride + seq_len) for slot, e, seq_len in unread]
-        )
-        read = tokens.view(-1).index_select(0, torch.from_numpy(index).to(tokens.device)).tolist()
+        device = tokens.device
+        parts = []
+        if rows:
+            parts.append(ctx.expanded_local_pos[:rows].to(device=device, dtype=torch.int64))
+            parts.append(ctx.input_ids[:rows].to(device=device, dtype=torch.int64))
+        spans = []
+        if readers:
+            width = tokens.shape[1]
+            stride = tokens.stride(0)
+            for i, slot, entry in readers:
+                spans.append((slot, entry, len(entry.ids), min(int(upper[i]), width)))
+            if not exact:
+                totals = torch.tensor([slot for slot, *_ in spans], dtype=torch.int64)
+                parts.append(self.req_states.total_len.gpu.index_select(0, totals.to(device)).to(torch.int64))
+            index = np.concatenate(
+                [np.arange(slot * stride + have, slot * stride + bound) for slot, _, have, bound in spans]
+            )
+            if len(index):
+                flat = tokens.view(-1).index_select(0, torch.from_numpy(index).to(device))
+                parts.append(flat.to(torch.int64))
+        values = torch.cat(parts).tolist() if parts else []
         self.device_reads += 1
         at = 0
-        for _, entry, seq_len in unread:
-            n = seq_len - len(entry.ids)
-            entry.ids.extend(read[at : at + n])
-            at += n
+        local = inputs = None
+        if rows:
+            local, inputs = values[:rows], values[rows : 2 * rows]
+            at = 2 * rows
+        totals = [None] * len(spans)
+        if spans and not exact:
+            totals = values[at : at + len(spans)]
+            at += len(spans)
+        for (slot, entry, have, bound), total in zip(spans, totals):
+            length = bound if total is None else min(int(total), max(have, bound))
+            entry.ids.extend(values[at : at + max(0, length - have)])
+            at += max(0, bound - have)
+            committed[slot] = length
+        return local, inputs
 
 
 class VLLMLogitsProcessor(LogitsProcessor, *((V2LogitsProcessor,) if V2LogitsProcessor else ())):

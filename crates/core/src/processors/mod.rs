@@ -163,10 +163,10 @@ pub(crate) static KINDS: &[Kind] = &[
     Kind::new::<ForcedSequenceSpec>("forced_sequence"),
     Kind::new::<HelloWorldSpec>("hello_world"),
     // logits-processor-zoo's forcing kinds: their triggers read the row the kinds above left.
-    Kind::new::<ForceLastPhraseSpec>("force_last_phrase"),
+    Kind::new::<ForceLastPhraseSpec>("force_last_phrase").observing_the_pass(),
     Kind::new::<MaxTimeSpec>("max_time"),
-    Kind::new::<TriggerPhraseSpec>("trigger_phrase"),
-    Kind::new::<PreventHallucinationSpec>("prevent_hallucination"),
+    Kind::new::<TriggerPhraseSpec>("trigger_phrase").observing_the_pass(),
+    Kind::new::<PreventHallucinationSpec>("prevent_hallucination").observing_the_pass(),
     // (User processors go here: see `USER_STEPS_BEFORE`.)
     Kind::new::<ThinkingBudgetSpec>("thinking_budget"),
     // Value transforms that read the row: quadratic smoothing before any temperature, as
@@ -197,7 +197,9 @@ pub(crate) static KINDS: &[Kind] = &[
         .truncating(),
     Kind::new::<XtcSpec>("xtc").truncating(),
     // Mirostat last: it reads the row the others left and its next step reads what it kept.
-    Kind::new::<MirostatSpec>("mirostat").truncating(),
+    Kind::new::<MirostatSpec>("mirostat")
+        .truncating()
+        .observing_the_pass(),
     // adaptive-p last too, as llama.cpp chains it: its next step reads the row its pass read.
-    Kind::new::<AdaptivePSpec>("adaptive_p"),
+    Kind::new::<AdaptivePSpec>("adaptive_p").observing_the_pass(),
 ];

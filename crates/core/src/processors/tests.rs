@@ -958,6 +958,79 @@ fn truncating_kinds_plan_a_truncation() {
     }
 }
 
+/// The second step's row after a first step given `first`, through one pipeline of `spec`.
+fn second_step(
+    spec: &ProcessorSpec,
+    prompt_len: usize,
+    ids: &[u32],
+    first: &[f32],
+    second: &[f32],
+) -> Vec<u32> {
+    let mut pipeline =
+        crate::Pipeline::from_specs(std::slice::from_ref(spec), &context(), prompt_len).unwrap();
+    let mut row = first.to_vec();
+    pipeline
+        .process(&ids[..ids.len() - 1].to_vec(), &mut row)
+        .unwrap();
+    let mut row = second.to_vec();
+    pipeline.process(&ids.to_vec(), &mut row).unwrap();
+    row.iter().map(|x| x.to_bits()).collect()
+}
+
+proptest! {
+    /// A kind said not to observe the pass plans from its spec and the ids alone: two first
+    /// steps given different rows leave the second step's row edited alike.
+    #[test]
+    fn only_kinds_said_to_observe_the_pass_depend_on_the_rows_before(
+        // The caller's bitmask is given to a batch's step, not to `Pipeline::process`.
+        spec in proptest::sample::select(kinds_where(|k| !k.observes_pass() && k.name != "bitmask"))
+            .prop_flat_map(spec_of),
+        prompt_len in 0usize..6,
+        ids in proptest::collection::vec(0u32..8, 1..10),
+        rows in proptest::collection::vec(proptest::collection::vec(-8.0f32..8.0, VOCAB as usize), 3),
+    ) {
+        let spec = ProcessorSpec::from_value(&spec).unwrap();
+        let ids: Vec<u32> = (0..prompt_len as u32).chain(ids).collect();
+        prop_assert_eq!(
+            second_step(&spec, prompt_len, &ids, &rows[0], &rows[2]),
+            second_step(&spec, prompt_len, &ids, &rows[1], &rows[2]),
+            "{}", spec.to_value()
+        );
+    }
+}
+
+#[test]
+fn kinds_said_to_observe_the_pass_do() {
+    use proptest::strategy::ValueTree;
+    let observing = kinds_where(crate::spec::Kind::observes_pass);
+    assert!(observing.contains(&"mirostat"), "{observing:?}");
+    let runner = &mut proptest::test_runner::TestRunner::deterministic();
+    let rows =
+        proptest::collection::vec(proptest::collection::vec(-8.0f32..8.0, VOCAB as usize), 3);
+    for name in observing {
+        let depends = (0..256).any(|_| {
+            let spec =
+                ProcessorSpec::from_value(&spec_of(name).new_tree(runner).unwrap().current())
+                    .unwrap();
+            let rows = rows.new_tree(runner).unwrap().current();
+            let ids = [
+                1u32,
+                2,
+                3,
+                (0..VOCAB)
+                    .max_by(|&a, &b| rows[0][a as usize].total_cmp(&rows[0][b as usize]))
+                    .unwrap(),
+            ];
+            second_step(&spec, 0, &ids, &rows[0], &rows[2])
+                != second_step(&spec, 0, &ids, &rows[1], &rows[2])
+        });
+        assert!(
+            depends,
+            "{name} is said to observe the pass, and its steps never depended on it"
+        );
+    }
+}
+
 /// A kind needs token texts exactly when said to: every kind said not to realizes its specs in
 /// a context without them, and each kind said to has a spec refused there naming the field.
 #[test]
