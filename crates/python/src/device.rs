@@ -41,7 +41,9 @@ pub(crate) fn apply_row(py: Python<'_>, plan: &mut RowPlan, block: Block) -> PyR
         return Ok(());
     }
     #[cfg(feature = "cuda")]
-    if let Some(route) = cuda::route(py, block, || cuda::carries(plan))? {
+    if let Some(route) = cuda::route(py, block, || {
+        logits_processing_cuda::packed::kernel_carries(plan)
+    })? {
         return match route {
             cuda::Route::Kernels(ordinal) => cuda::apply_plans(py, ordinal, &[(0, &*plan)], block),
             cuda::Route::RoundTrip => {
@@ -286,10 +288,6 @@ pub(crate) mod cuda {
             Device::Cpu => ROUND_TRIP_HOST_TENSORS.load(Ordering::Relaxed),
             _ => true,
         }
-    }
-
-    pub(crate) fn carries(plan: &RowPlan) -> bool {
-        kernel_carries(plan)
     }
 
     pub(crate) fn carries_pipeline(pipeline: &Pipeline) -> bool {
