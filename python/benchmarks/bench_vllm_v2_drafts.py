@@ -21,7 +21,6 @@ from types import SimpleNamespace
 
 import numpy as np
 import torch
-
 import vllm.v1.worker.cpu.shm  # noqa: F401 - CPU stand-ins for pinned memory and UVA
 from vllm import SamplingParams
 from vllm.v1.worker.gpu.sample.logits_processor import LogitsContext, LogitsProcRequestState
