@@ -163,7 +163,7 @@ pub(crate) static KINDS: &[Kind] = &[
     Kind::new::<ForcedSequenceSpec>("forced_sequence"),
     Kind::new::<HelloWorldSpec>("hello_world"),
     // logits-processor-zoo's forcing kinds: their triggers read the row the kinds above left.
-    Kind::new::<ForceLastPhraseSpec>("force_last_phrase"),
+    Kind::new::<ForceLastPhraseSpec>("force_last_phrase").observing_the_pass(),
     Kind::new::<MaxTimeSpec>("max_time"),
     Kind::new::<TriggerPhraseSpec>("trigger_phrase").observing_the_pass(),
     Kind::new::<PreventHallucinationSpec>("prevent_hallucination").observing_the_pass(),
