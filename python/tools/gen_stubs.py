@@ -92,6 +92,8 @@ RETURNS = {
     "Batch.park": "Optional[int]",
     "Batch.rows": "list[int]",
     "build_info": "dict[str, Any]",
+    "canonical_order": "list[dict]",
+    "_device_layout": "dict[str, Union[int, float]]",
     "ForcedSequenceLogitsProcessor.__getnewargs_ex__": "Tuple[tuple, dict]",
     "ForcedSequenceLogitsProcessor.__getstate__": "Tuple[int, Optional[dict]]",
     "TemperatureProcessor.__getnewargs_ex__": "Tuple[tuple, dict]",
@@ -223,7 +225,12 @@ def function(name: str, obj, owner: str = "", static: bool = False) -> str:
         self_param = inspect.Parameter("self", inspect.Parameter.POSITIONAL_OR_KEYWORD)
         signature = signature.replace(parameters=[self_param] + rest)
     params = parameters(owner, name, signature)
-    returns = lookup(RETURNS, ".".join(filter(None, (owner, name)))) or "None"
+    qualified = ".".join(filter(None, (owner, name)))
+    returns = lookup(RETURNS, qualified)
+    if returns is None:
+        if "Returns:" in (obj.__doc__ or ""):
+            raise SystemExit(f"gen_stubs: {qualified!r} documents what it returns; add its type to RETURNS")
+        returns = "None"
     one_line = f"{indent}def {name}({', '.join(params)}) -> {returns}:"
     if len(one_line) > 100:
         inner = indent + "    "
