@@ -613,6 +613,12 @@ class ThinkingBudgetLogitsProcessor:
     @property
     def thinking_start_token_id(self) -> int: ...
 
+def _device_layout() -> dict[str, Union[int, float]]:
+    """The packed layout's constants, op codes, rule codes and exp's coefficients, by name (ints and
+    floats): what `logits_processing.kernels` (the Triton kernels) is written against, from their
+    one definition in the CUDA crate.
+    """
+
 def _refuse_caller_mask(specs: Union[Spec, Sequence[Spec]], holder: str) -> None:
     """Refuses specs holding a `{"kind": "bitmask"}` step, for a holder that gives no mask (see
     :class:`Processor`); the adapters call it at admission.
@@ -629,7 +635,7 @@ def build_info() -> dict[str, Any]:
         not).
     """
 
-def canonical_order(specs: Union[Spec, Sequence[Spec]]) -> None:
+def canonical_order(specs: Union[Spec, Sequence[Spec]]) -> list[dict]:
     """The specs in the canonical order: biases and penalties; bans and masks (allowed ids, grammars,
     the caller's bitmask), then forced tokens; the thinking budget; temperature; truncation. Specs
     of one kind keep their order. A list that runs a mask after a truncation step is refused (a

@@ -9,6 +9,10 @@ from pathlib import Path
 # The extension's test hooks (`logits_processing._lib._testing`), which it registers only when this
 # is set as it is imported.
 os.environ.setdefault("LOGITS_PROCESSING_TEST_HOOKS", "1")
+# Triton's interpreter, for test_triton_kernels.py: Triton decides when it defines a kernel (its
+# own library's included, as triton is first imported) whether the interpreter runs it. No test
+# here runs Triton on a GPU.
+os.environ["TRITON_INTERPRET"] = "1"
 
 import numpy as np
 import pytest

@@ -2,8 +2,10 @@
 //! `logits-processing-cuda` crate (feature `cuda`): by its kernels, or by the host round trip (the
 //! rows copied to the host, edited by the CPU path, copied back) for the plans the kernels do not
 //! carry, on a device whose kernels could not load or failed their self-check, and for every step
-//! with `LOGITS_PROCESSING_DEVICE=host`. Without the feature a CUDA tensor is a `DeviceError`
-//! naming its device.
+//! with `LOGITS_PROCESSING_DEVICE=host`. With `LOGITS_PROCESSING_DEVICE=interpret`, host tensors
+//! take the device path, the kernels being the Triton ones under Triton's interpreter (the test
+//! command's way to run the device path without a GPU). Without the feature a CUDA tensor is a
+//! `DeviceError` naming its device.
 
 use logits_processing::{
     bf16, f16, Batch, DType, Error, Logit, Pipeline, Result as CoreResult, RowPlan,
@@ -46,6 +48,9 @@ pub(crate) fn apply_row(py: Python<'_>, plan: &mut RowPlan, block: Block) -> PyR
     })? {
         return match route {
             cuda::Route::Kernels(ordinal) => cuda::apply_plans(py, ordinal, &[(0, &*plan)], block),
+            cuda::Route::Interpret => {
+                cuda::interpret_plans(py, || std::iter::once((0, &*plan)), block)
+            }
             cuda::Route::RoundTrip => {
                 cuda::on_host_copy(py, block, |host| edit_row(plan, host).py())
             }
@@ -81,6 +86,14 @@ pub(crate) fn apply_pipeline_row(
                 for stage in pipeline.stages() {
                     if let logits_processing::Stage::Plan(plan) = stage {
                         cuda::apply_plans(py, ordinal, &[(0, plan)], block)?;
+                    }
+                }
+                Ok(())
+            }
+            cuda::Route::Interpret => {
+                for stage in pipeline.stages() {
+                    if let logits_processing::Stage::Plan(plan) = stage {
+                        cuda::interpret_plans(py, || std::iter::once((0, plan)), block)?;
                     }
                 }
                 Ok(())
@@ -208,7 +221,9 @@ pub(crate) mod cuda {
     use std::sync::Mutex;
 
     use logits_processing::{Batch, BatchLayout, Pipeline, RowPlan, Stage};
-    use logits_processing_cuda::packed::{kernel_carries, needs_host};
+    use logits_processing_cuda::packed::{
+        kernel_carries, level_externals, level_plans, levels, needs_host, PackedPlans,
+    };
     use logits_processing_cuda::round_trip::{
         self, CopiedMemory, DeviceStaging, HostMemory, HostRows,
     };
@@ -216,7 +231,7 @@ pub(crate) mod cuda {
     use pyo3::prelude::*;
 
     use super::unsupported;
-    use crate::errors::{new_err, ErrorClass};
+    use crate::errors::{new_err, ErrorClass, IntoPyResult};
     use crate::tensor::{Block, Device};
 
     /// A device's kernels: ready, or refused (they could not load, or failed the self-check; the
@@ -238,29 +253,53 @@ pub(crate) mod cuda {
 
     /// How a step on a device block is carried out.
     pub(crate) enum Route {
+        /// The device's kernels.
         Kernels(i32),
+        /// The Triton kernels under Triton's interpreter, on a host block.
+        Interpret,
         RoundTrip,
     }
 
-    /// `LOGITS_PROCESSING_DEVICE`: unset or `auto` (the kernels, the round trip where they cannot),
-    /// or `host` (the round trip for every step).
-    fn round_trip_always() -> PyResult<bool> {
+    /// `LOGITS_PROCESSING_DEVICE`.
+    #[derive(PartialEq)]
+    enum Setting {
+        /// Unset or `auto`: the kernels, the round trip where they cannot.
+        Auto,
+        /// `host`: the round trip for every step on a device.
+        Host,
+        /// `interpret`: host tensors take the device path, with the Triton kernels under Triton's
+        /// interpreter (`TRITON_INTERPRET=1`) where the kernels carry the step, the round trip
+        /// where they do not; device tensors as with `auto`.
+        Interpret,
+    }
+
+    fn setting() -> PyResult<Setting> {
         match std::env::var("LOGITS_PROCESSING_DEVICE") {
-            Err(_) => Ok(false),
+            Err(_) => Ok(Setting::Auto),
             Ok(value) => match value.as_str() {
-                "" | "auto" => Ok(false),
-                "host" => Ok(true),
+                "" | "auto" => Ok(Setting::Auto),
+                "host" => Ok(Setting::Host),
+                "interpret" => Ok(Setting::Interpret),
                 other => Err(new_err(
                     ErrorClass::Device,
-                    format!("LOGITS_PROCESSING_DEVICE={other:?}: expected \"auto\" or \"host\""),
+                    format!(
+                        "LOGITS_PROCESSING_DEVICE={other:?}: expected \"auto\", \"host\" or \
+                         \"interpret\""
+                    ),
                 )),
             },
         }
     }
 
+    /// Whether host tensors take the device path: under `LOGITS_PROCESSING_DEVICE=interpret`, or
+    /// with the round-trip test hook on. An unknown setting is refused on device tensors only.
+    fn host_takes_device_path() -> bool {
+        ROUND_TRIP_HOST_TENSORS.load(Ordering::Relaxed)
+            || setting().is_ok_and(|s| s == Setting::Interpret)
+    }
+
     /// The route for a step on `block`: `None` for a host block edited in place (the host path),
-    /// else the kernels when they carry the step (`carries`) and may run on the device, or the
-    /// round trip.
+    /// else the kernels when they carry the step (`carries`) and may run, or the round trip.
     pub(crate) fn route(
         py: Python<'_>,
         block: Block,
@@ -270,8 +309,13 @@ pub(crate) mod cuda {
             Device::Cpu if ROUND_TRIP_HOST_TENSORS.load(Ordering::Relaxed) => {
                 Ok(Some(Route::RoundTrip))
             }
+            Device::Cpu if setting()? == Setting::Interpret => Ok(Some(if carries() {
+                Route::Interpret
+            } else {
+                Route::RoundTrip
+            })),
             Device::Cuda(ordinal) => {
-                if round_trip_always()? || !carries() || !kernels_usable(py, ordinal)? {
+                if setting()? == Setting::Host || !carries() || !kernels_usable(py, ordinal)? {
                     Ok(Some(Route::RoundTrip))
                 } else {
                     Ok(Some(Route::Kernels(ordinal)))
@@ -282,10 +326,10 @@ pub(crate) mod cuda {
     }
 
     /// Whether a batch step on `block` takes this module's path: a device block, or a host block
-    /// with the test hook on.
+    /// under `interpret` or the test hook.
     pub(crate) fn takes(block: Block) -> bool {
         match block.device {
-            Device::Cpu => ROUND_TRIP_HOST_TENSORS.load(Ordering::Relaxed),
+            Device::Cpu => host_takes_device_path(),
             _ => true,
         }
     }
@@ -455,10 +499,93 @@ pub(crate) mod cuda {
         })
     }
 
+    /// One launch of the Triton kernels, under Triton's interpreter, for the listed rows' plans
+    /// on the host block: the plans packed as for a device (`PackedPlans`), then
+    /// `logits_processing.kernels.launch` runs the band and apply kernels on them.
+    pub(crate) fn interpret_plans<'a, F, I>(py: Python<'_>, plans: F, block: Block) -> PyResult<()>
+    where
+        F: Fn() -> I,
+        I: Iterator<Item = (usize, &'a RowPlan)>,
+    {
+        let host_error = |e: CudaError| new_err(ErrorClass::Device, e.to_string());
+        let mut packed = PackedPlans::new();
+        packed
+            .pack(plans, block.rows, block.vocab)
+            .map_err(host_error)?;
+        if packed.slots() == 0 || block.vocab == 0 {
+            return Ok(());
+        }
+        let (list, truncating) = packed.truncating();
+        let words: Vec<u8> = packed
+            .words()
+            .iter()
+            .flat_map(|w| w.to_ne_bytes())
+            .collect();
+        py.import("logits_processing.kernels")?.call_method1(
+            "launch",
+            (
+                pyo3::types::PyBytes::new(py, &words),
+                packed.slots(),
+                list,
+                truncating,
+                block.vocab,
+                block.row_stride,
+                block.rows,
+                block.dtype.name(),
+                block.data as usize,
+            ),
+        )?;
+        Ok(())
+    }
+
+    /// A planned batch by the Triton kernels under the interpreter: one launch per stage level,
+    /// `external(row, key)` for each external step after its level's launch (as the device's
+    /// kernels run it).
+    fn interpret_batch(
+        py: Python<'_>,
+        batch: &mut Batch,
+        block: Block,
+        external: &mut (dyn FnMut(usize, u64) -> logits_processing::Result<()> + Send),
+    ) -> PyResult<()> {
+        batch.check_layout(block.len(), block.layout()).py()?;
+        for level in 0..levels(batch) {
+            interpret_plans(py, || level_plans(batch, level), block)?;
+            for (row, key) in level_externals(batch, level).collect::<Vec<_>>() {
+                external(row, key).py()?;
+            }
+        }
+        Ok(())
+    }
+
+    /// Runs `step` on the batch. A step of several stages (a user's processor between built-ins)
+    /// edits the block more than once, so that a failure after the first launch would leave it
+    /// half edited: its rows are first copied to the host (the step's one wait), and written back
+    /// if the step fails.
+    fn saving_rows(
+        block: Block,
+        batch: &mut Batch,
+        step: impl FnOnce(&mut Batch) -> PyResult<()>,
+    ) -> PyResult<()> {
+        if levels(batch) < 2 {
+            return step(batch);
+        }
+        let rows = batch.iter().map(|(row, _)| row).collect();
+        let mut result = Ok(());
+        with_memory(block, |memory| {
+            let saved = HostRows::read(memory, rows, block.dtype, block.layout(), block.vocab)?;
+            result = step(batch);
+            match result {
+                Ok(()) => Ok(()),
+                Err(_) => saved.write_back(),
+            }
+        })?;
+        result
+    }
+
     /// A planned batch on a device block (or a host block, with the test hook): by the kernels
     /// (one launch per stage level, `external(row, key)` editing its row on the same stream in
-    /// between), or by the round trip. A failed step takes back every row's plan; the round trip's
-    /// writes nothing back.
+    /// between), or by the round trip. A failed step takes back every row's plan and leaves the
+    /// logits as they were (`saving_rows`; the round trip writes nothing back).
     pub(crate) fn apply_batch(
         py: Python<'_>,
         batch: &mut Batch,
@@ -473,35 +600,49 @@ pub(crate) mod cuda {
                 return Err(error);
             }
         };
-        match route {
-            Route::RoundTrip => py.detach(|| {
-                with_memory(block, |memory| {
-                    round_trip::apply_batch(memory, batch, block.dtype, block.layout(), external)
-                })
+        let result = match route {
+            Route::Interpret => saving_rows(block, batch, |batch| {
+                interpret_batch(py, batch, block, &mut *external)
             }),
+            Route::RoundTrip => {
+                return py.detach(|| {
+                    with_memory(block, |memory| {
+                        round_trip::apply_batch(
+                            memory,
+                            batch,
+                            block.dtype,
+                            block.layout(),
+                            external,
+                        )
+                    })
+                })
+            }
             Route::Kernels(ordinal) => {
                 let stream = block.stream.unwrap_or(0);
-                let result = py.detach(|| {
-                    with_applier(ordinal, |applier| {
-                        // SAFETY: the block describes the caller's live CUDA tensor on `ordinal`.
-                        unsafe {
-                            applier.apply_batch(
-                                batch,
-                                block.data as u64,
-                                block.dtype,
-                                block.layout(),
-                                stream,
-                                &mut |row, key| external(row, key).map_err(CudaError::from),
-                            )
-                        }
-                        .map_err(|e| device_error(ordinal, e))
+                py.detach(|| {
+                    saving_rows(block, batch, |batch| {
+                        with_applier(ordinal, |applier| {
+                            // SAFETY: the block describes the caller's live CUDA tensor on
+                            // `ordinal`.
+                            unsafe {
+                                applier.apply_batch(
+                                    batch,
+                                    block.data as u64,
+                                    block.dtype,
+                                    block.layout(),
+                                    stream,
+                                    &mut |row, key| external(row, key).map_err(CudaError::from),
+                                )
+                            }
+                            .map_err(|e| device_error(ordinal, e))
+                        })
                     })
-                });
-                if result.is_err() {
-                    batch.undo_plan();
-                }
-                result
+                })
             }
+        };
+        if result.is_err() {
+            batch.undo_plan();
         }
+        result
     }
 }

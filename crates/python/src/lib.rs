@@ -284,6 +284,23 @@ fn _round_trip_waits() -> usize {
     device::cuda::ROUND_TRIP_WAITS.load(std::sync::atomic::Ordering::Relaxed)
 }
 
+/// The packed layout's constants, op codes, rule codes and exp's coefficients, by name (ints and
+/// floats): what `logits_processing.kernels` (the Triton kernels) is written against, from their
+/// one definition in the CUDA crate.
+#[cfg(feature = "cuda")]
+#[pyfunction]
+fn _device_layout(py: Python<'_>) -> PyResult<Bound<'_, pyo3::types::PyDict>> {
+    use logits_processing_cuda::packed::{constants, Constant};
+    let layout = pyo3::types::PyDict::new(py);
+    for (name, value) in constants() {
+        match value {
+            Constant::Int(v) => layout.set_item(name, v)?,
+            Constant::Float(x) => layout.set_item(name, x as f64)?,
+        }
+    }
+    Ok(layout)
+}
+
 /// Panics inside Rust, for the tests that show a panic becomes an exception, never an abort.
 /// With `in_pool`, the panic happens on a worker thread with the GIL released.
 #[pyfunction]
@@ -334,6 +351,8 @@ fn _lib(m: &Bound<'_, PyModule>) -> PyResult<()> {
     m.add_function(wrap_pyfunction!(canonical_order, m)?)?;
     m.add_function(wrap_pyfunction!(info::spec_schema, m)?)?;
     m.add_function(wrap_pyfunction!(info::build_info, m)?)?;
+    #[cfg(feature = "cuda")]
+    m.add_function(wrap_pyfunction!(_device_layout, m)?)?;
     // Hooks for the test suite, kept out of the shipped module's surface: only with
     // LOGITS_PROCESSING_TEST_HOOKS set when it is imported (python/tests/conftest.py sets it).
     if std::env::var_os("LOGITS_PROCESSING_TEST_HOOKS").is_some() {

@@ -8,12 +8,21 @@ from __future__ import annotations
 
 import json
 import logging
+import os
 import weakref
 from typing import Any, Callable, Mapping, Optional, Sequence, Tuple
 
 from .. import _lib
 
 logger = logging.getLogger("logits_processing.adapters")
+
+
+def takes_device_path(tensor: Any) -> bool:
+    """Whether a step on `tensor` takes the device path, and the adapter its device branch: a
+    tensor on a device, or any tensor under ``LOGITS_PROCESSING_DEVICE=interpret`` (the setting
+    that sends host tensors down the device path, the Triton kernels run by Triton's interpreter:
+    how the tests run the device branches without a GPU)."""
+    return tensor.device.type != "cpu" or os.environ.get("LOGITS_PROCESSING_DEVICE") == "interpret"
 
 #: The key a request's specs travel under: ``SamplingParams.extra_args`` (vLLM),
 #: ``sampling_params["custom_params"]`` (SGLang). Its value is a JSON text (or the decoded

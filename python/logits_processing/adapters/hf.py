@@ -12,7 +12,7 @@ import torch
 from transformers import LogitsProcessor
 
 from .. import _lib
-from ._common import check_in_process_pipeline, context_for
+from ._common import check_in_process_pipeline, context_for, takes_device_path
 
 __all__ = ["HFLogitsProcessor", "specs_from_generation_config"]
 
@@ -161,17 +161,17 @@ class HFLogitsProcessor(LogitsProcessor):
         return False, self._host_ids
 
     def __call__(self, input_ids: torch.LongTensor, scores: torch.FloatTensor) -> torch.FloatTensor:
-        if input_ids.device.type == "cpu":
-            continues, host_ids = self._continues(input_ids), input_ids
-        else:
+        if takes_device_path(input_ids):
             continues, host_ids = self._device_ids(input_ids)
+        else:
+            continues, host_ids = self._continues(input_ids), input_ids
         if not continues:
             self._start(*input_ids.shape, scores.shape[-1])
         # A copy: generate() makes a new tensor each step, but nothing promises it.
         self._last_ids = input_ids.clone()
         input_ids = host_ids
         processed = torch.empty_like(scores)
-        if scores.is_cuda or processed.stride() != scores.stride():
+        if takes_device_path(scores) or processed.stride() != scores.stride():
             processed.copy_(scores)
             self._batch.apply(processed, input_ids)
         else:

