@@ -218,8 +218,7 @@ impl Truncation {
     /// (both are correctly rounded; a test compares the two paths).
     pub fn band(&self, values: &[f32], work: &mut Work) -> Band {
         #[cfg(target_arch = "x86_64")]
-        if std::arch::is_x86_feature_detected!("fma") && std::arch::is_x86_feature_detected!("avx2")
-        {
+        if crate::cpu::avx2_fma() {
             // SAFETY: the CPU has FMA and AVX2.
             return unsafe { self.band_fma(values, work) };
         }
@@ -343,7 +342,7 @@ pub type Work = Vec<(u32, u64, f32)>;
 #[inline(always)]
 pub(crate) fn largest(values: &[f32]) -> f32 {
     #[cfg(target_arch = "x86_64")]
-    let max = if std::arch::is_x86_feature_detected!("avx") {
+    let max = if crate::cpu::avx() {
         // SAFETY: the CPU has AVX.
         unsafe { largest_float_avx(values) }
     } else {
@@ -406,7 +405,7 @@ pub(crate) fn collect_from(
 ) {
     work.clear();
     #[cfg(target_arch = "x86_64")]
-    if std::arch::is_x86_feature_detected!("avx2") && std::arch::is_x86_feature_detected!("fma") {
+    if crate::cpu::avx2_fma() {
         // SAFETY: the CPU has AVX2 and FMA.
         return unsafe { collect_from_avx2(values, floor, work, &weight) };
     }
@@ -574,7 +573,7 @@ fn min_p(values: &[f32], max: f32, p: f32) -> f32 {
 #[inline(always)]
 fn min_p_one_pass(values: &[f32], p: f32, work: &mut Work) -> Option<(f32, f32)> {
     #[cfg(target_arch = "x86_64")]
-    if p >= 1e-30 && std::arch::is_x86_feature_detected!("avx2") {
+    if p >= 1e-30 && crate::cpu::avx2() {
         let ln_p = (p as f64).ln() as f32;
         // SAFETY: the CPU has AVX2.
         let max = unsafe { max_and_candidates_avx2(values, ln_p - 1.0, work) }?;
@@ -827,10 +826,7 @@ pub fn weight_sum(values: &[f32], max: f32) -> u64 {
         return wide::sums(values, max, false).0;
     }
     #[cfg(target_arch = "x86_64")]
-    if values.len() < 1 << 21
-        && std::arch::is_x86_feature_detected!("fma")
-        && std::arch::is_x86_feature_detected!("avx2")
-    {
+    if values.len() < 1 << 21 && crate::cpu::avx2_fma() {
         // SAFETY: the CPU has FMA and AVX2.
         return unsafe { weight_sum_avx2(values, max) };
     }

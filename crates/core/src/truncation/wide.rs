@@ -17,8 +17,7 @@ use super::{
 /// AVX-512's own).
 #[inline(always)]
 pub(crate) fn available() -> bool {
-    std::arch::is_x86_feature_detected!("avx512f")
-        && std::arch::is_x86_feature_detected!("avx512dq")
+    crate::cpu::avx512()
 }
 
 /// Buckets of [`bucket_masses`]: a key's range cut into this many intervals.
