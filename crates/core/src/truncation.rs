@@ -16,8 +16,9 @@
 //! - typical, epsilon and eta compute both sums over the row; typical then sorts growing
 //!   prefixes of its scores (partial selections) until they hold its mass.
 //!
-//! Where the CPU has AVX-512, the mass-based rules take the passes of `truncation/wide.rs`
-//! instead (the same weights, sixteen at a time): the sums in one pass, then a compare pass for
+//! Where the CPU has AVX-512, or AVX2 and FMA, the mass-based rules take the passes of
+//! `truncation/wide.rs` instead (the same weights, sixteen or eight at a time; the level is
+//! [`crate::cpu::level`]): the sums in one pass, then a compare pass for
 //! epsilon and eta; for top-p on a row with many values near its maximum, and for typical, one pass
 //! that sums the mass of each bucket of the key (the value, or typical's score) and a selection
 //! among the values of the one bucket where the running mass reaches the target.
@@ -681,7 +682,7 @@ fn top_p(values: &[f32], max: f32, p: f32, work: &mut Work) -> Option<f32> {
     None
 }
 
-/// [`top_p`] with the AVX-512 passes. A row with few values within 4 of its maximum (a trained
+/// [`top_p`] with the passes of `truncation/wide.rs`. A row with few values within 4 of its maximum (a trained
 /// model's) selects among them once the total is known, as [`top_p`] does; otherwise one pass
 /// computes the total and the mass of each bucket of 1/32 below the maximum, and the boundary is
 /// selected among the values of the bucket where the running mass reaches the target (a flat
@@ -732,7 +733,7 @@ fn keyed(work: &mut Work) {
     }
 }
 
-/// Typical's band with the AVX-512 passes (`min_keep` 1): the sums `W` and `E` in one pass, then
+/// Typical's band with the passes of `truncation/wide.rs` (`min_keep` 1): the sums `W` and `E` in one pass, then
 /// the mass of each bucket of scores (1/16 wide) in another; the boundary is selected among the
 /// values of the bucket where the running mass, smallest scores first, reaches the target.
 #[cfg(target_arch = "x86_64")]
@@ -941,9 +942,24 @@ impl Softmax {
         }
     }
 
-    /// The maximum of `values`; then the sums over them (in any order: they are exact).
+    /// The maximum of `values`; then the sums over them (in any order: they are exact), with the
+    /// passes of `truncation/wide.rs` where the CPU has them.
     #[inline(always)]
     pub fn of(values: &[f32]) -> Self {
+        #[cfg(target_arch = "x86_64")]
+        if values.len() < 1 << 21 && wide::available() {
+            let max = largest(values);
+            let (sum, entropy_sum) = if max.is_finite() {
+                wide::sums(values, max, true)
+            } else {
+                (0, 0)
+            };
+            return Softmax {
+                max,
+                sum,
+                entropy_sum,
+            };
+        }
         let max = values
             .iter()
             .filter(|x| !x.is_nan())
