@@ -98,6 +98,16 @@ unsafe fn add_exact(sums: &mut [__m256d; 2], t: __m256) {
     sums[1] = _mm256_add_pd(sums[1], _mm256_cvtps_pd(_mm256_extractf128_ps::<1>(t)));
 }
 
+/// Four integral f64 in `0..2^52` as u64, exactly: `x + 2^52` has `x` as its significand.
+#[inline(always)]
+unsafe fn to_u64(x: __m256d) -> __m256i {
+    let magic = _mm256_set1_pd((1u64 << 52) as f64);
+    _mm256_sub_epi64(
+        _mm256_castpd_si256(_mm256_add_pd(x, magic)),
+        _mm256_castpd_si256(magic),
+    )
+}
+
 #[inline(always)]
 unsafe fn total(sums: [__m256d; 2]) -> u64 {
     let mut lanes = [0f64; 4];
@@ -149,9 +159,29 @@ pub(super) fn sums_with_entropy(values: &[f32], max: f32) -> (u64, u64) {
     let lanes = Lanes::new(max);
     let mut w = [_mm256_setzero_pd(); 2];
     let mut e = [_mm256_setzero_pd(); 2];
-    // SAFETY: AVX2 and FMA are enabled here.
+    let blocks = values.chunks_exact(16);
+    let rest = blocks.remainder();
+    // SAFETY: AVX2 and FMA are enabled here; a block holds 16 f32.
     unsafe {
-        for (x, _) in Vectors::new(values, f32::NEG_INFINITY) {
+        // Two independent chains of `exp` a step.
+        for block in blocks {
+            let a = lanes.d(_mm256_loadu_ps(block.as_ptr()));
+            let b = lanes.d(_mm256_loadu_ps(block.as_ptr().add(8)));
+            let live = _mm256_or_ps(
+                _mm256_cmp_ps::<_CMP_GE_OQ>(a, _mm256_set1_ps(-32.0)),
+                _mm256_cmp_ps::<_CMP_GE_OQ>(b, _mm256_set1_ps(-32.0)),
+            );
+            if !any(live) {
+                continue;
+            }
+            let (ta, tea, _) = lanes.weights_and_entropy(a);
+            let (tb, teb, _) = lanes.weights_and_entropy(b);
+            add_exact(&mut w, ta);
+            add_exact(&mut e, tea);
+            add_exact(&mut w, tb);
+            add_exact(&mut e, teb);
+        }
+        for (x, _) in Vectors::new(rest, f32::NEG_INFINITY) {
             let (t, te, live) = lanes.weights_and_entropy(lanes.d(x));
             if any(live) {
                 add_exact(&mut w, t);
@@ -210,7 +240,7 @@ pub(super) fn bucket_masses(
     let lanes = Lanes::new(max);
     let mut sums = [_mm256_setzero_pd(); 2];
     let mut index = [0u32; 8];
-    let mut weight = [0f32; 8];
+    let mut weight = [0u64; 8];
     // SAFETY: AVX2 and FMA are enabled here; bucket indices are below BUCKETS.
     unsafe {
         for (x, _) in Vectors::new(values, f32::NEG_INFINITY) {
@@ -219,16 +249,19 @@ pub(super) fn bucket_masses(
             if !any(heavy) {
                 continue;
             }
-            add_exact(&mut sums, t);
+            let low = _mm256_cvtps_pd(_mm256_castps256_ps128(t));
+            let high = _mm256_cvtps_pd(_mm256_extractf128_ps::<1>(t));
+            sums[0] = _mm256_add_pd(sums[0], low);
+            sums[1] = _mm256_add_pd(sums[1], high);
             _mm256_storeu_si256(index.as_mut_ptr().cast(), buckets(key, d));
-            _mm256_storeu_ps(weight.as_mut_ptr(), t);
-            // Every lane (weightless ones add 0): no branch to mispredict. The weights are
-            // integers below `2^33`: exact in f32 and as u64.
+            _mm256_storeu_si256(weight.as_mut_ptr().cast(), to_u64(low));
+            _mm256_storeu_si256(weight.as_mut_ptr().add(4).cast(), to_u64(high));
+            // Every lane (weightless ones add 0): no branch to mispredict.
             for i in 0..8 {
                 *copies
                     .get_unchecked_mut(i & 3)
                     .get_unchecked_mut(*index.get_unchecked(i) as usize) +=
-                    *weight.get_unchecked(i) as u64;
+                    *weight.get_unchecked(i);
             }
         }
         for (b, mass) in masses.iter_mut().enumerate() {
