@@ -376,58 +376,58 @@ pub(super) fn smallest_above_and_between(
     work: &mut Work,
 ) -> Option<f32> {
     let (lo_v, hi_v) = (_mm256_set1_ps(lo), _mm256_set1_ps(hi));
-    // Two vectors of running minima: a block of sixteen values a step where it can.
-    let mut smallest = [_mm256_set1_ps(f32::INFINITY); 2];
+    let infinity = _mm256_set1_ps(f32::INFINITY);
+    // Two vectors of running minima: a block of sixteen values a step. A plain loop, not a
+    // closure: the minima stay in registers.
+    let (mut smallest_a, mut smallest_b) = (infinity, infinity);
     let blocks = values.chunks_exact(16);
     let rest = blocks.remainder();
-    // SAFETY: AVX2 and FMA are enabled here; a block holds 16 f32.
-    unsafe {
-        // NaN fills a short block: every compare is false, so it is neither above nor between.
-        let mut step = |x: [__m256; 2], source: &[f32], work: &mut Work| -> bool {
-            let mut between = 0u32;
-            for (i, &x) in x.iter().enumerate() {
-                // `min_ps(m, x)` is `m < x ? m : x`: the running minimum of the values at or
-                // above `hi` (the others replaced by `+inf`).
-                let above = _mm256_cmp_ps::<_CMP_GE_OQ>(x, hi_v);
-                let candidate = _mm256_blendv_ps(_mm256_set1_ps(f32::INFINITY), x, above);
-                smallest[i] = _mm256_min_ps(smallest[i], candidate);
-                let inside = _mm256_and_ps(
-                    _mm256_cmp_ps::<_CMP_GE_OQ>(x, lo_v),
-                    _mm256_cmp_ps::<_CMP_LT_OQ>(x, hi_v),
-                );
-                between |= (_mm256_movemask_ps(inside) as u32) << (8 * i);
-            }
-            if between == 0 {
-                return true;
-            }
-            while between != 0 {
-                work.push((0, 0, source[between.trailing_zeros() as usize]));
-                between &= between - 1;
-            }
-            work.len() <= limit
-        };
-        for block in blocks {
-            let x = [
+    for block in blocks {
+        // SAFETY: AVX2 and FMA are enabled here; `block` holds 16 f32.
+        let (a, b) = unsafe {
+            (
                 _mm256_loadu_ps(block.as_ptr()),
                 _mm256_loadu_ps(block.as_ptr().add(8)),
-            ];
-            if !step(x, block, work) {
-                return None;
-            }
+            )
+        };
+        // `min_ps(m, x)` is `m < x ? m : x`: the running minimum of the values at or above
+        // `hi` (the others replaced by `+inf`; NaN is never at or above it).
+        let above_a = _mm256_cmp_ps::<_CMP_GE_OQ>(a, hi_v);
+        let above_b = _mm256_cmp_ps::<_CMP_GE_OQ>(b, hi_v);
+        smallest_a = _mm256_min_ps(smallest_a, _mm256_blendv_ps(infinity, a, above_a));
+        smallest_b = _mm256_min_ps(smallest_b, _mm256_blendv_ps(infinity, b, above_b));
+        let inside = |x: __m256| {
+            _mm256_and_ps(
+                _mm256_cmp_ps::<_CMP_GE_OQ>(x, lo_v),
+                _mm256_cmp_ps::<_CMP_LT_OQ>(x, hi_v),
+            )
+        };
+        let mut between =
+            _mm256_movemask_ps(inside(a)) as u32 | (_mm256_movemask_ps(inside(b)) as u32) << 8;
+        if between == 0 {
+            continue;
         }
-        if !rest.is_empty() {
-            let mut lanes = [f32::NAN; 16];
-            lanes[..rest.len()].copy_from_slice(rest);
-            let x = [
-                _mm256_loadu_ps(lanes.as_ptr()),
-                _mm256_loadu_ps(lanes.as_ptr().add(8)),
-            ];
-            if !step(x, &lanes, work) {
-                return None;
-            }
+        while between != 0 {
+            work.push((0, 0, block[between.trailing_zeros() as usize]));
+            between &= between - 1;
         }
-        Some(reduce_min(smallest[0]).min(reduce_min(smallest[1])))
+        if work.len() > limit {
+            return None;
+        }
     }
+    // SAFETY: AVX2 is enabled here.
+    let mut smallest = unsafe { reduce_min(_mm256_min_ps(smallest_a, smallest_b)) };
+    for &x in rest {
+        if x >= hi {
+            smallest = smallest.min(x);
+        } else if x >= lo {
+            work.push((0, 0, x));
+        }
+    }
+    if work.len() > limit {
+        return None;
+    }
+    Some(smallest)
 }
 
 /// `wide::finite_lane_sums`'s pass: lane `j` of the first f64 vector adds the values at `j`,
