@@ -427,7 +427,7 @@ def _info(args: argparse.Namespace) -> int:
     print(f"logits-processing {data['version']} (Python {data['python']})")
     print(f"  extension: {data['extension']}")
     print(f"  CPU path:  {data['cpu_path']} (detected: {', '.join(data['cpu_features']) or 'none'};"
-          " AVX-512 is not used)")
+          " LOGITS_PROCESSING_CPU=avx2 or portable caps it)")
     print(f"  CUDA:      {'compiled in' if data['cuda_support'] else 'not compiled in'}; "
           f"{'a GPU can be used' if data['cuda'] is None else data['cuda']}")
     print(f"  NVRTC:     {data['nvrtc']}")

@@ -124,7 +124,7 @@ def test_bench_times_each_kind_beside_a_memcpy():
 def test_info_reports_the_build_and_the_machine():
     data = cli.info()
     assert data["version"] == lp.__version__
-    assert data["cpu_path"] in ("avx2+fma", "portable")
+    assert data["cpu_path"] in ("avx512", "avx2+fma", "portable")
     assert data["cuda_support"] is lp._lib.CUDA_SUPPORT
     assert data["packages"]["torch"] and data["adapters"]["hf"] == "loads"
     assert data["adapters"]["vllm"] == "loads" or data["adapters"]["vllm"].startswith("no (")

@@ -20,10 +20,7 @@ const FAST_DIVIDEND_MAX: f32 = (1u64 << 60) as f32;
 /// Whether the AVX2 + FMA (+ F16C) kernels may run for this divisor.
 #[cfg(target_arch = "x86_64")]
 fn use_simd(divisor: f32) -> bool {
-    (FAST_DIVISOR_MIN..=FAST_DIVISOR_MAX).contains(&divisor.abs())
-        && std::arch::is_x86_feature_detected!("avx2")
-        && std::arch::is_x86_feature_detected!("fma")
-        && std::arch::is_x86_feature_detected!("f16c")
+    (FAST_DIVISOR_MIN..=FAST_DIVISOR_MAX).contains(&divisor.abs()) && crate::cpu::avx2_fma_f16c()
 }
 
 /// A pass over a row: read from `src`, write to `dst`, element by element. The two are the same row
@@ -125,7 +122,7 @@ fn divide_bf16_portable(pass: Pass<bf16>, divisor: f32) {
 pub(crate) fn remove_outside<T: Logit>(row: &mut [T], band: Band) {
     #[cfg(target_arch = "x86_64")]
     if let Some(row) = T::as_f32_mut(row) {
-        if std::arch::is_x86_feature_detected!("avx") {
+        if crate::cpu::avx() {
             // SAFETY: the CPU has AVX.
             return unsafe { remove_outside_avx(row, band) };
         }
@@ -171,7 +168,7 @@ fn remove_outside_avx(row: &mut [f32], band: Band) {
 /// before overwriting it, which halves the memory traffic of a fill that does not fit in cache.
 pub(crate) fn fill_streaming<T: Copy>(row: &mut [T], value: T) {
     #[cfg(target_arch = "x86_64")]
-    if std::mem::size_of::<T>() <= 32 && std::arch::is_x86_feature_detected!("avx2") {
+    if std::mem::size_of::<T>() <= 32 && crate::cpu::avx2() {
         // SAFETY: the CPU has AVX2; the function writes only inside `row`.
         unsafe { simd::fill_streaming(row, value) };
         return;
@@ -1051,8 +1048,12 @@ mod tests {
         use super::super::simd::{self, Half, Method};
         use super::*;
 
+        /// Whether the CPU has the SIMD kernels' features (whatever `LOGITS_PROCESSING_CPU`
+        /// says: these tests call the kernels directly).
         fn simd_present() -> bool {
-            use_simd(1.0)
+            std::arch::is_x86_feature_detected!("avx2")
+                && std::arch::is_x86_feature_detected!("fma")
+                && std::arch::is_x86_feature_detected!("f16c")
         }
 
         /// Every method that passes the proof for `divisor`, run on every value: the proof must

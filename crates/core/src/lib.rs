@@ -22,6 +22,7 @@ mod batch;
 #[cfg(feature = "grammar")]
 mod budget;
 pub mod context;
+pub mod cpu;
 mod error;
 #[cfg(feature = "grammar")]
 pub mod grammar;

@@ -965,7 +965,7 @@ fn in_halves<T: Send>(row: &mut [T], edit: impl Fn(usize, &mut [T]) + Sync) {
 /// multiply-adds are then instructions, not the C library's `fmaf`: the same bits).
 fn kept_probabilities(values: &[f32], band: Band, max: f32, kept: &mut Vec<(u32, f32)>) -> f64 {
     #[cfg(target_arch = "x86_64")]
-    if std::arch::is_x86_feature_detected!("avx2") && std::arch::is_x86_feature_detected!("fma") {
+    if crate::cpu::avx2_fma() {
         // SAFETY: the CPU has AVX2 and FMA.
         return unsafe { kept_probabilities_fma(values, band, max, kept) };
     }

@@ -35,8 +35,7 @@ impl Reshape {
     /// the fixed-point sums are exact and `fmaf` is correctly rounded either way).
     pub fn shape(&self, values: &[f32]) -> Shape {
         #[cfg(target_arch = "x86_64")]
-        if std::arch::is_x86_feature_detected!("fma") && std::arch::is_x86_feature_detected!("avx2")
-        {
+        if crate::cpu::avx2_fma() {
             // SAFETY: the CPU has FMA and AVX2.
             return unsafe { self.shape_fma(values) };
         }
@@ -140,9 +139,7 @@ impl Shape {
             Shape::Scale { temperature } => T::divide_row(row, temperature),
             _ => {
                 #[cfg(target_arch = "x86_64")]
-                if std::arch::is_x86_feature_detected!("fma")
-                    && std::arch::is_x86_feature_detected!("avx2")
-                {
+                if crate::cpu::avx2_fma() {
                     // SAFETY: the CPU has FMA and AVX2.
                     return unsafe { self.apply_each_fma(row) };
                 }

@@ -16,8 +16,9 @@
 //! - typical, epsilon and eta compute both sums over the row; typical then sorts growing
 //!   prefixes of its scores (partial selections) until they hold its mass.
 //!
-//! Where the CPU has AVX-512, the mass-based rules take the passes of `truncation/wide.rs`
-//! instead (the same weights, sixteen at a time): the sums in one pass, then a compare pass for
+//! Where the CPU has AVX-512, or AVX2 and FMA, the mass-based rules take the passes of
+//! `truncation/wide.rs` instead (the same weights, sixteen or eight at a time; the level is
+//! [`crate::cpu::level`]): the sums in one pass, then a compare pass for
 //! epsilon and eta; for top-p on a row with many values near its maximum, and for typical, one pass
 //! that sums the mass of each bucket of the key (the value, or typical's score) and a selection
 //! among the values of the one bucket where the running mass reaches the target.
@@ -218,8 +219,7 @@ impl Truncation {
     /// (both are correctly rounded; a test compares the two paths).
     pub fn band(&self, values: &[f32], work: &mut Work) -> Band {
         #[cfg(target_arch = "x86_64")]
-        if std::arch::is_x86_feature_detected!("fma") && std::arch::is_x86_feature_detected!("avx2")
-        {
+        if crate::cpu::avx2_fma() {
             // SAFETY: the CPU has FMA and AVX2.
             return unsafe { self.band_fma(values, work) };
         }
@@ -343,7 +343,7 @@ pub type Work = Vec<(u32, u64, f32)>;
 #[inline(always)]
 pub(crate) fn largest(values: &[f32]) -> f32 {
     #[cfg(target_arch = "x86_64")]
-    let max = if std::arch::is_x86_feature_detected!("avx") {
+    let max = if crate::cpu::avx() {
         // SAFETY: the CPU has AVX.
         unsafe { largest_float_avx(values) }
     } else {
@@ -406,7 +406,7 @@ pub(crate) fn collect_from(
 ) {
     work.clear();
     #[cfg(target_arch = "x86_64")]
-    if std::arch::is_x86_feature_detected!("avx2") && std::arch::is_x86_feature_detected!("fma") {
+    if crate::cpu::avx2_fma() {
         // SAFETY: the CPU has AVX2 and FMA.
         return unsafe { collect_from_avx2(values, floor, work, &weight) };
     }
@@ -574,7 +574,7 @@ fn min_p(values: &[f32], max: f32, p: f32) -> f32 {
 #[inline(always)]
 fn min_p_one_pass(values: &[f32], p: f32, work: &mut Work) -> Option<(f32, f32)> {
     #[cfg(target_arch = "x86_64")]
-    if p >= 1e-30 && std::arch::is_x86_feature_detected!("avx2") {
+    if p >= 1e-30 && crate::cpu::avx2() {
         let ln_p = (p as f64).ln() as f32;
         // SAFETY: the CPU has AVX2.
         let max = unsafe { max_and_candidates_avx2(values, ln_p - 1.0, work) }?;
@@ -682,7 +682,7 @@ fn top_p(values: &[f32], max: f32, p: f32, work: &mut Work) -> Option<f32> {
     None
 }
 
-/// [`top_p`] with the AVX-512 passes. A row with few values within 4 of its maximum (a trained
+/// [`top_p`] with the passes of `truncation/wide.rs`. A row with few values within 4 of its maximum (a trained
 /// model's) selects among them once the total is known, as [`top_p`] does; otherwise one pass
 /// computes the total and the mass of each bucket of 1/32 below the maximum, and the boundary is
 /// selected among the values of the bucket where the running mass reaches the target (a flat
@@ -733,7 +733,7 @@ fn keyed(work: &mut Work) {
     }
 }
 
-/// Typical's band with the AVX-512 passes (`min_keep` 1): the sums `W` and `E` in one pass, then
+/// Typical's band with the passes of `truncation/wide.rs` (`min_keep` 1): the sums `W` and `E` in one pass, then
 /// the mass of each bucket of scores (1/16 wide) in another; the boundary is selected among the
 /// values of the bucket where the running mass, smallest scores first, reaches the target.
 #[cfg(target_arch = "x86_64")]
@@ -827,10 +827,7 @@ pub fn weight_sum(values: &[f32], max: f32) -> u64 {
         return wide::sums(values, max, false).0;
     }
     #[cfg(target_arch = "x86_64")]
-    if values.len() < 1 << 21
-        && std::arch::is_x86_feature_detected!("fma")
-        && std::arch::is_x86_feature_detected!("avx2")
-    {
+    if values.len() < 1 << 21 && crate::cpu::avx2_fma() {
         // SAFETY: the CPU has FMA and AVX2.
         return unsafe { weight_sum_avx2(values, max) };
     }
@@ -945,9 +942,24 @@ impl Softmax {
         }
     }
 
-    /// The maximum of `values`; then the sums over them (in any order: they are exact).
+    /// The maximum of `values`; then the sums over them (in any order: they are exact), with the
+    /// passes of `truncation/wide.rs` where the CPU has them.
     #[inline(always)]
     pub fn of(values: &[f32]) -> Self {
+        #[cfg(target_arch = "x86_64")]
+        if values.len() < 1 << 21 && wide::available() {
+            let max = largest(values);
+            let (sum, entropy_sum) = if max.is_finite() {
+                wide::sums(values, max, true)
+            } else {
+                (0, 0)
+            };
+            return Softmax {
+                max,
+                sum,
+                entropy_sum,
+            };
+        }
         let max = values
             .iter()
             .filter(|x| !x.is_nan())

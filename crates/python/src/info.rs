@@ -47,8 +47,13 @@ pub(crate) fn build_info(py: Python<'_>) -> PyResult<Bound<'_, PyDict>> {
             }
         }
     }
-    let simd = detected.contains(&"avx2") && detected.contains(&"fma");
-    info.set_item("cpu_path", if simd { "avx2+fma" } else { "portable" })?;
+    // The core's own decision (the CPU's features capped by `LOGITS_PROCESSING_CPU`).
+    let path = match logits_processing::cpu::level() {
+        logits_processing::cpu::CpuLevel::Avx512 => "avx512",
+        logits_processing::cpu::CpuLevel::Avx2 => "avx2+fma",
+        logits_processing::cpu::CpuLevel::Portable => "portable",
+    };
+    info.set_item("cpu_path", path)?;
     info.set_item("cpu_features", detected)?;
     info.set_item("cuda_support", cfg!(feature = "cuda"))?;
     #[cfg(feature = "cuda")]

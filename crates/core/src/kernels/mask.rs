@@ -11,7 +11,7 @@ pub(crate) fn mask_groups<T: Logit>(row: &mut [T], words: &[u32]) {
     // Checked always: the AVX2 path writes through raw pointers (one compare a chunk).
     assert_eq!(row.len(), words.len() * 32, "32 logits per mask word");
     #[cfg(target_arch = "x86_64")]
-    if std::arch::is_x86_feature_detected!("avx2") {
+    if crate::cpu::avx2() {
         // SAFETY: the CPU has AVX2; `row` holds 32 logits per word.
         return unsafe { avx2::mask_groups(row, words) };
     }

@@ -151,7 +151,7 @@ impl RowPlan {
 fn collect_kept(row: &[f32], band: Band, kept: &mut Vec<u32>) {
     kept.clear();
     #[cfg(target_arch = "x86_64")]
-    if std::arch::is_x86_feature_detected!("avx2") {
+    if crate::cpu::avx2() {
         // SAFETY: the CPU has AVX2.
         return unsafe { collect_kept_avx2(row, band, kept) };
     }

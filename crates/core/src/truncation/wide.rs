@@ -3,22 +3,30 @@
 //! the few values a rule's boundary is selected from. Every weight is the one
 //! [`Softmax::weights`](super::Softmax::weights) gives (the same IEEE operations in the same
 //! order on each lane; tests compare them), so a rule selects the same band whichever path ran.
-//! Without AVX-512 the rules take the selections written in `truncation.rs`, which the tests use
-//! as the reference.
+//! With AVX2 and FMA but no AVX-512, each pass is `wide/avx2.rs`'s, eight values at a time, with
+//! the same results; without either, the rules take the selections written in `truncation.rs`,
+//! which the tests use as the reference.
 
 use std::arch::x86_64::*;
+
+mod avx2;
 
 use super::{
     order_key, Work, EXP_LN2_HI, EXP_LN2_LO, EXP_LOG2_E, EXP_POLY, EXP_SHIFTER, FIXED_BITS,
     WEIGHTLESS,
 };
 
-/// Whether the CPU runs these passes (AVX-512 F and DQ; the weights' fused multiply-adds are
-/// AVX-512's own).
+/// Whether the CPU runs these passes: AVX2 and FMA at least ([`crate::cpu`]).
 #[inline(always)]
 pub(crate) fn available() -> bool {
-    std::arch::is_x86_feature_detected!("avx512f")
-        && std::arch::is_x86_feature_detected!("avx512dq")
+    crate::cpu::avx2_fma()
+}
+
+/// Whether the passes run sixteen values at a time (AVX-512 F and DQ; the weights' fused
+/// multiply-adds are AVX-512's own); else eight at a time, with AVX2 and FMA.
+#[inline(always)]
+fn sixteen() -> bool {
+    crate::cpu::avx512()
 }
 
 /// Buckets of [`bucket_masses`]: a key's range cut into this many intervals.
@@ -156,12 +164,13 @@ impl Iterator for Vectors<'_> {
 /// Rows shorter than `2^21` (the f64 lanes stay exact); longer ones are the caller's to split.
 pub(crate) fn sums(values: &[f32], max: f32, entropy: bool) -> (u64, u64) {
     debug_assert!(values.len() < 1 << 21);
-    // SAFETY: the caller checked `available()`.
+    // SAFETY: the caller checked `available()`; `sixteen()` that the CPU has AVX-512.
     unsafe {
-        if entropy {
-            sums_with_entropy(values, max)
-        } else {
-            (weight_sum(values, max), 0)
+        match (sixteen(), entropy) {
+            (true, true) => sums_with_entropy(values, max),
+            (true, false) => (weight_sum(values, max), 0),
+            (false, true) => avx2::sums_with_entropy(values, max),
+            (false, false) => (super::weight_sum_avx2(values, max), 0),
         }
     }
 }
@@ -242,8 +251,14 @@ pub(crate) fn bucket_masses(
     masses: &mut [u64; BUCKETS],
 ) -> u64 {
     debug_assert!(values.len() < 1 << 21);
-    // SAFETY: the caller checked `available()`.
-    unsafe { bucket_masses_512(values, max, key, masses) }
+    // SAFETY: the caller checked `available()`; `sixteen()` that the CPU has AVX-512.
+    unsafe {
+        if sixteen() {
+            bucket_masses_512(values, max, key, masses)
+        } else {
+            avx2::bucket_masses(values, max, key, masses)
+        }
+    }
 }
 
 #[target_feature(enable = "avx512f,avx512dq")]
@@ -300,8 +315,14 @@ pub(crate) fn collect_bucket(
     work: &mut Work,
 ) -> (f32, f32) {
     work.clear();
-    // SAFETY: the caller checked `available()`.
-    unsafe { collect_bucket_512(values, max, key, bucket as u32, work) }
+    // SAFETY: the caller checked `available()`; `sixteen()` that the CPU has AVX-512.
+    unsafe {
+        if sixteen() {
+            collect_bucket_512(values, max, key, bucket as u32, work)
+        } else {
+            avx2::collect_bucket(values, max, key, bucket as u32, work)
+        }
+    }
 }
 
 #[target_feature(enable = "avx512f,avx512dq")]
@@ -348,8 +369,14 @@ fn collect_bucket_512(
 
 /// Sets each entry's weight to `fixed(exp(value - max))`.
 pub(crate) fn fill_weights(work: &mut Work, max: f32) {
-    // SAFETY: the caller checked `available()`.
-    unsafe { fill_weights_512(work, max) }
+    // SAFETY: the caller checked `available()`; `sixteen()` that the CPU has AVX-512.
+    unsafe {
+        if sixteen() {
+            fill_weights_512(work, max)
+        } else {
+            avx2::fill_weights(work, max)
+        }
+    }
 }
 
 #[target_feature(enable = "avx512f,avx512dq")]
@@ -383,8 +410,14 @@ pub(crate) fn smallest_above_and_between(
     work: &mut Work,
 ) -> Option<f32> {
     work.clear();
-    // SAFETY: the caller checked `available()`.
-    unsafe { smallest_above_and_between_512(values, lo, hi, limit, work) }
+    // SAFETY: the caller checked `available()`; `sixteen()` that the CPU has AVX-512.
+    unsafe {
+        if sixteen() {
+            smallest_above_and_between_512(values, lo, hi, limit, work)
+        } else {
+            avx2::smallest_above_and_between(values, lo, hi, limit, work)
+        }
+    }
 }
 
 #[target_feature(enable = "avx512f,avx512dq")]
@@ -435,8 +468,14 @@ pub(crate) fn finite_lane_sums(
     values: &[f32],
     deviation_from: Option<f64>,
 ) -> (usize, f32, [f64; 8]) {
-    // SAFETY: the caller checked `available()`.
-    unsafe { finite_lane_sums_512(values, deviation_from) }
+    // SAFETY: the caller checked `available()`; `sixteen()` that the CPU has AVX-512.
+    unsafe {
+        if sixteen() {
+            finite_lane_sums_512(values, deviation_from)
+        } else {
+            avx2::finite_lane_sums(values, deviation_from)
+        }
+    }
 }
 
 #[target_feature(enable = "avx512f,avx512dq")]
