@@ -7,9 +7,9 @@
   spec language's JSON Schema (docs/spec.schema.json).
 - ``bench``: each kind's step cost on this machine beside a memcpy of the same block.
 - ``info``: the version, the CPU path, CUDA and NVRTC, the engines installed here.
-- ``convert SETTINGS --from llamacpp|vllm|openai``: the spec list for a source's sampling settings
-  (:mod:`logits_processing.convert`), with the fields it could not convert; exit 1 when there are
-  some.
+- ``convert SETTINGS --from llamacpp|webui|koboldcpp|vllm|openai``: the spec list for a source's
+  sampling settings (:mod:`logits_processing.convert`; JSON, or YAML as webui presets are, when
+  PyYAML is installed), with the fields it could not convert; exit 1 when there are some.
 
 Exit codes, the same for every subcommand: 0 done (``check``: the specs are valid), 1 ``check``
 found invalid specs, 2 bad usage or input (an unknown option, a number out of its range, a file
@@ -481,8 +481,11 @@ def _add_info(sub) -> None:
 def _add_convert(sub) -> None:
     from .convert import SOURCES
 
-    c = sub.add_parser("convert", help="a spec list from llama.cpp, vLLM or OpenAI-style settings")
-    c.add_argument("settings", help="a JSON file, - for stdin, or inline JSON")
+    c = sub.add_parser(
+        "convert",
+        help="a spec list from llama.cpp, text-generation-webui, KoboldCpp, vLLM or OpenAI-style settings",
+    )
+    c.add_argument("settings", help="a JSON (or YAML) file, - for stdin, or inline JSON")
     c.add_argument("--from", dest="source", choices=sorted(SOURCES), required=True)
     c.set_defaults(run=_convert)
 
@@ -496,7 +499,9 @@ def _convert(args) -> int:
     try:
         settings = json.loads(text)
     except ValueError as e:
-        raise UsageError(f"{args.settings}: not JSON: {e}") from None
+        settings = _yaml(text)
+        if settings is None:
+            raise UsageError(f"{args.settings}: not JSON (nor YAML, with PyYAML installed): {e}") from None
     if not isinstance(settings, dict):
         raise UsageError(f"{args.settings}: expected a JSON object of settings")
     try:
@@ -505,6 +510,18 @@ def _convert(args) -> int:
         raise UsageError(f"{args.settings}: {e}") from None
     print_json(converted.as_json())
     return EXIT_INVALID if converted.unsupported else 0
+
+
+def _yaml(text: str) -> Any:
+    """`text` as YAML (a webui preset), or None when it is not or PyYAML is not installed."""
+    try:
+        import yaml
+    except ImportError:
+        return None
+    try:
+        return yaml.safe_load(text)
+    except yaml.YAMLError:
+        return None
 
 
 def _add_explain(sub) -> None:
