@@ -40,7 +40,11 @@ text-generation-webui (:func:`from_webui`), as its Transformers loader's sampler
 - mirostat and adaptive-p: the webui samples inside the sampler and masks every other token;
   the kinds leave the sampling to the engine;
 - ``encoder_repetition_penalty`` is a ``repetition_penalty`` of ``1 / penalty`` over the prompt
-  (transformers divides by its inverse), which can round the last bit differently.
+  (transformers divides by its inverse), which can round the last bit differently;
+- ``tail_free`` after a truncation: the webui's tail-free counts the tokens earlier samplers
+  removed (their ``-inf`` as probability 0) in its curvature, the kind only the tokens left, so
+  with tfs after top-k, top-p or typical (the webui's default order) the two can keep a different
+  number of tokens.
 
 KoboldCpp (:func:`from_koboldcpp`):
 
