@@ -40,8 +40,14 @@
 //! writes its kernel's constants from it. This module is the CPU's selection.
 
 mod gpu_shared;
+mod mirostat;
+mod select;
+mod tail_free;
+mod top_a;
+mod top_n_sigma;
 #[cfg(target_arch = "x86_64")]
 mod wide;
+mod xtc;
 
 pub use gpu_shared::{
     exp, fixed, from_order_key, order_key, EXP_LN2_HI, EXP_LN2_LO, EXP_LOG2_E, EXP_MAX, EXP_MIN,
@@ -234,7 +240,6 @@ impl Truncation {
 
     #[inline(always)]
     fn band_portable(&self, values: &[f32], work: &mut Work) -> Band {
-        use crate::processors::{mirostat, tail_free, top_a, top_n_sigma, xtc};
         let min_keep = self.min_keep() as usize;
         match *self {
             Truncation::TopNSigma { n } => return top_n_sigma::band(values, n),
@@ -304,7 +309,7 @@ impl Truncation {
                         entropy_sum,
                     };
                     let threshold = softmax.threshold(self);
-                    let lo = top_a::lowest_reaching(values, max, threshold, work);
+                    let lo = select::lowest_reaching(values, max, threshold, work);
                     return Band {
                         lo: lo.min(match min_keep {
                             1 => max,

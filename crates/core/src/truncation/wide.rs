@@ -400,7 +400,7 @@ fn fill_weights_512(work: &mut Work, max: f32) {
 }
 
 /// The smallest value at or above `hi` (`+inf` when none), and into `work` every value in
-/// `lo..hi` (key and weight left 0): the compare pass of `top_a::lowest_reaching`. `None` once
+/// `lo..hi` (key and weight left 0): the compare pass of `select::lowest_reaching`. `None` once
 /// more than `limit` values are in `lo..hi`.
 pub(crate) fn smallest_above_and_between(
     values: &[f32],
