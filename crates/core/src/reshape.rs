@@ -1,6 +1,10 @@
 //! Row-dependent value transforms: a rule that reads the row as it stands where it runs (its
 //! entropy, its maximum) and resolves to an element-wise [`Shape`], applied in the row's one pass
 //! like a truncation's band.
+//!
+//! Each rule's row math is one file beside this one, a `shape` function that [`Reshape::shape`]
+//! dispatches to: `dynamic_temperature.rs`, `smoothing.rs` and `adaptive_p.rs`. The kinds (in
+//! `crate::processors`) decide which rule runs with which parameters; nothing here imports them.
 
 mod adaptive_p;
 mod dynamic_temperature;

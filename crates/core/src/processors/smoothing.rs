@@ -3,6 +3,8 @@ use serde::{Deserialize, Serialize};
 
 use crate::error::{Error, Result};
 use crate::history::TokenHistory;
+#[cfg(doc)]
+use crate::plan::Shape;
 use crate::plan::{Edit, Reshape, RowPlan};
 use crate::processors::LogitsProcessor;
 use crate::spec::{KindSpec, SpecContext};

@@ -4,16 +4,16 @@
 //! [`Softmax::weights`](super::Softmax::weights) gives (the same IEEE operations in the same
 //! order on each lane; tests compare them), so a rule selects the same band whichever path ran.
 //! With AVX2 and FMA but no AVX-512, each pass is `wide/avx2.rs`'s, eight values at a time, with
-//! the same results; without either, the rules take the selections written in `truncation.rs`,
-//! which the tests use as the reference.
+//! the same results; without either, the rules take the selections written in their own files
+//! (`truncation/top_p.rs` and the others), which the tests use as the reference.
 
 use std::arch::x86_64::*;
 
 mod avx2;
 
+use super::softmax::WEIGHTLESS;
 use super::{
     order_key, Work, EXP_LN2_HI, EXP_LN2_LO, EXP_LOG2_E, EXP_POLY, EXP_SHIFTER, FIXED_BITS,
-    WEIGHTLESS,
 };
 
 /// Whether the CPU runs these passes: AVX2 and FMA at least ([`crate::cpu`]).
@@ -170,7 +170,7 @@ pub(crate) fn sums(values: &[f32], max: f32, entropy: bool) -> (u64, u64) {
             (true, true) => sums_with_entropy(values, max),
             (true, false) => (weight_sum(values, max), 0),
             (false, true) => avx2::sums_with_entropy(values, max),
-            (false, false) => (super::weight_sum_avx2(values, max), 0),
+            (false, false) => (super::softmax::weight_sum_avx2(values, max), 0),
         }
     }
 }
