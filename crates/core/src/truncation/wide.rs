@@ -516,3 +516,64 @@ fn finite_lane_sums_512(values: &[f32], deviation_from: Option<f64>) -> (usize, 
     };
     (count, max as f32, lanes)
 }
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::truncation::{largest, Softmax};
+
+    /// Each bucket's mass is the sum of the weights of the values collected from it, for both
+    /// keys, on rows with NaN, infinities, ties and large offsets.
+    #[test]
+    fn bucket_masses_are_the_weights_of_the_buckets_values() {
+        if !available() {
+            eprintln!("skipped: no AVX-512 on this CPU");
+            return;
+        }
+        let mut state = 0x2545_f491_4f6c_dd1du64;
+        let mut next = move || {
+            state ^= state << 13;
+            state ^= state >> 7;
+            state ^= state << 17;
+            (state >> 40) as f32 / (1u64 << 24) as f32
+        };
+        for (spread, offset) in [(1.0f32, 0.0f32), (8.0, -3.0), (0.05, 30_000.0), (40.0, 1e3)] {
+            let row: Vec<f32> = (0..3001)
+                .map(|i| match i % 53 {
+                    7 => f32::NAN,
+                    8 => f32::NEG_INFINITY,
+                    9 => offset,
+                    _ => ((next() - 0.5) * 4.0 * spread + offset).round() * 0.125 + offset * 0.875,
+                })
+                .collect();
+            let max = largest(&row);
+            let (sum, entropy_sum) = sums(&row, max, true);
+            let shift = Softmax {
+                max,
+                sum,
+                entropy_sum,
+            }
+            .shift();
+            for key in [Key::Value, Key::Typical { shift }] {
+                let mut masses = [0u64; BUCKETS];
+                assert_eq!(bucket_masses(&row, max, key, &mut masses), sum);
+                let mut work = vec![];
+                let mut collected = 0;
+                for (bucket, &mass) in masses.iter().enumerate() {
+                    if mass == 0 && bucket % 97 != 0 {
+                        continue;
+                    }
+                    collect_bucket(&row, max, key, bucket, &mut work);
+                    fill_weights(&mut work, max);
+                    assert_eq!(
+                        work.iter().map(|e| e.1).sum::<u64>(),
+                        mass,
+                        "{key:?} {bucket}"
+                    );
+                    collected += work.len();
+                }
+                assert!(collected > 0);
+            }
+        }
+    }
+}
