@@ -1,9 +1,21 @@
 //! Row-dependent value transforms: a rule that reads the row as it stands where it runs (its
 //! entropy, its maximum) and resolves to an element-wise [`Shape`], applied in the row's one pass
 //! like a truncation's band.
+//!
+//! Each rule's row math is one file beside this one, a `shape` function that [`Reshape::shape`]
+//! dispatches to: `dynamic_temperature.rs`, `smoothing.rs` and `adaptive_p.rs`. The kinds (in
+//! `crate::processors`) decide which rule runs with which parameters; nothing here imports them.
+
+mod adaptive_p;
+mod dynamic_temperature;
+mod smoothing;
 
 use crate::logit::Logit;
-use crate::processors::{adaptive_p, dynamic_temperature, smoothing};
+
+/// The smallest temperature: a logit of `1e4` divided by it is `1e34`, well within f32; below
+/// it logits become infinite (a subnormal one, `1e-45`, turns every logit above `5e-7` into
+/// infinity).
+pub const MIN_TEMPERATURE: f64 = 1e-30;
 
 /// A transform whose parameters come from the row ([`crate::Edit::Reshape`]).
 #[derive(Debug, Clone, Copy, PartialEq)]

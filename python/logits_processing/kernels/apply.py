@@ -328,7 +328,7 @@ def lp_apply(P, n_slots, tiles_per_row, vocab, row_stride, X, DTYPE: tl.constexp
 
 @triton.jit
 def _order_key(v):
-    """The key that orders f32 as `f32::total_cmp` does (truncation.rs: order_key)."""
+    """The key that orders f32 as `f32::total_cmp` does (truncation/gpu_shared.rs: order_key)."""
     b = _bits(v)
     return tl.where((b & 0x80000000) != 0, ~b, b | 0x80000000)
 
@@ -345,7 +345,7 @@ def _pow2(e):
 
 @triton.jit
 def _exp(x):
-    """truncation.rs's exp, operation for operation (IEEE basic operations and fma only)."""
+    """truncation/gpu_shared.rs's exp, operation for operation (IEEE basic operations and fma only)."""
     n = tl.fma(x, EXP_LOG2_E, EXP_SHIFTER) - EXP_SHIFTER
     r = tl.fma(n, -EXP_LN2_HI, x)
     r = tl.fma(n, -EXP_LN2_LO, r)
@@ -368,7 +368,7 @@ def _exp(x):
 
 @triton.jit
 def _fixed(v):
-    """round(v * 2^FIXED_BITS) to nearest even, v non-negative (truncation.rs: fixed)."""
+    """round(v * 2^FIXED_BITS) to nearest even, v non-negative (truncation/gpu_shared.rs: fixed)."""
     x = v * FIXED_SCALE
     # Below 2^23 an f32 addition of 2^23 rounds to an integer, to nearest even; above, x is one.
     rounded = tl.where(x < 8388608.0, (x + 8388608.0) - 8388608.0, x)

@@ -3,10 +3,9 @@ use serde::{Deserialize, Serialize};
 
 use crate::error::{Error, Result};
 use crate::history::TokenHistory;
-use crate::plan::{Edit, Reshape, RowPlan, Shape};
+use crate::plan::{Edit, Reshape, RowPlan};
 use crate::processors::LogitsProcessor;
 use crate::spec::{KindSpec, SpecContext};
-use crate::truncation::{largest, Softmax};
 
 /// `{"kind": "adaptive_p", "target": 0.5, "decay": 0.9}`: llama.cpp's adaptive-p
 /// (`llama_sampler_init_adaptive_p(target, decay, seed)`): each step, every logit but `-inf`
@@ -156,21 +155,6 @@ impl LogitsProcessor for AdaptiveP {
         (self.weighted_sum, self.total_weight) = self.initial;
         self.pending = None;
         self.last = None;
-    }
-}
-
-/// The shape adaptive-p gives `values`: the softmax's maximum and sum, and the target.
-#[inline(always)]
-pub(crate) fn shape(values: &[f32], target: f32) -> Shape {
-    let max = largest(values);
-    if !max.is_finite() {
-        return Shape::Identity;
-    }
-    let softmax = Softmax::weights_only(values, max);
-    Shape::AdaptiveP {
-        max,
-        scale: softmax.scale(),
-        target,
     }
 }
 

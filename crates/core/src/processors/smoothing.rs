@@ -3,7 +3,9 @@ use serde::{Deserialize, Serialize};
 
 use crate::error::{Error, Result};
 use crate::history::TokenHistory;
-use crate::plan::{Edit, Reshape, RowPlan, Shape};
+#[cfg(doc)]
+use crate::plan::Shape;
+use crate::plan::{Edit, Reshape, RowPlan};
 use crate::processors::LogitsProcessor;
 use crate::spec::{KindSpec, SpecContext};
 
@@ -93,14 +95,4 @@ impl LogitsProcessor for Smoothing {
     }
 
     fn undo(&mut self) {}
-}
-
-/// The shape smoothing gives `values`: the webui's constants around the row's largest value.
-#[inline(always)]
-pub(crate) fn shape(values: &[f32], k: f32, s: f32) -> Shape {
-    let max = crate::truncation::largest(values);
-    if !max.is_finite() {
-        return Shape::Identity;
-    }
-    Shape::Quadratic { max, k, s }
 }

@@ -7,6 +7,8 @@ use crate::plan::{Edit, RowPlan};
 use crate::processors::LogitsProcessor;
 use crate::spec::{KindSpec, SpecContext};
 
+pub use crate::reshape::MIN_TEMPERATURE;
+
 /// `{"kind": "temperature", "temperature": 0.7}`: the temperature, finite and at least `1e-30`
 /// ([`MIN_TEMPERATURE`]).
 #[derive(Debug, Clone, Serialize, Deserialize, JsonSchema)]
@@ -44,11 +46,6 @@ impl KindSpec for TemperatureSpec {
 /// assert_eq!(row, [2.0, -4.0, 0.5]);
 /// # Ok::<(), logits_processing::Error>(())
 /// ```
-/// The smallest temperature: a logit of `1e4` divided by it is `1e34`, well within f32; below
-/// it logits become infinite (a subnormal one, `1e-45`, turns every logit above `5e-7` into
-/// infinity).
-pub const MIN_TEMPERATURE: f64 = 1e-30;
-
 #[derive(Debug, Clone, PartialEq)]
 pub struct Temperature {
     temperature: f64,

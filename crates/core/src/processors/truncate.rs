@@ -1,7 +1,7 @@
 //! The truncation kinds (`top_k`, `top_p`, `min_p`, `typical_p`, `epsilon_cutoff`,
 //! `eta_cutoff`): one shape, a spec struct naming its rule's parameters, and one processor,
-//! [`Truncate`]. Their behaviour is the rule's ([`Truncation`], `truncation.rs`); a kind with
-//! behaviour of its own would get a file of its own.
+//! [`Truncate`]. Their behaviour is the rule's ([`Truncation`]; each rule's row math is a file
+//! under `truncation/`); a kind with behaviour of its own would get a file of its own.
 
 use schemars::JsonSchema;
 use serde::{Deserialize, Serialize};

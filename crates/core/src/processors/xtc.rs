@@ -3,12 +3,10 @@ use serde::{Deserialize, Serialize};
 
 use crate::error::{Error, Result};
 use crate::history::TokenHistory;
-use crate::plan::{Band, Edit, RowPlan, Truncation};
-use crate::processors::top_a::lowest_reaching;
+use crate::plan::{Edit, RowPlan, Truncation};
 use crate::processors::truncate::one;
 use crate::processors::LogitsProcessor;
 use crate::spec::{KindSpec, SpecContext};
-use crate::truncation::{largest, Softmax, Work};
 
 /// `{"kind": "xtc", "probability": 0.5, "threshold": 0.1, "min_keep": 1, "seed": 0}`: "exclude top
 /// choices" (llama.cpp's `llama_sampler_init_xtc`, from text-generation-webui): at a step where a
@@ -142,33 +140,6 @@ impl LogitsProcessor for Xtc {
     fn undo(&mut self) {}
 }
 
-/// The band XTC's cut keeps: `v` the smallest value whose probability reaches `threshold`
-/// (`q >= threshold * S`), every value above `v` removed, when there is one and at least
-/// `min_keep` finite values stay; otherwise everything.
-#[inline(always)]
-pub(crate) fn band(values: &[f32], threshold: f32, min_keep: usize, work: &mut Work) -> Band {
-    let max = largest(values);
-    if !max.is_finite() {
-        return Band::ALL;
-    }
-    let softmax = Softmax::weights_only(values, max);
-    let v = lowest_reaching(values, max, threshold * softmax.scale(), work);
-    let removed = values.iter().filter(|&&x| x > v).count();
-    if removed == 0 {
-        return Band::ALL;
-    }
-    if min_keep > 1 {
-        let finite = values.iter().filter(|x| x.is_finite()).count();
-        if finite - removed < min_keep {
-            return Band::ALL;
-        }
-    }
-    Band {
-        lo: f32::NEG_INFINITY,
-        hi: v,
-    }
-}
-
 #[cfg(test)]
 mod tests {
     use super::*;
@@ -235,16 +206,5 @@ mod tests {
             xtc.plan(&ids, &mut plan).unwrap();
             assert_eq!(!plan.is_empty(), Xtc::draw(1, position) <= 0.5);
         }
-    }
-
-    #[test]
-    fn ties_at_the_last_place_are_kept_together() {
-        let b = band(&[2.0, 2.0, 2.0, -4.0], 0.1, 1, &mut vec![]);
-        assert_eq!(b, Band::ALL);
-        let b = band(&[3.0, 2.0, 2.0, -4.0], 0.1, 1, &mut vec![]);
-        assert_eq!(b.hi, 2.0);
-        // A threshold of 0: every finite token reaches it; the least likely stays, -inf aside.
-        let b = band(&[3.0, 2.0, f32::NEG_INFINITY, -4.0], 0.0, 1, &mut vec![]);
-        assert_eq!(b.hi, -4.0);
     }
 }

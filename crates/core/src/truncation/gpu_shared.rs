@@ -118,3 +118,48 @@ pub fn from_order_key(key: u32) -> f32 {
         !key
     })
 }
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    /// The largest error of [`exp`] in ulp of the exact value, over every 97th f32 of `[-103, 0]`
+    /// and a grid of `[0, 88]`.
+    #[test]
+    fn exp_is_within_one_ulp_and_exact_at_zero() {
+        assert_eq!(exp(0.0), 1.0);
+        assert_eq!(exp(-0.0), 1.0);
+        assert_eq!(exp(f32::NEG_INFINITY), 0.0);
+        assert_eq!(exp(-200.0), 0.0);
+        assert_eq!(exp(100.0), f32::INFINITY);
+        let ulp_error = |x: f32| {
+            let exact = (x as f64).exp();
+            let rounded = exact as f32;
+            let ulp = if rounded.is_subnormal() || rounded == 0.0 {
+                f32::from_bits(1) as f64
+            } else {
+                (f32::from_bits(rounded.to_bits() + 1) - rounded) as f64
+            };
+            (exp(x) as f64 - exact).abs() / ulp
+        };
+        let mut worst = (0.0f64, 0.0f32);
+        let mut bits = 0.0f32.to_bits() | 0x8000_0000;
+        while f32::from_bits(bits) >= -103.0 {
+            let x = f32::from_bits(bits);
+            let e = ulp_error(x);
+            if e > worst.0 {
+                worst = (e, x);
+            }
+            bits += 97;
+        }
+        for i in 0..88_000 {
+            let x = i as f32 * 1e-3;
+            let e = ulp_error(x);
+            if e > worst.0 {
+                worst = (e, x);
+            }
+        }
+        assert!(worst.0 < 1.0, "{} ulp at {}", worst.0, worst.1);
+        println!("exp: worst {} ulp at {}", worst.0, worst.1);
+    }
+}

@@ -4,16 +4,16 @@
 //! [`Softmax::weights`](super::Softmax::weights) gives (the same IEEE operations in the same
 //! order on each lane; tests compare them), so a rule selects the same band whichever path ran.
 //! With AVX2 and FMA but no AVX-512, each pass is `wide/avx2.rs`'s, eight values at a time, with
-//! the same results; without either, the rules take the selections written in `truncation.rs`,
-//! which the tests use as the reference.
+//! the same results; without either, the rules take the selections written in their own files
+//! (`truncation/top_p.rs` and the others), which the tests use as the reference.
 
 use std::arch::x86_64::*;
 
 mod avx2;
 
+use super::softmax::WEIGHTLESS;
 use super::{
     order_key, Work, EXP_LN2_HI, EXP_LN2_LO, EXP_LOG2_E, EXP_POLY, EXP_SHIFTER, FIXED_BITS,
-    WEIGHTLESS,
 };
 
 /// Whether the CPU runs these passes: AVX2 and FMA at least ([`crate::cpu`]).
@@ -170,7 +170,7 @@ pub(crate) fn sums(values: &[f32], max: f32, entropy: bool) -> (u64, u64) {
             (true, true) => sums_with_entropy(values, max),
             (true, false) => (weight_sum(values, max), 0),
             (false, true) => avx2::sums_with_entropy(values, max),
-            (false, false) => (super::weight_sum_avx2(values, max), 0),
+            (false, false) => (super::softmax::weight_sum_avx2(values, max), 0),
         }
     }
 }
@@ -400,7 +400,7 @@ fn fill_weights_512(work: &mut Work, max: f32) {
 }
 
 /// The smallest value at or above `hi` (`+inf` when none), and into `work` every value in
-/// `lo..hi` (key and weight left 0): the compare pass of `top_a::lowest_reaching`. `None` once
+/// `lo..hi` (key and weight left 0): the compare pass of `select::lowest_reaching`. `None` once
 /// more than `limit` values are in `lo..hi`.
 pub(crate) fn smallest_above_and_between(
     values: &[f32],
@@ -515,4 +515,65 @@ fn finite_lane_sums_512(values: &[f32], deviation_from: Option<f64>) -> (usize, 
         _mm512_reduce_max_pd(max)
     };
     (count, max as f32, lanes)
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::truncation::{largest, Softmax};
+
+    /// Each bucket's mass is the sum of the weights of the values collected from it, for both
+    /// keys, on rows with NaN, infinities, ties and large offsets.
+    #[test]
+    fn bucket_masses_are_the_weights_of_the_buckets_values() {
+        if !available() {
+            eprintln!("skipped: no AVX-512 on this CPU");
+            return;
+        }
+        let mut state = 0x2545_f491_4f6c_dd1du64;
+        let mut next = move || {
+            state ^= state << 13;
+            state ^= state >> 7;
+            state ^= state << 17;
+            (state >> 40) as f32 / (1u64 << 24) as f32
+        };
+        for (spread, offset) in [(1.0f32, 0.0f32), (8.0, -3.0), (0.05, 30_000.0), (40.0, 1e3)] {
+            let row: Vec<f32> = (0..3001)
+                .map(|i| match i % 53 {
+                    7 => f32::NAN,
+                    8 => f32::NEG_INFINITY,
+                    9 => offset,
+                    _ => ((next() - 0.5) * 4.0 * spread + offset).round() * 0.125 + offset * 0.875,
+                })
+                .collect();
+            let max = largest(&row);
+            let (sum, entropy_sum) = sums(&row, max, true);
+            let shift = Softmax {
+                max,
+                sum,
+                entropy_sum,
+            }
+            .shift();
+            for key in [Key::Value, Key::Typical { shift }] {
+                let mut masses = [0u64; BUCKETS];
+                assert_eq!(bucket_masses(&row, max, key, &mut masses), sum);
+                let mut work = vec![];
+                let mut collected = 0;
+                for (bucket, &mass) in masses.iter().enumerate() {
+                    if mass == 0 && bucket % 97 != 0 {
+                        continue;
+                    }
+                    collect_bucket(&row, max, key, bucket, &mut work);
+                    fill_weights(&mut work, max);
+                    assert_eq!(
+                        work.iter().map(|e| e.1).sum::<u64>(),
+                        mass,
+                        "{key:?} {bucket}"
+                    );
+                    collected += work.len();
+                }
+                assert!(collected > 0);
+            }
+        }
+    }
 }

@@ -8,9 +8,9 @@
 
 use std::arch::x86_64::*;
 
+use super::super::softmax::WEIGHTLESS;
 use super::super::{
     order_key, Work, EXP_LN2_HI, EXP_LN2_LO, EXP_LOG2_E, EXP_POLY, EXP_SHIFTER, FIXED_BITS,
-    WEIGHTLESS,
 };
 use super::{Key, BUCKETS};
 

@@ -1,0 +1,42 @@
+//! Epsilon's and eta's row math: the values whose probability is at least `epsilon` (eta: at
+//! least `min(epsilon, sqrt(epsilon) * exp(-entropy))`).
+
+use crate::truncation::select::with_min_keep;
+use crate::truncation::{largest, Band, Softmax, Truncation, Work};
+#[cfg(target_arch = "x86_64")]
+use crate::truncation::{select::lowest_reaching, wide};
+
+/// The band epsilon or eta (`rule`) keeps: the sums over the row, then the lowest value whose `q`
+/// reaches the rule's threshold; at least `min_keep` values.
+#[inline(always)]
+pub(crate) fn band(values: &[f32], rule: &Truncation, min_keep: usize, work: &mut Work) -> Band {
+    let max = largest(values);
+    if !max.is_finite() {
+        // No distribution (as `Softmax::is_defined`).
+        return Band::ALL;
+    }
+    #[cfg(target_arch = "x86_64")]
+    if wide::available() && values.len() < 1 << 21 {
+        // The sums in one pass, then the lowest value whose `q` reaches the
+        // threshold by comparison (`exp` only near it).
+        let (sum, entropy_sum) = wide::sums(values, max, matches!(rule, Truncation::Eta { .. }));
+        let softmax = Softmax {
+            max,
+            sum,
+            entropy_sum,
+        };
+        let threshold = softmax.threshold(rule);
+        let lo = lowest_reaching(values, max, threshold, work);
+        return with_min_keep(values, lo, max, min_keep, work);
+    }
+    // A plain loop, not a closure: inlined into the FMA-compiled caller.
+    let softmax = Softmax::of(values);
+    let threshold = softmax.threshold(rule);
+    let mut lo = f32::INFINITY;
+    for &x in values {
+        if !x.is_nan() && softmax.q(x) >= threshold {
+            lo = lo.min(x);
+        }
+    }
+    with_min_keep(values, lo, max, min_keep, work)
+}

@@ -1,0 +1,291 @@
+//! Selections shared by the truncation rules: the values at or above a floor, the k-th largest,
+//! the lowest value whose `q` reaches a threshold, the entry where a running mass reaches a
+//! target.
+
+use crate::truncation::{exp, largest, order_key, Band, Work, EXP_MIN};
+
+/// Collects into `work` every value `x >= floor` (an upper set of the row under
+/// `f32::total_cmp` order: NaN never, `-0.0` and `0.0` together), each with `weight(x)`.
+/// Most rows have few such values; blocks without one cost a compare.
+#[inline(always)]
+pub(crate) fn collect_from(
+    values: &[f32],
+    floor: f32,
+    work: &mut Work,
+    weight: impl Fn(f32) -> u64,
+) {
+    work.clear();
+    #[cfg(target_arch = "x86_64")]
+    if crate::cpu::avx2_fma() {
+        // SAFETY: the CPU has AVX2 and FMA.
+        return unsafe { collect_from_avx2(values, floor, work, &weight) };
+    }
+    let entry = |x: f32| (order_key(x), weight(x), x);
+    work.extend(values.iter().filter(|&&x| x >= floor).map(|&x| entry(x)));
+}
+
+/// [`collect_from`] a block of 16 values at a time: two compares and a bit mask, then only the
+/// values at or above the floor visited.
+#[cfg(target_arch = "x86_64")]
+#[target_feature(enable = "avx2,fma")]
+fn collect_from_avx2(values: &[f32], floor: f32, work: &mut Work, weight: &impl Fn(f32) -> u64) {
+    use std::arch::x86_64::*;
+    let entry = |x: f32| (order_key(x), weight(x), x);
+    let blocks = values.chunks_exact(16);
+    let rest = blocks.remainder();
+    let floor_v = _mm256_set1_ps(floor);
+    for block in blocks {
+        // SAFETY: `block` holds 16 f32.
+        let (a, b) = unsafe {
+            (
+                _mm256_loadu_ps(block.as_ptr()),
+                _mm256_loadu_ps(block.as_ptr().add(8)),
+            )
+        };
+        let mut at_or_above = (_mm256_movemask_ps(_mm256_cmp_ps::<_CMP_GE_OQ>(a, floor_v))
+            | _mm256_movemask_ps(_mm256_cmp_ps::<_CMP_GE_OQ>(b, floor_v)) << 8)
+            as u32;
+        while at_or_above != 0 {
+            work.push(entry(block[at_or_above.trailing_zeros() as usize]));
+            at_or_above &= at_or_above - 1;
+        }
+    }
+    work.extend(rest.iter().filter(|&&x| x >= floor).map(|&x| entry(x)));
+}
+
+/// The k-th largest non-NaN value (`-inf` when there are fewer than k).
+///
+/// On long rows the values are first narrowed to those at or above a pivot taken from a strided
+/// sample, chosen so that the k largest are almost surely among them; the selection among them is
+/// exact, and when there are fewer than k the whole row is selected from. `-inf` values are never
+/// collected: a row a grammar masked is mostly `-inf`, and selecting among them all is slow.
+#[inline(always)]
+pub(crate) fn kth_largest(values: &[f32], k: usize, work: &mut Work) -> f32 {
+    if k == 0 {
+        return f32::NEG_INFINITY;
+    }
+    if k == 1 {
+        return largest(values);
+    }
+    const SAMPLE: usize = 1024;
+    let n = values.len();
+    if n >= 8 * SAMPLE {
+        work.clear();
+        let step = n / SAMPLE;
+        work.extend(
+            values
+                .iter()
+                .step_by(step)
+                .filter(|x| !x.is_nan())
+                .map(|&x| (order_key(x), 0, x)),
+        );
+        // Twice the expected share of the k largest, and a margin: the candidates are about
+        // 2k + 4 * step values, fewer than k about once in a thousand rows for small k.
+        let rank = 2 * k * work.len() / n + 4;
+        if rank < work.len() {
+            let at = work.len() - rank;
+            let pivot = work.select_nth_unstable_by_key(at, |e| e.0).1 .2;
+            collect_from(values, pivot.max(f32::MIN), work, |_| 0);
+            if work.len() >= k {
+                return kth_of(work, k);
+            }
+        }
+    }
+    collect_from(values, f32::MIN, work, |_| 0);
+    if k > work.len() {
+        return f32::NEG_INFINITY;
+    }
+    kth_of(work, k)
+}
+
+/// The value with the k-th largest key in `work` (`1 <= k <= work.len()`).
+fn kth_of(work: &mut Work, k: usize) -> f32 {
+    let at = work.len() - k;
+    work.select_nth_unstable_by_key(at, |e| e.0).1 .2
+}
+
+/// The band from `lo` up, lowered to the `min_keep`-th largest value (`max` itself for one).
+#[inline(always)]
+pub(crate) fn with_min_keep(
+    values: &[f32],
+    lo: f32,
+    max: f32,
+    min_keep: usize,
+    work: &mut Work,
+) -> Band {
+    Band {
+        lo: lo.min(match min_keep {
+            1 => max,
+            _ => kth_largest(values, min_keep, work),
+        }),
+        hi: f32::INFINITY,
+    }
+}
+
+/// The first bucket where the running mass reaches `target`, and the mass before it.
+#[cfg(target_arch = "x86_64")]
+pub(crate) fn reaching_bucket(masses: &[u64], target: f64) -> Option<(usize, u64)> {
+    let mut above = 0u64;
+    for (bucket, &mass) in masses.iter().enumerate() {
+        if (above + mass) as f64 >= target {
+            return Some((bucket, above));
+        }
+        above += mass;
+    }
+    None
+}
+
+/// The entry `v` of `work` whose mass of larger keys (plus `above`, the mass of values outside
+/// `work` above all of it) is below `target` and whose mass of keys at or above it reaches
+/// `target` (the running sum in key order, largest first, first reaches the target at `v`; its
+/// key is unique, whatever the order of ties). `above` and `work`'s whole mass must reach it.
+/// Quickselect by weight: expected linear time.
+pub(crate) fn weighted_select(
+    work: &mut [(u32, u64, f32)],
+    above: u64,
+    target: f64,
+) -> (u32, u64, f32) {
+    let mut part = work;
+    // The mass of the values larger than every key in `part`.
+    let mut above = above;
+    loop {
+        if part.len() <= 32 {
+            part.sort_unstable_by_key(|e| std::cmp::Reverse(e.0));
+            let mut sum = above;
+            for e in part.iter() {
+                sum += e.1;
+                if sum as f64 >= target {
+                    return *e;
+                }
+            }
+            unreachable!("the mass reaches the target");
+        }
+        // Median of three keys as the pivot.
+        let (a, b, c) = (part[0].0, part[part.len() / 2].0, part[part.len() - 1].0);
+        let pivot = a.max(b).min(a.min(b).max(c));
+        // Three-way partition: larger keys first, then the pivot's ties, then smaller ones.
+        let mut larger = 0;
+        let mut end = part.len();
+        let mut i = 0;
+        while i < end {
+            if part[i].0 > pivot {
+                part.swap(i, larger);
+                larger += 1;
+                i += 1;
+            } else if part[i].0 < pivot {
+                end -= 1;
+                part.swap(i, end);
+            } else {
+                i += 1;
+            }
+        }
+        let mass_larger = above + part[..larger].iter().map(|e| e.1).sum::<u64>();
+        if mass_larger as f64 >= target {
+            part = &mut part[..larger];
+            continue;
+        }
+        let mass_tied = mass_larger + part[larger..end].iter().map(|e| e.1).sum::<u64>();
+        if mass_tied as f64 >= target {
+            return part[larger];
+        }
+        above = mass_tied;
+        part = &mut part[end..];
+    }
+}
+
+/// The smallest value but `-inf` whose `q = exp(x - max)` reaches `threshold` (`+inf` when none
+/// does). `q`
+/// is monotone in `x`, so only the values within a margin of `max + ln(threshold)` need their
+/// `q` computed: those above the margin all reach it, those below none does (the margin, 0.01
+/// plus 8 units in the last place of `max`, is far wider than the error of `exp` and of the
+/// subtraction). One pass: the smallest value above the margin, and the few inside it.
+#[inline(always)]
+pub(crate) fn lowest_reaching(values: &[f32], max: f32, threshold: f32, work: &mut Work) -> f32 {
+    work.clear();
+    let ln = (threshold as f64).ln();
+    let margin = 0.01 + max.abs() as f64 * (1.0 / (1u64 << 20) as f64);
+    // Near `exp`'s floor (-104, where its results are subnormal and coarse), and for a threshold
+    // of 0 or NaN, every value is decided exactly.
+    let exact_only = threshold.is_nan() || threshold <= 0.0 || ln - margin < (EXP_MIN + 1.0) as f64;
+    // `-inf` is never a candidate (its q is 0, which reaches a threshold of 0).
+    let lo = if exact_only {
+        f32::MIN
+    } else {
+        (max as f64 + ln - margin) as f32
+    };
+    let hi = if exact_only {
+        f32::INFINITY
+    } else {
+        (max as f64 + ln + margin) as f32
+    };
+    let mut sure = f32::INFINITY;
+    #[cfg(target_arch = "x86_64")]
+    let wide = crate::truncation::wide_available();
+    #[cfg(not(target_arch = "x86_64"))]
+    let wide = false;
+    if wide {
+        #[cfg(target_arch = "x86_64")]
+        if let Some(smallest) =
+            crate::truncation::smallest_above_and_between(values, lo, hi, usize::MAX, work)
+        {
+            sure = smallest;
+        }
+    } else {
+        for &x in values {
+            if x >= lo {
+                if x >= hi {
+                    sure = sure.min(x);
+                } else {
+                    work.push((0, 0, x));
+                }
+            }
+        }
+    }
+    let mut lowest = sure;
+    for &(_, _, x) in work.iter() {
+        if x < lowest && exp(x - max) >= threshold {
+            lowest = x;
+        }
+    }
+    lowest
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::truncation::largest;
+
+    #[test]
+    fn the_lowest_reaching_value_is_the_exact_one_at_any_offset() {
+        let mut seed = 17u64;
+        for offset in [0.0f32, -50.0, 1e3, 1e5, 3e6] {
+            for spread in [0.1f32, 3.0, 40.0, 200.0] {
+                let row: Vec<f32> = (0..3000)
+                    .map(|i| {
+                        seed = seed.wrapping_mul(6364136223846793005).wrapping_add(1);
+                        match i % 97 {
+                            5 => f32::NAN,
+                            6 => f32::NEG_INFINITY,
+                            _ => {
+                                ((seed >> 40) as f32 / (1u64 << 24) as f32 - 0.5) * spread + offset
+                            }
+                        }
+                    })
+                    .collect();
+                let max = largest(&row);
+                for threshold in [0.0f32, 1e-45, 1e-30, 1e-8, 1e-3, 0.1, 0.5, 1.0, 2.0] {
+                    let exact = row
+                        .iter()
+                        .filter(|&&x| x > f32::NEG_INFINITY && exp(x - max) >= threshold)
+                        .fold(f32::INFINITY, |m, &x| m.min(x));
+                    let got = lowest_reaching(&row, max, threshold, &mut vec![]);
+                    assert_eq!(
+                        got.to_bits(),
+                        exact.to_bits(),
+                        "{offset} {spread} {threshold}"
+                    );
+                }
+            }
+        }
+    }
+}

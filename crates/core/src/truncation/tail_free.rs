@@ -1,0 +1,229 @@
+//! Tail-free sampling's row math: the largest values until the cumulative normalized second
+//! derivative of the sorted probabilities passes `z`.
+
+use crate::truncation::{exp, from_order_key, kth_largest, order_key, Band, Work};
+
+/// The band tail-free keeps: the finite values sorted (by [`order_key`], largest first: a radix
+/// sort of the keys), their `q = exp(x - max)` ([`exp`]) and every sum in f64 in that order.
+/// Plain loops, not closures: they are compiled with the FMA of the band's caller.
+#[inline(always)]
+pub(crate) fn band(values: &[f32], z: f32, min_keep: usize, work: &mut Work) -> Band {
+    if values.contains(&f32::INFINITY) {
+        return Band::ALL;
+    }
+    // `!order_key`: ascending keys are descending values.
+    let mut keys: Vec<u32> = Vec::with_capacity(values.len());
+    for &x in values {
+        if x.is_finite() {
+            keys.push(!order_key(x));
+        }
+    }
+    let n = keys.len();
+    if n <= 1 {
+        return Band::ALL;
+    }
+    radix_sort(&mut keys);
+    let max = from_order_key(!keys[0]);
+    let mut q: Vec<f64> = Vec::with_capacity(n);
+    for &key in &keys {
+        q.push(exp(from_order_key(!key) - max) as f64);
+    }
+    let mut total = 0f64;
+    for &v in &q {
+        total += v;
+    }
+    // Each probability divided once (the same quotients as dividing at each use).
+    for v in q.iter_mut() {
+        *v /= total;
+    }
+    let p = q;
+    let mut d2: Vec<f64> = Vec::with_capacity(n);
+    for i in 0..n.saturating_sub(2) {
+        d2.push((p[i] - 2.0 * p[i + 1] + p[i + 2]).abs());
+    }
+    let mut d2_total = 0f64;
+    for &d in &d2 {
+        d2_total += d;
+    }
+    // Kept: the first, and one more for each cumulative share of d2 at most z (a NaN share, when
+    // every d2 is 0, removes nothing but the last, as in the webui).
+    let mut kept = 1;
+    let mut cumulative = 0.0;
+    for &d in &d2 {
+        cumulative += d / d2_total;
+        if cumulative > z as f64 {
+            break;
+        }
+        kept += 1;
+    }
+    let lo = from_order_key(!keys[kept.min(n) - 1]);
+    Band {
+        lo: lo.min(match min_keep {
+            1 => max,
+            _ => kth_largest(values, min_keep, work),
+        }),
+        hi: f32::INFINITY,
+    }
+}
+
+/// Sorts `keys` ascending: least significant digit first, 11 bits a pass.
+fn radix_sort(keys: &mut Vec<u32>) {
+    const BITS: u32 = 11;
+    let mut other = vec![0u32; keys.len()];
+    for pass in 0..3 {
+        let shift = pass * BITS;
+        let digit = |k: u32| ((k >> shift) & ((1 << BITS) - 1)) as usize;
+        let mut starts = [0usize; 1 << BITS];
+        for &k in keys.iter() {
+            starts[digit(k)] += 1;
+        }
+        let mut at = 0;
+        for start in starts.iter_mut() {
+            let count = *start;
+            *start = at;
+            at += count;
+        }
+        for &k in keys.iter() {
+            let slot = &mut starts[digit(k)];
+            other[*slot] = k;
+            *slot += 1;
+        }
+        std::mem::swap(keys, &mut other);
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    /// text-generation-webui's `TailFreeLogitsWarper` over the finite values, in f64.
+    fn webui(values: &[f32], z: f64, min_keep: usize) -> Vec<bool> {
+        let mut order: Vec<usize> = (0..values.len())
+            .filter(|&i| values[i].is_finite())
+            .collect();
+        order.sort_by(|&i, &j| values[j].total_cmp(&values[i]));
+        let max = values[order[0]] as f64;
+        let q: Vec<f64> = order
+            .iter()
+            .map(|&i| (values[i] as f64 - max).exp())
+            .collect();
+        let s: f64 = q.iter().sum();
+        let p: Vec<f64> = q.iter().map(|q| q / s).collect();
+        let d1: Vec<f64> = p.windows(2).map(|w| w[1] - w[0]).collect();
+        let d2: Vec<f64> = d1.windows(2).map(|w| (w[1] - w[0]).abs()).collect();
+        let t: f64 = d2.iter().sum();
+        let mut cdf = 0.0;
+        let mut remove = vec![false];
+        for d in &d2 {
+            cdf += d / t;
+            remove.push(cdf > z);
+        }
+        remove.push(true);
+        for r in remove.iter_mut().take(min_keep) {
+            *r = false;
+        }
+        let mut keep = vec![false; values.len()];
+        for (rank, &i) in order.iter().enumerate() {
+            keep[i] = !remove[rank];
+        }
+        keep
+    }
+
+    /// The band as first written: the entries sorted by a comparison sort, `q` and the sums in
+    /// that order.
+    fn by_comparison_sort(values: &[f32], z: f32, min_keep: usize) -> Band {
+        let mut work: Vec<(u32, f32)> = values
+            .iter()
+            .filter(|x| x.is_finite())
+            .map(|&x| (order_key(x), x))
+            .collect();
+        let n = work.len();
+        if n <= 1 || values.contains(&f32::INFINITY) {
+            return Band::ALL;
+        }
+        work.sort_unstable_by_key(|e| std::cmp::Reverse(e.0));
+        let max = work[0].1;
+        let q: Vec<f64> = work.iter().map(|e| exp(e.1 - max) as f64).collect();
+        let total: f64 = q.iter().sum();
+        let p = |i: usize| q[i] / total;
+        let d2: Vec<f64> = (0..n.saturating_sub(2))
+            .map(|i| (p(i) - 2.0 * p(i + 1) + p(i + 2)).abs())
+            .collect();
+        let d2_total: f64 = d2.iter().sum();
+        let mut kept = 1;
+        let mut cumulative = 0.0;
+        for &d in &d2 {
+            cumulative += d / d2_total;
+            if cumulative > z as f64 {
+                break;
+            }
+            kept += 1;
+        }
+        let lo = work[kept.min(n) - 1].1;
+        Band {
+            lo: lo.min(match min_keep {
+                1 => max,
+                _ => kth_largest(values, min_keep, &mut vec![]),
+            }),
+            hi: f32::INFINITY,
+        }
+    }
+
+    #[test]
+    fn the_radix_sorted_band_is_the_comparison_sorted_one() {
+        let mut seed = 9u64;
+        for len in [2usize, 3, 50, 4_000, 40_000] {
+            for shape in 0..4 {
+                let row: Vec<f32> = (0..len)
+                    .map(|i| {
+                        seed = seed.wrapping_mul(6364136223846793005).wrapping_add(1);
+                        let u = (seed >> 40) as f32 / (1u64 << 24) as f32;
+                        match (i % 41, shape) {
+                            (3, _) => f32::NEG_INFINITY,
+                            (4, _) => f32::NAN,
+                            (5, _) => -0.0,
+                            (6, _) => 0.0,
+                            (_, 0) => u * 8.0 - 4.0,
+                            (_, 1) => ((u * 16.0).round() - 8.0) * 0.5,
+                            (_, 2) => half::f16::from_f32(u * 30.0 - 20.0).to_f32(),
+                            _ => 30_000.0 + (u * 9.0).round() * 0.25,
+                        }
+                    })
+                    .collect();
+                for z in [0.0f32, 0.5, 0.95, 1.0] {
+                    for min_keep in [1usize, 3] {
+                        let fast = band(&row, z, min_keep, &mut vec![]);
+                        let slow = by_comparison_sort(&row, z, min_keep);
+                        assert_eq!(fast.lo.to_bits(), slow.lo.to_bits(), "{len} {shape} {z}");
+                    }
+                }
+            }
+        }
+    }
+
+    #[test]
+    fn equals_text_generation_webui_on_distinct_values() {
+        let mut seed = 5u64;
+        for len in [3usize, 4, 10, 500] {
+            for z in [0.0f64, 0.3, 0.9, 0.99] {
+                for min_keep in [1usize, 2] {
+                    let row: Vec<f32> = (0..len)
+                        .map(|i| {
+                            seed = seed.wrapping_mul(6364136223846793005).wrapping_add(1);
+                            if i % 7 == 6 {
+                                return f32::NEG_INFINITY;
+                            }
+                            ((seed >> 40) as f32 / (1u64 << 24) as f32) * 12.0 - 6.0
+                        })
+                        .collect();
+                    let b = band(&row, z as f32, min_keep, &mut vec![]);
+                    let kept: Vec<bool> = row
+                        .iter()
+                        .map(|&x| x.is_finite() && !b.removes(x))
+                        .collect();
+                    assert_eq!(kept, webui(&row, z, min_keep), "len {len} z {z}");
+                }
+            }
+        }
+    }
+}

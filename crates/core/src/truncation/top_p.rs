@@ -1,0 +1,88 @@
+//! Top-p's row math: the smallest set of largest values whose probability mass reaches `p`.
+
+#[cfg(target_arch = "x86_64")]
+use crate::truncation::select::reaching_bucket;
+use crate::truncation::select::{collect_from, weighted_select, with_min_keep};
+use crate::truncation::{largest, Band, Softmax, Work};
+#[cfg(target_arch = "x86_64")]
+use crate::truncation::{order_key, wide};
+
+/// The band top-p keeps: from the lowest value its mass needs ([`lowest`]), at least `min_keep`
+/// values; everything when the row has no distribution or its mass never reaches `p`.
+#[inline(always)]
+pub(crate) fn band(values: &[f32], p: f32, min_keep: usize, work: &mut Work) -> Band {
+    let max = largest(values);
+    if !max.is_finite() {
+        // No distribution (as `Softmax::is_defined`).
+        return Band::ALL;
+    }
+    match lowest(values, max, p, work) {
+        Some(lo) => with_min_keep(values, lo, max, min_keep, work),
+        None => Band::ALL,
+    }
+}
+
+/// Top-p's lowest kept value before `min_keep`: the largest value where the mass of the values
+/// at or above it reaches `p`.
+///
+/// The total `W` takes one pass of [`exp`](super::exp) over the row
+/// ([`weight_sum`](super::weight_sum)); the boundary is then selected among the values within a
+/// few units of the maximum, where nearly all of the mass of most rows is (the whole row when
+/// they do not reach the target).
+#[inline(always)]
+fn lowest(values: &[f32], max: f32, p: f32, work: &mut Work) -> Option<f32> {
+    #[cfg(target_arch = "x86_64")]
+    if wide::available() && values.len() < 1 << 21 {
+        return lowest_wide(values, max, p, work);
+    }
+    let softmax = Softmax::weights_only(values, max);
+    let target = softmax.target(p);
+    for below_max in [4.0f32, 8.0, 16.0, f32::INFINITY] {
+        // A floor on the values: the candidates are an upper set of the row (every value above
+        // one is one), so their running mass in key order is the row's.
+        collect_from(values, max - below_max, work, |x| softmax.weights(x).0);
+        let mass: u64 = work.iter().map(|e| e.1).sum();
+        if mass as f64 >= target {
+            return Some(weighted_select(work, 0, target).2);
+        }
+    }
+    None
+}
+
+/// [`lowest`] with the passes of `truncation/wide.rs`. A row with few values within 4 of its maximum (a trained
+/// model's) selects among them once the total is known, as [`lowest`] does; otherwise one pass
+/// computes the total and the mass of each bucket of 1/32 below the maximum, and the boundary is
+/// selected among the values of the bucket where the running mass reaches the target (a flat
+/// row's: the buckets above it hold most of the mass, and most of the row is never collected).
+#[cfg(target_arch = "x86_64")]
+fn lowest_wide(values: &[f32], max: f32, p: f32, work: &mut Work) -> Option<f32> {
+    if wide::smallest_above_and_between(values, max - 4.0, f32::INFINITY, 4096, work).is_some() {
+        keyed(work);
+        wide::fill_weights(work, max);
+        let softmax = Softmax::weights_only(values, max);
+        let target = softmax.target(p);
+        let mass: u64 = work.iter().map(|e| e.1).sum();
+        if mass as f64 >= target {
+            return Some(weighted_select(work, 0, target).2);
+        }
+    }
+    let mut masses = [0u64; wide::BUCKETS];
+    let softmax = Softmax {
+        max,
+        sum: wide::bucket_masses(values, max, wide::Key::Value, &mut masses),
+        entropy_sum: 0,
+    };
+    let target = softmax.target(p);
+    let (bucket, above) = reaching_bucket(&masses, target)?;
+    wide::collect_bucket(values, max, wide::Key::Value, bucket, work);
+    wide::fill_weights(work, max);
+    Some(weighted_select(work, above, target).2)
+}
+
+/// Sets each entry's key to its value's [`order_key`].
+#[cfg(target_arch = "x86_64")]
+fn keyed(work: &mut Work) {
+    for e in work.iter_mut() {
+        e.0 = order_key(e.2);
+    }
+}

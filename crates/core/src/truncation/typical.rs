@@ -1,0 +1,128 @@
+//! Locally typical sampling's row math: the values whose information content is closest to the
+//! entropy, until their mass reaches `mass`.
+
+#[cfg(target_arch = "x86_64")]
+use crate::truncation::select::{reaching_bucket, weighted_select};
+#[cfg(target_arch = "x86_64")]
+use crate::truncation::wide;
+use crate::truncation::{largest, order_key, Band, Softmax, Work};
+
+/// The band typical keeps: with the passes of `truncation/wide.rs` for `min_keep` 1 where the
+/// CPU has them ([`band_wide`]), otherwise by partial sorts of the scores ([`by_sorting`]).
+#[inline(always)]
+pub(crate) fn band(values: &[f32], mass: f32, min_keep: usize, work: &mut Work) -> Band {
+    let max = largest(values);
+    if !max.is_finite() {
+        // No distribution (as `Softmax::is_defined`).
+        return Band::ALL;
+    }
+    #[cfg(target_arch = "x86_64")]
+    if min_keep == 1 && wide::available() && values.len() < 1 << 21 {
+        return band_wide(values, max, mass, work);
+    }
+    by_sorting(values, &Softmax::of(values), mass, min_keep, work)
+}
+
+/// Typical's band with the passes of `truncation/wide.rs` (`min_keep` 1): the sums `W` and `E` in one pass, then
+/// the mass of each bucket of scores (1/16 wide) in another; the boundary is selected among the
+/// values of the bucket where the running mass, smallest scores first, reaches the target.
+#[cfg(target_arch = "x86_64")]
+fn band_wide(values: &[f32], max: f32, mass: f32, work: &mut Work) -> Band {
+    let (sum, entropy_sum) = wide::sums(values, max, true);
+    let softmax = Softmax {
+        max,
+        sum,
+        entropy_sum,
+    };
+    let key = wide::Key::Typical {
+        shift: softmax.shift(),
+    };
+    let target = softmax.target(mass);
+    let mut masses = [0u64; wide::BUCKETS];
+    wide::bucket_masses(values, max, key, &mut masses);
+    let Some((bucket, above)) = reaching_bucket(&masses, target) else {
+        return Band::ALL;
+    };
+    let (lo, hi) = wide::collect_bucket(values, max, key, bucket, work);
+    wide::fill_weights(work, max);
+    // Keys are the bitwise-not of the scores' order keys: the largest key is the smallest score.
+    let cut = weighted_select(work, above, target).0;
+    let (lo, hi) = work
+        .iter()
+        .filter(|e| e.0 >= cut)
+        .fold((lo, hi), |(lo, hi), e| (lo.min(e.2), hi.max(e.2)));
+    Band { lo, hi }
+}
+
+/// Orders `work` so that its first `m` entries are the `m` smallest keys, sorted; returns how
+/// many are sorted (`m`, or all of them).
+fn smallest_sorted(work: &mut [(u32, u64, f32)], m: usize) -> usize {
+    let m = m.min(work.len());
+    if m < work.len() {
+        work.select_nth_unstable_by_key(m, |e| e.0);
+    }
+    work[..m].sort_unstable_by_key(|e| e.0);
+    m
+}
+
+/// Candidate counts tried in turn before a whole-row sort: most rows put their mass on a few
+/// hundred tokens.
+const CANDIDATES: [usize; 3] = [256, 4096, 32768];
+
+/// The first entry, in key order, where the running sum of weights reaches `target`, and how many
+/// entries are sorted: `None` when the sorted entries do not reach it.
+fn first_reaching(work: &mut [(u32, u64, f32)], target: f64, at_least: usize) -> Option<usize> {
+    let total = work.len();
+    for m in CANDIDATES.into_iter().chain([total]) {
+        let sorted = smallest_sorted(work, m.max(at_least));
+        let mut sum = 0u64;
+        for (rank, &(_, w, _)) in work[..sorted].iter().enumerate() {
+            sum += w;
+            if sum as f64 >= target {
+                return Some(rank);
+            }
+        }
+        if sorted == total {
+            break;
+        }
+    }
+    None
+}
+
+/// transformers keeps the tokens up to and including the first whose cumulative mass, in order of
+/// score, reaches `mass`, at least `min_keep` of them, and (here) every token of a smaller or
+/// equal score.
+#[inline(always)]
+pub(super) fn by_sorting(
+    values: &[f32],
+    softmax: &Softmax,
+    mass: f32,
+    min_keep: usize,
+    work: &mut Work,
+) -> Band {
+    let shift = softmax.shift();
+    work.clear();
+    for &x in values {
+        if !x.is_nan() && x != f32::NEG_INFINITY {
+            let score = softmax.typical_score(x, shift);
+            work.push((order_key(score), softmax.weights(x).0, x));
+        }
+    }
+    let total = work.len();
+    if total == 0 {
+        return Band::ALL;
+    }
+    let keep = min_keep.min(total);
+    let Some(last) = first_reaching(work, softmax.target(mass), keep) else {
+        return Band::ALL;
+    };
+    // `first_reaching` sorted at least `keep` entries.
+    let cut = work[last].0.max(work[keep - 1].0);
+    let (lo, hi) = work
+        .iter()
+        .filter(|e| e.0 <= cut)
+        .fold((f32::INFINITY, f32::NEG_INFINITY), |(lo, hi), e| {
+            (lo.min(e.2), hi.max(e.2))
+        });
+    Band { lo, hi }
+}
