@@ -297,7 +297,7 @@ __device__ void apply(const u32* __restrict__ P, u32 n_slots, u32 tiles_per_row,
 // ---------------------------------------------------------------------------------------------
 // The band kernel.
 
-// The key that orders f32 as `f32::total_cmp` does (truncation.rs: order_key).
+// The key that orders f32 as `f32::total_cmp` does (truncation/gpu_shared.rs: order_key).
 __device__ __forceinline__ u32 order_key(float f) {
     const u32 bits = __float_as_uint(f);
     return (bits & 0x80000000u) ? ~bits : (bits | 0x80000000u);
@@ -307,7 +307,7 @@ __device__ __forceinline__ float from_order_key(u32 key) {
     return __uint_as_float((key & 0x80000000u) ? (key & 0x7fffffffu) : ~key);
 }
 
-// truncation.rs: exp, operation for operation (IEEE basic operations and fmaf only; the constants
+// truncation/gpu_shared.rs: exp, operation for operation (IEEE basic operations and fmaf only; the constants
 // are the core's, by their bits).
 __device__ __forceinline__ float pow2(int e) { return __uint_as_float(((u32)(e + 127)) << 23); }
 
@@ -332,14 +332,14 @@ __device__ float lp_exp(float x) {
     return __fmul_rn(y, pow2(e));
 }
 
-// truncation.rs: fixed, round(v * 2^FIXED_BITS) to nearest even.
+// truncation/gpu_shared.rs: fixed, round(v * 2^FIXED_BITS) to nearest even.
 __device__ __forceinline__ u64 fixed(float v) {
     return __float2ull_rn(__fmul_rn(v, pow2((int)FIXED_BITS)));
 }
 
 __device__ __forceinline__ double as_double(u64 x) { return __ull2double_rn(x); }
 
-// truncation.rs: Softmax (its maximum and fixed-point sums), and what the rules derive from it.
+// truncation/softmax.rs: Softmax (its maximum and fixed-point sums), and what the rules derive from it.
 struct Softmax {
     float max;
     u64 sum, entropy_sum;
