@@ -2,8 +2,11 @@
 
 Each prefix of the spec list runs through the library (:class:`Processor`) on a copy of the row;
 each step reports the tokens kept, the top tokens' probabilities before and after it, and the
-entropy. :func:`figure` draws the top tokens' probability after each step, side by side, with
-matplotlib (the ``explain`` extra). Needs numpy.
+entropy. The row is a synthetic one of a named shape (:func:`synthetic_row`), a logits file
+(:func:`row_from_file`), or the next-token logits of a prompt through a local transformers model
+(:func:`row_from_model`); a tokenizer names the tokens (:func:`token_labels`). :func:`figure`
+draws the top tokens' probability after each step, side by side, with matplotlib (the
+``explain`` extra); :func:`html` puts that picture and the table in one page. Needs numpy.
 """
 
 from __future__ import annotations
@@ -39,6 +42,59 @@ def synthetic_row(shape: str = "zipf", vocab: int = 1000, seed: int = 0):
     if shape == "zipf":
         return (-np.log1p(rng.permutation(vocab))).astype(np.float32)
     raise ValueError(f"shape: {shape!r} is not one of {', '.join(SHAPES)}")
+
+
+def row_from_file(path: str):
+    """A float32 row from ``path``: a ``.npy`` array, else text (a JSON list, or numbers separated
+    by whitespace or commas). A 2-D array must hold one row."""
+    import numpy as np
+
+    if str(path).endswith(".npy"):
+        row = np.load(path, allow_pickle=False)
+    else:
+        with open(path, encoding="utf-8") as f:
+            text = f.read().strip()
+        values = json.loads(text) if text.startswith("[") else text.replace(",", " ").split()
+        row = np.asarray(values, dtype=np.float32)
+    row = np.asarray(row, dtype=np.float32)
+    if row.ndim == 2 and row.shape[0] == 1:
+        row = row[0]
+    if row.ndim != 1 or row.size == 0:
+        raise ValueError(f"{path}: expected one row of logits, found shape {list(row.shape)}")
+    return row
+
+
+def row_from_model(model: str, prompt: str, tokenizer: Any = None):
+    """The next-token logits of ``prompt`` through the transformers model in directory ``model``
+    (its own tokenizer unless one is given), as ``(row, prompt_ids)``. Needs torch and
+    transformers; loads nothing from a hub."""
+    import numpy as np
+    import torch
+    from transformers import AutoModelForCausalLM, AutoTokenizer
+
+    tokenizer = tokenizer or AutoTokenizer.from_pretrained(model, local_files_only=True)
+    ids = tokenizer.encode(prompt, add_special_tokens=False)
+    net = AutoModelForCausalLM.from_pretrained(model, local_files_only=True).eval()
+    with torch.no_grad():
+        logits = net(torch.tensor([ids])).logits[0, -1]
+    return logits.float().numpy().astype(np.float32), ids
+
+
+def token_labels(tokenizer: Any):
+    """``id -> text`` for the picture and the table: from a ``tokenizers.Tokenizer``, a transformers
+    tokenizer, or the path of a ``tokenizer.json`` (or of a directory holding one)."""
+    import os
+
+    if isinstance(tokenizer, (str, os.PathLike)):
+        from tokenizers import Tokenizer
+
+        path = os.path.join(tokenizer, "tokenizer.json") if os.path.isdir(tokenizer) else str(tokenizer)
+        tokenizer = Tokenizer.from_file(path)
+
+    def label(token: int) -> str:
+        return repr(tokenizer.decode([token]))
+
+    return label
 
 
 def _probs(row):
@@ -108,16 +164,46 @@ def figure(steps: list[Step], labels=None):
     return fig
 
 
-def table(steps: list[Step]) -> str:
+def table(steps: list[Step], labels=None) -> str:
     """The steps as text: for each, the tokens kept, the entropy, and the top tokens' probability
-    before and after it."""
+    before and after it (``labels(id)``, the token's text, beside its id)."""
     out = []
     for k, s in enumerate(steps):
         out.append(f"step {k}: {s.label}: kept {s.kept}, entropy {s.entropy_bits:.4f} bits")
         for t in s.top:
             before = f"{steps[k - 1].probs[t]:.6f} -> " if k else ""
-            out.append(f"    {t:>8}  {before}{s.probs[t]:.6f}")
+            name = f" {labels(t)}" if labels else ""
+            out.append(f"    {t:>8}{name}  {before}{s.probs[t]:.6f}")
     return "\n".join(out)
+
+
+def html(steps: list[Step], labels=None) -> str:
+    """One self-contained HTML page: :func:`figure` as inline SVG, then each step's numbers in a
+    table (the tokens' texts escaped)."""
+    import io
+    from html import escape
+
+    svg = io.StringIO()
+    figure(steps, labels).savefig(svg, format="svg")
+    picture = svg.getvalue()
+    picture = picture[picture.index("<svg"):]  # without the XML prologue, to sit inside the page
+    sections = []
+    for k, s in enumerate(steps):
+        rows = "".join(
+            f"<tr><td>{t}</td><td>{escape(labels(t)) if labels else ''}</td>"
+            f"<td>{f'{steps[k - 1].probs[t]:.6f}' if k else ''}</td><td>{s.probs[t]:.6f}</td></tr>"
+            for t in s.top
+        )
+        sections.append(
+            f"<h2>step {k}: {escape(s.label)}</h2><p>kept {s.kept}, entropy {s.entropy_bits:.4f} bits</p>"
+            f"<table><tr><th>id</th><th>text</th><th>before</th><th>after</th></tr>{rows}</table>"
+        )
+    return (
+        "<!DOCTYPE html>\n<html><head><meta charset=\"utf-8\"><title>logits-processing explain</title>"
+        "<style>body{font-family:sans-serif}table{border-collapse:collapse}"
+        "td,th{border:1px solid #ccc;padding:2px 6px;text-align:right}</style></head><body>"
+        f"<h1>What the pipeline does to the row</h1>{picture}{''.join(sections)}</body></html>\n"
+    )
 
 
 def add_parser(sub) -> None:
@@ -126,13 +212,19 @@ def add_parser(sub) -> None:
     e = sub.add_parser("explain", help="what a pipeline does to a row, step by step")
     e.add_argument("specs", help="inline JSON or a file")
     e.add_argument("--shape", choices=SHAPES, default="zipf", help="the synthetic row (default zipf)")
-    e.add_argument("--vocab", type=count(1), default=1000)
+    e.add_argument("--vocab", type=count(1), default=1000, help="the synthetic row's length")
+    e.add_argument("--row", metavar="PATH", help="a logits file (.npy, a JSON list, or numbers) instead")
+    e.add_argument("--model", metavar="DIR", help="a local transformers model: the row is --prompt's next-token logits")
+    e.add_argument("--prompt", help="the text --model reads")
+    e.add_argument("--tokenizer", metavar="PATH", help="a tokenizer.json (or a directory with one): tokens as text")
     e.add_argument("--top", type=count(1), default=10)
-    e.add_argument("--png", metavar="PATH")
+    e.add_argument("--png", metavar="PATH", help="draw the steps (needs matplotlib)")
+    e.add_argument("--html", metavar="PATH", help="the picture and the table in one page (needs matplotlib)")
     e.set_defaults(run=_run)
 
 
 def _run(args) -> int:
+    import os
     import sys
 
     from .cli import UsageError
@@ -143,12 +235,51 @@ def _run(args) -> int:
             text = open(args.specs, encoding="utf-8").read()
         except (OSError, UnicodeDecodeError) as e:
             raise UsageError(f"{args.specs}: {e}") from None
-    steps = explain(text, synthetic_row(args.shape, args.vocab), top=args.top)
-    print(table(steps))
-    if args.png:
+    if (args.model is None) != (args.prompt is None):
+        raise UsageError("--model and --prompt go together")
+    if args.model is not None and args.row is not None:
+        raise UsageError("--row or --model, not both")
+    labels, tokenizer = None, None
+    if args.tokenizer is not None:
         try:
-            figure(steps).savefig(args.png)
+            labels = token_labels(args.tokenizer)
+        except Exception as e:  # noqa: BLE001 - any failure to load is bad input, said in one line
+            raise UsageError(f"--tokenizer {args.tokenizer}: {e}") from None
+    ids: Any = ()
+    if args.row is not None:
+        try:
+            row = row_from_file(args.row)
+        except (OSError, UnicodeDecodeError, ValueError) as e:
+            raise UsageError(f"--row {args.row}: {e}") from None
+    elif args.model is not None:
+        try:
+            if args.tokenizer is not None:
+                from transformers import PreTrainedTokenizerFast
+
+                path = args.tokenizer
+                if os.path.isdir(path):
+                    path = os.path.join(path, "tokenizer.json")
+                tokenizer = PreTrainedTokenizerFast(tokenizer_file=path)
+            row, ids = row_from_model(args.model, args.prompt, tokenizer)
         except ImportError as e:
-            print(f"logits-processing explain: {e}", file=sys.stderr)
-            return 2
+            raise UsageError(f"--model needs torch and transformers: {e}") from None
+        except (OSError, ValueError) as e:
+            raise UsageError(f"--model {args.model}: {e}") from None
+        if labels is None:
+            from transformers import AutoTokenizer
+
+            labels = token_labels(AutoTokenizer.from_pretrained(args.model, local_files_only=True))
+    else:
+        row = synthetic_row(args.shape, args.vocab)
+    steps = explain(text, row, input_ids=ids, prompt_len=len(ids), top=args.top)
+    print(table(steps, labels))
+    try:
+        if args.png:
+            figure(steps, labels).savefig(args.png)
+        if args.html:
+            with open(args.html, "w", encoding="utf-8") as f:
+                f.write(html(steps, labels))
+    except ImportError as e:
+        print(f"logits-processing explain: {e}", file=sys.stderr)
+        return 2
     return 0
