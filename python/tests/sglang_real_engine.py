@@ -5,7 +5,7 @@ pipeline beside rows without specs, the same requests joining at staggered times
 the same pipelines through transformers' ``generate()`` with our HF adapter on the same weights.
 Prints one JSON object on the last line of stdout.
 
-    python sglang_real_engine.py MODEL_DIR [stress] [ENV=VALUE ...]   # e.g. SGLANG_ENABLE_DELAY_SAMPLE=1
+    python sglang_real_engine.py MODEL_DIR [stress | interpret] [ENV=VALUE ...]   # e.g. SGLANG_ENABLE_DELAY_SAMPLE=1
 
 ``stress``: SGLang's HTTP server (``python -m sglang.launch_server``, its ``/generate`` with
 ``custom_logit_processor``, as an HTTP client sends it) and the same batch with what only a real
@@ -13,6 +13,12 @@ scheduler does to requests: chunked prefill (16-token chunks, so the long prompt
 over several steps) and retraction (``SGLANG_TEST_RETRACT=1``, SGLang's own hook: running
 requests are retracted every third step and come back re-prefilled from their ids); then raw bad
 ``custom_params`` over HTTP.
+
+``interpret``: conformance.py's requests alone, their first ``INTERPRET_TOKENS`` tokens, with
+``LOGITS_PROCESSING_DEVICE=interpret`` and ``TRITON_INTERPRET=1`` in the scheduler: its host
+tensors take the device path (packed plans, the Triton kernels under Triton's interpreter, the
+round trip for the steps the kernels do not carry). The scheduler process appends a line to
+``$LOGITS_PROCESSING_LAUNCH_LOG`` for each kernel launch (``launch_log.py``).
 
 SGLang starts its scheduler in a subprocess, so everything runs under ``__main__``.
 """
@@ -25,8 +31,14 @@ import os
 import sys
 import time
 
+import launch_log
+
 VOCAB = 129280
 MAX_NEW = 12
+# Tokens per request under the interpreter, which takes seconds a step for a row that truncates.
+INTERPRET_TOKENS = 4
+# In every process that imports this file (the scheduler does, as SGLang spawns it).
+launch_log.install()
 
 
 def _phase(name: str, t0: list) -> None:
@@ -257,9 +269,10 @@ BAD_PAYLOADS = {
 }
 
 
-def conformance_rows(llm, tok, model: str, context) -> dict:
+def conformance_rows(llm, tok, model: str, context, max_new: int = 0) -> dict:
     """conformance.py's requests, all at once (SGLang batches them), each as docs/engines/sglang.md
-    tells users to send it; a request that fails has its error as its result."""
+    tells users to send it; a request that fails has its error as its result. With `max_new`,
+    each request's first `max_new` tokens, not recorded for test_conformance.py."""
     import conformance
 
     from logits_processing.adapters.sglang import SGLangLogitProcessor, activate
@@ -267,7 +280,7 @@ def conformance_rows(llm, tok, model: str, context) -> dict:
     reqs = conformance.requests(tok)
 
     async def one(name, r):
-        params = {"temperature": 0.0, "max_new_tokens": r.max_new}
+        params = {"temperature": 0.0, "max_new_tokens": min(r.max_new, max_new or r.max_new)}
         try:
             processor = None
             if r.specs is not None and r.key == conformance.SPEC_KEY:
@@ -286,12 +299,35 @@ def conformance_rows(llm, tok, model: str, context) -> dict:
         return dict(await asyncio.gather(*(one(n, r) for n, r in reqs.items())))
 
     rows = asyncio.get_event_loop().run_until_complete(every())
+    if max_new:
+        return rows
     route = (
         "`Engine.async_generate`, `activate()`'s `custom_params` and `custom_logit_processor` "
         "(Dynamo's key: `custom_params` set directly), every request at once; default overlap scheduler"
     )
     versions = conformance.versions("sglang", "torch")
     return conformance.record("sglang", model, reqs, rows, versions=versions, route=route)["rows"]
+
+
+def main_interpret(model: str) -> dict:
+    import sglang as sgl
+    from transformers import AutoTokenizer
+
+    from logits_processing.adapters import EngineContext
+
+    tok = AutoTokenizer.from_pretrained(model)
+    context = EngineContext.resolve(tokenizer=tok, vocab_size=VOCAB)
+    t0 = [time.perf_counter()]
+    llm = sgl.Engine(model_path=model, log_level="error", **ENGINE_ARGS)
+    _phase("engine start", t0)
+    out = {
+        "env": {k: os.environ.get(k) for k in ("SGLANG_ENABLE_DELAY_SAMPLE", "LOGITS_PROCESSING_DEVICE")},
+        "conformance": conformance_rows(llm, tok, model, context, max_new=INTERPRET_TOKENS),
+    }
+    _phase("conformance requests through the device path", t0)
+    llm.shutdown()
+    out["launches"] = launch_log.count()
+    return out
 
 
 def main(model: str, stress: bool) -> dict:
@@ -432,5 +468,9 @@ if __name__ == "__main__":
         if "=" in assignment:
             key, _, value = assignment.partition("=")
             os.environ[key] = value
-    result = main(sys.argv[1], stress)
+    launch_log.install()  # with the log named above (a forked scheduler inherits it)
+    if "interpret" in sys.argv[2:]:
+        result = main_interpret(sys.argv[1])
+    else:
+        result = main(sys.argv[1], stress)
     print("\n" + json.dumps(result))

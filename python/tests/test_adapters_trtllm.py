@@ -459,3 +459,56 @@ def test_stale_ids_under_a_setting_that_claims_no_overlap_are_refused_not_late(c
             logits = torch.randn(1, 1, V)
             assert torch.equal(engine.step(logits.clone()), logits)  # left alone, not a step late
     assert "disable_overlap_scheduler" in caplog.text and str(req["id"]) in caplog.text
+
+
+@pytest.mark.skipif(
+    __import__("os").environ.get("TRITON_INTERPRET") != "1",
+    reason="the device path through the switch needs Triton's interpreter (TRITON_INTERPRET=1 before "
+    "triton is imported: python/tests/conftest.py sets it in the main venv)",
+)
+@pytest.mark.parametrize("batched", [False, True])
+def test_the_device_path_through_the_switch_gives_the_same_steps(monkeypatch, batched):
+    """``LOGITS_PROCESSING_DEVICE=interpret``: the processors' host tensors take the device path
+    (the Triton kernels under the interpreter, the round trip for what they do not carry). Every
+    step's logits and every request's tokens equal those of the same loop without the switch."""
+    from logits_processing import kernels
+
+    specs_of = {
+        0: [{"kind": "forced_sequence", "token_ids": [5, 6, 7], "eos_token_id": EOS}],
+        1: [{"kind": "temperature", "temperature": 0.5}, {"kind": "top_k", "k": 3}],
+        2: [{"kind": "repetition_penalty", "penalty": 1.5}, {"kind": "ban_tokens", "token_ids": [EOS]}],
+        3: [{"kind": "mirostat", "version": 2, "tau": 3.0}],  # not carried: the round trip
+        4: None,
+    }
+    if batched:
+        # A batch with a row the kernels do not carry takes the round trip whole.
+        del specs_of[3]
+
+    def run():
+        torch.manual_seed(5)
+        engine = FakeEngine(beams=2)
+        processor = TRTLLMBatchedLogitsProcessor(vocab_size=V) if batched else None
+        for client, specs in specs_of.items():
+            if batched:
+                engine.add([1, 2, 3], client_id=client)
+                if specs:
+                    processor.register(client, specs, prompt_len=3)
+            else:
+                proc = TRTLLMLogitsProcessor(specs, prompt_len=3, vocab_size=V) if specs else None
+                engine.add([1, 2, 3], proc)
+        steps = []
+        while engine.active():
+            steps.append(engine.step(torch.randn(len(engine.active()), 2, V), batched=processor))
+        return steps, [r["out"] for r in engine.requests]
+
+    plain = run()
+    launched = []
+    launch = kernels.launch
+    monkeypatch.setattr(kernels, "launch", lambda *args: launched.append(args[1]) or launch(*args))
+    monkeypatch.setenv("LOGITS_PROCESSING_DEVICE", "interpret")
+    switched = run()
+    assert launched, "the kernels never ran"
+    assert plain[1] == switched[1]
+    assert len(plain[0]) == len(switched[0])
+    for a, b in zip(plain[0], switched[0]):
+        assert torch.equal(a, b)

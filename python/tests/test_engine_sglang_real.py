@@ -185,3 +185,28 @@ def test_conformance_requests_recorded(out):
     assert "error" in rows["bitmask"], rows["bitmask"]
     served = [name for name, row in rows.items() if "tokens" in row]
     assert len(served) == len(rows) - 1, {n: r for n, r in rows.items() if "error" in r}
+
+
+def test_conformance_requests_through_the_device_path(model, out, tmp_path):
+    """The same engine with ``LOGITS_PROCESSING_DEVICE=interpret`` (and Triton's interpreter) in
+    its scheduler: the adapter's host tensors take the device path, the Triton kernels launched
+    for the steps they carry. Every conformance request gets the same first tokens, or the same
+    error, as without the switch."""
+    log = tmp_path / "launches"
+    switched, _ = _engine(
+        model,
+        "interpret",
+        "LOGITS_PROCESSING_DEVICE=interpret",
+        "TRITON_INTERPRET=1",
+        f"LOGITS_PROCESSING_LAUNCH_LOG={log}",
+    )
+    plain = out["conformance"]
+    assert switched["env"]["LOGITS_PROCESSING_DEVICE"] == "interpret"
+    assert switched["launches"] > 0, "the kernels never ran in the scheduler"
+    assert set(switched["conformance"]) == set(plain)
+    for name, row in switched["conformance"].items():
+        if "error" in plain[name]:
+            assert row == plain[name], name
+        else:
+            n = len(row["tokens"])
+            assert n and row["tokens"] == plain[name]["tokens"][:n], name

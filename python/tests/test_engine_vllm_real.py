@@ -193,3 +193,20 @@ def test_conformance_requests_recorded(model):
     assert "bitmask" in rows["bitmask"].get("error", ""), rows["bitmask"]
     served = [name for name, row in rows.items() if "tokens" in row]
     assert len(served) == len(rows) - 1, {n: r for n, r in rows.items() if "error" in r}
+
+
+def test_conformance_requests_through_the_device_path(model):
+    """The same engine with ``LOGITS_PROCESSING_DEVICE=interpret`` (and Triton's interpreter): the
+    adapter's host tensors take the device path, the Triton kernels launched for the steps they
+    carry. Every conformance request gets the same first tokens, or the same refusal, as without
+    the switch."""
+    switched = run_engine(model, "interpret")
+    plain = run_engine(model, "entry_point")["conformance"]
+    assert switched["launches"] > 0, "the kernels never ran"
+    assert set(switched["conformance"]) == set(plain)
+    for name, row in switched["conformance"].items():
+        if "error" in plain[name]:
+            assert row == plain[name], name
+        else:
+            n = len(row["tokens"])
+            assert n and row["tokens"] == plain[name]["tokens"][:n], name

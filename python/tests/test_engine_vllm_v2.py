@@ -13,7 +13,10 @@ backend here; see docs/engines/vllm.md).
 Runs in the vLLM venv (scripts/engine-venv.sh vllm); skipped where vLLM's V2 types do not import."""
 
 import importlib.metadata
+import os
 import re
+import subprocess
+import sys
 from types import SimpleNamespace
 
 import pytest
@@ -334,8 +337,8 @@ class V1Runner:
 class V2Runner:
     """Model Runner V2's request slots and steps, with vLLM's own ``RequestState``."""
 
-    def __init__(self, max_reqs=8, config=None, vocab=V):
-        self.vocab = vocab
+    def __init__(self, max_reqs=8, config=None, vocab=V, device=None):
+        self.vocab, self.device = vocab, device  # device: LOGITS_PROCESSING_DEVICE for its steps
         self.state = request_state(max_reqs, vocab)
         self.proc = adapter.VLLMLogitsProcessor(
             config or vllm_config(), LogitsProcRequestState.from_request_state(self.state)
@@ -373,7 +376,14 @@ class V2Runner:
             seq_lens_upper_bound_np=seq_lens,
         )
         logits = torch.stack([_logits(r.id, step, self.vocab) for r in order])
-        out = self.proc.apply(logits, ctx)
+        if self.device is None:
+            out = self.proc.apply(logits, ctx)
+        else:
+            os.environ["LOGITS_PROCESSING_DEVICE"] = self.device
+            try:
+                out = self.proc.apply(logits, ctx)
+            finally:
+                del os.environ["LOGITS_PROCESSING_DEVICE"]
         return {r.id: out[i] for i, r in enumerate(order)}
 
     def sampled(self, request, token):
@@ -384,14 +394,17 @@ class V2Runner:
         self.state.total_len.gpu[slot] = at + 1
 
 
-def _run(requests, *, preempt=(), reorder=True, max_running=6, prefill_chunks=(), config=None, vocab=V):
+def _run(
+    requests, *, preempt=(), reorder=True, max_running=6, prefill_chunks=(), config=None, vocab=V, v2_device=None
+):
     """Runs ``requests`` through both runners in lockstep: joins into free rows and slots,
     finishes, rows reordered every step (V2's order differs from V1's), the requests in
     ``preempt`` taken out for two steps after their 3rd token and resumed with their output, the
     requests in ``prefill_chunks`` prefilled over two steps first (V2 hands their rows over and
-    discards the samples; V1 is told of them when their prefill is done). Returns every
-    request's outputs and the number of rows compared."""
-    one, two = V1Runner(config, vocab), V2Runner(config=config, vocab=vocab)
+    discards the samples; V1 is told of them when their prefill is done); ``v2_device``, the
+    ``LOGITS_PROCESSING_DEVICE`` of V2's steps. Returns every request's outputs and the number
+    of rows compared."""
+    one, two = V1Runner(config, vocab), V2Runner(config=config, vocab=vocab, device=v2_device)
     waiting, running, parked, in_v1, chunks = list(requests), [], {}, set(), {}
 
     def join(request, resumed=False):
@@ -453,6 +466,38 @@ def test_v1_and_v2_edit_every_kind_alike():
     assert outputs["forced_sequence"] == [20, 21, 22, 23, 24, 25, 26, EOS]
     assert outputs["forced_sequence_tokens"] == [30, 31, 32, 33, 34, EOS]
     assert all(t in (13, 14, 15, 16, EOS) for t in outputs["allowed_token_ids"])
+
+
+def test_v2_through_the_device_switch_edits_as_v1():
+    """V2's steps with ``LOGITS_PROCESSING_DEVICE=interpret``: its host tensors take the device
+    path (the Triton kernels under Triton's interpreter, the round trip for what they do not
+    carry), row for row bit for bit what V1 gives on the host path. Triton's interpreter is
+    chosen when triton is first imported, and vLLM imports it: so this runs in a fresh process
+    with ``TRITON_INTERPRET=1``."""
+    if os.environ.get("TRITON_INTERPRET") != "1":
+        done = subprocess.run(
+            [sys.executable, "-m", "pytest", "-q", "-p", "no:cacheprovider", "--noconftest",
+             "-W", "ignore::DeprecationWarning", "-W", "ignore::UserWarning",
+             f"{__file__}::test_v2_through_the_device_switch_edits_as_v1"],
+            env={**os.environ, "TRITON_INTERPRET": "1"}, capture_output=True, text=True, timeout=1200,
+        )
+        assert done.returncode == 0, done.stdout[-6000:] + done.stderr[-3000:]
+        assert "1 passed" in done.stdout, done.stdout[-3000:]
+        return
+    from logits_processing import kernels
+
+    launched = []
+    launch = kernels.launch
+    kernels.launch = lambda *args: launched.append(args[1]) or launch(*args)
+    try:
+        requests = [
+            Request(name, [1, 2, 3, THINK][: 3 + i % 2], specs) for i, (name, specs) in enumerate(PIPELINES.items())
+        ]
+        outputs, compared = _run(requests, v2_device="interpret", max_running=3)
+    finally:
+        kernels.launch = launch
+    assert compared > 150 and launched
+    assert outputs["forced_sequence"] == [20, 21, 22, 23, 24, 25, 26, EOS]
 
 
 def test_the_kinds_that_need_the_tokenizer_alike():

@@ -64,7 +64,8 @@ SPECS = {
     "forced_sequence": {"kind": "forced_sequence", "token_ids": [906, 17], "eos_token_id": 2,
                         "position": "calls"},
     "force_last_phrase": {"kind": "force_last_phrase", "phrase": [271, 906], "eos_token_id": 2},
-    "max_time": {"kind": "max_time", "max_time": 2.5, "boost_token": 2},
+    # Past its time from the first step on, in both paths, however slow the machine.
+    "max_time": {"kind": "max_time", "max_time": 1e-9, "boost_token": 2},
     "trigger_phrase": {"kind": "trigger_phrase", "phrase": [629, 1077], "trigger_token_phrase": 7,
                        "trigger_count": 1},
     "prevent_hallucination": {"kind": "prevent_hallucination", "minp": 0.4, "tolerate": 1, "phrase": [1031, 40]},

@@ -4,10 +4,16 @@ real DeepSeek tokenizer, greedy decoding, one batch with every built-in kind and
 specs. Prints one JSON object (what each row made, the processed logits where they tell a double
 edit, the admission errors, the step timings) on the last line of stdout.
 
-    python vllm_real_engine.py MODEL_DIR LOADING   # LOADING: entry_point | class | name | speculative
+    python vllm_real_engine.py MODEL_DIR LOADING   # LOADING: entry_point | class | name | speculative | interpret
     python vllm_real_engine.py --make-model MODEL_DIR
 
 vLLM spawns its engine core, so everything runs under ``if __name__ == "__main__":``.
+
+``interpret``: conformance.py's requests alone, their first ``INTERPRET_TOKENS`` tokens, with
+``LOGITS_PROCESSING_DEVICE=interpret`` and ``TRITON_INTERPRET=1``: the engine's host tensors take
+the device path (packed plans, the Triton kernels under Triton's interpreter, the round trip for
+the steps the kernels do not carry); the engine core appends a line to
+``$LOGITS_PROCESSING_LAUNCH_LOG`` for each kernel launch (``launch_log.py``).
 """
 
 from __future__ import annotations
@@ -18,8 +24,15 @@ import shutil
 import sys
 import time
 
+import launch_log
+
+# A spawned engine core imports this file: under `interpret`, it logs its kernel launches.
+launch_log.install()
+
 VOCAB = 129280  # DeepSeek V3's padded vocab; the tokenizer has fewer ids
 MAX_LEN = 192
+# Tokens per request under the interpreter, which takes seconds a step for a row that truncates.
+INTERPRET_TOKENS = 4
 
 
 def make_model(path: str) -> None:
@@ -54,7 +67,7 @@ def engine(model: str, loading: str):
 
     from logits_processing.adapters.vllm import QUALIFIED_NAME, VLLMLogitsProcessor
 
-    named = {"entry_point": None, "class": [VLLMLogitsProcessor], "name": [QUALIFIED_NAME]}
+    named = {"entry_point": None, "interpret": None, "class": [VLLMLogitsProcessor], "name": [QUALIFIED_NAME]}
     kwargs = dict(
         model=model,
         dtype="float32",
@@ -72,9 +85,10 @@ def engine(model: str, loading: str):
     return LLM(**kwargs)
 
 
-def conformance_rows(llm, tok, model: str) -> dict:
+def conformance_rows(llm, tok, model: str, max_new: int = 0) -> dict:
     """conformance.py's requests: each admitted alone first (one token), so that a refusal is
-    that request's; then every admitted one in one batch."""
+    that request's; then every admitted one in one batch. With `max_new`, each request's first
+    `max_new` tokens, not recorded for test_conformance.py."""
     import conformance
     from vllm import SamplingParams
 
@@ -95,10 +109,12 @@ def conformance_rows(llm, tok, model: str) -> dict:
             rows[name] = {"error": conformance.short_error(e)}
     results = llm.generate(
         [{"prompt_token_ids": reqs[n].prompt} for n in admitted],
-        [params(reqs[n], reqs[n].max_new) for n in admitted],
+        [params(reqs[n], min(reqs[n].max_new, max_new or reqs[n].max_new)) for n in admitted],
         use_tqdm=False,
     )
     rows.update({n: {"tokens": list(r.outputs[0].token_ids)} for n, r in zip(admitted, results)})
+    if max_new:
+        return rows
     route = (
         "`LLM.generate`, `SamplingParams.extra_args[key]`, the admitted requests in one batch "
         "(V1 runner, the processor loaded by its entry point)"
@@ -140,6 +156,14 @@ def main(model: str, loading: str) -> dict:
         if specs is not None:
             p.extra_args = {key: specs}
         return p
+
+    if loading == "interpret":
+        import launch_log
+
+        out["conformance"] = conformance_rows(llm, tok, model, max_new=INTERPRET_TOKENS)
+        _phase("conformance requests through the device path", t0)
+        out["launches"] = launch_log.count()
+        return out
 
     if loading == "speculative":
         try:
@@ -272,6 +296,15 @@ def main(model: str, loading: str) -> dict:
 if __name__ == "__main__":
     os.environ.setdefault("VLLM_CPU_KVCACHE_SPACE", "1")
     os.environ.setdefault("VLLM_LOGGING_LEVEL", "WARNING")
+    if sys.argv[2:] == ["interpret"]:
+        # Before anything imports triton: its interpreter is chosen then.
+        import tempfile
+
+        import launch_log
+
+        os.environ.update(LOGITS_PROCESSING_DEVICE="interpret", TRITON_INTERPRET="1")
+        os.environ.setdefault(launch_log.LAUNCH_LOG, tempfile.mkstemp(prefix="launches.")[1])
+        launch_log.install()  # inherited by a forked engine core
     if sys.argv[1] == "--make-model":
         make_model(sys.argv[2])
     else:

@@ -21,11 +21,12 @@ from .._lib import DeviceError
 DTYPES = {"float32": (0, ctypes.c_float, np.float32), "float16": (1, ctypes.c_int16, np.int16),
           "bfloat16": (2, ctypes.c_int16, np.int16)}
 # Logits per program of the apply kernel, and per tile of the band kernel's passes, on a GPU; and
-# under the interpreter, whose cost is per operation rather than per logit (a row of 151,936
-# logits takes about a seventh of the time in tiles of 8,192). The kernels' results do not depend
-# on the tile size.
+# under the interpreter, whose cost is mostly per operation: two rows of 129,280 through min-p took
+# 14.8 s in tiles of 8,192 and 4.0 s in tiles of 65,536, the most a radix pass's [tile, 16]
+# histogram compare may hold (Triton's limit on a block's elements). The kernels' results do
+# not depend on the tile size.
 BLOCK = 1024
-INTERPRET_BLOCK = 8192
+INTERPRET_BLOCK = 65536
 # What each kernel is compiled with: no contraction of a multiply and an add into an fma (the CPU
 # path rounds both), and the warps per program.
 COMPILE_OPTIONS = {"enable_fp_fusion": False, "num_warps": 8}

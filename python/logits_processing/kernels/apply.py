@@ -72,6 +72,8 @@ NO_TOKEN: tl.constexpr = tl.constexpr(_C["NO_TOKEN"] - (1 << 32) if _C["NO_TOKEN
 F32: tl.constexpr = tl.constexpr(0)
 F16: tl.constexpr = tl.constexpr(1)
 BF16: tl.constexpr = tl.constexpr(2)
+# Every bit of an order key.
+ALL_ONES: tl.constexpr = tl.constexpr(0xFFFFFFFF)
 # The selection's radix: any width gives the same key (the sums are exact); 4 bits keeps each
 # tile's histogram small.
 RADIX_BITS: tl.constexpr = tl.constexpr(4)
@@ -330,12 +332,13 @@ def lp_apply(P, n_slots, tiles_per_row, vocab, row_stride, X, DTYPE: tl.constexp
 def _order_key(v):
     """The key that orders f32 as `f32::total_cmp` does (truncation/gpu_shared.rs: order_key)."""
     b = _bits(v)
-    return tl.where((b & 0x80000000) != 0, ~b, b | 0x80000000)
+    # `^ ALL_ONES`, not `~`: Triton 3.7's interpreter cannot invert an unsigned integer.
+    return tl.where((b & 0x80000000) != 0, b ^ ALL_ONES, b | 0x80000000)
 
 
 @triton.jit
 def _from_order_key(key):
-    return tl.where((key & 0x80000000) != 0, key & 0x7FFFFFFF, ~key).to(tl.float32, bitcast=True)
+    return tl.where((key & 0x80000000) != 0, key & 0x7FFFFFFF, key ^ ALL_ONES).to(tl.float32, bitcast=True)
 
 
 @triton.jit
@@ -349,7 +352,7 @@ def _exp(x):
     n = tl.fma(x, EXP_LOG2_E, EXP_SHIFTER) - EXP_SHIFTER
     r = tl.fma(n, -EXP_LN2_HI, x)
     r = tl.fma(n, -EXP_LN2_LO, r)
-    p = tl.fma(EXP_POLY_0 + tl.zeros_like(r), r, EXP_POLY_1)
+    p = tl.fma(tl.zeros_like(r) + EXP_POLY_0, r, EXP_POLY_1)
     p = tl.fma(p, r, EXP_POLY_2)
     p = tl.fma(p, r, EXP_POLY_3)
     p = tl.fma(p, r, EXP_POLY_4)
@@ -395,7 +398,7 @@ def _keyed(v, inside, mx, shift, BY: tl.constexpr):
         key = _order_key(v)
     else:
         valid = inside & (v == v) & (v != -INF)
-        key = ~_order_key(tl.abs((v - mx) + shift))
+        key = _order_key(tl.abs((v - mx) + shift)) ^ ALL_ONES
     if BY == BY_COUNT or BY == TYPICAL_BY_COUNT:
         w = tl.where(valid, 1, 0).to(tl.int64)
     else:
