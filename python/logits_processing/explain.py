@@ -80,6 +80,13 @@ def row_from_model(model: str, prompt: str, tokenizer: Any = None):
     return logits.float().numpy().astype(np.float32), ids
 
 
+def _tokenizer_file(path) -> str:
+    """A ``tokenizer.json`` path, or the one in directory ``path``."""
+    import os
+
+    return os.path.join(path, "tokenizer.json") if os.path.isdir(path) else str(path)
+
+
 def token_labels(tokenizer: Any):
     """``id -> text`` for the picture and the table: from a ``tokenizers.Tokenizer``, a transformers
     tokenizer, or the path of a ``tokenizer.json`` (or of a directory holding one)."""
@@ -88,8 +95,7 @@ def token_labels(tokenizer: Any):
     if isinstance(tokenizer, (str, os.PathLike)):
         from tokenizers import Tokenizer
 
-        path = os.path.join(tokenizer, "tokenizer.json") if os.path.isdir(tokenizer) else str(tokenizer)
-        tokenizer = Tokenizer.from_file(path)
+        tokenizer = Tokenizer.from_file(_tokenizer_file(tokenizer))
 
     def label(token: int) -> str:
         return repr(tokenizer.decode([token]))
@@ -224,7 +230,6 @@ def add_parser(sub) -> None:
 
 
 def _run(args) -> int:
-    import os
     import sys
 
     from .cli import UsageError
@@ -256,10 +261,7 @@ def _run(args) -> int:
             if args.tokenizer is not None:
                 from transformers import PreTrainedTokenizerFast
 
-                path = args.tokenizer
-                if os.path.isdir(path):
-                    path = os.path.join(path, "tokenizer.json")
-                tokenizer = PreTrainedTokenizerFast(tokenizer_file=path)
+                tokenizer = PreTrainedTokenizerFast(tokenizer_file=_tokenizer_file(args.tokenizer))
             row, ids = row_from_model(args.model, args.prompt, tokenizer)
         except ImportError as e:
             raise UsageError(f"--model needs torch and transformers: {e}") from None

@@ -392,6 +392,23 @@ def short_error(error: BaseException) -> str:
     return f"{type(error).__name__}: {error}"
 
 
+# Tokens per request when an engine sends the requests through the device path under Triton's
+# interpreter, which takes seconds a step for a row that truncates.
+DEVICE_PATH_TOKENS = 4
+
+
+def assert_same_prefixes(switched: Dict[str, dict], plain: Dict[str, dict]) -> None:
+    """One engine's rows through the device path (``DEVICE_PATH_TOKENS`` each) against its rows
+    without it: every request has the same first tokens, or the same error."""
+    assert set(switched) == set(plain)
+    for name, row in switched.items():
+        if "error" in plain[name]:
+            assert row == plain[name], name
+        else:
+            n = len(row["tokens"])
+            assert n and row["tokens"] == plain[name]["tokens"][:n], name
+
+
 def record(
     engine: str,
     model_dir: str,

@@ -14,7 +14,7 @@ over several steps) and retraction (``SGLANG_TEST_RETRACT=1``, SGLang's own hook
 requests are retracted every third step and come back re-prefilled from their ids); then raw bad
 ``custom_params`` over HTTP.
 
-``interpret``: conformance.py's requests alone, their first ``INTERPRET_TOKENS`` tokens, with
+``interpret``: conformance.py's requests alone, their first ``conformance.DEVICE_PATH_TOKENS`` tokens, with
 ``LOGITS_PROCESSING_DEVICE=interpret`` and ``TRITON_INTERPRET=1`` in the scheduler: its host
 tensors take the device path (packed plans, the Triton kernels under Triton's interpreter, the
 round trip for the steps the kernels do not carry). The scheduler process appends a line to
@@ -35,8 +35,6 @@ import launch_log
 
 VOCAB = 129280
 MAX_NEW = 12
-# Tokens per request under the interpreter, which takes seconds a step for a row that truncates.
-INTERPRET_TOKENS = 4
 # In every process that imports this file (the scheduler does, as SGLang spawns it).
 launch_log.install()
 
@@ -310,6 +308,7 @@ def conformance_rows(llm, tok, model: str, context, max_new: int = 0) -> dict:
 
 
 def main_interpret(model: str) -> dict:
+    import conformance
     import sglang as sgl
     from transformers import AutoTokenizer
 
@@ -322,7 +321,7 @@ def main_interpret(model: str) -> dict:
     _phase("engine start", t0)
     out = {
         "env": {k: os.environ.get(k) for k in ("SGLANG_ENABLE_DELAY_SAMPLE", "LOGITS_PROCESSING_DEVICE")},
-        "conformance": conformance_rows(llm, tok, model, context, max_new=INTERPRET_TOKENS),
+        "conformance": conformance_rows(llm, tok, model, context, max_new=conformance.DEVICE_PATH_TOKENS),
     }
     _phase("conformance requests through the device path", t0)
     llm.shutdown()

@@ -12,6 +12,7 @@ examples give it:
 """
 
 import logging
+import os
 
 import pytest
 
@@ -462,7 +463,7 @@ def test_stale_ids_under_a_setting_that_claims_no_overlap_are_refused_not_late(c
 
 
 @pytest.mark.skipif(
-    __import__("os").environ.get("TRITON_INTERPRET") != "1",
+    os.environ.get("TRITON_INTERPRET") != "1",
     reason="the device path through the switch needs Triton's interpreter (TRITON_INTERPRET=1 before "
     "triton is imported: python/tests/conftest.py sets it in the main venv)",
 )

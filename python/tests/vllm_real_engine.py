@@ -9,7 +9,7 @@ edit, the admission errors, the step timings) on the last line of stdout.
 
 vLLM spawns its engine core, so everything runs under ``if __name__ == "__main__":``.
 
-``interpret``: conformance.py's requests alone, their first ``INTERPRET_TOKENS`` tokens, with
+``interpret``: conformance.py's requests alone, their first ``conformance.DEVICE_PATH_TOKENS`` tokens, with
 ``LOGITS_PROCESSING_DEVICE=interpret`` and ``TRITON_INTERPRET=1``: the engine's host tensors take
 the device path (packed plans, the Triton kernels under Triton's interpreter, the round trip for
 the steps the kernels do not carry); the engine core appends a line to
@@ -31,8 +31,6 @@ launch_log.install()
 
 VOCAB = 129280  # DeepSeek V3's padded vocab; the tokenizer has fewer ids
 MAX_LEN = 192
-# Tokens per request under the interpreter, which takes seconds a step for a row that truncates.
-INTERPRET_TOKENS = 4
 
 
 def make_model(path: str) -> None:
@@ -158,9 +156,10 @@ def main(model: str, loading: str) -> dict:
         return p
 
     if loading == "interpret":
+        import conformance
         import launch_log
 
-        out["conformance"] = conformance_rows(llm, tok, model, max_new=INTERPRET_TOKENS)
+        out["conformance"] = conformance_rows(llm, tok, model, max_new=conformance.DEVICE_PATH_TOKENS)
         _phase("conformance requests through the device path", t0)
         out["launches"] = launch_log.count()
         return out
