@@ -799,7 +799,8 @@ _VLLM_NOT_SAMPLING = {
 
 def from_vllm(params: Any) -> Conversion:
     """vLLM's ``SamplingParams`` (the object, or a mapping of its fields), in the order vLLM's
-    sampler applies them: penalties, temperature, min-p, top-k, top-p. vLLM's penalties count
+    sampler applies them: allowed ids, logit bias, penalties, temperature, min-p, top-k, top-p
+    (a bias is added before the repetition penalty scales the logit, as in vLLM). vLLM's penalties count
     the output tokens only (repetition also the prompt's), as the specs' ``scope`` says.
 
     >>> from logits_processing.convert import from_vllm
@@ -812,15 +813,15 @@ def from_vllm(params: Any) -> Conversion:
     }
     out = Conversion()
     get = fields.get
+    if get("allowed_token_ids"):
+        out.specs.append({"kind": "allowed_token_ids", "token_ids": [int(t) for t in get("allowed_token_ids")]})
+    if get("logit_bias"):
+        out.specs.extend(_llamacpp_bias(get("logit_bias"), out))
     if get("repetition_penalty") not in (None, 1.0):
         out.specs.append({"kind": "repetition_penalty", "penalty": float(get("repetition_penalty"))})
     for name in ("frequency_penalty", "presence_penalty"):
         if get(name) not in (None, 0.0):
             out.specs.append({"kind": name, "penalty": float(get(name))})
-    if get("logit_bias"):
-        out.specs.extend(_llamacpp_bias(get("logit_bias"), out))
-    if get("allowed_token_ids"):
-        out.specs.append({"kind": "allowed_token_ids", "token_ids": [int(t) for t in get("allowed_token_ids")]})
     if get("min_tokens"):
         out.unsupported["min_tokens"] = "needs the EOS ids: give a min_new_tokens spec with them"
     if get("bad_words"):
