@@ -72,13 +72,10 @@ class Batch:
             need it (``hello_world``, thinking budgets without ids, grammars, text), and the EOS
             ids a row left with no finite logit is given (see :meth:`failure`): build one per
             engine and share it between batches. Not :meth:`EngineContext.structure_only`.
-        hello_world, thinking_tokens, tokenizer, eos_token_id: Keyword only. Deprecated (a
-            ``DeprecationWarning``): give ``context=EngineContext(tokenizer, eos_token_id=...,
-            hello_world=..., thinking_tokens=...)``.
 
     Raises:
         ArgumentTypeError, InvalidArgumentError: no vocab size (neither given nor in the
-            context), a structure-only context, or ``context=`` with a deprecated keyword.
+            context), or a structure-only context.
         TokenOutOfVocabError: an EOS id of the context outside ``vocab_size``.
         TokenizerError: a tokenizer with more tokens than ``vocab_size``.
 
@@ -100,10 +97,6 @@ class Batch:
         vocab_size: Optional[int] = None,
         *,
         context: Optional["EngineContext"] = None,
-        hello_world: Optional[Tuple[Sequence[int], int]] = None,
-        thinking_tokens: Optional[Any] = None,
-        tokenizer: Optional[Any] = None,
-        eos_token_id: Optional[Union[int, Sequence[int]]] = None,
     ) -> None: ...
     def __contains__(self, row: int) -> bool: ...
     def add(
@@ -481,8 +474,6 @@ class Processor:
             :meth:`Batch.add`; ignored by the others (0).
         context (EngineContext | None): Keyword only. What the engine knows, for specs that
             need it (``hello_world``, thinking budgets without ids, grammars).
-        hello_world, thinking_tokens: Keyword only. Deprecated (a ``DeprecationWarning``): give
-            ``context=EngineContext(hello_world=..., thinking_tokens=...)``.
 
     Raises:
         SpecError: (a ValueError) naming the field of a bad spec, e.g. ``"[1].token_ids"``; a
@@ -509,8 +500,6 @@ class Processor:
         *,
         prompt_len: int = 0,
         context: Optional["EngineContext"] = None,
-        hello_world: Optional[Tuple[Sequence[int], int]] = None,
-        thinking_tokens: Optional[Any] = None,
     ) -> None: ...
     def __call__(self, input_ids: InputIds, logits: Logits) -> None: ...
     @property
@@ -817,9 +806,6 @@ def resolve_specs(
     specs: Union[Spec, Sequence[Spec]],
     *,
     context: Optional["EngineContext"] = None,
-    vocab_size: Optional[int] = None,
-    hello_world: Optional[Tuple[Sequence[int], int]] = None,
-    thinking_tokens: Optional[Any] = None,
 ) -> list[dict]:
     """The specs with what they take from the engine made explicit, for a worker that has not got
     the engine's tokenizer: ``hello_world`` becomes the ``forced_sequence`` of its ids, a
@@ -830,8 +816,6 @@ def resolve_specs(
     Args:
         specs: JSON text (one spec object or a list), a dict, or a list of dicts / JSON texts.
         context (EngineContext | None): Keyword only. As for :func:`validate_specs`.
-        vocab_size, hello_world, thinking_tokens: Keyword only. Deprecated, as for
-            :func:`validate_specs`.
 
     Returns:
         list[dict]: One explicit spec per spec given, in order.
@@ -875,9 +859,6 @@ def validate_specs(
     specs: Union[Spec, Sequence[Spec]],
     *,
     context: Optional["EngineContext"] = None,
-    vocab_size: Optional[int] = None,
-    hello_world: Optional[Tuple[Sequence[int], int]] = None,
-    thinking_tokens: Optional[Any] = None,
 ) -> None:
     """Checks request specs as a `Batch` would admit them, without building a batch.
 
@@ -888,9 +869,6 @@ def validate_specs(
             ``hello_world`` and thinking budgets without ids need what it derived.
             ``EngineContext.structure_only()`` checks only what does not depend on the engine
             (for a frontend or client). None: an engine that knows nothing.
-        vocab_size, hello_world, thinking_tokens: Keyword only. Deprecated (a
-            ``DeprecationWarning``): give ``context=EngineContext(vocab_size=...,
-            hello_world=..., thinking_tokens=...)``.
 
     Raises:
         SpecError: (a ValueError) whose ``field`` names the offending part, e.g. ``"[1].token_ids"``.

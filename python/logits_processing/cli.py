@@ -298,18 +298,16 @@ def _bench(args: argparse.Namespace) -> int:
         import numpy as np
     except ImportError:
         raise UsageError("needs numpy") from None
-    from . import Batch, ThinkingTokenConfig
+    from . import Batch, EngineContext, ThinkingTokenConfig
 
     table = kinds_table(_schema())
     names = args.kinds or [k["kind"] for k in table]
     unknown = sorted(set(names) - {k["kind"] for k in table})
     if unknown:
         raise UsageError(f"--kinds: unknown kinds: {', '.join(unknown)}")
-    context = {"hello_world": ([1, 2, 3], 0), "thinking_tokens": ThinkingTokenConfig(1, 2, 3)}
-    vocab = args.vocab
-    if args.tokenizer:  # for the grammar kinds
-        context["tokenizer"] = load_tokenizer(args.tokenizer)
-        vocab = max(vocab, context["tokenizer"].vocab_size)
+    tokenizer = load_tokenizer(args.tokenizer) if args.tokenizer else None  # for the grammar kinds
+    vocab = args.vocab if tokenizer is None else max(args.vocab, tokenizer.vocab_size)
+    context = EngineContext(tokenizer, hello_world=([1, 2, 3], 0), thinking_tokens=ThinkingTokenConfig(1, 2, 3))
     # Two float32 blocks of [rows, vocab] (and the history): refuse what this machine cannot hold
     # rather than be killed for memory half-way.
     needed, memory = 2 * 4 * args.rows * vocab, _memory_bytes()
@@ -347,7 +345,7 @@ def _bench(args: argparse.Namespace) -> int:
         try:
             if spec is None:
                 raise ValueError("its description opens with no JSON example")
-            batch = Batch(vocab, **context)
+            batch = Batch(vocab, context=context)
             for r in range(args.rows):
                 batch.add(r, spec, prompt_len=0)  # every id of the history is output
             extra = {"bitmask": all_allowed} if name == "bitmask" else {}

@@ -100,7 +100,7 @@ def twins(kinds, failing_row, failure):
     made = []
     for _ in range(2):
         trap = Trap()
-        batch = Batch(VOCAB, thinking_tokens=TOKENS)
+        batch = Batch(VOCAB, context=lp.EngineContext(thinking_tokens=TOKENS))
         for row, entry in enumerate(kinds):
             kind, seed = entry or (None, 0)
             extra = None
@@ -234,7 +234,7 @@ def test_out_of_place_failures_leave_out_and_logits_alone():
 
 
 def test_a_bad_row_of_input_ids_names_the_row_and_keeps_the_cause():
-    batch = Batch(VOCAB, thinking_tokens=TOKENS)
+    batch = Batch(VOCAB, context=lp.EngineContext(thinking_tokens=TOKENS))
     batch.add(0, {"kind": "thinking_budget", "max_thinking_tokens": 2})
     batch.add(2, {"kind": "thinking_budget", "max_thinking_tokens": 2})
 

@@ -14,6 +14,7 @@ from hypothesis import strategies as st
 from logits_processing import (
     Batch,
     DTypeError,
+    EngineContext,
     ProcessorError,
     ReadOnlyError,
     ShapeError,
@@ -64,7 +65,7 @@ def alone(kind, seed):
     dtype=st.sampled_from(TORCH_DTYPES),
 )
 def test_batch_equals_each_row_alone(rows, history, steps, pad, dtype):
-    batch = Batch(VOCAB, thinking_tokens=TOKENS)
+    batch = Batch(VOCAB, context=EngineContext(thinking_tokens=TOKENS))
     singles = {}
     for row, entry in enumerate(rows):
         if entry is not None:
@@ -87,7 +88,7 @@ def test_batch_equals_each_row_alone(rows, history, steps, pad, dtype):
 def test_input_ids_as_list_numpy_and_torch():
     outputs = []
     for make in [list, np.array, torch.tensor, tuple]:
-        batch = Batch(VOCAB, thinking_tokens=TOKENS)
+        batch = Batch(VOCAB, context=EngineContext(thinking_tokens=TOKENS))
         batch.add(0, {"kind": "thinking_budget", "max_thinking_tokens": 2})
         batch.add(
             1,
@@ -207,7 +208,7 @@ def test_spec_errors_name_the_field():
 
 
 def test_hello_world_and_thinking_specs_use_the_context():
-    batch = Batch(VOCAB, hello_world=([7, 8], 0), thinking_tokens=TOKENS)
+    batch = Batch(VOCAB, context=EngineContext(hello_world=([7, 8], 0), thinking_tokens=TOKENS))
     batch.add(0, json.dumps({"kind": "hello_world"}))
     batch.add(1, {"kind": "thinking_budget", "max_thinking_tokens": 0})
     logits = torch.zeros(2, VOCAB)
@@ -286,7 +287,7 @@ def test_hello_world_objects_are_built_ins_and_overriding_subclasses_run_as_pyth
 @pytest.mark.parametrize("dtype", TORCH_DTYPES)
 def test_out_equals_a_copy_edited_in_place_and_leaves_logits_alone(dtype):
     def make():
-        batch = Batch(VOCAB, thinking_tokens=TOKENS)
+        batch = Batch(VOCAB, context=EngineContext(thinking_tokens=TOKENS))
         for row, kind in enumerate([0, 1, 2, 3, 4]):
             batch.add(row, spec(kind, 11 * row + 3))
         return batch  # row 5 holds no request

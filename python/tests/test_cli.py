@@ -51,7 +51,7 @@ def test_check_accepts_what_admission_accepts_and_lists_every_error(tmp_path, ca
                                 {"kind": "ban_tokens"},
                                 {"kind": "top_k", "k": -2},
                                 {"kind": "forced_sequence", "token_ids": [7], "eos_token_id": 2}]))
-    errors = cli.check_text(path.read_text(), vocab_size=5)
+    errors = cli.check_text(path.read_text(), context=lp.EngineContext(vocab_size=5))
     assert [e["field"] for e in errors] == ["[1].token_ids", "[2].k", "[3].token_ids[0]"]
     assert errors[2]["error"] == "TokenOutOfVocabError"
     assert cli.main(["check", str(path), "--vocab", "5"]) == 1

@@ -1,6 +1,6 @@
 """EngineContext: one Rust object built once per engine, given to Batch, Processor,
-validate_specs and resolve_specs as ``context=``; the structure-only mode; the deprecated
-keywords it replaces; and the adapters' use of it."""
+validate_specs and resolve_specs as ``context=`` (their only way to the engine's facts); the
+structure-only mode; and the adapters' use of it."""
 
 import math
 import os
@@ -108,27 +108,23 @@ def test_structure_only_checks_what_does_not_depend_on_the_engine():
     assert common.validate_structure('{"kind": "hello_world"}') == {"kind": "hello_world"}
 
 
-def test_the_old_keywords_are_deprecated_aliases_and_not_given_with_a_context():
-    with pytest.warns(DeprecationWarning, match="hello_world="):
-        batch = lp.Batch(VOCAB, hello_world=([5], 3))
-    batch.add(0, {"kind": "hello_world"})
-    with pytest.warns(DeprecationWarning, match="vocab_size="):
-        with pytest.raises(lp.TokenOutOfVocabError):
-            lp.validate_specs({"kind": "ban_tokens", "token_ids": [9]}, vocab_size=4)
-    with pytest.warns(DeprecationWarning, match="thinking_tokens="):
-        lp.Processor({"kind": "thinking_budget", "max_thinking_tokens": 1}, thinking_tokens=(1, 2, 3))
-    context = lp.EngineContext(vocab_size=VOCAB)
+def test_the_engines_facts_come_only_through_a_context():
+    context = lp.EngineContext(vocab_size=VOCAB, hello_world=([5], 3))
     with warnings.catch_warnings():
         warnings.simplefilter("error")
-        lp.Batch(context=context)  # no warning without the old keywords
-        for call in (
-            lambda: lp.Batch(context=context, hello_world=([5], 3)),
-            lambda: lp.Processor({"kind": "hello_world"}, context=context, thinking_tokens=(1, 2, 3)),
-            lambda: lp.validate_specs({"kind": "hello_world"}, context=context, vocab_size=5),
-            lambda: lp.resolve_specs({"kind": "hello_world"}, context=context, hello_world=([5], 3)),
-        ):
-            with pytest.raises(lp.ArgumentTypeError, match="not both"):
-                call()
+        lp.Batch(context=context).add(0, {"kind": "hello_world"})
+    # The keywords a context holds are not taken beside it or instead of it.
+    for call in (
+        lambda: lp.Batch(VOCAB, hello_world=([5], 3)),
+        lambda: lp.Batch(VOCAB, tokenizer="tokenizer.json"),
+        lambda: lp.Processor({"kind": "hello_world"}, context=context, thinking_tokens=(1, 2, 3)),
+        lambda: lp.validate_specs({"kind": "ban_tokens", "token_ids": [9]}, vocab_size=4),
+        lambda: lp.resolve_specs({"kind": "hello_world"}, hello_world=([5], 3)),
+    ):
+        with pytest.raises(TypeError, match="unexpected keyword"):
+            call()
+    with pytest.raises(lp.TokenOutOfVocabError):
+        lp.validate_specs({"kind": "ban_tokens", "token_ids": [9]}, context=lp.EngineContext(vocab_size=4))
     with pytest.raises(lp.ArgumentTypeError) as raised:
         lp.Batch()
     assert raised.value.field == "vocab_size"

@@ -54,7 +54,7 @@ def hf_tokenizers(tokenizer_path):
 
 @pytest.fixture(scope="module")
 def batch(tokenizer_path):
-    return lp.Batch(LOGITS, tokenizer=tokenizer_path)
+    return lp.Batch(LOGITS, context=lp.EngineContext(grammar=lp.GrammarEnv(tokenizer_path)))
 
 
 def test_the_built_tokenizer_is_qwen_s(hf_tokenizers):
@@ -124,7 +124,7 @@ def test_eos_is_endoftext_unless_im_end_is_given(tokenizer_path, hf_tokenizers):
         (chat, [qwen.IM_END]),
         (lp.GrammarEnv(tokenizer_path, eos_token_id=[qwen.IM_END, qwen.ENDOFTEXT]), [qwen.ENDOFTEXT, qwen.IM_END]),
     ]:
-        batch = lp.Batch(LOGITS, tokenizer=tokenizer)
+        batch = lp.Batch(LOGITS, context=lp.EngineContext(grammar=lp.GrammarEnv(tokenizer)))
         batch.add(0, {"kind": "grammar", "json_schema": SCHEMA}, prompt_len=0)
         bits = np.unpackbits(our_mask(batch, ids).view(np.uint8), bitorder="little")
         assert np.flatnonzero(bits).tolist() == eos, tokenizer

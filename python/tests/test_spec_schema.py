@@ -32,7 +32,7 @@ def validator():
 
 def admission_error(spec) -> str | None:
     try:
-        lp.validate_specs(json.dumps(spec), **CONTEXT)
+        lp.validate_specs(json.dumps(spec), context=lp.EngineContext(**CONTEXT))
         return None
     except lp.SpecError as e:
         return str(e)

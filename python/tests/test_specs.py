@@ -6,7 +6,13 @@ import json
 
 import pytest
 
-from logits_processing import SpecError, ThinkingTokenConfig, TokenOutOfVocabError, validate_specs
+from logits_processing import (
+    EngineContext,
+    SpecError,
+    ThinkingTokenConfig,
+    TokenOutOfVocabError,
+    validate_specs,
+)
 
 REFERENCE_FORM = {"kind": "forced_sequence", "token_ids": [1, 2, 3], "eos_token_id": 2}
 
@@ -22,9 +28,7 @@ def test_accepts_the_reference_form_and_every_kind():
             {"kind": "ban_tokens", "token_ids": [5, 6]},
             {"kind": "logit_bias", "bias": {"7": -1.5}},
         ],
-        vocab_size=100,
-        hello_world=([4, 5], 1),
-        thinking_tokens=ThinkingTokenConfig(1, 2, 3),
+        context=EngineContext(vocab_size=100, hello_world=([4, 5], 1), thinking_tokens=ThinkingTokenConfig(1, 2, 3)),
     )
 
 
@@ -56,7 +60,7 @@ def test_errors_name_the_field(specs, field):
 def test_vocab_is_checked_when_given():
     validate_specs(REFERENCE_FORM)
     with pytest.raises(TokenOutOfVocabError) as info:
-        validate_specs(REFERENCE_FORM, vocab_size=3)
+        validate_specs(REFERENCE_FORM, context=EngineContext(vocab_size=3))
     assert info.value.token_id == 3 and info.value.vocab_size == 3
 
 

@@ -48,7 +48,6 @@ TYPES = {
     "kind_info.name": "str",
     "ForcedSequenceLogitsProcessor.eos_token_id": "Optional[int]",
     "GrammarEnv.eos_token_id": "Union[int, Sequence[int]]",
-    "Batch.eos_token_id": "Union[int, Sequence[int]]",
     "EngineContext.eos_token_id": "Union[int, Sequence[int]]",
     "context": '"EngineContext"',
     "grammar": 'Union["GrammarEnv", bool]',

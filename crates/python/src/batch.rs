@@ -8,9 +8,7 @@ use pyo3::prelude::*;
 use pyo3::types::{PyList, PyTuple};
 
 use crate::args;
-use crate::context::{
-    check_grammar_vocab, context_arg, context_of, eos_token_ids_arg, grammar_env, Legacy,
-};
+use crate::context::{check_grammar_vocab, context_arg, context_of};
 use crate::device::{apply_batch, apply_batch_host_into};
 use crate::errors::{
     describe_exception, in_row, new_err, new_err_with, spec_error, to_py, Attr, ErrorClass,
@@ -85,13 +83,10 @@ fn source_block(view: &TensorView, block: &Block) -> PyResult<Block> {
 ///         need it (``hello_world``, thinking budgets without ids, grammars, text), and the EOS
 ///         ids a row left with no finite logit is given (see :meth:`failure`): build one per
 ///         engine and share it between batches. Not :meth:`EngineContext.structure_only`.
-///     hello_world, thinking_tokens, tokenizer, eos_token_id: Keyword only. Deprecated (a
-///         ``DeprecationWarning``): give ``context=EngineContext(tokenizer, eos_token_id=...,
-///         hello_world=..., thinking_tokens=...)``.
 ///
 /// Raises:
 ///     ArgumentTypeError, InvalidArgumentError: no vocab size (neither given nor in the
-///         context), a structure-only context, or ``context=`` with a deprecated keyword.
+///         context), or a structure-only context.
 ///     TokenOutOfVocabError: an EOS id of the context outside ``vocab_size``.
 ///     TokenizerError: a tokenizer with more tokens than ``vocab_size``.
 ///
@@ -143,15 +138,10 @@ impl BatchState {
 #[pymethods]
 impl PyBatch {
     #[new]
-    #[pyo3(signature = (vocab_size = None, *, context = None, hello_world = None, thinking_tokens = None, tokenizer = None, eos_token_id = None))]
+    #[pyo3(signature = (vocab_size = None, *, context = None))]
     fn new(
-        py: Python<'_>,
         vocab_size: Option<&Bound<'_, PyAny>>,
         context: Option<&Bound<'_, PyAny>>,
-        hello_world: Option<&Bound<'_, PyAny>>,
-        thinking_tokens: Option<&Bound<'_, PyAny>>,
-        tokenizer: Option<&Bound<'_, PyAny>>,
-        eos_token_id: Option<&Bound<'_, PyAny>>,
     ) -> PyResult<Self> {
         let given_vocab = args::given(vocab_size)
             .map(|v| args::index(v, "vocab_size"))
@@ -165,17 +155,7 @@ impl PyBatch {
                 ));
             }
         }
-        let mut context = context_arg(
-            py,
-            "Batch",
-            context,
-            Legacy(&[
-                ("hello_world", hello_world),
-                ("thinking_tokens", thinking_tokens),
-                ("tokenizer", tokenizer),
-                ("eos_token_id", eos_token_id),
-            ]),
-        )?;
+        let mut context = context_arg(context)?;
         let vocab_size = given_vocab.or(context.vocab_size).ok_or_else(|| {
             new_err_with(
                 ErrorClass::ArgumentType,
@@ -184,13 +164,6 @@ impl PyBatch {
             )
         })?;
         context.vocab_size = Some(vocab_size);
-        if let Some(tokenizer) = args::given(tokenizer) {
-            let eos = eos_token_ids_arg(eos_token_id)?;
-            context.grammar = Some(grammar_env(tokenizer, eos.clone())?);
-            if context.eos_token_ids.is_empty() {
-                context.eos_token_ids = eos;
-            }
-        }
         if let Some(env) = &context.grammar {
             check_grammar_vocab(env, vocab_size)?;
         }

@@ -1,6 +1,6 @@
 //! `EngineContext`: what an engine knows at start-up that specs may rely on, built once per
 //! engine and given to `Batch`, `Processor`, `validate_specs` and `resolve_specs` as `context=`;
-//! and the conversions from Python that it (and the deprecated keywords it replaces) need.
+//! and the conversions from Python that it needs.
 
 use std::sync::Arc;
 
@@ -11,7 +11,7 @@ use pyo3::prelude::*;
 use pyo3::types::{PyBool, PyDict, PyTuple};
 
 use crate::args;
-use crate::errors::{new_err, new_err_with, Attr, ErrorClass, IntoPyResult};
+use crate::errors::{new_err, ErrorClass, IntoPyResult};
 
 /// A Python tokenizer as the core's `TextEncoder`: `encode(text, add_special_tokens=False)`
 /// returning a list of ids (transformers) or an encoding with `.ids` (tokenizers). Holds the
@@ -316,92 +316,11 @@ fn hello_world_of(h: &Bound<'_, PyAny>) -> PyResult<(Vec<u32>, u32)> {
     ))
 }
 
-/// The context the deprecated keywords (`vocab_size=`, `hello_world=`, `thinking_tokens=`)
-/// describe.
-fn legacy_context(
-    vocab_size: Option<usize>,
-    hello_world: Option<&Bound<'_, PyAny>>,
-    thinking_tokens: Option<&Bound<'_, PyAny>>,
-) -> PyResult<SpecContext> {
-    Ok(SpecContext {
-        vocab_size,
-        hello_world: args::given(hello_world).map(hello_world_of).transpose()?,
-        thinking_tokens: args::given(thinking_tokens)
-            .map(thinking_config_of)
-            .transpose()?,
-        ..Default::default()
-    })
-}
-
-/// The deprecated keywords a call was given, by name.
-pub(crate) struct Legacy<'a, 'py>(pub(crate) &'a [(&'static str, Option<&'a Bound<'py, PyAny>>)]);
-
-impl<'py> Legacy<'_, 'py> {
-    fn given(&self) -> Vec<&'static str> {
-        self.0
-            .iter()
-            .filter(|(_, value)| args::given(*value).is_some())
-            .map(|(name, _)| *name)
-            .collect()
-    }
-
-    fn get(&self, name: &str) -> Option<&Bound<'py, PyAny>> {
-        self.0
-            .iter()
-            .find(|(n, _)| *n == name)
-            .and_then(|(_, value)| args::given(*value))
-    }
-}
-
-/// The context of a call: `context=` (an `EngineContext`), or the one the deprecated keywords
-/// describe (with a `DeprecationWarning`); not both. `what` names the callee in messages.
-pub(crate) fn context_arg(
-    py: Python<'_>,
-    what: &str,
-    context: Option<&Bound<'_, PyAny>>,
-    legacy: Legacy<'_, '_>,
-) -> PyResult<SpecContext> {
-    let given = legacy.given();
+/// The context of a call: `context=` (an `EngineContext`), or one that knows nothing.
+pub(crate) fn context_arg(context: Option<&Bound<'_, PyAny>>) -> PyResult<SpecContext> {
     match args::given(context) {
-        Some(context) => {
-            if let Some(name) = given.first() {
-                return Err(new_err_with(
-                    ErrorClass::ArgumentType,
-                    format!(
-                        "{what}: give context= or the deprecated {name}=, not both (the context \
-                         holds what {name}= gave)"
-                    ),
-                    &[("field", Attr::Str((*name).into()))],
-                ));
-            }
-            Ok(context_of(context)?.get().context.clone())
-        }
-        None => {
-            if !given.is_empty() {
-                let names: Vec<String> = given.iter().map(|n| format!("{n}=")).collect();
-                PyErr::warn(
-                    py,
-                    &py.get_type::<pyo3::exceptions::PyDeprecationWarning>(),
-                    &std::ffi::CString::new(format!(
-                        "{what}: {} {} deprecated; give context=EngineContext(...) instead",
-                        names.join(", "),
-                        if names.len() == 1 { "is" } else { "are" }
-                    ))
-                    .expect("no NUL"),
-                    // The caller's line: this function is called from Python directly.
-                    1,
-                )?;
-            }
-            let vocab_size = legacy
-                .get("vocab_size")
-                .map(|v| args::index(v, "vocab_size"))
-                .transpose()?;
-            legacy_context(
-                vocab_size,
-                legacy.get("hello_world"),
-                legacy.get("thinking_tokens"),
-            )
-        }
+        Some(context) => Ok(context_of(context)?.get().context.clone()),
+        None => Ok(SpecContext::default()),
     }
 }
 

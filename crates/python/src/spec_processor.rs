@@ -4,7 +4,7 @@ use logits_processing::{Pipeline, Result as CoreResult, TokenHistory};
 use pyo3::prelude::*;
 
 use crate::args;
-use crate::context::{context_arg, Legacy};
+use crate::context::context_arg;
 use crate::device::apply_pipeline_row;
 use crate::errors::to_py;
 use crate::exclusive::Exclusive;
@@ -32,8 +32,6 @@ use crate::tensor::Block;
 ///         :meth:`Batch.add`; ignored by the others (0).
 ///     context (EngineContext | None): Keyword only. What the engine knows, for specs that
 ///         need it (``hello_world``, thinking budgets without ids, grammars).
-///     hello_world, thinking_tokens: Keyword only. Deprecated (a ``DeprecationWarning``): give
-///         ``context=EngineContext(hello_world=..., thinking_tokens=...)``.
 ///
 /// Raises:
 ///     SpecError: (a ValueError) naming the field of a bad spec, e.g. ``"[1].token_ids"``; a
@@ -85,29 +83,18 @@ impl RowSteps for Steps<'_> {
 impl PyProcessor {
     #[new]
     #[pyo3(
-        signature = (spec, *, prompt_len = None, context = None, hello_world = None, thinking_tokens = None),
-        text_signature = "(spec, *, prompt_len=0, context=None, hello_world=None, thinking_tokens=None)"
+        signature = (spec, *, prompt_len = None, context = None),
+        text_signature = "(spec, *, prompt_len=0, context=None)"
     )]
     fn new(
-        py: Python<'_>,
         spec: &Bound<'_, PyAny>,
         prompt_len: Option<&Bound<'_, PyAny>>,
         context: Option<&Bound<'_, PyAny>>,
-        hello_world: Option<&Bound<'_, PyAny>>,
-        thinking_tokens: Option<&Bound<'_, PyAny>>,
     ) -> PyResult<Self> {
         let prompt_len = args::given(prompt_len)
             .map(|n| args::index(n, "prompt_len"))
             .transpose()?;
-        let context = context_arg(
-            py,
-            "Processor",
-            context,
-            Legacy(&[
-                ("hello_world", hello_world),
-                ("thinking_tokens", thinking_tokens),
-            ]),
-        )?;
+        let context = context_arg(context)?;
         let entries = entries_of(spec, false)?;
         refuse_caller_mask(&entries, "a Processor")?;
         let mut kinds = vec![];

@@ -8,7 +8,7 @@ use pyo3::prelude::*;
 use pyo3::types::{PyDict, PyList, PyString, PyTuple};
 
 use crate::args;
-use crate::context::{context_arg, Legacy};
+use crate::context::context_arg;
 use crate::errors::{spec_error, to_py, IntoPyResult};
 use crate::reference::builtin_processor;
 
@@ -292,9 +292,6 @@ pub(crate) fn pipeline_of(
 ///         ``hello_world`` and thinking budgets without ids need what it derived.
 ///         ``EngineContext.structure_only()`` checks only what does not depend on the engine
 ///         (for a frontend or client). None: an engine that knows nothing.
-///     vocab_size, hello_world, thinking_tokens: Keyword only. Deprecated (a
-///         ``DeprecationWarning``): give ``context=EngineContext(vocab_size=...,
-///         hello_world=..., thinking_tokens=...)``.
 ///
 /// Raises:
 ///     SpecError: (a ValueError) whose ``field`` names the offending part, e.g. ``"[1].token_ids"``.
@@ -310,25 +307,12 @@ pub(crate) fn pipeline_of(
 ///     [1].token_ids
 ///     >>> validate_specs({"kind": "hello_world"}, context=EngineContext.structure_only())
 #[pyfunction]
-#[pyo3(signature = (specs, *, context = None, vocab_size = None, hello_world = None, thinking_tokens = None))]
+#[pyo3(signature = (specs, *, context = None))]
 pub(crate) fn validate_specs(
-    py: Python<'_>,
     specs: &Bound<'_, PyAny>,
     context: Option<&Bound<'_, PyAny>>,
-    vocab_size: Option<&Bound<'_, PyAny>>,
-    hello_world: Option<&Bound<'_, PyAny>>,
-    thinking_tokens: Option<&Bound<'_, PyAny>>,
 ) -> PyResult<()> {
-    let context = context_arg(
-        py,
-        "validate_specs",
-        context,
-        Legacy(&[
-            ("vocab_size", vocab_size),
-            ("hello_world", hello_world),
-            ("thinking_tokens", thinking_tokens),
-        ]),
-    )?;
+    let context = context_arg(context)?;
     validate_with(specs, &context)
 }
 
@@ -355,8 +339,6 @@ pub(crate) fn validate_with(specs: &Bound<'_, PyAny>, context: &SpecContext) -> 
 /// Args:
 ///     specs: JSON text (one spec object or a list), a dict, or a list of dicts / JSON texts.
 ///     context (EngineContext | None): Keyword only. As for :func:`validate_specs`.
-///     vocab_size, hello_world, thinking_tokens: Keyword only. Deprecated, as for
-///         :func:`validate_specs`.
 ///
 /// Returns:
 ///     list[dict]: One explicit spec per spec given, in order.
@@ -369,25 +351,12 @@ pub(crate) fn validate_with(specs: &Bound<'_, PyAny>, context: &SpecContext) -> 
 ///     >>> resolve_specs({"kind": "hello_world"}, context=EngineContext(hello_world=([9, 8], 2)))
 ///     [{'kind': 'forced_sequence', 'token_ids': [9, 8], 'eos_token_id': 2, 'position': 'calls'}]
 #[pyfunction]
-#[pyo3(signature = (specs, *, context = None, vocab_size = None, hello_world = None, thinking_tokens = None))]
+#[pyo3(signature = (specs, *, context = None))]
 pub(crate) fn resolve_specs<'py>(
-    py: Python<'py>,
     specs: &Bound<'py, PyAny>,
     context: Option<&Bound<'py, PyAny>>,
-    vocab_size: Option<&Bound<'py, PyAny>>,
-    hello_world: Option<&Bound<'py, PyAny>>,
-    thinking_tokens: Option<&Bound<'py, PyAny>>,
 ) -> PyResult<Bound<'py, PyAny>> {
-    let context = context_arg(
-        py,
-        "resolve_specs",
-        context,
-        Legacy(&[
-            ("vocab_size", vocab_size),
-            ("hello_world", hello_world),
-            ("thinking_tokens", thinking_tokens),
-        ]),
-    )?;
+    let context = context_arg(context)?;
     resolve_with(specs, &context)
 }
 
