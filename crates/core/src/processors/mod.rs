@@ -48,6 +48,7 @@ mod temperature;
 mod tests;
 mod thinking_budget;
 mod thinking_config;
+pub(crate) mod p_less;
 pub(crate) mod top_a;
 pub(crate) mod top_n_sigma;
 mod trigger_phrase;
@@ -99,6 +100,7 @@ pub use thinking_config::{
     get_thinking_token_config, lookup_thinking_token_config, register_thinking_token_config,
     thinking_token_table, ThinkingTokenConfig,
 };
+pub use p_less::PLessSpec;
 pub use top_a::TopASpec;
 pub use top_n_sigma::TopNSigmaSpec;
 pub use trigger_phrase::{TriggerPhrase, TriggerPhraseSpec};
@@ -192,6 +194,7 @@ pub(crate) static KINDS: &[Kind] = &[
         .history_free()
         .truncating(),
     Kind::new::<TopASpec>("top_a").history_free().truncating(),
+    Kind::new::<PLessSpec>("p_less").history_free().truncating(),
     Kind::new::<TailFreeSpec>("tail_free")
         .history_free()
         .truncating(),

@@ -236,6 +236,9 @@ fn spec_of(kind: &'static str) -> BoxedStrategy<Value> {
         "top_a" => (0.0f64..1.0, min_keep())
             .prop_map(|(a, m)| json!({"kind": "top_a", "a": a, "min_tokens_to_keep": m}))
             .boxed(),
+        "p_less" => min_keep()
+            .prop_map(|m| json!({"kind": "p_less", "min_tokens_to_keep": m}))
+            .boxed(),
         "tail_free" => (0.0f64..1.0, min_keep())
             .prop_map(|(z, m)| json!({"kind": "tail_free", "z": z, "min_tokens_to_keep": m}))
             .boxed(),
@@ -350,6 +353,7 @@ resume_safe! {
     resume_safe_mirostat_without_a_pass: "mirostat",
     resume_safe_adaptive_p_without_a_pass: "adaptive_p",
     resume_safe_top_a: "top_a",
+    resume_safe_p_less: "p_less",
     resume_safe_tail_free: "tail_free",
     resume_safe_xtc: "xtc",
     resume_safe_dynamic_temperature: "dynamic_temperature",
@@ -545,6 +549,7 @@ fn every_new_kind_parses_and_writes_back_what_it_read() {
             {"kind": "presence_penalty", "penalty": 0.5, "window": 0},
             {"kind": "top_n_sigma", "n": 1.5},
             {"kind": "top_a", "a": 0.2},
+            {"kind": "p_less"},
             {"kind": "tail_free", "z": 0.95, "min_tokens_to_keep": 2},
             {"kind": "xtc", "probability": 0.5},
             {"kind": "dynamic_temperature", "temperature": 0.8, "range": 0.3},
