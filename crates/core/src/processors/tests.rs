@@ -549,7 +549,6 @@ fn every_new_kind_parses_and_writes_back_what_it_read() {
             {"kind": "presence_penalty", "penalty": 0.5, "window": 0},
             {"kind": "top_n_sigma", "n": 1.5},
             {"kind": "top_a", "a": 0.2},
-            {"kind": "p_less"},
             {"kind": "tail_free", "z": 0.95, "min_tokens_to_keep": 2},
             {"kind": "xtc", "probability": 0.5},
             {"kind": "dynamic_temperature", "temperature": 0.8, "range": 0.3},
