@@ -31,6 +31,7 @@ mod matcher;
 mod max_time;
 mod min_length;
 mod min_new_tokens;
+mod repetition_detection;
 pub(crate) mod mirostat;
 mod multiple_choice;
 mod no_repeat_ngram;
@@ -84,6 +85,7 @@ pub use logit_bias::{LogitBias, LogitBiasSpec, MAX_BIAS};
 pub use max_time::{MaxTime, MaxTimeSpec};
 pub use min_length::{MinLength, MinLengthSpec};
 pub use min_new_tokens::{MinNewTokens, MinNewTokensSpec};
+pub use repetition_detection::{RepetitionDetection, RepetitionDetectionSpec};
 pub use mirostat::{Mirostat, MirostatSpec};
 pub use multiple_choice::{MultipleChoice, MultipleChoiceSpec};
 pub use no_repeat_ngram::{NoRepeatNGram, NoRepeatNGramSpec};
@@ -162,6 +164,7 @@ pub(crate) static KINDS: &[Kind] = &[
     Kind::new::<BitmaskSpec>("bitmask").history_free().masking(),
     Kind::new::<ForcedBosSpec>("forced_bos"),
     Kind::new::<ForcedEosSpec>("forced_eos"),
+    Kind::new::<RepetitionDetectionSpec>("repetition_detection"),
     Kind::new::<ForcedSequenceSpec>("forced_sequence"),
     Kind::new::<HelloWorldSpec>("hello_world"),
     // logits-processor-zoo's forcing kinds: their triggers read the row the kinds above left.
