@@ -16,7 +16,8 @@ const MAX_PATTERN_SIZE: usize = 4096;
 /// "min_count": 3, "eos_token_ids": [2]}`: vLLM's `RepetitionDetectionParams`. Once the
 /// generated ids end with `min_count` repeats of one pattern of `min_pattern_size ..=
 /// max_pattern_size` ids (`min_pattern_size` 0 meaning 1), the next token is forced to EOS, as
-/// vLLM ends the request at that step. `max_pattern_size` 0 turns it off.
+/// vLLM ends the request at that step. `max_pattern_size` 0 or `min_count` below 2 turns it off
+/// (vLLM refuses a `min_count` below 2 with a pattern size set).
 #[derive(Debug, Clone, Serialize, Deserialize, JsonSchema)]
 #[serde(deny_unknown_fields)]
 pub struct RepetitionDetectionSpec {
@@ -34,7 +35,8 @@ impl KindSpec for RepetitionDetectionSpec {
     }
 
     fn check(&self) -> Result<()> {
-        // vLLM's `RepetitionDetectionParams.__post_init__`, and a bound on the step's cost.
+        // vLLM's `RepetitionDetectionParams.__post_init__` (a `min_count` below 2 is off here, as
+        // `check_sequence_repetition` treats it), and a bound on the step's cost.
         if self.min_pattern_size > self.max_pattern_size {
             return Err(Error::argument(
                 "min_pattern_size",
@@ -48,12 +50,6 @@ impl KindSpec for RepetitionDetectionSpec {
             return Err(Error::argument(
                 "max_pattern_size",
                 format!("{} is above {MAX_PATTERN_SIZE}", self.max_pattern_size),
-            ));
-        }
-        if self.max_pattern_size > 0 && self.min_count < 2 {
-            return Err(Error::argument(
-                "min_count",
-                format!("{} is below 2 (set max_pattern_size 0 to turn detection off)", self.min_count),
             ));
         }
         crate::processors::eos::check_eos(&self.eos_token_ids)
@@ -168,7 +164,7 @@ impl RepetitionDetection {
         self.runs
             .iter()
             .enumerate()
-            .any(|(k, &run)| run >= (self.min_size + k) as u64 * repeats)
+            .any(|(k, &run)| run >= ((self.min_size + k) as u64).saturating_mul(repeats))
     }
 }
 
@@ -299,7 +295,7 @@ mod tests {
         };
         let field = |s: RepetitionDetectionSpec| s.check().unwrap_err().to_string();
         assert!(field(spec(2, 3, 3)).contains("min_pattern_size"));
-        assert!(field(spec(4, 1, 1)).contains("min_count"));
+        assert!(spec(4, 1, 1).check().is_ok());
         assert!(field(spec(5000, 1, 2)).contains("max_pattern_size"));
         assert!(spec(0, 0, 0).check().is_ok());
     }

@@ -182,6 +182,12 @@ fn spec_of(kind: &'static str) -> BoxedStrategy<Value> {
         "forced_eos" => (0usize..12, tokens(3))
             .prop_map(|(n, e)| json!({"kind": "forced_eos", "max_length": n, "eos_token_ids": e}))
             .boxed(),
+        "repetition_detection" => (0usize..3, 1usize..5, 2usize..4, tokens(3))
+            .prop_map(|(min, max, c, e)| {
+                json!({"kind": "repetition_detection", "min_pattern_size": min.min(max),
+                       "max_pattern_size": max, "min_count": c, "eos_token_ids": e})
+            })
+            .boxed(),
         "suppress_tokens_at_begin" => (tokens(4), proptest::option::of(0usize..10))
             .prop_map(|(t, b)| match b {
                 Some(b) => json!({"kind": "suppress_tokens_at_begin", "token_ids": t, "begin_index": b}),
@@ -339,6 +345,7 @@ resume_safe! {
     resume_safe_exponential_decay_length_penalty: "exponential_decay_length_penalty",
     resume_safe_forced_bos: "forced_bos",
     resume_safe_forced_eos: "forced_eos",
+    resume_safe_repetition_detection: "repetition_detection",
     resume_safe_suppress_tokens_at_begin: "suppress_tokens_at_begin",
     resume_safe_forced_sequence_by_tokens: "forced_sequence",
     resume_safe_thinking_budget: "thinking_budget",
