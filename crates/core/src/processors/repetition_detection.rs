@@ -235,7 +235,9 @@ mod tests {
         let mut seed = 5u64;
         let mut fires = 0;
         let mut next = |n: u64| {
-            seed = seed.wrapping_mul(6364136223846793005).wrapping_add(1442695040888963407);
+            seed = seed
+                .wrapping_mul(6364136223846793005)
+                .wrapping_add(1442695040888963407);
             (seed >> 33) % n
         };
         for case in 0..300 {

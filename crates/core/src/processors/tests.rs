@@ -480,7 +480,7 @@ proptest! {
                 })
                 .collect();
             if !set.is_empty() {
-                prop_assert!(matches!(spec.kind(), "forced_bos" | "forced_eos" | "thinking_budget"), "{}", spec.kind());
+                prop_assert!(matches!(spec.kind(), "forced_bos" | "forced_eos" | "repetition_detection" | "thinking_budget"), "{}", spec.kind());
             }
             let before = row.clone();
             plan.apply(&mut row).unwrap();
