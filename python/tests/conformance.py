@@ -327,6 +327,7 @@ def requests(tok) -> Dict[str, Request]:
                 {"kind": "eta_cutoff", "epsilon": 0.0003},
                 {"kind": "top_n_sigma", "n": 1.0},
                 {"kind": "top_a", "a": 0.2},
+                {"kind": "p_less"},
                 {"kind": "tail_free", "z": 0.95},
             ],
             12,

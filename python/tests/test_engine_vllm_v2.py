@@ -236,6 +236,7 @@ PIPELINES = {
     "dynamic_temperature": [{"kind": "dynamic_temperature", "temperature": 0.8, "range": 0.3}],
     "top_n_sigma": [{"kind": "top_n_sigma", "n": 1.0}],
     "top_a": [{"kind": "top_a", "a": 0.2}],
+    "p_less": [{"kind": "p_less"}],
     "tail_free": [{"kind": "tail_free", "z": 0.9}],
     "xtc": [{"kind": "xtc", "probability": 0.5, "threshold": 0.05, "seed": 7}],
     "mirostat": [{"kind": "mirostat", "version": 2, "tau": 3.0}],

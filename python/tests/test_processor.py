@@ -114,6 +114,7 @@ SPECS = st.one_of(
     ),
     st.builds(lambda n: {"kind": "top_n_sigma", "n": n}, st.floats(0.5, 3.0)),
     st.builds(lambda a, m: {"kind": "top_a", "a": a, "min_tokens_to_keep": m}, st.floats(0.0, 1.0), _KEEP),
+    st.builds(lambda m: {"kind": "p_less", "min_tokens_to_keep": m}, _KEEP),
     st.builds(lambda z, m: {"kind": "tail_free", "z": z, "min_tokens_to_keep": m}, st.floats(0.1, 1.0), _KEEP),
     st.builds(
         lambda p, t, seed: {"kind": "xtc", "probability": p, "threshold": t, "seed": seed},

@@ -30,6 +30,7 @@ PIPELINES = [
     [{"kind": "dynamic_temperature", "temperature": 0.8, "range": 0.3}],
     [{"kind": "top_n_sigma", "n": 1.0}],
     [{"kind": "top_a", "a": 0.2}],
+    [{"kind": "p_less"}],
     [{"kind": "tail_free", "z": 0.9}],
     [{"kind": "xtc", "probability": 0.5, "threshold": 0.05, "seed": 7}],
     [{"kind": "mirostat", "version": 2, "tau": 3.0}],

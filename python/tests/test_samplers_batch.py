@@ -14,6 +14,7 @@ VOCAB = 300
 SPECS = [
     {"kind": "top_n_sigma", "n": 1.0},
     {"kind": "top_a", "a": 0.2},
+    {"kind": "p_less"},
     {"kind": "tail_free", "z": 0.9},
     {"kind": "xtc", "probability": 0.5, "threshold": 0.05, "seed": 3},
     {"kind": "dynamic_temperature", "temperature": 0.9, "range": 0.4},

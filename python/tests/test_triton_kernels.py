@@ -80,6 +80,7 @@ SPECS = {
     "eta_cutoff": {"kind": "eta_cutoff", "epsilon": 0.0003, "min_tokens_to_keep": 1},
     "top_n_sigma": {"kind": "top_n_sigma", "n": 1.0},
     "top_a": {"kind": "top_a", "a": 0.2, "min_tokens_to_keep": 1},
+    "p_less": {"kind": "p_less", "min_tokens_to_keep": 1},
     "tail_free": {"kind": "tail_free", "z": 0.95, "min_tokens_to_keep": 1},
     "xtc": {"kind": "xtc", "probability": 0.5, "threshold": 0.1, "min_keep": 1, "seed": 0},
     "mirostat": {"kind": "mirostat", "version": 2, "tau": 5.0, "eta": 0.1},
@@ -90,7 +91,7 @@ NEEDS_TOKENIZER = {"ban_strings", "grammar", "json_object"}
 NEEDS_CONTEXT = {"bitmask", "thinking_budget", "hello_world"}
 # Kinds whose plans the kernels do not carry, on every step or on some (docs/cuda.md): the host
 # round trip carries those steps, so they need not launch the kernels.
-ROUND_TRIP = {"smoothing", "adaptive_p", "top_n_sigma", "top_a", "tail_free", "mirostat",
+ROUND_TRIP = {"smoothing", "adaptive_p", "top_n_sigma", "top_a", "p_less", "tail_free", "mirostat",
               "dynamic_temperature", "xtc", "force_last_phrase", "prevent_hallucination",
               "trigger_phrase", "multiple_choice"}
 

@@ -35,9 +35,11 @@ pub(crate) mod mirostat;
 mod multiple_choice;
 mod no_repeat_ngram;
 mod order;
+pub(crate) mod p_less;
 mod phrase;
 mod presence_penalty;
 mod prevent_hallucination;
+mod repetition_detection;
 mod repetition_penalty;
 mod sequence_bias;
 pub(crate) mod smoothing;
@@ -86,8 +88,10 @@ pub use min_new_tokens::{MinNewTokens, MinNewTokensSpec};
 pub use mirostat::{Mirostat, MirostatSpec};
 pub use multiple_choice::{MultipleChoice, MultipleChoiceSpec};
 pub use no_repeat_ngram::{NoRepeatNGram, NoRepeatNGramSpec};
+pub use p_less::PLessSpec;
 pub use presence_penalty::{PresencePenalty, PresencePenaltySpec};
 pub use prevent_hallucination::{PreventHallucination, PreventHallucinationSpec};
+pub use repetition_detection::{RepetitionDetection, RepetitionDetectionSpec};
 pub use repetition_penalty::{RepetitionPenalty, RepetitionPenaltySpec, Scope};
 pub use sequence_bias::{SequenceBias, SequenceBiasSpec};
 pub use smoothing::{Smoothing, SmoothingSpec};
@@ -160,6 +164,7 @@ pub(crate) static KINDS: &[Kind] = &[
     Kind::new::<BitmaskSpec>("bitmask").history_free().masking(),
     Kind::new::<ForcedBosSpec>("forced_bos"),
     Kind::new::<ForcedEosSpec>("forced_eos"),
+    Kind::new::<RepetitionDetectionSpec>("repetition_detection"),
     Kind::new::<ForcedSequenceSpec>("forced_sequence"),
     Kind::new::<HelloWorldSpec>("hello_world"),
     // logits-processor-zoo's forcing kinds: their triggers read the row the kinds above left.
@@ -192,6 +197,7 @@ pub(crate) static KINDS: &[Kind] = &[
         .history_free()
         .truncating(),
     Kind::new::<TopASpec>("top_a").history_free().truncating(),
+    Kind::new::<PLessSpec>("p_less").history_free().truncating(),
     Kind::new::<TailFreeSpec>("tail_free")
         .history_free()
         .truncating(),

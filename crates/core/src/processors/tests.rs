@@ -182,6 +182,12 @@ fn spec_of(kind: &'static str) -> BoxedStrategy<Value> {
         "forced_eos" => (0usize..12, tokens(3))
             .prop_map(|(n, e)| json!({"kind": "forced_eos", "max_length": n, "eos_token_ids": e}))
             .boxed(),
+        "repetition_detection" => (0usize..3, 1usize..5, 2usize..4, tokens(3))
+            .prop_map(|(min, max, c, e)| {
+                json!({"kind": "repetition_detection", "min_pattern_size": min.min(max),
+                       "max_pattern_size": max, "min_count": c, "eos_token_ids": e})
+            })
+            .boxed(),
         "suppress_tokens_at_begin" => (tokens(4), proptest::option::of(0usize..10))
             .prop_map(|(t, b)| match b {
                 Some(b) => json!({"kind": "suppress_tokens_at_begin", "token_ids": t, "begin_index": b}),
@@ -235,6 +241,9 @@ fn spec_of(kind: &'static str) -> BoxedStrategy<Value> {
             .boxed(),
         "top_a" => (0.0f64..1.0, min_keep())
             .prop_map(|(a, m)| json!({"kind": "top_a", "a": a, "min_tokens_to_keep": m}))
+            .boxed(),
+        "p_less" => min_keep()
+            .prop_map(|m| json!({"kind": "p_less", "min_tokens_to_keep": m}))
             .boxed(),
         "tail_free" => (0.0f64..1.0, min_keep())
             .prop_map(|(z, m)| json!({"kind": "tail_free", "z": z, "min_tokens_to_keep": m}))
@@ -336,6 +345,7 @@ resume_safe! {
     resume_safe_exponential_decay_length_penalty: "exponential_decay_length_penalty",
     resume_safe_forced_bos: "forced_bos",
     resume_safe_forced_eos: "forced_eos",
+    resume_safe_repetition_detection: "repetition_detection",
     resume_safe_suppress_tokens_at_begin: "suppress_tokens_at_begin",
     resume_safe_forced_sequence_by_tokens: "forced_sequence",
     resume_safe_thinking_budget: "thinking_budget",
@@ -350,6 +360,7 @@ resume_safe! {
     resume_safe_mirostat_without_a_pass: "mirostat",
     resume_safe_adaptive_p_without_a_pass: "adaptive_p",
     resume_safe_top_a: "top_a",
+    resume_safe_p_less: "p_less",
     resume_safe_tail_free: "tail_free",
     resume_safe_xtc: "xtc",
     resume_safe_dynamic_temperature: "dynamic_temperature",
@@ -469,7 +480,7 @@ proptest! {
                 })
                 .collect();
             if !set.is_empty() {
-                prop_assert!(matches!(spec.kind(), "forced_bos" | "forced_eos" | "thinking_budget"), "{}", spec.kind());
+                prop_assert!(matches!(spec.kind(), "forced_bos" | "forced_eos" | "repetition_detection" | "thinking_budget"), "{}", spec.kind());
             }
             let before = row.clone();
             plan.apply(&mut row).unwrap();
