@@ -60,6 +60,7 @@ mod select;
 mod softmax;
 mod tail_free;
 mod top_a;
+mod top_h;
 mod top_k;
 mod top_n_sigma;
 mod top_p;
@@ -103,6 +104,9 @@ pub enum Truncation {
     TopNSigma { n: f32 },
     /// Values whose probability is at least `a` times the square of the largest probability.
     TopA { a: f32, min_keep: u32 },
+    /// Top-H: the largest values while their cumulative entropy stays within `top_h` times the
+    /// entropy of the 100 largest (transformers' `TopHLogitsWarper`).
+    TopH { top_h: f32 },
     /// Tail-free sampling: the largest values until the cumulative normalized second derivative
     /// of the sorted probabilities passes `z`.
     TailFree { z: f32, min_keep: u32 },
@@ -134,6 +138,7 @@ impl Truncation {
             }
             Truncation::TopNSigma { n } => ("n", n, n.is_finite()),
             Truncation::TopA { a, .. } => ("a", a, (0.0..=1.0).contains(&a)),
+            Truncation::TopH { top_h } => ("top_h", top_h, top_h > 0.0 && top_h <= 1.0),
             Truncation::TailFree { z, .. } => ("z", z, (0.0..=1.0).contains(&z)),
             Truncation::Xtc { threshold, .. } => {
                 ("threshold", threshold, (0.0..=1.0).contains(&threshold))
@@ -163,6 +168,7 @@ impl Truncation {
             Truncation::Epsilon { .. } | Truncation::Eta { .. } => "0 < epsilon < 1",
             Truncation::TopNSigma { .. } => "of finite numbers",
             Truncation::TopA { .. } => "0 <= a <= 1",
+            Truncation::TopH { .. } => "0 < top_h <= 1",
             Truncation::TailFree { .. } => "0 <= z <= 1",
             Truncation::Xtc { .. } => "0 <= threshold <= 1",
             Truncation::MirostatV1 { .. } | Truncation::MirostatV2 { .. } => "of finite numbers",
@@ -176,6 +182,7 @@ impl Truncation {
             self,
             Truncation::TopNSigma { .. }
                 | Truncation::TopA { .. }
+                | Truncation::TopH { .. }
                 | Truncation::TailFree { .. }
                 | Truncation::Xtc { .. }
                 | Truncation::MirostatV1 { .. }
@@ -209,6 +216,7 @@ impl Truncation {
             | Truncation::TailFree { min_keep, .. }
             | Truncation::Xtc { min_keep, .. } => min_keep,
             Truncation::TopNSigma { .. }
+            | Truncation::TopH { .. }
             | Truncation::MirostatV1 { .. }
             | Truncation::MirostatV2 { .. } => 1,
         }
@@ -248,6 +256,7 @@ impl Truncation {
             }
             Truncation::TopNSigma { n } => top_n_sigma::band(values, n),
             Truncation::TopA { a, .. } => top_a::band(values, a, min_keep, work),
+            Truncation::TopH { top_h } => top_h::band(values, top_h, work),
             Truncation::TailFree { z, .. } => tail_free::band(values, z, min_keep, work),
             Truncation::Xtc { threshold, .. } => xtc::band(values, threshold, min_keep, work),
             Truncation::MirostatV2 { mu, .. } => mirostat::band_v2(values, mu, work),
@@ -279,6 +288,7 @@ mod tests {
         match *rule {
             Truncation::TopNSigma { .. }
             | Truncation::TopA { .. }
+            | Truncation::TopH { .. }
             | Truncation::TailFree { .. }
             | Truncation::Xtc { .. }
             | Truncation::MirostatV1 { .. }
@@ -388,6 +398,7 @@ mod tests {
             | Truncation::Typical { .. }
             | Truncation::TopNSigma { .. }
             | Truncation::TopA { .. }
+            | Truncation::TopH { .. }
             | Truncation::TailFree { .. }
             | Truncation::Xtc { .. }
             | Truncation::MirostatV1 { .. }

@@ -202,6 +202,8 @@ impl Rule {
             Truncation::Eta { epsilon, min_keep } => (Rule::Eta, epsilon.to_bits(), min_keep),
             Truncation::TopNSigma { .. }
             | Truncation::TopA { .. }
+            | Truncation::TopH { .. }
+            | Truncation::TopH { .. }
             | Truncation::TailFree { .. }
             | Truncation::Xtc { .. }
             | Truncation::MirostatV1 { .. }

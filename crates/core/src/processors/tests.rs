@@ -236,6 +236,7 @@ fn spec_of(kind: &'static str) -> BoxedStrategy<Value> {
         "top_a" => (0.0f64..1.0, min_keep())
             .prop_map(|(a, m)| json!({"kind": "top_a", "a": a, "min_tokens_to_keep": m}))
             .boxed(),
+        "top_h" => (0.01f64..1.0).prop_map(|h| json!({"kind": "top_h", "top_h": h})).boxed(),
         "tail_free" => (0.0f64..1.0, min_keep())
             .prop_map(|(z, m)| json!({"kind": "tail_free", "z": z, "min_tokens_to_keep": m}))
             .boxed(),
@@ -351,6 +352,7 @@ resume_safe! {
     resume_safe_adaptive_p_without_a_pass: "adaptive_p",
     resume_safe_top_a: "top_a",
     resume_safe_tail_free: "tail_free",
+    resume_safe_top_h: "top_h",
     resume_safe_xtc: "xtc",
     resume_safe_dynamic_temperature: "dynamic_temperature",
     resume_safe_smoothing: "smoothing",
@@ -546,6 +548,7 @@ fn every_new_kind_parses_and_writes_back_what_it_read() {
             {"kind": "top_n_sigma", "n": 1.5},
             {"kind": "top_a", "a": 0.2},
             {"kind": "tail_free", "z": 0.95, "min_tokens_to_keep": 2},
+            {"kind": "top_h", "top_h": 0.4},
             {"kind": "xtc", "probability": 0.5},
             {"kind": "dynamic_temperature", "temperature": 0.8, "range": 0.3},
             {"kind": "smoothing", "factor": 0.3},
@@ -631,6 +634,7 @@ fn bad_values_are_refused_naming_the_field() {
         (r#"{"kind": "top_n_sigma", "n": 1e39}"#, "n"),
         (r#"{"kind": "top_a", "a": 1.5}"#, "a"),
         (r#"{"kind": "tail_free", "z": -0.1}"#, "z"),
+        (r#"{"kind": "top_h", "top_h": 0.0}"#, "top_h"),
         (r#"{"kind": "xtc", "probability": 1.1}"#, "probability"),
         (
             r#"{"kind": "xtc", "probability": 1, "threshold": 2}"#,

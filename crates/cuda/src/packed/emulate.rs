@@ -301,6 +301,7 @@ pub fn resolve_band(rule: &Truncation, values: &[f32]) -> Band {
         Truncation::TopK { .. }
         | Truncation::TopNSigma { .. }
         | Truncation::TopA { .. }
+        | Truncation::TopH { .. }
         | Truncation::TailFree { .. }
         | Truncation::Xtc { .. }
         | Truncation::MirostatV1 { .. }
