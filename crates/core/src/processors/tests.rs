@@ -548,13 +548,13 @@ fn every_new_kind_parses_and_writes_back_what_it_read() {
             {"kind": "top_n_sigma", "n": 1.5},
             {"kind": "top_a", "a": 0.2},
             {"kind": "tail_free", "z": 0.95, "min_tokens_to_keep": 2},
-            {"kind": "top_h", "top_h": 0.4},
             {"kind": "xtc", "probability": 0.5},
             {"kind": "dynamic_temperature", "temperature": 0.8, "range": 0.3},
             {"kind": "smoothing", "factor": 0.3},
             {"kind": "dry", "multiplier": 0.8, "sequence_breaker_ids": [[3], [4, 5]]},
             {"kind": "mirostat", "version": 1, "mu": 7.5},
-            {"kind": "adaptive_p", "target": 0.4}]"#,
+            {"kind": "adaptive_p", "target": 0.4},
+            {"kind": "top_h", "top_h": 0.4}]"#,
     )
     .unwrap();
     for spec in &specs {

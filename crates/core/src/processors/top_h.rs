@@ -24,25 +24,26 @@ use crate::spec::{KindSpec, SpecContext};
 #[derive(Debug, Clone, Serialize, Deserialize, JsonSchema)]
 #[serde(deny_unknown_fields)]
 pub struct TopHSpec {
-    #[schemars(range(min = 0.0, max = 1.0))]
+    #[schemars(extend("exclusiveMinimum" = 0), range(max = 1.0))]
     pub top_h: f64,
 }
 
 impl TopHSpec {
-    fn rule(&self) -> Truncation {
-        Truncation::TopH {
-            top_h: self.top_h as f32,
-        }
+    /// The rule, `top_h` rounded into the f32 range (a positive value below f32's least stays
+    /// positive).
+    fn rule(&self) -> Result<Truncation> {
+        let top_h =
+            crate::processors::truncate::parameter("top_h", self.top_h, (0.0, false), (1.0, true))?;
+        Ok(Truncation::TopH { top_h })
     }
 }
 
 impl KindSpec for TopHSpec {
     fn check(&self) -> Result<()> {
-        crate::processors::truncate::parameter("top_h", self.top_h, (0.0, false), (1.0, true))?;
-        self.rule().validate()
+        self.rule()?.validate()
     }
 
     fn realize(&self, _: &SpecContext, _: usize) -> Result<Box<dyn LogitsProcessor>> {
-        Ok(Box::new(Truncate::new(self.rule())?))
+        Ok(Box::new(Truncate::new(self.rule()?)?))
     }
 }
