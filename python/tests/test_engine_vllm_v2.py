@@ -237,6 +237,7 @@ PIPELINES = {
     "top_n_sigma": [{"kind": "top_n_sigma", "n": 1.0}],
     "top_a": [{"kind": "top_a", "a": 0.2}],
     "tail_free": [{"kind": "tail_free", "z": 0.9}],
+    "top_h": [{"kind": "top_h", "top_h": 0.4}],
     "xtc": [{"kind": "xtc", "probability": 0.5, "threshold": 0.05, "seed": 7}],
     "mirostat": [{"kind": "mirostat", "version": 2, "tau": 3.0}],
     "mirostat_v1": [{"kind": "mirostat", "version": 1, "tau": 3.0, "n_vocab": V}],
