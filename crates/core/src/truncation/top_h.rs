@@ -17,7 +17,7 @@ pub(crate) const TOP_N: usize = 100;
 #[inline(always)]
 pub(crate) fn band(values: &[f32], top_h: f32, work: &mut Work) -> Band {
     let finite = values.iter().filter(|x| x.is_finite()).count();
-    if finite == 0 || values.iter().any(|&x| x == f32::INFINITY) {
+    if finite == 0 || values.contains(&f32::INFINITY) {
         return Band::ALL;
     }
     let n = TOP_N.min(finite);
