@@ -238,6 +238,7 @@ PIPELINES = {
     "top_a": [{"kind": "top_a", "a": 0.2}],
     "p_less": [{"kind": "p_less"}],
     "tail_free": [{"kind": "tail_free", "z": 0.9}],
+    "top_h": [{"kind": "top_h", "top_h": 0.4}],
     "xtc": [{"kind": "xtc", "probability": 0.5, "threshold": 0.05, "seed": 7}],
     "mirostat": [{"kind": "mirostat", "version": 2, "tau": 3.0}],
     "mirostat_v1": [{"kind": "mirostat", "version": 1, "tau": 3.0, "n_vocab": V}],

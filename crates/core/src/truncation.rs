@@ -61,6 +61,7 @@ mod select;
 mod softmax;
 mod tail_free;
 mod top_a;
+mod top_h;
 mod top_k;
 mod top_n_sigma;
 mod top_p;
@@ -107,6 +108,9 @@ pub enum Truncation {
     /// P-less sampling: values whose probability is at least the sum of the squared
     /// probabilities (no parameter but `min_keep`).
     PLess { min_keep: u32 },
+    /// Top-H: the largest values while their cumulative entropy stays within `top_h` times the
+    /// entropy of the 100 largest (transformers' `TopHLogitsWarper`).
+    TopH { top_h: f32 },
     /// Tail-free sampling: the largest values until the cumulative normalized second derivative
     /// of the sorted probabilities passes `z`.
     TailFree { z: f32, min_keep: u32 },
@@ -139,6 +143,7 @@ impl Truncation {
             Truncation::TopNSigma { n } => ("n", n, n.is_finite()),
             Truncation::TopA { a, .. } => ("a", a, (0.0..=1.0).contains(&a)),
             Truncation::PLess { .. } => ("min_tokens_to_keep", 1.0, true),
+            Truncation::TopH { top_h } => ("top_h", top_h, top_h > 0.0 && top_h <= 1.0),
             Truncation::TailFree { z, .. } => ("z", z, (0.0..=1.0).contains(&z)),
             Truncation::Xtc { threshold, .. } => {
                 ("threshold", threshold, (0.0..=1.0).contains(&threshold))
@@ -169,6 +174,7 @@ impl Truncation {
             Truncation::TopNSigma { .. } => "of finite numbers",
             Truncation::TopA { .. } => "0 <= a <= 1",
             Truncation::PLess { .. } => ">= 1",
+            Truncation::TopH { .. } => "0 < top_h <= 1",
             Truncation::TailFree { .. } => "0 <= z <= 1",
             Truncation::Xtc { .. } => "0 <= threshold <= 1",
             Truncation::MirostatV1 { .. } | Truncation::MirostatV2 { .. } => "of finite numbers",
@@ -183,6 +189,7 @@ impl Truncation {
             Truncation::TopNSigma { .. }
                 | Truncation::TopA { .. }
                 | Truncation::PLess { .. }
+                | Truncation::TopH { .. }
                 | Truncation::TailFree { .. }
                 | Truncation::Xtc { .. }
                 | Truncation::MirostatV1 { .. }
@@ -217,6 +224,7 @@ impl Truncation {
             | Truncation::TailFree { min_keep, .. }
             | Truncation::Xtc { min_keep, .. } => min_keep,
             Truncation::TopNSigma { .. }
+            | Truncation::TopH { .. }
             | Truncation::MirostatV1 { .. }
             | Truncation::MirostatV2 { .. } => 1,
         }
@@ -257,6 +265,7 @@ impl Truncation {
             Truncation::TopNSigma { n } => top_n_sigma::band(values, n),
             Truncation::TopA { a, .. } => top_a::band(values, a, min_keep, work),
             Truncation::PLess { .. } => p_less::band(values, min_keep, work),
+            Truncation::TopH { top_h } => top_h::band(values, top_h, work),
             Truncation::TailFree { z, .. } => tail_free::band(values, z, min_keep, work),
             Truncation::Xtc { threshold, .. } => xtc::band(values, threshold, min_keep, work),
             Truncation::MirostatV2 { mu, .. } => mirostat::band_v2(values, mu, work),
@@ -289,6 +298,7 @@ mod tests {
             Truncation::TopNSigma { .. }
             | Truncation::TopA { .. }
             | Truncation::PLess { .. }
+            | Truncation::TopH { .. }
             | Truncation::TailFree { .. }
             | Truncation::Xtc { .. }
             | Truncation::MirostatV1 { .. }
@@ -399,6 +409,7 @@ mod tests {
             | Truncation::TopNSigma { .. }
             | Truncation::TopA { .. }
             | Truncation::PLess { .. }
+            | Truncation::TopH { .. }
             | Truncation::TailFree { .. }
             | Truncation::Xtc { .. }
             | Truncation::MirostatV1 { .. }

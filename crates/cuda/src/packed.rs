@@ -203,7 +203,7 @@ impl Rule {
             Truncation::TopNSigma { .. }
             | Truncation::TopA { .. }
             | Truncation::PLess { .. }
-            | Truncation::PLess { .. }
+            | Truncation::TopH { .. }
             | Truncation::TailFree { .. }
             | Truncation::Xtc { .. }
             | Truncation::MirostatV1 { .. }

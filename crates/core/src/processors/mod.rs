@@ -51,6 +51,7 @@ mod tests;
 mod thinking_budget;
 mod thinking_config;
 pub(crate) mod top_a;
+pub(crate) mod top_h;
 pub(crate) mod top_n_sigma;
 mod trigger_phrase;
 pub(crate) mod truncate;
@@ -104,6 +105,7 @@ pub use thinking_config::{
     thinking_token_table, ThinkingTokenConfig,
 };
 pub use top_a::TopASpec;
+pub use top_h::TopHSpec;
 pub use top_n_sigma::TopNSigmaSpec;
 pub use trigger_phrase::{TriggerPhrase, TriggerPhraseSpec};
 pub use truncate::{
@@ -198,6 +200,7 @@ pub(crate) static KINDS: &[Kind] = &[
         .truncating(),
     Kind::new::<TopASpec>("top_a").history_free().truncating(),
     Kind::new::<PLessSpec>("p_less").history_free().truncating(),
+    Kind::new::<TopHSpec>("top_h").history_free().truncating(),
     Kind::new::<TailFreeSpec>("tail_free")
         .history_free()
         .truncating(),

@@ -245,6 +245,7 @@ fn spec_of(kind: &'static str) -> BoxedStrategy<Value> {
         "p_less" => min_keep()
             .prop_map(|m| json!({"kind": "p_less", "min_tokens_to_keep": m}))
             .boxed(),
+        "top_h" => (0.01f64..1.0).prop_map(|h| json!({"kind": "top_h", "top_h": h})).boxed(),
         "tail_free" => (0.0f64..1.0, min_keep())
             .prop_map(|(z, m)| json!({"kind": "tail_free", "z": z, "min_tokens_to_keep": m}))
             .boxed(),
@@ -362,6 +363,7 @@ resume_safe! {
     resume_safe_top_a: "top_a",
     resume_safe_p_less: "p_less",
     resume_safe_tail_free: "tail_free",
+    resume_safe_top_h: "top_h",
     resume_safe_xtc: "xtc",
     resume_safe_dynamic_temperature: "dynamic_temperature",
     resume_safe_smoothing: "smoothing",
@@ -562,7 +564,8 @@ fn every_new_kind_parses_and_writes_back_what_it_read() {
             {"kind": "smoothing", "factor": 0.3},
             {"kind": "dry", "multiplier": 0.8, "sequence_breaker_ids": [[3], [4, 5]]},
             {"kind": "mirostat", "version": 1, "mu": 7.5},
-            {"kind": "adaptive_p", "target": 0.4}]"#,
+            {"kind": "adaptive_p", "target": 0.4},
+            {"kind": "top_h", "top_h": 0.4}]"#,
     )
     .unwrap();
     for spec in &specs {
@@ -642,6 +645,7 @@ fn bad_values_are_refused_naming_the_field() {
         (r#"{"kind": "top_n_sigma", "n": 1e39}"#, "n"),
         (r#"{"kind": "top_a", "a": 1.5}"#, "a"),
         (r#"{"kind": "tail_free", "z": -0.1}"#, "z"),
+        (r#"{"kind": "top_h", "top_h": 0.0}"#, "top_h"),
         (r#"{"kind": "xtc", "probability": 1.1}"#, "probability"),
         (
             r#"{"kind": "xtc", "probability": 1, "threshold": 2}"#,

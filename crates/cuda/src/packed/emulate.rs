@@ -302,6 +302,7 @@ pub fn resolve_band(rule: &Truncation, values: &[f32]) -> Band {
         | Truncation::TopNSigma { .. }
         | Truncation::TopA { .. }
         | Truncation::PLess { .. }
+        | Truncation::TopH { .. }
         | Truncation::TailFree { .. }
         | Truncation::Xtc { .. }
         | Truncation::MirostatV1 { .. }
