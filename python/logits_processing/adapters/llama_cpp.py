@@ -1,0 +1,126 @@
+"""llama-cpp-python: a logits processor for ``Llama.__call__`` / ``create_completion(...,
+logits_processor=LogitsProcessorList([processor]))``.
+
+llama-cpp-python calls each processor as ``f(input_ids, scores)`` on numpy arrays (the prompt and
+the tokens so far, and the next token's ``[vocab]`` float32 row) and samples from what it returns.
+Importing this module imports neither llama_cpp nor torch.
+"""
+
+from __future__ import annotations
+
+from typing import Any, Optional
+
+from .. import _lib
+from ._common import check_in_process_pipeline, context_for
+
+__all__ = ["LlamaCppLogitsProcessor", "LlamaTokenizer", "context_from_llama"]
+
+
+class LlamaTokenizer:
+    """A ``Llama`` object's own tokenizer, as :class:`logits_processing.EngineContext` reads a
+    tokenizer (``encode(text, add_special_tokens=False)`` and ``eos_token_id``): text is encoded
+    by llama.cpp itself, without BOS and without parsing special tokens, so ``hello_world`` and
+    the text a spec carries get the ids the model would."""
+
+    def __init__(self, llama: Any) -> None:
+        self._llama = llama
+        self.eos_token_id = int(llama.token_eos())
+        self.vocab_size = int(llama.n_vocab())
+
+    def encode(self, text: str, add_special_tokens: bool = False) -> list:
+        return list(self._llama.tokenize(text.encode("utf-8"), add_bos=add_special_tokens, special=False))
+
+    def decode(self, ids: Any) -> str:
+        return self._llama.detokenize(list(ids)).decode("utf-8", errors="replace")
+
+
+def context_from_llama(llama: Any, *, tokenizer: Any = None, model_name: Optional[str] = None) -> Any:
+    """The :class:`EngineContext` of a ``Llama`` object: its vocab size (``n_vocab()``), its EOS
+    id and its own tokenizer (for ``hello_world``, the thinking tokens and the text specs carry).
+    Token texts (``grammar``, ``json_object``, ``ban_strings``, DRY's breakers) are read by
+    llguidance, which reads a Hugging Face tokenizer, not llama.cpp's: pass the model's
+    ``tokenizer`` (a transformers fast tokenizer, a ``tokenizers.Tokenizer`` or a
+    ``tokenizer.json`` path) for those; without it they are refused, naming the tokenizer."""
+    own = LlamaTokenizer(llama)
+    if model_name is None:
+        model_name = (getattr(llama, "metadata", None) or {}).get("general.name")
+    return context_for(
+        None,
+        tokenizer=tokenizer if tokenizer is not None else own,
+        model_name=model_name,
+        vocab_size=own.vocab_size,
+        eos_token_id=own.eos_token_id,
+    )
+
+
+class LlamaCppLogitsProcessor:
+    """Runs one ``logits_processing`` pipeline over llama-cpp-python's generation, one call into
+    Rust per token, editing the row llama-cpp-python passes in place (it samples from the array
+    returned, and that row is its own buffer, rewritten each step).
+
+    The first call's ids are taken as the prompt. A call whose ids do not extend the previous
+    call's (a new prompt) starts a new generation, so one object (one ``LogitsProcessorList``)
+    serves several ``__call__`` / ``create_completion`` calls in turn, each as a fresh processor
+    would; not at once. :meth:`reset` starts over explicitly.
+
+    Args:
+        pipeline: a JSON text, a spec dict, or a list of spec dicts, processor objects and
+            callables ``(input_ids, logits_row) -> None``.
+        llama: the ``llama_cpp.Llama`` the processor runs in; its vocab, EOS and tokenizer make
+            the context (:func:`context_from_llama`).
+        tokenizer: the model's Hugging Face tokenizer, for the kinds that read token texts
+            (see :func:`context_from_llama`).
+        context: instead of ``llama`` and ``tokenizer``, an :class:`EngineContext` built once
+            (``context_from_llama(llama)``) and shared by every processor of that model.
+
+    Example::
+
+        from llama_cpp import Llama, LogitsProcessorList
+        from logits_processing.adapters.llama_cpp import LlamaCppLogitsProcessor
+        llm = Llama("model.gguf")
+        proc = LlamaCppLogitsProcessor({"kind": "hello_world"}, llama=llm)
+        out = llm("Say hi:", max_tokens=8, logits_processor=LogitsProcessorList([proc]))
+    """
+
+    def __init__(
+        self,
+        pipeline: Any,
+        *,
+        llama: Any = None,
+        tokenizer: Any = None,
+        context: Optional[_lib.EngineContext] = None,
+    ) -> None:
+        if context is None:
+            if llama is None:
+                raise _lib.ArgumentTypeError("give llama= (the Llama object) or context=")
+            context = context_from_llama(llama, tokenizer=tokenizer)
+        elif llama is not None or tokenizer is not None:
+            raise _lib.ArgumentTypeError("give context= or llama=/tokenizer=, not both (the context holds them)")
+        self.context = context_for(context)
+        self._pipeline = check_in_process_pipeline(pipeline, engine="llama-cpp-python")
+        if isinstance(self._pipeline, (str, bytes, dict)) or (
+            isinstance(self._pipeline, (list, tuple)) and all(isinstance(p, dict) for p in self._pipeline)
+        ):
+            self.context.validate(self._pipeline)
+        self.reset()
+
+    def reset(self) -> None:
+        """Forgets the current generation; the next call starts a new one."""
+        self._batch = None
+        self._last_ids: Optional[list] = None
+        self.prompt_len: Optional[int] = None
+
+    def _continues(self, ids: list) -> bool:
+        last = self._last_ids
+        return self._batch is not None and len(ids) > len(last) and ids[: len(last)] == last
+
+    def __call__(self, input_ids: Any, scores: Any) -> Any:
+        ids = [int(i) for i in input_ids]
+        if not self._continues(ids):
+            batch = self.context.batch(self.context.vocab_size or scores.shape[-1])
+            batch.add(0, self._pipeline, prompt_len=len(ids))
+            self._batch, self.prompt_len = batch, len(ids)
+        self._last_ids = ids
+        # A [1, vocab] view of llama-cpp-python's row: edited in place, no copy.
+        self._batch.apply(scores.reshape(1, -1), [ids])
+        return scores
