@@ -8,12 +8,14 @@ Importing this module imports neither llama_cpp nor torch.
 
 from __future__ import annotations
 
+import json
+import os
 from typing import Any, Optional
 
 from .. import _lib
 from ._common import check_in_process_pipeline, context_for
 
-__all__ = ["LlamaCppLogitsProcessor", "LlamaTokenizer", "context_from_llama"]
+__all__ = ["LlamaCppLogitsProcessor", "LlamaTokenizer", "context_from_llama", "tokenizer_json_from_gguf"]
 
 
 class LlamaTokenizer:
@@ -32,6 +34,92 @@ class LlamaTokenizer:
 
     def decode(self, ids: Any) -> str:
         return self._llama.detokenize(list(ids)).decode("utf-8", errors="replace")
+
+
+# llama.cpp's token types (llama_token_type): control and user-defined tokens are added tokens.
+_ADDED_TOKEN_TYPES = (3, 4)
+
+
+def tokenizer_json_from_gguf(gguf_path: str, out: Optional[str] = None) -> str:
+    """Writes the ``tokenizer.json`` of a GGUF file's vocab (a byte-level BPE one,
+    ``tokenizer.ggml.model == "gpt2"``: Llama 3, Qwen, GPT-2, DeepSeek ...) and returns its path,
+    for :func:`context_from_llama`'s ``tokenizer``: the kinds that read token texts then work
+    from the GGUF alone. Every id keeps its token (control and user-defined tokens as special
+    added tokens), so token texts are exact; text is split by GPT-2's pre-tokenizer, which may
+    split some text differently from the model's own (the ids a spec's text encodes to come from
+    ``Llama.tokenize`` regardless). Needs the ``gguf`` package; reading a 150k-token vocab takes
+    seconds (``out`` defaults to a file under ~/.cache/logits-processing/gguf-tokenizers, keyed on
+    the GGUF's path, size and time, reused when it is there).
+
+    Raises:
+        ValueError: a vocab that is not byte-level BPE (SentencePiece's ``llama``, WordPiece).
+    """
+    stat = os.stat(gguf_path)
+    if out is None:
+        import hashlib
+
+        key = hashlib.sha256(
+            f"{os.path.abspath(gguf_path)}:{stat.st_size}:{stat.st_mtime_ns}".encode()
+        ).hexdigest()
+        cache = os.path.join(os.path.expanduser("~"), ".cache", "logits-processing", "gguf-tokenizers")
+        out = os.path.join(cache, f"{key[:32]}.json")
+        if os.path.exists(out):
+            return out
+        os.makedirs(cache, exist_ok=True)
+    from gguf import GGUFReader
+
+    fields = GGUFReader(gguf_path).fields
+
+    def field(name: str) -> Any:
+        return fields[name].contents() if name in fields else None
+
+    model = field("tokenizer.ggml.model")
+    if model != "gpt2":
+        raise ValueError(
+            f"{gguf_path}: tokenizer.ggml.model is {model!r}; only byte-level BPE ('gpt2') is converted"
+        )
+    tokens, types = field("tokenizer.ggml.tokens"), field("tokenizer.ggml.token_type") or []
+    added = [
+        {
+            "id": i,
+            "content": t,
+            "single_word": False,
+            "lstrip": False,
+            "rstrip": False,
+            "normalized": False,
+            "special": True,
+        }
+        for i, (t, kind) in enumerate(zip(tokens, types))
+        if kind in _ADDED_TOKEN_TYPES
+    ]
+    byte_level = {"type": "ByteLevel", "add_prefix_space": False, "trim_offsets": True, "use_regex": True}
+    doc = {
+        "version": "1.0",
+        "truncation": None,
+        "padding": None,
+        "added_tokens": added,
+        "normalizer": None,
+        "pre_tokenizer": byte_level,
+        "post_processor": None,
+        "decoder": byte_level,
+        "model": {
+            "type": "BPE",
+            "dropout": None,
+            "unk_token": None,
+            "continuing_subword_prefix": None,
+            "end_of_word_suffix": None,
+            "fuse_unk": False,
+            "byte_fallback": False,
+            "ignore_merges": False,
+            "vocab": {t: i for i, t in enumerate(tokens)},
+            "merges": field("tokenizer.ggml.merges") or [],
+        },
+    }
+    tmp = f"{out}.{os.getpid()}.tmp"
+    with open(tmp, "w", encoding="utf-8") as f:
+        json.dump(doc, f, ensure_ascii=False)
+    os.replace(tmp, out)  # whole or absent, for a reader beside this writer
+    return out
 
 
 def context_from_llama(llama: Any, *, tokenizer: Any = None, model_name: Optional[str] = None) -> Any:
@@ -95,7 +183,9 @@ class LlamaCppLogitsProcessor:
                 raise _lib.ArgumentTypeError("give llama= (the Llama object) or context=")
             context = context_from_llama(llama, tokenizer=tokenizer)
         elif llama is not None or tokenizer is not None:
-            raise _lib.ArgumentTypeError("give context= or llama=/tokenizer=, not both (the context holds them)")
+            raise _lib.ArgumentTypeError(
+                "give context= or llama=/tokenizer=, not both (the context holds them)"
+            )
         self.context = context_for(context)
         self._pipeline = check_in_process_pipeline(pipeline, engine="llama-cpp-python")
         if isinstance(self._pipeline, (str, bytes, dict)) or (
