@@ -6,6 +6,8 @@
 # wheel is kept in ~/.cache/logits-processing/llamacpp-python-wheels and reused, so only the first
 # run on a machine compiles. `gguf` (to write the test's tiny model) and numpy come from PyPI; this
 # checkout's package is installed as a release wheel, as scripts/engine-venv.sh does for vLLM.
+# Beside the wheel it keeps the sdist's Qwen2 vocab (vendor/llama.cpp/models/ggml-vocab-qwen2.gguf,
+# no weights), over which python/tests/test_engine_llama_cpp.py writes its tiny model.
 #
 #   scripts/llamacpp-python.sh          # JOBS=2 compile jobs by default
 #
@@ -34,18 +36,26 @@ if [ -z "$uv" ]; then
 fi
 
 wheel="$(ls "$wheels"/llama_cpp_python-"$version"-*.whl 2>/dev/null | head -1 || true)"
-if [ -z "$wheel" ]; then
+# The test's model is written over a real vocab: the Qwen2 one the sdist ships (vocab only).
+vocab="$wheels/vocab/ggml-vocab-qwen2.gguf"
+if [ -z "$wheel" ] || [ ! -f "$vocab" ]; then
   builder="$cache/llamacpp-python-builder"
   [ -x "$builder/bin/pip" ] || "$python" -m venv "$builder" >&2
   tmp="$(mktemp -d)"
-  # Only llama-cpp-python itself from source; its build tools (scikit-build-core, cmake) are wheels.
-  CMAKE_ARGS="-DLLAMA_BUILD_SERVER=OFF -DLLAMA_BUILD_TOOLS=OFF -DLLAMA_BUILD_EXAMPLES=OFF \
+  "$builder/bin/pip" download -q --no-deps --no-binary llama-cpp-python "llama-cpp-python==$version" -d "$tmp" >&2
+  sdist="$(ls "$tmp"/llama_cpp_python-*.tar.gz)"
+  mkdir -p "$wheels/vocab"
+  tar xzf "$sdist" -C "$tmp" --wildcards '*/vendor/llama.cpp/models/ggml-vocab-qwen2.gguf'
+  cp "$tmp"/*/vendor/llama.cpp/models/ggml-vocab-qwen2.gguf "$vocab"
+  if [ -z "$wheel" ]; then
+    # Only llama-cpp-python itself from source; its build tools (scikit-build-core, cmake) are wheels.
+    CMAKE_ARGS="-DLLAMA_BUILD_SERVER=OFF -DLLAMA_BUILD_TOOLS=OFF -DLLAMA_BUILD_EXAMPLES=OFF \
 -DLLAMA_BUILD_TESTS=OFF -DLLAMA_BUILD_COMMON=OFF -DLLAMA_CURL=OFF -DLLAMA_OPENSSL=OFF \
 -DLLAVA_BUILD=OFF -DMTMD_BUILD=OFF -DLLAMA_BUILD_MTMD=OFF -DGGML_NATIVE=OFF -DGGML_OPENMP=OFF" \
-  CMAKE_BUILD_PARALLEL_LEVEL="${JOBS:-2}" \
-    "$builder/bin/pip" wheel -q --no-deps --no-binary llama-cpp-python \
-      "llama-cpp-python==$version" -w "$tmp" >&2
-  mv "$tmp"/llama_cpp_python-*.whl "$wheels"/
+    CMAKE_BUILD_PARALLEL_LEVEL="${JOBS:-2}" \
+      "$builder/bin/pip" wheel -q --no-deps "$sdist" -w "$tmp/wheel" >&2
+    mv "$tmp"/wheel/llama_cpp_python-*.whl "$wheels"/
+  fi
   rm -rf "$tmp"
   wheel="$(ls "$wheels"/llama_cpp_python-"$version"-*.whl | head -1)"
 fi
