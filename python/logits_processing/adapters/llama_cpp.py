@@ -143,8 +143,10 @@ def context_from_llama(llama: Any, *, tokenizer: Any = None, model_name: Optiona
 
 class LlamaCppLogitsProcessor:
     """Runs one ``logits_processing`` pipeline over llama-cpp-python's generation, one call into
-    Rust per token, editing the row llama-cpp-python passes in place (it samples from the array
-    returned, and that row is its own buffer, rewritten each step).
+    Rust per token. A contiguous float32 row is edited in place and returned; any other (the
+    strided logit column of llama-cpp-python 0.3's candidate array, which it overwrites with
+    what is returned) is copied once into a buffer kept for the next step, which is edited and
+    returned.
 
     The first call's ids are taken as the prompt. A call whose ids do not extend the previous
     call's (a new prompt) starts a new generation, so one object (one ``LogitsProcessorList``)
@@ -199,18 +201,30 @@ class LlamaCppLogitsProcessor:
         self._batch = None
         self._last_ids: Optional[list] = None
         self.prompt_len: Optional[int] = None
+        self._row = None
 
     def _continues(self, ids: list) -> bool:
         last = self._last_ids
         return self._batch is not None and len(ids) > len(last) and ids[: len(last)] == last
 
     def __call__(self, input_ids: Any, scores: Any) -> Any:
+        import numpy as np  # llama-cpp-python's own dependency: there whenever this is called
+
         ids = [int(i) for i in input_ids]
         if not self._continues(ids):
             batch = self.context.batch(self.context.vocab_size or scores.shape[-1])
             batch.add(0, self._pipeline, prompt_len=len(ids))
             self._batch, self.prompt_len = batch, len(ids)
         self._last_ids = ids
-        # A [1, vocab] view of llama-cpp-python's row: edited in place, no copy.
-        self._batch.apply(scores.reshape(1, -1), [ids])
-        return scores
+        if scores.dtype == np.float32 and scores.flags.c_contiguous:
+            # A [1, vocab] view of the caller's row: edited in place, no copy.
+            self._batch.apply(scores.reshape(1, -1), [ids])
+            return scores
+        # llama-cpp-python (0.3) runs the processors as the first sampler of its chain, on the
+        # logit column of its candidate array (every id, in id order): a strided view, which it
+        # overwrites with what is returned. The row is copied into one buffer, reused each step.
+        if self._row is None or self._row.shape != scores.shape:
+            self._row = np.empty(scores.shape, dtype=np.float32)
+        np.copyto(self._row, scores)
+        self._batch.apply(self._row.reshape(1, -1), [ids])
+        return self._row
