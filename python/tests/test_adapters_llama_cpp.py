@@ -99,3 +99,20 @@ def test_importing_the_adapter_imports_no_engine():
         "assert 'llama_cpp' not in sys.modules and 'torch' not in sys.modules, sorted(sys.modules)"
     )
     subprocess.run([sys.executable, "-c", code], check=True)
+
+
+def test_a_strided_row_is_copied_once_and_the_copy_returned():
+    # llama-cpp-python 0.3's candidate array: (id, logit, p) records, every id in id order.
+    records = np.zeros(
+        VOCAB, dtype=np.dtype([("id", np.intc), ("logit", np.single), ("p", np.single)], align=True)
+    )
+    records["id"] = np.arange(VOCAB)
+    proc = LlamaCppLogitsProcessor({"kind": "ban_tokens", "token_ids": [4, 9]}, llama=StandInLlama())
+    view = records["logit"]
+    out = proc(np.array([1, 5], dtype=np.intc), view)
+    assert out is not view and out.flags.c_contiguous
+    assert np.isneginf(out[[4, 9]]).all() and np.isfinite(np.delete(out, [4, 9])).all()
+    assert np.all(records["logit"] == 0)  # the caller's array is the caller's to overwrite
+    records["logit"][:] = out
+    again = proc(np.array([1, 5, 7], dtype=np.intc), records["logit"])
+    assert again is out  # the buffer is kept across steps
