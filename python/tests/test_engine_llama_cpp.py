@@ -5,7 +5,7 @@ BPE), generating through ``Llama.__call__`` and ``create_completion`` with
 is checked against what its specs demand: the forced ids and ``hello_world``'s text, banned ids
 absent (and ``-inf`` in every row the sampler saw), ``ban_strings``' text absent, greedy outputs
 unchanged by a temperature, a seeded sampled run repeated exactly, a regex and a JSON schema's
-output parsing, a thinking budget's forced end, one processor serving several calls.
+output parsing, a thinking budget's forced end, DRY lowering a repeat, one processor serving several calls.
 
 Runs in the venv scripts/llamacpp-python.sh makes (scripts/test-engines.sh runs it there);
 skipped, with the reason, where llama_cpp, gguf or the vocab is missing.
@@ -122,14 +122,14 @@ class Recorder:
         return scores
 
 
-def generate(llm, procs, *, via="call", max_tokens=12, **kw):
+def generate(llm, procs, *, via="call", max_tokens=12, prompt=PROMPT, **kw):
     """(text, token ids generated, recorder, finish reason). The tokens are the ids the last
     call saw past the prompt, plus the last one sampled (greedy: the last row's argmax)."""
     rec = Recorder()
     kw.setdefault("temperature", 0.0)
     fn = llm if via == "call" else llm.create_completion
     out = fn(
-        PROMPT, max_tokens=max_tokens, logits_processor=llama_cpp.LogitsProcessorList([*procs, rec]), **kw
+        prompt, max_tokens=max_tokens, logits_processor=llama_cpp.LogitsProcessorList([*procs, rec]), **kw
     )
     choice = out["choices"][0]
     prompt_len = len(rec.ids[0])
@@ -254,11 +254,19 @@ def test_thinking_budget_forces_the_end(llm, context):
     assert end in tokens[1:8], tokens  # ended within the budget (with the newline exit)
 
 
-def test_dry_runs_with_text_breakers(llm, context, baseline):
-    _, base = baseline
+def test_dry_penalizes_the_repeat_with_text_breakers(llm, context):
+    # "so one two three one two": continuing with " three" repeats three tokens; DRY (its default
+    # text breakers resolved through the GGUF's vocab) lowers it, and nothing else here.
+    prompt = "so one two three one two"
+    three = llm.tokenize(b" three", add_bos=False)
+    assert len(three) == 1
+    _, _, base, _ = generate(llm, [], prompt=prompt, max_tokens=1)
     proc = LlamaCppLogitsProcessor({"kind": "dry", "multiplier": 0.8}, context=context)
-    _, tokens, rec, _ = generate(llm, [proc])
-    assert len(tokens) == 12 and all(np.isfinite(row).any() for row in rec.rows)
+    _, _, rec, _ = generate(llm, [proc], prompt=prompt, max_tokens=1)
+    before, after = base.rows[0], rec.rows[0]
+    assert after[three[0]] < before[three[0]] - 0.5
+    changed = np.flatnonzero(after != before)
+    assert three[0] in changed and len(changed) <= 3, changed
 
 
 def test_bad_spec_is_refused_before_generation(llm, context):
