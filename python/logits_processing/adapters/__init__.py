@@ -10,6 +10,8 @@ imported; importing this package imports no engine.
   ``CustomLogitProcessor`` whose requests carry JSON specs.
 - :mod:`logits_processing.adapters.trtllm`: ``TRTLLMLogitsProcessor`` (per request) and
   ``TRTLLMBatchedLogitsProcessor`` for TensorRT-LLM.
+- :mod:`logits_processing.adapters.llama_cpp`: ``LlamaCppLogitsProcessor`` for llama-cpp-python's
+  ``logits_processor=LogitsProcessorList([...])``, its context from the ``Llama`` object.
 
 A request opts in with a list of JSON specs under :data:`SPEC_KEY` (or Dynamo's entries under
 :data:`DYNAMO_SPEC_KEY`), and with :data:`PROMPT_LEN_KEY` beside them says where its original
