@@ -79,7 +79,7 @@ for engine in "${engines[@]}"; do
   echo "== $engine ($venv)" >&2
   # test_docs_engines.py: the docs' blocks marked engine=<engine>, as scripts in this venv.
   tests=("test_engine_$engine.py" test_docs_engines.py)
-  [ "$engine" = vllm ] && tests+=(test_engine_vllm_v2.py test_engine_vllm_real.py test_convert_vllm.py)
+  [ "$engine" = vllm ] && tests+=(test_engine_vllm_v2.py test_engine_vllm_real.py test_convert_vllm.py test_repetition_detection_vllm.py)
   [ "$engine" = sglang ] && tests+=(test_engine_sglang_real.py)
   # From outside the checkout, so the installed wheel (with its entry points) is what is tested.
   (cd "$root/python/tests" && LOGITS_PROCESSING_ENGINE="$engine" "$venv/bin/python" -m pytest -q \

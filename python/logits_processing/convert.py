@@ -62,7 +62,7 @@ from __future__ import annotations
 
 import json
 from dataclasses import dataclass, field
-from typing import Any, Dict, List, Mapping
+from typing import Any, Dict, List, Mapping, Optional, Sequence
 
 __all__ = ["Conversion", "from_llamacpp", "from_webui", "from_koboldcpp", "from_vllm", "from_openai", "SOURCES"]
 
@@ -787,6 +787,7 @@ def from_koboldcpp(params: Mapping[str, Any]) -> Conversion:
 _VLLM_FIELDS = {
     "temperature", "top_p", "top_k", "min_p", "repetition_penalty", "frequency_penalty",
     "presence_penalty", "logit_bias", "allowed_token_ids", "bad_words", "min_tokens",
+    "repetition_detection",
 }
 _VLLM_NOT_SAMPLING = {
     "n", "best_of", "seed", "stop", "stop_token_ids", "ignore_eos", "max_tokens", "logprobs",
@@ -797,11 +798,13 @@ _VLLM_NOT_SAMPLING = {
 }
 
 
-def from_vllm(params: Any) -> Conversion:
+def from_vllm(params: Any, eos_token_ids: Optional[Sequence[int]] = None) -> Conversion:
     """vLLM's ``SamplingParams`` (the object, or a mapping of its fields), in the order vLLM's
     sampler applies them: allowed ids, logit bias, penalties, temperature, min-p, top-k, top-p
     (a bias is added before the repetition penalty scales the logit, as in vLLM). vLLM's penalties count
     the output tokens only (repetition also the prompt's), as the specs' ``scope`` says.
+    ``min_tokens`` and ``repetition_detection`` end or hold back the end of a request, so they
+    need the model's ``eos_token_ids``; without them they are listed as unsupported.
 
     >>> from logits_processing.convert import from_vllm
     >>> [s["kind"] for s in from_vllm({"temperature": 0.7, "top_p": 0.9, "presence_penalty": 0.5}).specs]
@@ -822,8 +825,23 @@ def from_vllm(params: Any) -> Conversion:
     for name in ("frequency_penalty", "presence_penalty"):
         if get(name) not in (None, 0.0):
             out.specs.append({"kind": name, "penalty": float(get(name))})
+    eos = [int(t) for t in eos_token_ids] if eos_token_ids else None
     if get("min_tokens"):
-        out.unsupported["min_tokens"] = "needs the EOS ids: give a min_new_tokens spec with them"
+        if eos:
+            out.specs.append({"kind": "min_new_tokens", "min_new_tokens": int(get("min_tokens")),
+                              "eos_token_ids": eos})
+        else:
+            out.unsupported["min_tokens"] = "needs the EOS ids: give from_vllm eos_token_ids"
+    detection = get("repetition_detection")
+    if detection is not None:
+        detection = detection if isinstance(detection, Mapping) else vars(detection)
+        if not eos:
+            out.unsupported["repetition_detection"] = "needs the EOS ids: give from_vllm eos_token_ids"
+        elif detection.get("max_pattern_size", 0) > 0:
+            out.specs.append({"kind": "repetition_detection", **{
+                name: int(detection.get(name, 0))
+                for name in ("max_pattern_size", "min_pattern_size", "min_count")
+            }, "eos_token_ids": eos})
     if get("bad_words"):
         out.unsupported["bad_words"] = "text: give ban_strings (or bad_words with token ids)"
     temperature = get("temperature")

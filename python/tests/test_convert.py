@@ -97,6 +97,21 @@ def test_vllm_and_openai_bodies():
     assert from_openai(body).specs[-1] == {"kind": "grammar", "json_schema": schema}
 
 
+def test_vllm_fields_that_end_a_request_need_the_eos_ids():
+    fields = {"min_tokens": 4, "repetition_detection": {"max_pattern_size": 8, "min_count": 3}}
+    assert set(from_vllm(fields).unsupported) == {"min_tokens", "repetition_detection"}
+    c = from_vllm({**fields, "temperature": 0.5}, eos_token_ids=[2])
+    assert c.unsupported == {} and c.specs == [
+        {"kind": "min_new_tokens", "min_new_tokens": 4, "eos_token_ids": [2]},
+        {"kind": "repetition_detection", "max_pattern_size": 8, "min_pattern_size": 0, "min_count": 3,
+         "eos_token_ids": [2]},
+        {"kind": "temperature", "temperature": 0.5},
+    ]
+    Processor(c.specs, prompt_len=0)([], torch.zeros(8))  # admitted in this order
+    off = {"repetition_detection": {"max_pattern_size": 0, "min_count": 0}}
+    assert from_vllm(off, eos_token_ids=[2]).specs == []
+
+
 def test_the_convert_command(tmp_path, capsys):
     path = tmp_path / "settings.json"
     path.write_text(json.dumps({"top_k": 20, "temperature": 0.6}))

@@ -239,6 +239,9 @@ PIPELINES = {
     "p_less": [{"kind": "p_less"}],
     "tail_free": [{"kind": "tail_free", "z": 0.9}],
     "top_h": [{"kind": "top_h", "top_h": 0.4}],
+    "repetition_detection": [
+        {"kind": "repetition_detection", "max_pattern_size": 3, "min_count": 3, "eos_token_ids": [EOS]}
+    ],
     "xtc": [{"kind": "xtc", "probability": 0.5, "threshold": 0.05, "seed": 7}],
     "mirostat": [{"kind": "mirostat", "version": 2, "tau": 3.0}],
     "mirostat_v1": [{"kind": "mirostat", "version": 1, "tau": 3.0, "n_vocab": V}],

@@ -90,6 +90,11 @@ SPECS = st.one_of(
     ),
     st.builds(lambda ids: {"kind": "allowed_token_ids", "token_ids": ids}, _IDS),
     st.builds(lambda n, e: {"kind": "forced_eos", "max_length": n, "eos_token_ids": e}, st.integers(0, 8), _IDS),
+    st.builds(
+        lambda size, count, e: {"kind": "repetition_detection", "max_pattern_size": size, "min_count": count,
+                                "eos_token_ids": e},
+        st.integers(0, 4), st.integers(2, 4), _IDS,
+    ),
     st.builds(lambda b: {"kind": "forced_bos", "bos_token_id": b}, st.integers(0, 9)),
     st.builds(lambda k, m: {"kind": "top_k", "k": k, "min_tokens_to_keep": m}, st.integers(-1, 10), _KEEP),
     st.builds(lambda p, m: {"kind": "top_p", "p": p, "min_tokens_to_keep": m}, st.sampled_from([0.0, 1.0]) | st.floats(0.05, 1.0), _KEEP),
@@ -115,6 +120,7 @@ SPECS = st.one_of(
     st.builds(lambda n: {"kind": "top_n_sigma", "n": n}, st.floats(0.5, 3.0)),
     st.builds(lambda a, m: {"kind": "top_a", "a": a, "min_tokens_to_keep": m}, st.floats(0.0, 1.0), _KEEP),
     st.builds(lambda m: {"kind": "p_less", "min_tokens_to_keep": m}, _KEEP),
+    st.builds(lambda h: {"kind": "top_h", "top_h": h}, st.floats(0.01, 1.0)),
     st.builds(lambda z, m: {"kind": "tail_free", "z": z, "min_tokens_to_keep": m}, st.floats(0.1, 1.0), _KEEP),
     st.builds(
         lambda p, t, seed: {"kind": "xtc", "probability": p, "threshold": t, "seed": seed},

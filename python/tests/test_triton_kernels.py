@@ -61,6 +61,8 @@ SPECS = {
     "multiple_choice": {"kind": "multiple_choice", "choices": [47, 48, 49, 0]},
     "forced_bos": {"kind": "forced_bos", "bos_token_id": 0},
     "forced_eos": {"kind": "forced_eos", "max_length": 5, "eos_token_ids": [2]},
+    "repetition_detection": {"kind": "repetition_detection", "max_pattern_size": 4, "min_count": 2,
+                             "eos_token_ids": [2]},
     "forced_sequence": {"kind": "forced_sequence", "token_ids": [906, 17], "eos_token_id": 2,
                         "position": "calls"},
     "force_last_phrase": {"kind": "force_last_phrase", "phrase": [271, 906], "eos_token_id": 2},
@@ -81,6 +83,7 @@ SPECS = {
     "top_n_sigma": {"kind": "top_n_sigma", "n": 1.0},
     "top_a": {"kind": "top_a", "a": 0.2, "min_tokens_to_keep": 1},
     "p_less": {"kind": "p_less", "min_tokens_to_keep": 1},
+    "top_h": {"kind": "top_h", "top_h": 0.4},
     "tail_free": {"kind": "tail_free", "z": 0.95, "min_tokens_to_keep": 1},
     "xtc": {"kind": "xtc", "probability": 0.5, "threshold": 0.1, "min_keep": 1, "seed": 0},
     "mirostat": {"kind": "mirostat", "version": 2, "tau": 5.0, "eta": 0.1},
@@ -91,7 +94,8 @@ NEEDS_TOKENIZER = {"ban_strings", "grammar", "json_object"}
 NEEDS_CONTEXT = {"bitmask", "thinking_budget", "hello_world"}
 # Kinds whose plans the kernels do not carry, on every step or on some (docs/cuda.md): the host
 # round trip carries those steps, so they need not launch the kernels.
-ROUND_TRIP = {"smoothing", "adaptive_p", "top_n_sigma", "top_a", "p_less", "tail_free", "mirostat",
+ROUND_TRIP = {"smoothing", "adaptive_p", "top_n_sigma", "top_a", "p_less", "top_h", "tail_free",
+              "mirostat",
               "dynamic_temperature", "xtc", "force_last_phrase", "prevent_hallucination",
               "trigger_phrase", "multiple_choice"}
 
