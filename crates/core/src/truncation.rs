@@ -107,7 +107,7 @@ pub enum Truncation {
     TopA { a: f32, min_keep: u32 },
     /// P-less sampling: values whose probability is at least the sum of the squared
     /// probabilities (no parameter but `min_keep`).
-    PLess { min_keep: u32 },
+    PLess { min_keep: u32, normalized: bool },
     /// Top-H: the largest values while their cumulative entropy stays within `top_h` times the
     /// entropy of the 100 largest (transformers' `TopHLogitsWarper`).
     TopH { top_h: f32 },
@@ -220,7 +220,7 @@ impl Truncation {
             | Truncation::Epsilon { min_keep, .. }
             | Truncation::Eta { min_keep, .. }
             | Truncation::TopA { min_keep, .. }
-            | Truncation::PLess { min_keep }
+            | Truncation::PLess { min_keep, .. }
             | Truncation::TailFree { min_keep, .. }
             | Truncation::Xtc { min_keep, .. } => min_keep,
             Truncation::TopNSigma { .. }
@@ -264,7 +264,9 @@ impl Truncation {
             }
             Truncation::TopNSigma { n } => top_n_sigma::band(values, n),
             Truncation::TopA { a, .. } => top_a::band(values, a, min_keep, work),
-            Truncation::PLess { .. } => p_less::band(values, min_keep, work),
+            Truncation::PLess { normalized, .. } => {
+                p_less::band(values, min_keep, normalized, work)
+            }
             Truncation::TopH { top_h } => top_h::band(values, top_h, work),
             Truncation::TailFree { z, .. } => tail_free::band(values, z, min_keep, work),
             Truncation::Xtc { threshold, .. } => xtc::band(values, threshold, min_keep, work),

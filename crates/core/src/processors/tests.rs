@@ -242,8 +242,8 @@ fn spec_of(kind: &'static str) -> BoxedStrategy<Value> {
         "top_a" => (0.0f64..1.0, min_keep())
             .prop_map(|(a, m)| json!({"kind": "top_a", "a": a, "min_tokens_to_keep": m}))
             .boxed(),
-        "p_less" => min_keep()
-            .prop_map(|m| json!({"kind": "p_less", "min_tokens_to_keep": m}))
+        "p_less" => (min_keep(), any::<bool>())
+            .prop_map(|(m, n)| json!({"kind": "p_less", "min_tokens_to_keep": m, "normalized": n}))
             .boxed(),
         "top_h" => (0.01f64..1.0).prop_map(|h| json!({"kind": "top_h", "top_h": h})).boxed(),
         "tail_free" => (0.0f64..1.0, min_keep())
