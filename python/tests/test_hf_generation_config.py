@@ -122,6 +122,7 @@ def cases(tokenizer):
             typical_p=0.8,
             eta_cutoff=0.0008,
             epsilon_cutoff=0.0001,
+            renormalize_logits=True,
         ),
     }
 
@@ -150,22 +151,27 @@ def test_the_specs_follow_generate_order_and_drop_eos_bad_words():
         bad_words_ids=[[1], [7, 8], [2]],
         sequence_bias=[[[3], 1.0]],
         max_length=30,
+        forced_bos_token_id=0,
         forced_eos_token_id=2,
+        renormalize_logits=True,
     )
     specs = specs_from_generation_config(config)
     assert [s["kind"] for s in specs] == [
         "sequence_bias",
         "repetition_penalty",
         "bad_words",
+        "forced_bos",
         "forced_eos",
         "temperature",
         "top_k",
         "top_p",
+        "log_softmax",
     ]
     assert specs[2]["sequences"] == [[7, 8]]
-    assert specs[3] == {"kind": "forced_eos", "max_length": 30, "eos_token_ids": [2]}
+    assert specs[3] == {"kind": "forced_bos", "bos_token_id": 0}
+    assert specs[4] == {"kind": "forced_eos", "max_length": 30, "eos_token_ids": [2]}
     # Beam sampling keeps at least one token more than there are EOS ids, as generate() does.
-    assert specs[-1]["min_tokens_to_keep"] == 3
+    assert specs[-2]["min_tokens_to_keep"] == 3
 
 
 def test_fields_without_a_spec_are_refused_by_name():

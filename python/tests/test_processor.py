@@ -121,6 +121,7 @@ SPECS = st.one_of(
     st.builds(lambda a, m: {"kind": "top_a", "a": a, "min_tokens_to_keep": m}, st.floats(0.0, 1.0), _KEEP),
     st.builds(lambda m: {"kind": "p_less", "min_tokens_to_keep": m}, _KEEP),
     st.builds(lambda h: {"kind": "top_h", "top_h": h}, st.floats(0.01, 1.0)),
+    st.just({"kind": "log_softmax"}),
     st.builds(lambda z, m: {"kind": "tail_free", "z": z, "min_tokens_to_keep": m}, st.floats(0.1, 1.0), _KEEP),
     st.builds(
         lambda p, t, seed: {"kind": "xtc", "probability": p, "threshold": t, "seed": seed},

@@ -3,11 +3,12 @@
 //! like a truncation's band.
 //!
 //! Each rule's row math is one file beside this one, a `shape` function that [`Reshape::shape`]
-//! dispatches to: `dynamic_temperature.rs`, `smoothing.rs` and `adaptive_p.rs`. The kinds (in
+//! dispatches to: `dynamic_temperature.rs`, `smoothing.rs`, `adaptive_p.rs` and `log_softmax.rs`. The kinds (in
 //! `crate::processors`) decide which rule runs with which parameters; nothing here imports them.
 
 mod adaptive_p;
 mod dynamic_temperature;
+mod log_softmax;
 mod smoothing;
 
 use crate::logit::Logit;
@@ -33,6 +34,8 @@ pub enum Reshape {
     /// llama.cpp's adaptive-p transform toward the step's adapted target probability; `key`
     /// tells one step's rule from another's: see [`crate::processors::AdaptivePSpec`].
     AdaptiveP { target: f32, key: u32 },
+    /// `log_softmax` over the row: see [`crate::processors::LogSoftmaxSpec`].
+    LogSoftmax,
 }
 
 impl Reshape {
@@ -70,6 +73,7 @@ impl Reshape {
             } => dynamic_temperature::shape(values, temperature, range, exponent),
             Reshape::Smoothing { k, s } => smoothing::shape(values, k, s),
             Reshape::AdaptiveP { target, .. } => adaptive_p::shape(values, target),
+            Reshape::LogSoftmax => log_softmax::shape(values),
         }
     }
 }
@@ -93,6 +97,8 @@ pub enum Shape {
     /// `p = exp(x - max) / scale` and `d = |(p - target) / 0.3|`, becomes `5 - 10 d^2 / (1 + d)`
     /// (f32, as llama.cpp).
     AdaptiveP { max: f32, scale: f32, target: f32 },
+    /// `(x - max) - log_sum` (f32, as torch's `log_softmax`).
+    LogSoftmax { max: f32, log_sum: f32 },
 }
 
 /// [`Shape::Quadratic`] of a finite `x` whose f32 arithmetic overflowed: in f64 (which cannot
@@ -139,6 +145,7 @@ impl Shape {
                 let d = ((p - target) * (1.0 / 0.3f32)).abs();
                 5.0 - 10.0 * d * d / (1.0 + d)
             }
+            Shape::LogSoftmax { max, log_sum } => (x - max) - log_sum,
         }
     }
 

@@ -219,8 +219,8 @@ def specs_from_generation_config(config: Any, *, prompt_len: Optional[int] = Non
             or ``min_new_tokens`` that is not an integer (``generate()`` refuses them too),
             naming it in ``field``.
         ValueError: a field that changes the logits and has no spec here (``guidance_scale``,
-            the encoder-decoder penalties, ``forced_bos_token_id``, ``remove_invalid_values``,
-            ``top_h``, ``renormalize_logits``, a watermark), naming it.
+            the encoder-decoder penalties, ``remove_invalid_values``, ``top_h``, a watermark),
+            naming it.
 
     Example::
 
@@ -257,11 +257,9 @@ def specs_from_generation_config(config: Any, *, prompt_len: Optional[int] = Non
         ("guidance_scale", lambda v: v is not None and v != 1),
         ("encoder_repetition_penalty", lambda v: v is not None and v != 1.0),
         ("encoder_no_repeat_ngram_size", lambda v: v is not None and v > 0),
-        ("forced_bos_token_id", lambda v: v is not None),
         ("remove_invalid_values", lambda v: v is True),
         ("top_h", lambda v: v is not None),
         ("watermarking_config", lambda v: v is not None),
-        ("renormalize_logits", lambda v: v is True),
     ]
     for name, used in unsupported:
         if used(field(name)):
@@ -292,6 +290,8 @@ def specs_from_generation_config(config: Any, *, prompt_len: Optional[int] = Non
                 "eos_token_ids": eos_ids,
             }
         )
+    if field("forced_bos_token_id") is not None:
+        specs.append({"kind": "forced_bos", "bos_token_id": int(field("forced_bos_token_id"))})
     forced_eos = field("forced_eos_token_id")
     if forced_eos is not None:
         max_length = field("max_length")
@@ -340,6 +340,9 @@ def specs_from_generation_config(config: Any, *, prompt_len: Optional[int] = Non
         eta = field("eta_cutoff")
         if eta is not None and 0.0 < eta < 1.0:
             specs.append({"kind": "eta_cutoff", "epsilon": float(eta), "min_tokens_to_keep": keep})
+    if field("renormalize_logits") is True:
+        # LogitNormalization: always generate()'s last processor.
+        specs.append({"kind": "log_softmax"})
     return specs
 
 

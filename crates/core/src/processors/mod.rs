@@ -26,6 +26,7 @@ mod gen_length;
 #[cfg(feature = "grammar")]
 mod grammar;
 mod hello_world;
+mod log_softmax;
 mod logit_bias;
 mod matcher;
 mod max_time;
@@ -81,6 +82,7 @@ pub use gen_length::{GenLength, GenLengthSpec};
 #[cfg(feature = "grammar")]
 pub use grammar::{Grammar, GrammarSpec, JsonObjectSpec};
 pub use hello_world::{hello_world, HelloWorldSpec, TextEncoder, HELLO_WORLD_TEXT};
+pub use log_softmax::{LogSoftmax, LogSoftmaxSpec};
 pub(crate) use logit_bias::check_bias;
 pub use logit_bias::{LogitBias, LogitBiasSpec, MAX_BIAS};
 pub use max_time::{MaxTime, MaxTimeSpec};
@@ -211,4 +213,6 @@ pub(crate) static KINDS: &[Kind] = &[
         .observing_the_pass(),
     // adaptive-p last too, as llama.cpp chains it: its next step reads the row its pass read.
     Kind::new::<AdaptivePSpec>("adaptive_p").observing_the_pass(),
+    // The row as log-probabilities, after everything, as transformers runs its normalization.
+    Kind::new::<LogSoftmaxSpec>("log_softmax").history_free(),
 ];

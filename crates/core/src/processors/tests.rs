@@ -259,6 +259,7 @@ fn spec_of(kind: &'static str) -> BoxedStrategy<Value> {
                 json!({"kind": "dynamic_temperature", "temperature": t, "range": r, "exponent": e})
             })
             .boxed(),
+        "log_softmax" => Just(json!({"kind": "log_softmax"})).boxed(),
         "smoothing" => (0.0f64..3.0, 0.0f64..4.0)
             .prop_map(|(f, c)| json!({"kind": "smoothing", "factor": f, "curve": c}))
             .boxed(),
@@ -367,6 +368,7 @@ resume_safe! {
     resume_safe_xtc: "xtc",
     resume_safe_dynamic_temperature: "dynamic_temperature",
     resume_safe_smoothing: "smoothing",
+    resume_safe_log_softmax: "log_softmax",
     resume_safe_force_last_phrase_without_a_pass: "force_last_phrase",
     resume_safe_gen_length: "gen_length",
     resume_safe_max_time_before_its_limit: "max_time",
