@@ -3,8 +3,8 @@ use serde::{Deserialize, Serialize};
 
 use crate::error::Result;
 use crate::history::TokenHistory;
-use crate::plan::{Edit, ForcedValue, RowPlan};
-use crate::processors::eos::{check_eos, distinct, eos_ids};
+use crate::plan::RowPlan;
+use crate::processors::eos::{check_eos, eos_ids, ForcedEosIds};
 use crate::processors::LogitsProcessor;
 use crate::spec::{KindSpec, SpecContext};
 
@@ -44,25 +44,14 @@ impl KindSpec for ForcedEosSpec {
 #[derive(Debug, Clone, PartialEq)]
 pub struct ForcedEos {
     max_length: usize,
-    eos_token_ids: Vec<u32>,
-    // Bit set for each EOS id (several ids only).
-    mask: Vec<u32>,
+    eos: ForcedEosIds,
 }
 
 impl ForcedEos {
     pub fn new(max_length: usize, eos_token_ids: Vec<u32>) -> Self {
-        let eos_token_ids = distinct(&eos_token_ids);
-        let mut mask = vec![];
-        if eos_token_ids.len() > 1 {
-            mask = vec![0u32; (*eos_token_ids.last().unwrap() as usize + 1).div_ceil(32)];
-            for &token in &eos_token_ids {
-                mask[token as usize / 32] |= 1 << (token % 32);
-            }
-        }
         Self {
             max_length,
-            eos_token_ids,
-            mask,
+            eos: ForcedEosIds::new(&eos_token_ids),
         }
     }
 }
@@ -72,25 +61,13 @@ impl LogitsProcessor for ForcedEos {
         if ids.token_count().checked_add(1) != Some(self.max_length) {
             return Ok(());
         }
-        match self.eos_token_ids[..] {
-            [] => {}
-            [token] => plan.push(Edit::Force {
-                token,
-                value: ForcedValue::Set(0.0),
-            }),
-            _ => {
-                plan.push_mask(&self.mask, false);
-                for &token in &self.eos_token_ids {
-                    plan.push(Edit::Set { token, value: 0.0 });
-                }
-            }
-        }
+        self.eos.push(plan);
         Ok(())
     }
 
     fn undo(&mut self) {}
 
     fn max_token_id(&self) -> Option<u32> {
-        self.eos_token_ids.last().copied()
+        self.eos.max_token_id()
     }
 }

@@ -3,9 +3,9 @@ use serde::{Deserialize, Serialize};
 
 use crate::error::{Error, Result};
 use crate::history::TokenHistory;
-use crate::plan::{Edit, ForcedValue, RowPlan};
+use crate::plan::RowPlan;
 use crate::processors::cursor::Cursor;
-use crate::processors::eos::{distinct, eos_ids};
+use crate::processors::eos::{check_eos, eos_ids, ForcedEosIds};
 use crate::processors::LogitsProcessor;
 use crate::spec::{KindSpec, SpecContext};
 
@@ -52,7 +52,7 @@ impl KindSpec for RepetitionDetectionSpec {
                 format!("{} is above {MAX_PATTERN_SIZE}", self.max_pattern_size),
             ));
         }
-        crate::processors::eos::check_eos(&self.eos_token_ids)
+        check_eos(&self.eos_token_ids)
     }
 
     fn realize(
@@ -94,9 +94,7 @@ pub struct RepetitionDetection {
     min_size: usize,
     min_count: usize,
     prompt_len: usize,
-    eos_token_ids: Vec<u32>,
-    // Bit set for each EOS id (several ids only).
-    mask: Vec<u32>,
+    eos: ForcedEosIds,
     cursor: Cursor,
     // runs[k]: trailing generated ids equal to the one `min_size + k` before them.
     runs: Vec<u64>,
@@ -119,20 +117,11 @@ impl RepetitionDetection {
         } else {
             0
         };
-        let eos_token_ids = distinct(&eos_token_ids);
-        let mut mask = vec![];
-        if eos_token_ids.len() > 1 {
-            mask = vec![0u32; (*eos_token_ids.last().unwrap() as usize + 1).div_ceil(32)];
-            for &token in &eos_token_ids {
-                mask[token as usize / 32] |= 1 << (token % 32);
-            }
-        }
         Self {
             min_size,
             min_count,
             prompt_len,
-            eos_token_ids,
-            mask,
+            eos: ForcedEosIds::new(&eos_token_ids),
             cursor: Cursor::default(),
             runs: vec![0; sizes],
             before: None,
@@ -174,19 +163,7 @@ impl LogitsProcessor for RepetitionDetection {
         if self.runs.is_empty() || !self.repeats(ids) {
             return Ok(());
         }
-        match self.eos_token_ids[..] {
-            [] => {}
-            [token] => plan.push(Edit::Force {
-                token,
-                value: ForcedValue::Set(0.0),
-            }),
-            _ => {
-                plan.push_mask(&self.mask, false);
-                for &token in &self.eos_token_ids {
-                    plan.push(Edit::Set { token, value: 0.0 });
-                }
-            }
-        }
+        self.eos.push(plan);
         Ok(())
     }
 
@@ -204,7 +181,7 @@ impl LogitsProcessor for RepetitionDetection {
     }
 
     fn max_token_id(&self) -> Option<u32> {
-        self.eos_token_ids.last().copied()
+        self.eos.max_token_id()
     }
 }
 
