@@ -62,17 +62,6 @@ if [ -f "$nodeps" ]; then
   fi
 fi
 
-# This checkout's package, as a release wheel (abi3: one build serves every venv).
-sources="$(cd "$root" && git ls-files -co --exclude-standard -- crates python/logits_processing \
-  pyproject.toml Cargo.toml Cargo.lock | sort | xargs sha256sum 2>/dev/null | sha256sum | cut -d' ' -f1)"
-pkg_stamp="$venv/.logits-processing.sha256"
-if [ "$(cat "$pkg_stamp" 2>/dev/null)" != "$sources" ]; then
-  main_venv="$("$root/scripts/venv.sh")"
-  wheels="$cache/wheels"
-  rm -rf "$wheels" && mkdir -p "$wheels"
-  (cd "$root" && CARGO_TARGET_DIR="${CARGO_TARGET_DIR:-$root/target}" \
-    "$main_venv/bin/maturin" build --release -q -i "$venv/bin/python" -o "$wheels" >&2)
-  "$uv" pip install -q -p "$venv/bin/python" --no-deps --reinstall "$wheels"/logits_processing-*.whl >&2
-  echo "$sources" > "$pkg_stamp"
-fi
+# This checkout's package, as a release wheel.
+"$root/scripts/checkout-wheel.sh" "$venv" "$uv" "$cache/wheels"
 echo "$venv"

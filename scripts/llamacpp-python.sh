@@ -69,17 +69,7 @@ if [ "$(cat "$stamp" 2>/dev/null)" != "$want" ]; then
   echo "$want" > "$stamp"
 fi
 
-# This checkout's package, as a release wheel (abi3), rebuilt only when its sources change.
-sources="$(cd "$root" && git ls-files -co --exclude-standard -- crates python/logits_processing \
-  pyproject.toml Cargo.toml Cargo.lock | sort | xargs sha256sum 2>/dev/null | sha256sum | cut -d' ' -f1)"
-pkg_stamp="$venv/.logits-processing.sha256"
-if [ "$(cat "$pkg_stamp" 2>/dev/null)" != "$sources" ]; then
-  main_venv="$("$root/scripts/venv.sh")"
-  pkg="$cache/llamacpp-python-pkg"
-  rm -rf "$pkg" && mkdir -p "$pkg"
-  (cd "$root" && CARGO_TARGET_DIR="${CARGO_TARGET_DIR:-$root/target}" \
-    "$main_venv/bin/maturin" build --release -q -i "$venv/bin/python" -o "$pkg" >&2)
-  "$uv" pip install -q -p "$venv/bin/python" --no-deps --reinstall "$pkg"/logits_processing-*.whl >&2
-  echo "$sources" > "$pkg_stamp"
-fi
+# This checkout's package, as a release wheel (its own wheel folder: this script's lock is not
+# engine-venv.sh's).
+"$root/scripts/checkout-wheel.sh" "$venv" "$uv" "$cache/llamacpp-python-pkg"
 echo "$venv"
