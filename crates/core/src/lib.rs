@@ -56,7 +56,7 @@ pub use processors::{
     process_row, register_thinking_token_config, BanTokens, ForcedSequence, LogitBias,
     LogitsProcessor, Position, Temperature, TextEncoder, ThinkingBudget, ThinkingTokenConfig,
 };
-pub use spec::{parse_pipeline, reads_history, Kind, KindSpec, ProcessorSpec, SpecContext};
+pub use spec::{parse_pipeline, reads_history, EngineContext, Kind, KindSpec, ProcessorSpec};
 
 pub use half::{bf16, f16};
 

@@ -6,7 +6,7 @@ use crate::logit::Logit;
 use crate::plan::{Edit, Fill, RowPlan};
 use crate::processors::LogitsProcessor;
 use crate::raw::RawRow;
-use crate::spec::{ProcessorSpec, SpecContext};
+use crate::spec::{EngineContext, ProcessorSpec};
 
 /// One step of a pipeline.
 #[derive(Debug)]
@@ -33,7 +33,7 @@ pub enum Stage {
 /// A step never hands back a row with no finite logit without saying so: when the logits given
 /// have none, or the steps leave none (allowed ids all banned, a grammar's mask meeting a ban, a
 /// bitmask of zeros, a truncation before a mask, a user's processor), the row allows only the
-/// EOS ids ([`Pipeline::with_eos_token_ids`], taken from the [`SpecContext`]'s): EOS at 0.0,
+/// EOS ids ([`Pipeline::with_eos_token_ids`], taken from the [`EngineContext`]'s): EOS at 0.0,
 /// every other logit `-inf`. Where no EOS id is known the row is left as the steps left it. Either
 /// way [`Pipeline::failures`] says why, naming the steps that could remove tokens; the reason
 /// stands until [`Pipeline::reset`] (a later step with finite logits is edited as usual). The
@@ -130,7 +130,7 @@ impl Pipeline {
     /// Fresh state for each spec, in order (see [`ProcessorSpec::realize`]).
     pub fn from_specs(
         specs: &[ProcessorSpec],
-        context: &SpecContext,
+        context: &EngineContext,
         prompt_len: usize,
     ) -> Result<Self> {
         crate::processors::check_order(specs.iter().map(|spec| (spec.position(), spec)))?;

@@ -2,7 +2,7 @@
 
 use std::collections::HashMap;
 
-use logits_processing::{Batch, Error, Pipeline, SpecContext, Step, StepBitmask, TokenHistory};
+use logits_processing::{Batch, EngineContext, Error, Pipeline, Step, StepBitmask, TokenHistory};
 use pyo3::exceptions::PyException;
 use pyo3::prelude::*;
 use pyo3::types::{PyList, PyTuple};
@@ -109,7 +109,7 @@ pub(crate) struct PyBatch {
 
 pub(crate) struct BatchState {
     batch: Batch,
-    context: SpecContext,
+    context: EngineContext,
     externals: HashMap<u64, Py<PyAny>>,
     next_key: u64,
 }

@@ -5,9 +5,10 @@
 use std::sync::Arc;
 
 use logits_processing::{
-    Error, GrammarEnv, Result as CoreResult, SpecContext, TextEncoder, ThinkingTokenConfig,
+    EngineContext, Error, GrammarEnv, Result as CoreResult, TextEncoder, ThinkingTokenConfig,
 };
 use pyo3::prelude::*;
+use pyo3::sync::PyOnceLock;
 use pyo3::types::{PyBool, PyDict, PyTuple};
 
 use crate::args;
@@ -179,6 +180,51 @@ fn grammar_env_or_none(
         .map(Some)
 }
 
+/// [`grammar_env_or_none`], read once per tokenizer object and EOS ids: reading a tokenizer
+/// costs about half a second at a 129k vocab, and the compiled grammars its `GrammarEnv` caches
+/// then serve every context made from it. Held weakly, so a tokenizer's going frees its env; an
+/// object that cannot be weakly referenced is read each time.
+fn shared_grammar_env(
+    tokenizer: &Bound<'_, PyAny>,
+    eos_token_ids: &[u32],
+) -> PyResult<Option<GrammarEnv>> {
+    static ENVS: PyOnceLock<Py<PyAny>> = PyOnceLock::new();
+    let py = tokenizer.py();
+    let envs = ENVS
+        .get_or_try_init(py, || {
+            Ok::<_, PyErr>(
+                py.import("weakref")?
+                    .getattr("WeakKeyDictionary")?
+                    .call0()?
+                    .unbind(),
+            )
+        })?
+        .bind(py);
+    let key = PyTuple::new(py, eos_token_ids)?;
+    let per_eos = envs
+        .call_method1("get", (tokenizer,))
+        .ok()
+        .filter(|d| !d.is_none());
+    if let Some(found) = per_eos.as_ref().and_then(|d| d.get_item(&key).ok()) {
+        return Ok(Some(found.cast::<PyGrammarEnv>()?.get().env.clone()));
+    }
+    let env = grammar_env_or_none(tokenizer, eos_token_ids.to_vec())?;
+    if let Some(env) = &env {
+        let per_eos = match per_eos {
+            Some(d) => d,
+            None => {
+                let d = PyDict::new(py).into_any();
+                if envs.set_item(tokenizer, &d).is_err() {
+                    return Ok(Some(env.clone())); // not weakly referenceable
+                }
+                d
+            }
+        };
+        per_eos.set_item(key, PyGrammarEnv { env: env.clone() })?;
+    }
+    Ok(env)
+}
+
 /// The engine's tokenizer as llguidance sees it, for ``grammar`` and ``json_object`` specs, to
 /// share between contexts: its token trie is built once, when the first grammar needs it (about
 /// a second for a 150k-token vocab), and compiled grammars are cached in it (the 256 most
@@ -317,10 +363,10 @@ fn hello_world_of(h: &Bound<'_, PyAny>) -> PyResult<(Vec<u32>, u32)> {
 }
 
 /// The context of a call: `context=` (an `EngineContext`), or one that knows nothing.
-pub(crate) fn context_arg(context: Option<&Bound<'_, PyAny>>) -> PyResult<SpecContext> {
+pub(crate) fn context_arg(context: Option<&Bound<'_, PyAny>>) -> PyResult<EngineContext> {
     match args::given(context) {
         Some(context) => Ok(context_of(context)?.get().context.clone()),
-        None => Ok(SpecContext::default()),
+        None => Ok(EngineContext::default()),
     }
 }
 
@@ -359,7 +405,8 @@ pub(crate) fn context_of<'a, 'py>(
 ///         ``eos_token`` of the ``tokenizer_config.json`` beside it.
 ///     grammar (GrammarEnv | bool | None): Keyword only. A :class:`GrammarEnv` to share (its
 ///         compiled grammars with it); ``False`` for none; default: read from the tokenizer
-///         where llguidance can read it.
+///         where llguidance can read it, once per tokenizer object (and EOS ids): every
+///         context made from one tokenizer shares its ``GrammarEnv``.
 ///     hello_world (tuple[list[int], int] | None), thinking_tokens (ThinkingTokenConfig |
 ///         None): Keyword only. Explicit values, where the tokenizer's are not wanted.
 ///
@@ -392,7 +439,7 @@ pub(crate) fn context_of<'a, 'py>(
 ///     token_ids[0]
 #[pyclass(frozen, subclass, module = "logits_processing", name = "EngineContext")]
 pub(crate) struct PyEngineContext {
-    pub(crate) context: SpecContext,
+    pub(crate) context: EngineContext,
     model_name: Option<String>,
     eos_token_ids: Vec<u32>,
 }
@@ -456,14 +503,15 @@ impl PyEngineContext {
                 Some(Tokenizer::Path(_)) => read.clone(),
                 // An object llguidance cannot read (a slow tokenizer, a test double) still
                 // encodes text; grammars are then refused, naming the tokenizer.
-                Some(Tokenizer::Object(t)) => grammar_env_or_none(t, explicit_eos.clone())
-                    .or_else(|e| {
+                Some(Tokenizer::Object(t)) => {
+                    shared_grammar_env(t, &explicit_eos).or_else(|e| {
                         if e.is_instance(py, &crate::errors::class(py, ErrorClass::Tokenizer)) {
                             Ok(None)
                         } else {
                             Err(e)
                         }
-                    })?,
+                    })?
+                }
                 None => None,
             },
             Some(g) if g.is_instance_of::<PyBool>() => {
@@ -517,8 +565,9 @@ impl PyEngineContext {
                 },
                 _ => (None, false),
             };
-        let build =
-            || SpecContext::for_engine(encoder, model_name.as_deref(), vocab_size, &eos_token_ids);
+        let build = || {
+            EngineContext::for_engine(encoder, model_name.as_deref(), vocab_size, &eos_token_ids)
+        };
         let built = if in_python { build() } else { py.detach(build) };
         let mut context = built.map_err(|error| match &python {
             Some(encoder) => encoder.error(py, error),
@@ -571,7 +620,7 @@ impl PyEngineContext {
     #[staticmethod]
     fn structure_only() -> Self {
         Self {
-            context: SpecContext::structure_only(),
+            context: EngineContext::structure_only(),
             model_name: None,
             eos_token_ids: vec![],
         }

@@ -3,9 +3,9 @@
 //! functions, `validate_specs`, `resolve_specs` and `position_by_tokens`.
 
 use logits_processing::spec::MAX_PIPELINE_LEN;
-use logits_processing::{parse_pipeline, Error, Pipeline, ProcessorSpec, SpecContext, Step};
+use logits_processing::{parse_pipeline, EngineContext, Error, Pipeline, ProcessorSpec, Step};
 use pyo3::prelude::*;
-use pyo3::types::{PyDict, PyList, PyString, PyTuple};
+use pyo3::types::{PyByteArray, PyBytes, PyDict, PyList, PyString, PyTuple};
 
 use crate::args;
 use crate::context::context_arg;
@@ -15,6 +15,15 @@ use crate::reference::builtin_processor;
 /// The JSON text of a spec given as a string or as a dict (or list) of JSON values.
 /// `at`: where the entry stands in the pipeline given (`"[1]"`), for errors.
 fn json_of(object: &Bound<'_, PyAny>, at: &str) -> PyResult<String> {
+    if is_bytes(object) {
+        let bytes: Vec<u8> = object.extract()?;
+        return String::from_utf8(bytes).map_err(|e| {
+            to_py(Error::InvalidSpec {
+                field: "spec".into(),
+                message: format!("not UTF-8 text: {e}"),
+            })
+        });
+    }
     if object.is_instance_of::<PyString>() {
         return args::text(object, "spec").map_err(|e| {
             to_py(Error::InvalidSpec {
@@ -89,8 +98,13 @@ pub(crate) enum Entry {
     External(Py<PyAny>),
 }
 
+/// JSON text as it arrives off a wire: `bytes` or `bytearray`, UTF-8.
+fn is_bytes(object: &Bound<'_, PyAny>) -> bool {
+    object.is_instance_of::<PyBytes>() || object.is_instance_of::<PyByteArray>()
+}
+
 fn entry_of(item: &Bound<'_, PyAny>, at: &str, allow_external: bool) -> PyResult<Entry> {
-    if item.is_instance_of::<PyString>() || item.is_instance_of::<PyDict>() {
+    if item.is_instance_of::<PyString>() || item.is_instance_of::<PyDict>() || is_bytes(item) {
         let specs = parse_pipeline(&json_of(item, at)?).map_err(|e| to_py(spec_error(e, at)))?;
         return Ok(Entry::Specs(specs));
     }
@@ -232,7 +246,7 @@ pub(crate) fn entries_any_order(
 /// with no finite logit the context's EOS ids.
 pub(crate) fn pipeline_of(
     entries: Vec<(String, Entry)>,
-    context: &SpecContext,
+    context: &EngineContext,
     prompt_len: usize,
     mut external: impl FnMut(Py<PyAny>) -> u64,
 ) -> PyResult<Pipeline> {
@@ -317,7 +331,7 @@ pub(crate) fn validate_specs(
 }
 
 /// Validates `specs` against `context`, naming the field of the first bad one.
-pub(crate) fn validate_with(specs: &Bound<'_, PyAny>, context: &SpecContext) -> PyResult<()> {
+pub(crate) fn validate_with(specs: &Bound<'_, PyAny>, context: &EngineContext) -> PyResult<()> {
     for (at, entry) in entries_of(specs, false)? {
         let Entry::Specs(specs) = entry else {
             unreachable!("entries_of refuses processors and callables here")
@@ -363,7 +377,7 @@ pub(crate) fn resolve_specs<'py>(
 /// Resolves `specs` against `context`, as a list of dicts.
 pub(crate) fn resolve_with<'py>(
     specs: &Bound<'py, PyAny>,
-    context: &SpecContext,
+    context: &EngineContext,
 ) -> PyResult<Bound<'py, PyAny>> {
     let mut resolved = vec![];
     for (at, entry) in entries_of(specs, false)? {

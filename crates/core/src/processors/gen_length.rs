@@ -6,7 +6,7 @@ use crate::history::TokenHistory;
 use crate::plan::{Edit, RowPlan};
 use crate::processors::zoo::{eos_or, sentence_ends, structure_only, with_kind, Seen, TextOrId};
 use crate::processors::LogitsProcessor;
-use crate::spec::{KindSpec, SpecContext};
+use crate::spec::{EngineContext, KindSpec};
 
 /// `{"kind": "gen_length", "boost_factor": 0.5, "p": 2, "boost_token": 2}`: a bias on
 /// the end token growing with the answer's length, as logits-processor-zoo's
@@ -48,7 +48,7 @@ fn default_p() -> u32 {
 
 /// The boost token and sentence ends of the length kinds (`gen_length`, `max_time`).
 pub(crate) fn boost_and_ends(
-    context: &SpecContext,
+    context: &EngineContext,
     boost_token: Option<&TextOrId>,
     complete_sentences: bool,
     sentence_end_ids: Option<&[u32]>,
@@ -96,7 +96,7 @@ impl KindSpec for GenLengthSpec {
 
     fn realize(
         &self,
-        context: &SpecContext,
+        context: &EngineContext,
         prompt_len: usize,
     ) -> Result<Box<dyn LogitsProcessor>> {
         let (boost_token, sentence_ends) = boost_and_ends(
@@ -116,7 +116,7 @@ impl KindSpec for GenLengthSpec {
         }))
     }
 
-    fn validate(&self, context: &SpecContext) -> Option<Result<()>> {
+    fn validate(&self, context: &EngineContext) -> Option<Result<()>> {
         let needs = needs_engine(
             self.boost_token.as_ref(),
             self.complete_sentences,
@@ -125,7 +125,7 @@ impl KindSpec for GenLengthSpec {
         structure_only(context, needs).then_some(Ok(()))
     }
 
-    fn resolve(&self, context: &SpecContext) -> Result<Option<serde_json::Value>> {
+    fn resolve(&self, context: &EngineContext) -> Result<Option<serde_json::Value>> {
         let Ok((boost, ends)) = boost_and_ends(
             context,
             self.boost_token.as_ref(),

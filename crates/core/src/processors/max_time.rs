@@ -9,7 +9,7 @@ use crate::plan::{Edit, ForcedValue, RowPlan};
 use crate::processors::gen_length::{boost_and_ends, needs_engine};
 use crate::processors::zoo::{structure_only, with_kind, Clock, Seen, SystemClock, TextOrId};
 use crate::processors::LogitsProcessor;
-use crate::spec::{KindSpec, SpecContext};
+use crate::spec::{EngineContext, KindSpec};
 
 /// `{"kind": "max_time", "max_time": 2.5, "boost_token": 2}`: the end token forced
 /// once a request has run longer than `max_time` seconds of wall-clock time, as
@@ -63,7 +63,7 @@ impl KindSpec for MaxTimeSpec {
 
     fn realize(
         &self,
-        context: &SpecContext,
+        context: &EngineContext,
         prompt_len: usize,
     ) -> Result<Box<dyn LogitsProcessor>> {
         let (boost_token, sentence_ends) = boost_and_ends(
@@ -80,7 +80,7 @@ impl KindSpec for MaxTimeSpec {
         )))
     }
 
-    fn validate(&self, context: &SpecContext) -> Option<Result<()>> {
+    fn validate(&self, context: &EngineContext) -> Option<Result<()>> {
         let needs = needs_engine(
             self.boost_token.as_ref(),
             self.complete_sentences,
@@ -89,7 +89,7 @@ impl KindSpec for MaxTimeSpec {
         structure_only(context, needs).then_some(Ok(()))
     }
 
-    fn resolve(&self, context: &SpecContext) -> Result<Option<serde_json::Value>> {
+    fn resolve(&self, context: &EngineContext) -> Result<Option<serde_json::Value>> {
         let Ok((boost, ends)) = boost_and_ends(
             context,
             self.boost_token.as_ref(),

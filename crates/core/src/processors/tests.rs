@@ -5,12 +5,12 @@ use serde_json::{json, Value};
 
 use super::*;
 use crate::plan::{Edit, ForcedValue, RowPlan};
-use crate::spec::{kind, parse_pipeline, reads_history, ProcessorSpec, SpecContext};
+use crate::spec::{kind, parse_pipeline, reads_history, EngineContext, ProcessorSpec};
 
 const VOCAB: u32 = 12;
 
-fn context() -> SpecContext {
-    SpecContext {
+fn context() -> EngineContext {
+    EngineContext {
         vocab_size: Some(VOCAB as usize),
         ..Default::default()
     }
@@ -1416,7 +1416,7 @@ fn least_time<T>(mut make: impl FnMut() -> T, mut run: impl FnMut(T)) -> std::ti
 /// the history, whatever its shape. A continuing processor's step is timed beside them.
 #[test]
 fn every_kind_plans_its_first_step_in_time_linear_in_the_history() {
-    let context = SpecContext {
+    let context = EngineContext {
         vocab_size: Some(1 << 18),
         ..Default::default()
     };
