@@ -47,7 +47,7 @@ pub use error::{Error, Result};
 pub use grammar::GrammarEnv;
 pub use history::TokenHistory;
 pub use logit::{DType, Logit};
-pub use pipeline::{has_finite_logit, Pipeline, Stage, Step};
+pub use pipeline::{has_finite_logit, Pipeline, PipelineEntry, Stage, Step};
 pub use plan::{
     Band, Bitmask, Edit, ForcedValue, MaskId, Reshape, RowPlan, Shape, Trigger, Truncation,
 };

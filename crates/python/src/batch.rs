@@ -17,7 +17,7 @@ use crate::errors::{
 use crate::exclusive::{Exclusive, Held};
 use crate::history::PyIds;
 use crate::reference::logits_arg;
-use crate::specs::{check_prompt_len, entries_of, pipeline_of};
+use crate::specs::{callable_name, check_prompt_len, entries_any_order};
 use crate::tensor::{bitmask_words, Block, Device, TensorView};
 use crate::watch::{check_unmoved, row_moved, Moved, Watched};
 
@@ -215,22 +215,24 @@ impl PyBatch {
         let prompt_len = args::given(prompt_len)
             .map(|n| args::index(n, "prompt_len"))
             .transpose()?;
-        let entries = entries_of(pipeline, true)?;
+        let entries = entries_any_order(pipeline, true)?;
         let needs_prompt_len = check_prompt_len(&entries, prompt_len);
         let mut this = self.lock(py)?;
         let this = &mut *this;
         let mut callables = vec![];
         let mut next_key = this.next_key;
-        let pipeline = pipeline_of(
+        let pipeline = Pipeline::from_entries(
             entries,
             &this.context,
             prompt_len.unwrap_or(0),
             |callable| {
                 next_key += 1;
+                let name = callable_name(&callable);
                 callables.push((next_key, callable));
-                next_key
+                (next_key, name)
             },
-        )?;
+        )
+        .py()?;
         // After the specs' own errors, which say more.
         needs_prompt_len?;
         let vocab = this.batch().vocab_size();

@@ -3,7 +3,7 @@
 //! functions, `validate_specs`, `resolve_specs` and `position_by_tokens`.
 
 use logits_processing::spec::MAX_PIPELINE_LEN;
-use logits_processing::{parse_pipeline, EngineContext, Error, Pipeline, ProcessorSpec, Step};
+use logits_processing::{parse_pipeline, EngineContext, Error};
 use pyo3::prelude::*;
 use pyo3::types::{PyByteArray, PyBytes, PyDict, PyList, PyString, PyTuple};
 
@@ -91,12 +91,9 @@ fn non_finite(object: &Bound<'_, PyAny>, at: &str, depth: usize) -> Option<(Stri
     None
 }
 
-/// What one entry of a pipeline given from Python becomes.
-pub(crate) enum Entry {
-    Specs(Vec<ProcessorSpec>),
-    Processor(Box<dyn logits_processing::LogitsProcessor>),
-    External(Py<PyAny>),
-}
+/// What one entry of a pipeline given from Python becomes: specs, a built-in processor object,
+/// or a Python callable.
+pub(crate) type Entry = logits_processing::PipelineEntry<Py<PyAny>>;
 
 /// JSON text as it arrives off a wire: `bytes` or `bytearray`, UTF-8.
 fn is_bytes(object: &Bound<'_, PyAny>) -> bool {
@@ -241,60 +238,17 @@ pub(crate) fn entries_any_order(
     )])
 }
 
-/// Realizes the specs of `entries` with `context`, in order, into a pipeline whose steps are
-/// named as the caller gave them (`[1] ban_tokens`, `[2] my_step`) and which gives a row left
-/// with no finite logit the context's EOS ids.
-pub(crate) fn pipeline_of(
-    entries: Vec<(String, Entry)>,
-    context: &EngineContext,
-    prompt_len: usize,
-    mut external: impl FnMut(Py<PyAny>) -> u64,
-) -> PyResult<Pipeline> {
-    let mut steps = vec![];
-    let mut labels = vec![];
-    for (at, entry) in entries {
-        match entry {
-            Entry::Specs(specs) => {
-                for spec in specs {
-                    let processor = spec
-                        .realize(context, prompt_len)
-                        .map_err(|e| to_py(spec_error(e, &at)))?;
-                    labels.push(match format!("{at}{}", spec.position()) {
-                        place if place.is_empty() => format!("[{}] {}", steps.len(), spec.kind()),
-                        place => format!("{place} {}", spec.kind()),
-                    });
-                    steps.push(Step::Processor(processor));
-                }
-            }
-            Entry::Processor(processor) => {
-                // Named by its type, as the pipeline names it.
-                labels.push(String::new());
-                steps.push(Step::Processor(processor));
-            }
-            Entry::External(callable) => {
-                let name = Python::attach(|py| {
-                    let callable = callable.bind(py);
-                    callable
-                        .getattr("__qualname__")
-                        .or_else(|_| callable.get_type().getattr("__qualname__"))
-                        .and_then(|n| n.extract::<String>())
-                        .unwrap_or_else(|_| "?".into())
-                });
-                labels.push(format!("{at} {name} (a Python processor)"));
-                steps.push(Step::External(external(callable)));
-            }
-        }
-    }
-    if steps.len() > MAX_PIPELINE_LEN {
-        return Err(to_py(Error::TooLarge {
-            field: "pipeline".into(),
-            len: steps.len(),
-            limit: MAX_PIPELINE_LEN,
-        }));
-    }
-    Ok(Pipeline::new(steps)
-        .with_labels(labels)
-        .with_eos_token_ids(context.eos_token_ids.clone()))
+/// A Python callable's name in a pipeline's labels.
+pub(crate) fn callable_name(callable: &Py<PyAny>) -> String {
+    let name = Python::attach(|py| {
+        let callable = callable.bind(py);
+        callable
+            .getattr("__qualname__")
+            .or_else(|_| callable.get_type().getattr("__qualname__"))
+            .and_then(|n| n.extract::<String>())
+            .unwrap_or_else(|_| "?".into())
+    });
+    format!("{name} (a Python processor)")
 }
 
 /// Checks request specs as a `Batch` would admit them, without building a batch.
