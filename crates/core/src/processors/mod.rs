@@ -15,6 +15,7 @@ mod counts;
 mod cursor;
 mod dry;
 pub(crate) mod dynamic_temperature;
+mod end_token;
 mod eos;
 mod exponential_decay_length_penalty;
 mod force_last_phrase;
