@@ -970,4 +970,46 @@ mod tests {
             .to_string();
         assert!(error.contains("tokenizer"), "{error}");
     }
+
+    proptest::proptest! {
+        /// Grown, rewound, replaced and undone histories over pieces that spell triggers, grammar
+        /// text and free text: every plan equals a fresh processor's on the same ids.
+        #[test]
+        fn any_history_plans_as_a_fresh_processor(
+            steps in proptest::collection::vec((0usize..4, proptest::collection::vec(0usize..12, 1..4)), 1..24),
+        ) {
+            // Triggers, grammar text, end text and free text, as pieces and bytes.
+            let alphabet: [u32; 12] = [CALL, 258, 259, 260, 261, 257, u32::from(b'{'),
+                u32::from(b'"'), u32::from(b'a'), u32::from(b'}'), u32::from(b'<'), u32::from(b'x')];
+            let spec = json!({"kind": "lazy_grammar", "triggers": [
+                {"begin": "<tool_call>", "grammar": {"regex": "\\{\"[a-z]+\"\\}"}, "end": "</tool_call>"},
+                {"begin": [u32::from(b'x'), u32::from(b'x')], "grammar": {"regex": "a+"}}]});
+            let mut p = realize(spec.clone());
+            let mut ids: Vec<u32> = vec![];
+            for (action, pieces) in steps {
+                let pieces: Vec<u32> = pieces.iter().map(|&i| alphabet[i]).collect();
+                match action {
+                    0 | 1 => ids.extend(&pieces),
+                    2 => {
+                        let keep = ids.len().saturating_sub(pieces.len());
+                        ids.truncate(keep);
+                    }
+                    _ => {
+                        let mut further = ids.clone();
+                        further.extend(&pieces);
+                        let mut plan = RowPlan::new();
+                        p.plan(&further, &mut plan).unwrap();
+                        p.undo();
+                    }
+                }
+                let mut fresh = realize(spec.clone());
+                proptest::prop_assert_eq!(
+                    allowed(p.as_mut(), &ids),
+                    allowed(fresh.as_mut(), &ids),
+                    "ids {:?}", ids
+                );
+                proptest::prop_assert_eq!(p.failure(), fresh.failure());
+            }
+        }
+    }
 }
