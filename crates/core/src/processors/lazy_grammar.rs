@@ -314,7 +314,8 @@ struct ActiveState {
 
 enum Mode {
     Watching(Watching),
-    Active(Active),
+    // Boxed: a matcher is large, a watch small.
+    Active(Box<Active>),
 }
 
 enum SavedMode {
@@ -327,7 +328,7 @@ enum SavedMode {
 struct Saved {
     cursor: Cursor,
     mode: SavedMode,
-    parked: Option<Active>,
+    parked: Option<Box<Active>>,
 }
 
 /// `lazy_grammar`: see [`LazyGrammarSpec`]. Watching, a step costs the new tokens' text through
@@ -520,7 +521,7 @@ impl LazyGrammar {
         &mut self,
         ids: &dyn TokenHistory,
         from: usize,
-        parked: &mut Option<Active>,
+        parked: &mut Option<Box<Active>>,
         wanted: Option<(usize, usize)>,
     ) -> Result<()> {
         let count = ids.token_count();
@@ -550,7 +551,7 @@ impl LazyGrammar {
                         failure: None,
                     };
                     active.lead = active.feed(&lead_tokens, None, vocab);
-                    self.mode = Mode::Active(active);
+                    self.mode = Mode::Active(Box::new(active));
                 }
                 Mode::Active(active) => {
                     if active.failure.is_none() && !active.is_complete() {
@@ -734,14 +735,16 @@ impl LogitsProcessor for LazyGrammar {
         let fresh = &self.fresh[state.trigger];
         let mut active = match current {
             Mode::Active(a) if a.trigger == state.trigger && a.start == state.start => a,
-            _ => saved.parked.unwrap_or_else(|| Active {
-                trigger: state.trigger,
-                start: state.start,
-                at_start: state.at_start,
-                lead: 0,
-                fed: vec![],
-                matcher: fresh.deep_clone(),
-                failure: None,
+            _ => saved.parked.unwrap_or_else(|| {
+                Box::new(Active {
+                    trigger: state.trigger,
+                    start: state.start,
+                    at_start: state.at_start,
+                    lead: 0,
+                    fed: vec![],
+                    matcher: fresh.deep_clone(),
+                    failure: None,
+                })
             }),
         };
         let shared = active
