@@ -551,6 +551,10 @@ impl LazyGrammar {
                         failure: None,
                     };
                     active.lead = active.feed(&lead_tokens, None, vocab);
+                    if let Some(failure) = &mut active.failure {
+                        // The trigger's token is at fault, and stands while the ids hold it.
+                        failure.token = Some(ids.token_at(pos - 1));
+                    }
                     self.mode = Mode::Active(Box::new(active));
                 }
                 Mode::Active(active) => {
@@ -787,13 +791,14 @@ mod tests {
     use serde_json::json;
 
     // Ids 0..256 are the bytes; then these pieces.
-    const PIECES: [&str; 6] = [
+    const PIECES: [&str; 7] = [
         "<tool_call>",
         "</tool_call>",
         "Sure<to",
         "ol_call>{\"",
         "<tool",
         "_call>",
+        "<tool_call>x",
     ];
     const CALL: u32 = 256;
 
@@ -895,6 +900,20 @@ mod tests {
         ids.pop();
         assert_eq!(allowed(p.as_mut(), &ids), Some(vec![u32::from(b'{')]));
         assert_eq!(p.failure(), None);
+        // The text after the begin in the trigger's own token, rejected: the same, blamed on it.
+        let eos = env().eos_token_ids().unwrap().to_vec();
+        let ids = vec![u32::from(b'a'), 262];
+        assert_eq!(allowed(p.as_mut(), &ids), Some(eos.clone()));
+        assert!(
+            p.failure()
+                .unwrap()
+                .contains("after trigger 0's begin in token 1"),
+            "{:?}",
+            p.failure()
+        );
+        assert_eq!(allowed(p.as_mut(), &[u32::from(b'a'), 262, 1]), Some(eos));
+        assert_eq!(allowed(p.as_mut(), &[u32::from(b'a')]), None);
+        assert_eq!(p.failure(), None);
     }
 
     #[test]
@@ -979,10 +998,10 @@ mod tests {
         /// text and free text: every plan equals a fresh processor's on the same ids.
         #[test]
         fn any_history_plans_as_a_fresh_processor(
-            steps in proptest::collection::vec((0usize..4, proptest::collection::vec(0usize..12, 1..4)), 1..24),
+            steps in proptest::collection::vec((0usize..4, proptest::collection::vec(0usize..13, 1..4)), 1..24),
         ) {
             // Triggers, grammar text, end text and free text, as pieces and bytes.
-            let alphabet: [u32; 12] = [CALL, 258, 259, 260, 261, 257, u32::from(b'{'),
+            let alphabet: [u32; 13] = [CALL, 258, 259, 260, 261, 257, 262, u32::from(b'{'),
                 u32::from(b'"'), u32::from(b'a'), u32::from(b'}'), u32::from(b'<'), u32::from(b'x')];
             let spec = json!({"kind": "lazy_grammar", "triggers": [
                 {"begin": "<tool_call>", "grammar": {"regex": "\\{\"[a-z]+\"\\}"}, "end": "</tool_call>"},
