@@ -254,3 +254,14 @@ def test_bad_specs_name_the_field(batch, spec, field):
     with pytest.raises(lp.SpecError) as e:
         batch.add(0, spec, prompt_len=1)
     assert e.value.field.startswith(field), e.value.field
+
+
+def test_the_kind_masks_and_needs_token_texts_so_adapters_give_it_the_tokenizer():
+    info = lp.kind_info("lazy_grammar")
+    assert info["masks"] and info["needs_token_texts"] and info["reads_history"]
+    assert lp.needs_token_texts([SPEC]) and lp.needs_prompt_len([SPEC])
+    # A mask: refused after a truncation, as the grammar kind is.
+    with pytest.raises(lp.SpecError) as e:
+        lp.validate_specs([{"kind": "top_p", "p": 0.9}, SPEC])
+    assert e.value.field == "[1].kind"
+    assert [s["kind"] for s in lp.canonical_order([{"kind": "top_p", "p": 0.9}, SPEC])] == ["lazy_grammar", "top_p"]
