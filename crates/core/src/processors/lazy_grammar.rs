@@ -106,10 +106,12 @@ impl LazyTrigger {
                 .collect::<Vec<_>>()
                 .join(" "),
         };
-        top.grammars.insert(
-            0,
-            GrammarWithLexer::from_lark(format!("start: @{name} {end}")),
-        );
+        // Unnamed: llguidance names its grammars by their form, and the body may be a Lark one.
+        let start = GrammarWithLexer {
+            name: None,
+            ..GrammarWithLexer::from_lark(format!("start: @{name} {end}"))
+        };
+        top.grammars.insert(0, start);
         Ok(top)
     }
 }
@@ -945,6 +947,35 @@ mod tests {
                 allowed(fresh.as_mut(), &history[..n]),
                 "back at {n} ids"
             );
+        }
+    }
+
+    #[test]
+    fn every_grammar_form_takes_an_end() {
+        let forms = [
+            json!({"lark": "start: \"a\"+"}),
+            json!({"llguidance": {"grammars": [{"lark_grammar": "start: \"a\"+"}]}}),
+            json!({"llguidance": {"grammars": [{"name": "mine", "lark_grammar": "start: \"a\"+"}]}}),
+            json!({"regex": "a+"}),
+            json!({"json_schema": {"type": "string", "enum": ["a"]}}),
+        ];
+        for grammar in forms {
+            let mut p = realize(json!({"kind": "lazy_grammar", "triggers": [
+                {"begin": [CALL], "grammar": grammar, "end": [u32::from(b'!')]}]}));
+            let first = allowed(p.as_mut(), &[CALL]).unwrap();
+            let a = if grammar.get("json_schema").is_some() {
+                b'"'
+            } else {
+                b'a'
+            };
+            assert_eq!(first, vec![u32::from(a)], "{grammar}");
+            let body: &[u8] = if a == b'"' { b"\"a\"" } else { b"a" };
+            let mut ids = vec![CALL];
+            ids.extend(body.iter().map(|&b| u32::from(b)));
+            let next = allowed(p.as_mut(), &ids).unwrap();
+            assert!(next.contains(&u32::from(b'!')), "{grammar}: {next:?}");
+            ids.push(u32::from(b'!'));
+            assert_eq!(allowed(p.as_mut(), &ids), None, "{grammar}");
         }
     }
 
