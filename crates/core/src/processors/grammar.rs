@@ -36,7 +36,7 @@ const GRAMMAR_FIELDS: &str = "json_schema, regex, lark or llguidance";
 
 impl GrammarSpec {
     /// The one grammar field that is set.
-    fn field(&self) -> Result<&'static str> {
+    pub(crate) fn field(&self) -> Result<&'static str> {
         let set: Vec<&'static str> = [
             ("json_schema", self.json_schema.is_some()),
             ("regex", self.regex.is_some()),
@@ -59,7 +59,7 @@ impl GrammarSpec {
         }
     }
 
-    fn grammar(&self, field: &str) -> Result<TopLevelGrammar> {
+    pub(crate) fn grammar(&self, field: &str) -> Result<TopLevelGrammar> {
         Ok(
             match (&self.json_schema, &self.regex, &self.lark, &self.llguidance) {
                 (Some(schema), ..) => TopLevelGrammar::from_json_schema(schema.clone()),
@@ -147,7 +147,7 @@ impl KindSpec for JsonObjectSpec {
     }
 }
 
-fn env_of(context: &EngineContext) -> Result<&GrammarEnv> {
+pub(crate) fn env_of(context: &EngineContext) -> Result<&GrammarEnv> {
     context.grammar.as_ref().ok_or_else(|| {
         Error::spec(
             "kind",
@@ -158,7 +158,7 @@ fn env_of(context: &EngineContext) -> Result<&GrammarEnv> {
 }
 
 /// The logits must have a place for each of the tokenizer's tokens.
-fn check_vocab(env: &GrammarEnv, context: &EngineContext) -> Result<()> {
+pub(crate) fn check_vocab(env: &GrammarEnv, context: &EngineContext) -> Result<()> {
     match context.vocab_size.filter(|&v| v < env.vocab_size()) {
         Some(vocab) => Err(Error::spec(
             "kind",

@@ -27,6 +27,8 @@ mod gen_length;
 #[cfg(feature = "grammar")]
 mod grammar;
 mod hello_world;
+#[cfg(feature = "grammar")]
+mod lazy_grammar;
 mod log_softmax;
 mod logit_bias;
 mod matcher;
@@ -83,6 +85,8 @@ pub use gen_length::{GenLength, GenLengthSpec};
 #[cfg(feature = "grammar")]
 pub use grammar::{Grammar, GrammarSpec, JsonObjectSpec};
 pub use hello_world::{hello_world, HelloWorldSpec, TextEncoder, HELLO_WORLD_TEXT};
+#[cfg(feature = "grammar")]
+pub use lazy_grammar::{LazyGrammar, LazyGrammarSpec, LazyTrigger};
 pub use log_softmax::{LogSoftmax, LogSoftmaxSpec};
 pub(crate) use logit_bias::check_bias;
 pub use logit_bias::{LogitBias, LogitBiasSpec, MAX_BIAS};
@@ -164,6 +168,10 @@ pub(crate) static KINDS: &[Kind] = &[
         .with_token_texts(),
     #[cfg(feature = "grammar")]
     Kind::new::<JsonObjectSpec>("json_object")
+        .masking()
+        .with_token_texts(),
+    #[cfg(feature = "grammar")]
+    Kind::new::<LazyGrammarSpec>("lazy_grammar")
         .masking()
         .with_token_texts(),
     Kind::new::<BitmaskSpec>("bitmask").history_free().masking(),

@@ -308,7 +308,7 @@ fn spec_of(kind: &'static str) -> BoxedStrategy<Value> {
 fn needs_tokenizer(kind: &str) -> bool {
     matches!(
         kind,
-        "hello_world" | "grammar" | "json_object" | "ban_strings"
+        "hello_world" | "grammar" | "json_object" | "ban_strings" | "lazy_grammar"
     )
 }
 
@@ -1085,6 +1085,11 @@ fn kinds_need_token_texts_as_said() {
             "ban_strings" => (json!({"kind": "ban_strings", "strings": ["no"]}), "strings"),
             "grammar" => (json!({"kind": "grammar", "regex": "a+"}), ""),
             "json_object" => (json!({"kind": "json_object"}), ""),
+            "lazy_grammar" => (
+                json!({"kind": "lazy_grammar", "triggers": [
+                    {"begin": "<tool_call>", "grammar": {"regex": "a+"}}]}),
+                "triggers",
+            ),
             other => panic!("{other} is said to need token texts: give a spec that does here"),
         };
         let spec = ProcessorSpec::from_value(&json).unwrap();
