@@ -512,6 +512,22 @@ fn type_name(value: &Value) -> &'static str {
     }
 }
 
+/// A spec that can only be realized with the engine's tokenizer, checked without one
+/// ([`EngineContext::structure_only`]): the structure alone.
+pub(crate) fn structure_only(context: &EngineContext, needs_tokenizer: bool) -> bool {
+    context.structure_only && needs_tokenizer && context.encoder.is_none()
+}
+
+/// A resolved spec as JSON, `"kind"` first (as every spec is written back).
+pub(crate) fn with_kind(kind: &str, spec: &impl Serialize) -> serde_json::Value {
+    let mut object = serde_json::Map::new();
+    object.insert("kind".into(), kind.into());
+    if let serde_json::Value::Object(fields) = serde_json::to_value(spec).expect("plain data") {
+        object.extend(fields);
+    }
+    object.into()
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;

@@ -8,8 +8,9 @@ use crate::history::TokenHistory;
 use crate::plan::{Edit, RowPlan};
 use crate::processors::cursor::Cursor;
 use crate::processors::repetition_penalty::vocab_limit;
-use crate::processors::zoo::{eos_or, structure_only, with_kind};
+use crate::processors::token_text::eos_or;
 use crate::processors::{check_bias, LogitsProcessor};
+use crate::spec::{structure_only, with_kind};
 use crate::spec::{EngineContext, KindSpec};
 
 /// `{"kind": "cite_from_prompt", "boost_factor": 1.0, "conditional_boost_factor": 0.5, "eos_token_id": 2}`:

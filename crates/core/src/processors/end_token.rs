@@ -1,9 +1,10 @@
 //! The end token the length kinds (`gen_length`, `max_time`) push toward, and when: the three
-//! fields both specs carry, checked, realized and resolved once here.
+//! fields both specs carry, checked, realized and resolved once here; and [`Seen`], whether the
+//! end token was written.
 
 use crate::error::Result;
-use crate::processors::zoo::{eos_or, sentence_ends, structure_only, TextOrId};
-use crate::spec::EngineContext;
+use crate::processors::token_text::{eos_or, sentence_ends, TextOrId};
+use crate::spec::{structure_only, EngineContext};
 
 /// A length kind's `boost_token`, `complete_sentences` and `sentence_end_ids`.
 pub(crate) struct EndToken<'a> {
@@ -50,5 +51,36 @@ impl EndToken<'_> {
     pub fn resolved(&self, context: &EngineContext) -> Option<(TextOrId, Option<Vec<u32>>)> {
         let (boost, ends) = self.ids(context).ok()?;
         Some((TextOrId::Id(boost), ends))
+    }
+}
+
+/// Whether a token occurs among the generated ids, read incrementally (the zoo's `enabled`: the
+/// boost token not written yet), and whether the last id ends a sentence.
+#[derive(Debug, Clone, Copy, PartialEq, Default)]
+pub(crate) struct Seen {
+    cursor: crate::processors::cursor::Cursor,
+    found: bool,
+}
+
+impl Seen {
+    /// Reads the ids past what was read (all of them from `prompt_len` when they do not extend
+    /// them) and says whether `token` is among the generated ones.
+    pub fn update(
+        &mut self,
+        ids: &dyn crate::history::TokenHistory,
+        prompt_len: usize,
+        token: u32,
+    ) -> bool {
+        let from = if self.cursor.extended_by(ids) && self.cursor.seen() >= prompt_len {
+            self.cursor.seen()
+        } else {
+            self.found = false;
+            prompt_len
+        };
+        if !self.found {
+            self.found = (from..ids.token_count()).any(|i| ids.token_at(i) == token);
+        }
+        self.cursor.read_all(ids);
+        self.found
     }
 }

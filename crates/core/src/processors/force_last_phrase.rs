@@ -5,8 +5,9 @@ use crate::error::Result;
 use crate::history::TokenHistory;
 use crate::plan::{Edit, ForcedValue, RowPlan, Trigger};
 use crate::processors::phrase::{Phase, PhraseRuns};
-use crate::processors::zoo::{eos_or, structure_only, TextOrIds};
+use crate::processors::token_text::{eos_or, TextOrIds};
 use crate::processors::LogitsProcessor;
+use crate::spec::structure_only;
 use crate::spec::{EngineContext, KindSpec};
 
 /// `{"kind": "force_last_phrase", "phrase": [271, 9906], "eos_token_id": 2}`: the phrase the model
@@ -72,10 +73,7 @@ impl KindSpec for ForceLastPhraseSpec {
             phrase: TextOrIds::Ids(self.phrase.ids(context, "phrase")?),
             eos_token_id: Some(eos),
         };
-        Ok(Some(crate::processors::zoo::with_kind(
-            "force_last_phrase",
-            &resolved,
-        )))
+        Ok(Some(crate::spec::with_kind("force_last_phrase", &resolved)))
     }
 }
 

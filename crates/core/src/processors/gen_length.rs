@@ -5,8 +5,10 @@ use crate::error::{Error, Result};
 use crate::history::TokenHistory;
 use crate::plan::{Edit, RowPlan};
 use crate::processors::end_token::EndToken;
-use crate::processors::zoo::{with_kind, Seen, TextOrId};
+use crate::processors::end_token::Seen;
+use crate::processors::token_text::TextOrId;
 use crate::processors::LogitsProcessor;
+use crate::spec::with_kind;
 use crate::spec::{EngineContext, KindSpec};
 
 /// `{"kind": "gen_length", "boost_factor": 0.5, "p": 2, "boost_token": 2}`: a bias on

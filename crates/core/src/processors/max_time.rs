@@ -6,9 +6,12 @@ use serde::{Deserialize, Serialize};
 use crate::error::{Error, Result};
 use crate::history::TokenHistory;
 use crate::plan::{Edit, ForcedValue, RowPlan};
+use crate::processors::clock::{Clock, SystemClock};
 use crate::processors::end_token::EndToken;
-use crate::processors::zoo::{with_kind, Clock, Seen, SystemClock, TextOrId};
+use crate::processors::end_token::Seen;
+use crate::processors::token_text::TextOrId;
 use crate::processors::LogitsProcessor;
+use crate::spec::with_kind;
 use crate::spec::{EngineContext, KindSpec};
 
 /// `{"kind": "max_time", "max_time": 2.5, "boost_token": 2}`: the end token forced

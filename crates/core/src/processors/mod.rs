@@ -10,6 +10,7 @@ mod ban_tokens;
 mod bans;
 mod bitmask;
 mod cite_from_prompt;
+mod clock;
 mod count_penalty;
 mod counts;
 mod cursor;
@@ -54,13 +55,13 @@ mod temperature;
 mod tests;
 mod thinking_budget;
 mod thinking_config;
+mod token_text;
 pub(crate) mod top_a;
 pub(crate) mod top_h;
 pub(crate) mod top_n_sigma;
 mod trigger_phrase;
 pub(crate) mod truncate;
 pub(crate) mod xtc;
-pub(crate) mod zoo;
 
 pub use adaptive_p::{AdaptiveP, AdaptivePSpec};
 pub use allowed_token_ids::{AllowedTokenIds, AllowedTokenIdsSpec};
@@ -70,6 +71,7 @@ pub use ban_strings::{BanStrings, BanStringsSpec};
 pub use ban_tokens::{BanTokens, BanTokensSpec};
 pub use bitmask::{BitmaskSpec, CallerBitmask};
 pub use cite_from_prompt::{CiteFromPrompt, CiteFromPromptSpec};
+pub use clock::{Clock, ManualClock, SystemClock};
 pub use count_penalty::CountPenalty;
 pub use dry::{Dry, DrySpec};
 pub use dynamic_temperature::{DynamicTemperature, DynamicTemperatureSpec};
@@ -111,6 +113,7 @@ pub use thinking_config::{
     get_thinking_token_config, lookup_thinking_token_config, register_thinking_token_config,
     thinking_token_table, ThinkingTokenConfig,
 };
+pub use token_text::{TextOrId, TextOrIds};
 pub use top_a::TopASpec;
 pub use top_h::TopHSpec;
 pub use top_n_sigma::TopNSigmaSpec;
@@ -119,7 +122,6 @@ pub use truncate::{
     EpsilonCutoffSpec, EtaCutoffSpec, MinPSpec, TopKSpec, TopPSpec, Truncate, TypicalPSpec,
 };
 pub use xtc::{Xtc, XtcSpec};
-pub use zoo::{Clock, ManualClock, SystemClock, TextOrId, TextOrIds};
 
 pub use crate::processor::{process_row, LogitsProcessor};
 pub(crate) use bans::{push_bans, MASK_FROM};

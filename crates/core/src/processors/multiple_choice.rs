@@ -7,8 +7,9 @@ use crate::error::{Error, Result};
 use crate::history::TokenHistory;
 use crate::plan::{Edit, RowPlan};
 use crate::processors::cursor::Cursor;
-use crate::processors::zoo::{with_kind, TextOrId};
+use crate::processors::token_text::TextOrId;
 use crate::processors::LogitsProcessor;
+use crate::spec::with_kind;
 use crate::spec::{check_len, EngineContext, KindSpec};
 
 /// `{"kind": "multiple_choice", "choices": [32, 33, 34, 35]}`: the answer is one of the

@@ -5,8 +5,9 @@ use crate::error::{Error, Result};
 use crate::history::TokenHistory;
 use crate::plan::{Edit, ForcedValue, RowPlan, Trigger};
 use crate::processors::phrase::{Phase, PhraseRuns};
-use crate::processors::zoo::{structure_only, with_kind, TextOrIds};
+use crate::processors::token_text::TextOrIds;
 use crate::processors::LogitsProcessor;
+use crate::spec::{structure_only, with_kind};
 use crate::spec::{EngineContext, KindSpec};
 
 /// `{"kind": "prevent_hallucination", "minp": 0.4, "tolerate": 1, "phrase": [1131, 40]}`:

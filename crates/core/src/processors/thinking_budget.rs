@@ -4,8 +4,8 @@ use serde::{Deserialize, Serialize};
 use crate::error::{Error, Result};
 use crate::history::TokenHistory;
 use crate::plan::{Edit, ForcedValue, RowPlan};
-use crate::processors::zoo::structure_only;
 use crate::processors::{LogitsProcessor, TextOrIds, ThinkingTokenConfig};
+use crate::spec::structure_only;
 use crate::spec::{check_len, EngineContext, KindSpec};
 
 /// `{"kind": "thinking_budget", "max_thinking_tokens": 100, "overflow_percentage": 0.1}`, plus

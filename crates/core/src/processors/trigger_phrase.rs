@@ -6,9 +6,11 @@ use serde::{Deserialize, Serialize};
 use crate::error::{Error, Result};
 use crate::history::TokenHistory;
 use crate::plan::{Edit, ForcedValue, RowPlan, Trigger};
+use crate::processors::clock::{Clock, SystemClock};
 use crate::processors::phrase::{Phase, PhraseRuns};
-use crate::processors::zoo::{structure_only, with_kind, Clock, SystemClock, TextOrId, TextOrIds};
+use crate::processors::token_text::{TextOrId, TextOrIds};
 use crate::processors::LogitsProcessor;
+use crate::spec::{structure_only, with_kind};
 use crate::spec::{EngineContext, KindSpec};
 
 /// `{"kind": "trigger_phrase", "phrase": [6029, 1077], "trigger_token_phrase": 7, "trigger_count": 1}`:
