@@ -105,6 +105,7 @@ def cases(tokenizer):
             min_length=30,
             exponential_decay_length_penalty=(10, 1.3),
             forced_eos_token_id=EOS,
+            remove_invalid_values=True,
         ),
         "sampling": dict(
             do_sample=True,
@@ -153,6 +154,7 @@ def test_the_specs_follow_generate_order_and_drop_eos_bad_words():
         max_length=30,
         forced_bos_token_id=0,
         forced_eos_token_id=2,
+        remove_invalid_values=True,
         renormalize_logits=True,
     )
     specs = specs_from_generation_config(config)
@@ -162,6 +164,7 @@ def test_the_specs_follow_generate_order_and_drop_eos_bad_words():
         "bad_words",
         "forced_bos",
         "forced_eos",
+        "inf_nan_remove",
         "temperature",
         "top_k",
         "top_p",

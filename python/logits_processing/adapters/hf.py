@@ -195,7 +195,7 @@ def specs_from_generation_config(config: Any, *, prompt_len: Optional[int] = Non
 
     Covered: ``sequence_bias``, ``repetition_penalty``, ``no_repeat_ngram_size``,
     ``bad_words_ids`` (one-token sequences that are an EOS id dropped, as ``generate()`` does),
-    ``min_length``, ``min_new_tokens``, ``forced_eos_token_id``,
+    ``min_length``, ``min_new_tokens``, ``forced_eos_token_id``, ``remove_invalid_values``,
     ``exponential_decay_length_penalty``, ``suppress_tokens``, ``begin_suppress_tokens`` and, when
     ``do_sample``, ``temperature``, ``top_k``, ``top_p``, ``min_p``, ``typical_p``,
     ``epsilon_cutoff``, ``eta_cutoff`` (``min_tokens_to_keep`` as ``generate()`` sets it, beams
@@ -219,8 +219,7 @@ def specs_from_generation_config(config: Any, *, prompt_len: Optional[int] = Non
             or ``min_new_tokens`` that is not an integer (``generate()`` refuses them too),
             naming it in ``field``.
         ValueError: a field that changes the logits and has no spec here (``guidance_scale``,
-            the encoder-decoder penalties, ``remove_invalid_values``, ``top_h``, a watermark),
-            naming it.
+            the encoder-decoder penalties, ``top_h``, a watermark), naming it.
 
     Example::
 
@@ -257,7 +256,6 @@ def specs_from_generation_config(config: Any, *, prompt_len: Optional[int] = Non
         ("guidance_scale", lambda v: v is not None and v != 1),
         ("encoder_repetition_penalty", lambda v: v is not None and v != 1.0),
         ("encoder_no_repeat_ngram_size", lambda v: v is not None and v > 0),
-        ("remove_invalid_values", lambda v: v is True),
         ("top_h", lambda v: v is not None),
         ("watermarking_config", lambda v: v is not None),
     ]
@@ -301,6 +299,9 @@ def specs_from_generation_config(config: Any, *, prompt_len: Optional[int] = Non
             max_length = prompt_len + field("max_new_tokens")
         forced = [int(e) for e in (forced_eos if isinstance(forced_eos, (list, tuple)) else [forced_eos])]
         specs.append({"kind": "forced_eos", "max_length": int(max_length), "eos_token_ids": forced})
+    if field("remove_invalid_values") is True:
+        # InfNanRemoveLogitsProcessor: after the forced BOS and EOS, as generate() runs it.
+        specs.append({"kind": "inf_nan_remove"})
     decay = field("exponential_decay_length_penalty")
     if decay is not None:
         specs.append(

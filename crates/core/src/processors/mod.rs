@@ -26,6 +26,7 @@ mod gen_length;
 #[cfg(feature = "grammar")]
 mod grammar;
 mod hello_world;
+mod inf_nan_remove;
 mod log_softmax;
 mod logit_bias;
 mod matcher;
@@ -82,6 +83,7 @@ pub use gen_length::{GenLength, GenLengthSpec};
 #[cfg(feature = "grammar")]
 pub use grammar::{Grammar, GrammarSpec, JsonObjectSpec};
 pub use hello_world::{hello_world, HelloWorldSpec, TextEncoder, HELLO_WORLD_TEXT};
+pub use inf_nan_remove::{InfNanRemove, InfNanRemoveSpec};
 pub use log_softmax::{LogSoftmax, LogSoftmaxSpec};
 pub(crate) use logit_bias::check_bias;
 pub use logit_bias::{LogitBias, LogitBiasSpec, MAX_BIAS};
@@ -168,6 +170,9 @@ pub(crate) static KINDS: &[Kind] = &[
     Kind::new::<BitmaskSpec>("bitmask").history_free().masking(),
     Kind::new::<ForcedBosSpec>("forced_bos"),
     Kind::new::<ForcedEosSpec>("forced_eos"),
+    // NaN and infinities made finite where transformers' `remove_invalid_values` runs them,
+    // after its forced BOS and EOS: a banned token ends at the row type's smallest value.
+    Kind::new::<InfNanRemoveSpec>("inf_nan_remove").history_free(),
     Kind::new::<RepetitionDetectionSpec>("repetition_detection"),
     Kind::new::<ForcedSequenceSpec>("forced_sequence"),
     Kind::new::<HelloWorldSpec>("hello_world"),
