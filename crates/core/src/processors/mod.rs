@@ -46,6 +46,7 @@ mod repetition_penalty;
 mod sequence_bias;
 pub(crate) mod smoothing;
 mod suppress_tokens_at_begin;
+mod synthid_watermark;
 pub(crate) mod tail_free;
 mod temperature;
 #[cfg(test)]
@@ -101,6 +102,7 @@ pub use repetition_penalty::{RepetitionPenalty, RepetitionPenaltySpec, Scope};
 pub use sequence_bias::{SequenceBias, SequenceBiasSpec};
 pub use smoothing::{Smoothing, SmoothingSpec};
 pub use suppress_tokens_at_begin::{SuppressTokensAtBegin, SuppressTokensAtBeginSpec};
+pub use synthid_watermark::{SynthIdWatermark, SynthIdWatermarkSpec};
 pub use tail_free::TailFreeSpec;
 pub use temperature::{Temperature, TemperatureSpec, MIN_TEMPERATURE};
 pub use thinking_budget::{ThinkingBudget, ThinkingBudgetSpec, CHECKED_TAIL};
@@ -218,6 +220,9 @@ pub(crate) static KINDS: &[Kind] = &[
         .observing_the_pass(),
     // adaptive-p last too, as llama.cpp chains it: its next step reads the row its pass read.
     Kind::new::<AdaptivePSpec>("adaptive_p").observing_the_pass(),
+    // Watermarking after every other edit of the logits, as transformers runs it (before its
+    // normalization): the watermark reads the distribution the sampler would.
+    Kind::new::<SynthIdWatermarkSpec>("synthid_watermark"),
     // The row as log-probabilities, after everything, as transformers runs its normalization.
     Kind::new::<LogSoftmaxSpec>("log_softmax").history_free(),
 ];

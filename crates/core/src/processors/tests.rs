@@ -261,6 +261,20 @@ fn spec_of(kind: &'static str) -> BoxedStrategy<Value> {
             .boxed(),
         "log_softmax" => Just(json!({"kind": "log_softmax"})).boxed(),
         "inf_nan_remove" => Just(json!({"kind": "inf_nan_remove"})).boxed(),
+        "synthid_watermark" => (
+            1usize..5,
+            proptest::collection::vec(any::<i64>(), 1..4),
+            prop::sample::select(vec![1u64, 3, 1000, 1 << 16]),
+            any::<u64>(),
+            0usize..6,
+            any::<bool>(),
+        )
+            .prop_map(|(n, keys, size, seed, history, skip)| {
+                json!({"kind": "synthid_watermark", "ngram_len": n, "keys": keys,
+                       "sampling_table_size": size, "sampling_table_seed": seed,
+                       "context_history_size": history, "skip_first_ngram_calls": skip})
+            })
+            .boxed(),
         "smoothing" => (0.0f64..3.0, 0.0f64..4.0)
             .prop_map(|(f, c)| json!({"kind": "smoothing", "factor": f, "curve": c}))
             .boxed(),
@@ -371,6 +385,7 @@ resume_safe! {
     resume_safe_smoothing: "smoothing",
     resume_safe_log_softmax: "log_softmax",
     resume_safe_inf_nan_remove: "inf_nan_remove",
+    resume_safe_synthid_watermark: "synthid_watermark",
     resume_safe_force_last_phrase_without_a_pass: "force_last_phrase",
     resume_safe_gen_length: "gen_length",
     resume_safe_max_time_before_its_limit: "max_time",
