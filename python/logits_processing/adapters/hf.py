@@ -188,6 +188,13 @@ def _is_data(pipeline: Any) -> bool:
     return False
 
 
+def _is_synthid(watermark: Any) -> bool:
+    # A SynthID Text config without its debug mode (which replaces the scores by ones first).
+    from transformers import SynthIDTextWatermarkingConfig
+
+    return isinstance(watermark, SynthIDTextWatermarkingConfig) and not watermark.debug_mode
+
+
 def specs_from_generation_config(config: Any, *, prompt_len: Optional[int] = None, model: Any = None) -> list:
     """The pipeline ``generate()`` would build from a ``GenerationConfig``, as specs, in
     ``generate()``'s order: pass it to :class:`HFLogitsProcessor` (with the config's processor
@@ -196,7 +203,8 @@ def specs_from_generation_config(config: Any, *, prompt_len: Optional[int] = Non
     Covered: ``sequence_bias``, ``repetition_penalty``, ``no_repeat_ngram_size``,
     ``bad_words_ids`` (one-token sequences that are an EOS id dropped, as ``generate()`` does),
     ``min_length``, ``min_new_tokens``, ``forced_eos_token_id``, ``remove_invalid_values``,
-    ``exponential_decay_length_penalty``, ``suppress_tokens``, ``begin_suppress_tokens`` and, when
+    ``exponential_decay_length_penalty``, ``suppress_tokens``, a ``SynthIDTextWatermarkingConfig``
+    (``synthid_watermark``), ``renormalize_logits``, ``begin_suppress_tokens`` and, when
     ``do_sample``, ``temperature``, ``top_k``, ``top_p``, ``min_p``, ``typical_p``,
     ``epsilon_cutoff``, ``eta_cutoff`` (``min_tokens_to_keep`` as ``generate()`` sets it, beams
     included). ``min_new_tokens`` and the exponential decay count from the prompt's length, which
@@ -219,7 +227,8 @@ def specs_from_generation_config(config: Any, *, prompt_len: Optional[int] = Non
             or ``min_new_tokens`` that is not an integer (``generate()`` refuses them too),
             naming it in ``field``.
         ValueError: a field that changes the logits and has no spec here (``guidance_scale``,
-            the encoder-decoder penalties, ``top_h``, a watermark), naming it.
+            the encoder-decoder penalties, ``top_h``, the green-list watermark, SynthID's
+            ``debug_mode``), naming it.
 
     Example::
 
@@ -257,7 +266,7 @@ def specs_from_generation_config(config: Any, *, prompt_len: Optional[int] = Non
         ("encoder_repetition_penalty", lambda v: v is not None and v != 1.0),
         ("encoder_no_repeat_ngram_size", lambda v: v is not None and v > 0),
         ("top_h", lambda v: v is not None),
-        ("watermarking_config", lambda v: v is not None),
+        ("watermarking_config", lambda v: v is not None and not _is_synthid(v)),
     ]
     for name, used in unsupported:
         if used(field(name)):
@@ -341,6 +350,20 @@ def specs_from_generation_config(config: Any, *, prompt_len: Optional[int] = Non
         eta = field("eta_cutoff")
         if eta is not None and 0.0 < eta < 1.0:
             specs.append({"kind": "eta_cutoff", "epsilon": float(eta), "min_tokens_to_keep": keep})
+    watermark = field("watermarking_config")
+    if watermark is not None:
+        # SynthIDTextWatermarkLogitsProcessor: after every warper, before the normalization.
+        specs.append(
+            {
+                "kind": "synthid_watermark",
+                "ngram_len": int(watermark.ngram_len),
+                "keys": [int(k) for k in watermark.keys],
+                "sampling_table_size": int(watermark.sampling_table_size),
+                "sampling_table_seed": int(watermark.sampling_table_seed),
+                "context_history_size": int(watermark.context_history_size),
+                "skip_first_ngram_calls": bool(watermark.skip_first_ngram_calls),
+            }
+        )
     if field("renormalize_logits") is True:
         # LogitNormalization: always generate()'s last processor.
         specs.append({"kind": "log_softmax"})
