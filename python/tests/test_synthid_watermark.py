@@ -168,3 +168,40 @@ def test_bounds_are_refused_naming_the_field():
     with pytest.raises(Exception, match="prompt_len"):
         Processor([base])
     assert SpecError
+
+
+@pytest.mark.parametrize("keys", list(KEYS))
+@pytest.mark.parametrize("ngram_len,table,seed,history", [(5, 2**16, 0, 1024), (2, 1000, 9, 3), (1, 7, 2**33, 1)])
+def test_g_values_and_repetition_mask_equal_transformers_exactly(keys, ngram_len, table, seed, history):
+    from logits_processing import synthid_context_repetition_mask, synthid_g_values
+
+    theirs = hf.SynthIDTextWatermarkLogitsProcessor(
+        ngram_len=ngram_len,
+        keys=KEYS[keys],
+        sampling_table_size=table,
+        sampling_table_seed=seed,
+        context_history_size=history,
+        device=torch.device("cpu"),
+    )
+    g = torch.Generator().manual_seed(ngram_len)
+    ids = torch.cat([torch.randint(0, 4, (3, 30), generator=g), torch.randint(0, 151936, (3, 30), generator=g)], dim=1)
+    ids[2, :] = 0  # a context that hashes the zeros of transformers' first call
+    got = synthid_g_values(ids.tolist(), ngram_len, KEYS[keys], table, seed)
+    assert torch.equal(torch.tensor(got), theirs.compute_g_values(ids))
+    mask = synthid_context_repetition_mask(ids.tolist(), ngram_len, history)
+    assert torch.equal(torch.tensor(mask), theirs.compute_context_repetition_mask(ids))
+
+
+def test_the_functions_refuse_bounds_naming_the_field():
+    from logits_processing import InvalidArgumentError, synthid_context_repetition_mask, synthid_g_values
+
+    for call, field in [
+        (lambda: synthid_g_values([[1, 2]], 0, [1]), "ngram_len"),
+        (lambda: synthid_g_values([[1, 2]], 2, []), "keys"),
+        (lambda: synthid_g_values([[1, 2]], 2, [1], 0), "sampling_table_size"),
+        (lambda: synthid_context_repetition_mask([[1, 2]], 300), "ngram_len"),
+    ]:
+        with pytest.raises(InvalidArgumentError) as e:
+            call()
+        assert e.value.field == field
+    assert synthid_g_values([[1]], 2, [1]) == [[]]

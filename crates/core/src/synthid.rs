@@ -140,19 +140,19 @@ pub struct Watermark {
 }
 
 impl Watermark {
-    /// Checks the sizes against the bounds above, naming the field.
+    /// Checks the sizes against the bounds above (an [`Error::InvalidArgument`] naming the field).
     pub fn new(keys: &[i64], table_size: u64, seed: u64) -> Result<Self> {
         if keys.is_empty() || keys.len() > MAX_DEPTH {
-            return Err(Error::InvalidSpec {
-                field: "keys".into(),
-                message: format!("needs 1 to {MAX_DEPTH} keys, got {}", keys.len()),
-            });
+            return Err(Error::argument(
+                "keys",
+                format!("needs 1 to {MAX_DEPTH} keys, got {}", keys.len()),
+            ));
         }
         if table_size == 0 || table_size > MAX_TABLE_SIZE {
-            return Err(Error::InvalidSpec {
-                field: "sampling_table_size".into(),
-                message: format!("must be 1 to 2**24 (transformers' limit), got {table_size}"),
-            });
+            return Err(Error::argument(
+                "sampling_table_size",
+                format!("must be 1 to 2**24 (transformers' limit), got {table_size}"),
+            ));
         }
         Ok(Self {
             keys: keys.to_vec(),

@@ -16,6 +16,7 @@ mod info;
 mod reference;
 mod spec_processor;
 mod specs;
+mod synthid;
 mod tensor;
 mod watch;
 
@@ -335,6 +336,11 @@ fn _lib(m: &Bound<'_, PyModule>) -> PyResult<()> {
     m.add_class::<context::PyEngineContext>()?;
     m.add_class::<spec_processor::PyProcessor>()?;
     m.add_function(wrap_pyfunction!(specs::validate_specs, m)?)?;
+    m.add_function(wrap_pyfunction!(synthid::synthid_g_values, m)?)?;
+    m.add_function(wrap_pyfunction!(
+        synthid::synthid_context_repetition_mask,
+        m
+    )?)?;
     m.add_function(wrap_pyfunction!(specs::resolve_specs, m)?)?;
     m.add_function(wrap_pyfunction!(thinking_token_ids, m)?)?;
     m.add_function(wrap_pyfunction!(register_thinking_token_ids, m)?)?;
