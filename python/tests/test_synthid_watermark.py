@@ -46,7 +46,7 @@ def run_both(vocab, keys, ngram_len, skip, steps, dtype=torch.float32, history=1
     for row in range(batch):
         ours.add(row, [spec], prompt_len=prompt_len)
     results = []
-    for step in range(steps):
+    for _ in range(steps):
         scores = (torch.randn(batch, vocab, generator=g) * 3).to(dtype)
         scores[0, : vocab // 3] = float("-inf")  # banned tokens
         want = theirs(input_ids, scores.clone())
@@ -157,17 +157,19 @@ def test_a_resumed_request_marks_as_the_uninterrupted_one():
 
 
 def test_bounds_are_refused_naming_the_field():
-    from logits_processing import SpecError
+    from logits_processing import InvalidArgumentError, SpecError
 
     base = {"kind": "synthid_watermark", "ngram_len": 3, "keys": [1]}
-    for field, value in [("ngram_len", 0), ("keys", []), ("keys", list(range(65))),
-                         ("sampling_table_size", 2**24 + 1), ("context_history_size", 2**16 + 1)]:
-        with pytest.raises(Exception) as e:
+    for field, value in [("ngram_len", 0), ("ngram_len", 257), ("keys", []), ("keys", list(range(65))),
+                         ("sampling_table_size", 0), ("sampling_table_size", 2**24 + 1),
+                         ("context_history_size", 2**16 + 1), ("sampling_table_seed", -1)]:
+        with pytest.raises(SpecError) as e:
             Processor([{**base, field: value}], prompt_len=0)
-        assert field in str(e.value), (field, e.value)
-    with pytest.raises(Exception, match="prompt_len"):
+        assert e.value.field == f"[0].{field}", (field, e.value)
+    # The context is the generated ids: where the prompt ends must be given.
+    with pytest.raises(InvalidArgumentError) as e:
         Processor([base])
-    assert SpecError
+    assert e.value.field == "prompt_len"
 
 
 @pytest.mark.parametrize("keys", list(KEYS))
