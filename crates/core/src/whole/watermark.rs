@@ -22,15 +22,14 @@ pub(super) fn apply<T: Logit>(row: &mut [T], watermark: &Watermark, context: i64
     if !max.is_finite() {
         return;
     }
-    let sum: f64 = values
+    // A NaN takes no part: its probability is 0 in the sums and its logit is not written.
+    let q: Vec<f64> = values
         .iter()
-        .filter(|x| !x.is_nan())
-        .map(|&x| ((x - max) as f64).exp())
-        .sum();
-    let mut probs: Vec<f32> = values
-        .iter()
-        .map(|&x| round::<T>((((x - max) as f64).exp() / sum) as f32))
+        .map(|&x| if x.is_nan() { 0.0 } else { ((x - max) as f64).exp() })
         .collect();
+    let sum: f64 = q.iter().sum();
+    let mut probs: Vec<f32> = q.iter().map(|&q| round::<T>((q / sum) as f32)).collect();
+    drop(q);
     let g: Vec<u64> = (0..row.len())
         .map(|v| watermark.g_bits(context, v as i64))
         .collect();
@@ -38,8 +37,7 @@ pub(super) fn apply<T: Logit>(row: &mut [T], watermark: &Watermark, context: i64
         let mass: f64 = probs
             .iter()
             .zip(&g)
-            .filter(|&(p, &bits)| bits >> d & 1 == 1 && !p.is_nan())
-            .map(|(&p, _)| p as f64)
+            .map(|(&p, &bits)| p as f64 * (bits >> d & 1) as f64)
             .sum();
         let mass = round::<T>(mass as f32);
         let factors = [round::<T>(1.0 - mass), round::<T>(2.0 - mass)];
@@ -48,16 +46,12 @@ pub(super) fn apply<T: Logit>(row: &mut [T], watermark: &Watermark, context: i64
         }
     }
     let min = T::from_f32(-T::MAX.to_f32());
-    for (x, &p) in row.iter_mut().zip(&probs) {
-        if p.is_nan() {
+    for ((x, &p), &v) in row.iter_mut().zip(&probs).zip(&values) {
+        if v.is_nan() {
             continue;
         }
         let log = (p as f64).ln() as f32;
-        *x = if log.is_finite() {
-            T::from_f32(log)
-        } else {
-            min
-        };
+        *x = if log.is_finite() { T::from_f32(log) } else { min };
     }
 }
 
