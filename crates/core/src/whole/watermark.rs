@@ -25,7 +25,13 @@ pub(super) fn apply<T: Logit>(row: &mut [T], watermark: &Watermark, context: i64
     // A NaN takes no part: its probability is 0 in the sums and its logit is not written.
     let q: Vec<f64> = values
         .iter()
-        .map(|&x| if x.is_nan() { 0.0 } else { ((x - max) as f64).exp() })
+        .map(|&x| {
+            if x.is_nan() {
+                0.0
+            } else {
+                ((x - max) as f64).exp()
+            }
+        })
         .collect();
     let sum: f64 = q.iter().sum();
     let mut probs: Vec<f32> = q.iter().map(|&q| round::<T>((q / sum) as f32)).collect();
@@ -51,7 +57,11 @@ pub(super) fn apply<T: Logit>(row: &mut [T], watermark: &Watermark, context: i64
             continue;
         }
         let log = (p as f64).ln() as f32;
-        *x = if log.is_finite() { T::from_f32(log) } else { min };
+        *x = if log.is_finite() {
+            T::from_f32(log)
+        } else {
+            min
+        };
     }
 }
 
