@@ -249,6 +249,26 @@ mod tests {
         assert_eq!(table.at(i64::MIN), table.at(i64::MIN.rem_euclid(3)));
     }
 
+    /// Printed by the venv's transformers 5.24: `SynthIDTextWatermarkLogitsProcessor(3, [654, 400,
+    /// 836, -2**63, 2**62], 1000, 5, 1024, cpu)`, `compute_g_values` and
+    /// `compute_context_repetition_mask` of `[[0, 0, 5, 151935, 7, 7, 7, 1]]`, each n-gram's
+    /// g-values as bits (depth `d` bit `d`).
+    #[test]
+    fn g_values_and_the_repetition_mask_are_transformers() {
+        let watermark = Watermark::new(&[654, 400, 836, i64::MIN, 1 << 62], 1000, 5).unwrap();
+        let ids = [0, 0, 5, 151935, 7, 7, 7, 1];
+        let bits: Vec<u64> = watermark
+            .compute_g_values(&ids, 3)
+            .iter()
+            .map(|g| g.iter().enumerate().map(|(d, &b)| u64::from(b) << d).sum())
+            .collect();
+        assert_eq!(bits, [28, 10, 3, 18, 21, 25]);
+        assert_eq!(
+            context_repetition_mask(&ids, 3, 1024),
+            [true, true, true, true, true, false]
+        );
+    }
+
     #[test]
     fn a_zero_hash_counts_as_seen_until_the_ring_is_full() {
         assert!(seen_before(&[], 0, 2));

@@ -95,7 +95,8 @@ fn reads_history(specs: &Bound<'_, PyAny>) -> PyResult<bool> {
 /// read the output alone; frequency and presence penalties, and a repetition penalty scoped to
 /// ``"output"`` or ``"prompt"``, count one side of it; ``min_new_tokens``, the exponential decay
 /// length penalty and ``suppress_tokens_at_begin`` without ``begin_index`` count new tokens; a
-/// forced sequence or ``hello_world`` with ``"position": "tokens"`` counts generated ids.
+/// forced sequence or ``hello_world`` with ``"position": "tokens"`` counts generated ids, and
+/// ``synthid_watermark`` hashes them.
 ///
 /// Args:
 ///     specs: JSON text (one spec object or a list), a dict, or a list of dicts / JSON texts.
