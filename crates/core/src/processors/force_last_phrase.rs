@@ -7,7 +7,7 @@ use crate::plan::{Edit, ForcedValue, RowPlan, Trigger};
 use crate::processors::phrase::{Phase, PhraseRuns};
 use crate::processors::zoo::{eos_or, structure_only, TextOrIds};
 use crate::processors::LogitsProcessor;
-use crate::spec::{KindSpec, SpecContext};
+use crate::spec::{EngineContext, KindSpec};
 
 /// `{"kind": "force_last_phrase", "phrase": [271, 9906], "eos_token_id": 2}`: the phrase the model
 /// must write before it ends, as logits-processor-zoo's `ForceLastPhraseLogitsProcessor`.
@@ -45,7 +45,7 @@ impl KindSpec for ForceLastPhraseSpec {
 
     fn realize(
         &self,
-        context: &SpecContext,
+        context: &EngineContext,
         prompt_len: usize,
     ) -> Result<Box<dyn LogitsProcessor>> {
         let phrase = self.phrase.ids(context, "phrase")?;
@@ -53,7 +53,7 @@ impl KindSpec for ForceLastPhraseSpec {
         Ok(Box::new(ForceLastPhrase::new(phrase, eos, prompt_len)))
     }
 
-    fn validate(&self, context: &SpecContext) -> Option<Result<()>> {
+    fn validate(&self, context: &EngineContext) -> Option<Result<()>> {
         structure_only(
             context,
             self.phrase.is_text() || self.eos_token_id.is_none(),
@@ -61,7 +61,7 @@ impl KindSpec for ForceLastPhraseSpec {
         .then_some(Ok(()))
     }
 
-    fn resolve(&self, context: &SpecContext) -> Result<Option<serde_json::Value>> {
+    fn resolve(&self, context: &EngineContext) -> Result<Option<serde_json::Value>> {
         if context.encoder.is_none() && self.phrase.is_text() {
             return Ok(None);
         }

@@ -5,7 +5,7 @@ use crate::error::Result;
 use crate::history::TokenHistory;
 use crate::plan::{Edit, RowPlan, WholeRow};
 use crate::processors::LogitsProcessor;
-use crate::spec::{KindSpec, SpecContext};
+use crate::spec::{EngineContext, KindSpec};
 
 /// `{"kind": "inf_nan_remove"}`: NaN becomes `0.0`, `+inf` the row type's largest finite value
 /// and `-inf` its smallest (`finfo(dtype).max` and `.min` of f32, f16 or bf16), as transformers'
@@ -26,7 +26,7 @@ use crate::spec::{KindSpec, SpecContext};
 pub struct InfNanRemoveSpec {}
 
 impl KindSpec for InfNanRemoveSpec {
-    fn realize(&self, _: &SpecContext, _: usize) -> Result<Box<dyn LogitsProcessor>> {
+    fn realize(&self, _: &EngineContext, _: usize) -> Result<Box<dyn LogitsProcessor>> {
         Ok(Box::new(InfNanRemove))
     }
 }

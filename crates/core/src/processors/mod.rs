@@ -15,6 +15,7 @@ mod counts;
 mod cursor;
 mod dry;
 pub(crate) mod dynamic_temperature;
+mod end_token;
 mod eos;
 mod exponential_decay_length_penalty;
 mod force_last_phrase;
@@ -27,6 +28,8 @@ mod gen_length;
 mod grammar;
 mod hello_world;
 mod inf_nan_remove;
+#[cfg(feature = "grammar")]
+mod lazy_grammar;
 mod log_softmax;
 mod logit_bias;
 mod matcher;
@@ -85,6 +88,8 @@ pub use gen_length::{GenLength, GenLengthSpec};
 pub use grammar::{Grammar, GrammarSpec, JsonObjectSpec};
 pub use hello_world::{hello_world, HelloWorldSpec, TextEncoder, HELLO_WORLD_TEXT};
 pub use inf_nan_remove::{InfNanRemove, InfNanRemoveSpec};
+#[cfg(feature = "grammar")]
+pub use lazy_grammar::{LazyGrammar, LazyGrammarSpec, LazyTrigger};
 pub use log_softmax::{LogSoftmax, LogSoftmaxSpec};
 pub(crate) use logit_bias::check_bias;
 pub use logit_bias::{LogitBias, LogitBiasSpec, MAX_BIAS};
@@ -167,6 +172,10 @@ pub(crate) static KINDS: &[Kind] = &[
         .with_token_texts(),
     #[cfg(feature = "grammar")]
     Kind::new::<JsonObjectSpec>("json_object")
+        .masking()
+        .with_token_texts(),
+    #[cfg(feature = "grammar")]
+    Kind::new::<LazyGrammarSpec>("lazy_grammar")
         .masking()
         .with_token_texts(),
     Kind::new::<BitmaskSpec>("bitmask").history_free().masking(),

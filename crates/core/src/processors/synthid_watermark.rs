@@ -8,7 +8,7 @@ use crate::history::TokenHistory;
 use crate::plan::RowPlan;
 use crate::processors::cursor::Cursor;
 use crate::processors::LogitsProcessor;
-use crate::spec::{KindSpec, SpecContext};
+use crate::spec::{EngineContext, KindSpec};
 use crate::synthid::{
     context_hash, seen_before, Watermark, MAX_CONTEXT_HISTORY, MAX_DEPTH, MAX_NGRAM_LEN,
     MAX_TABLE_SIZE,
@@ -94,7 +94,7 @@ impl KindSpec for SynthIdWatermarkSpec {
         Ok(())
     }
 
-    fn realize(&self, _: &SpecContext, prompt_len: usize) -> Result<Box<dyn LogitsProcessor>> {
+    fn realize(&self, _: &EngineContext, prompt_len: usize) -> Result<Box<dyn LogitsProcessor>> {
         self.check()?;
         let watermark = Watermark::new(
             &self.keys,
@@ -234,7 +234,7 @@ mod tests {
     use crate::plan::{Edit, WholeRow};
 
     fn marks(spec: &SynthIdWatermarkSpec, prompt: usize, generated: &[u32]) -> Vec<bool> {
-        let mut p = spec.realize(&SpecContext::default(), prompt).unwrap();
+        let mut p = spec.realize(&EngineContext::default(), prompt).unwrap();
         let mut ids: Vec<u32> = vec![9; prompt];
         let mut out = Vec::new();
         for step in 0..=generated.len() {

@@ -5,12 +5,12 @@ use serde_json::{json, Value};
 
 use super::*;
 use crate::plan::{Edit, ForcedValue, RowPlan};
-use crate::spec::{kind, parse_pipeline, reads_history, ProcessorSpec, SpecContext};
+use crate::spec::{kind, parse_pipeline, reads_history, EngineContext, ProcessorSpec};
 
 const VOCAB: u32 = 12;
 
-fn context() -> SpecContext {
-    SpecContext {
+fn context() -> EngineContext {
+    EngineContext {
         vocab_size: Some(VOCAB as usize),
         ..Default::default()
     }
@@ -323,7 +323,7 @@ fn spec_of(kind: &'static str) -> BoxedStrategy<Value> {
 fn needs_tokenizer(kind: &str) -> bool {
     matches!(
         kind,
-        "hello_world" | "grammar" | "json_object" | "ban_strings"
+        "hello_world" | "grammar" | "json_object" | "ban_strings" | "lazy_grammar"
     )
 }
 
@@ -1113,6 +1113,11 @@ fn kinds_need_token_texts_as_said() {
             "ban_strings" => (json!({"kind": "ban_strings", "strings": ["no"]}), "strings"),
             "grammar" => (json!({"kind": "grammar", "regex": "a+"}), ""),
             "json_object" => (json!({"kind": "json_object"}), ""),
+            "lazy_grammar" => (
+                json!({"kind": "lazy_grammar", "triggers": [
+                    {"begin": "<tool_call>", "grammar": {"regex": "a+"}}]}),
+                "triggers",
+            ),
             other => panic!("{other} is said to need token texts: give a spec that does here"),
         };
         let spec = ProcessorSpec::from_value(&json).unwrap();
@@ -1448,7 +1453,7 @@ fn least_time<T>(mut make: impl FnMut() -> T, mut run: impl FnMut(T)) -> std::ti
 /// the history, whatever its shape. A continuing processor's step is timed beside them.
 #[test]
 fn every_kind_plans_its_first_step_in_time_linear_in_the_history() {
-    let context = SpecContext {
+    let context = EngineContext {
         vocab_size: Some(1 << 18),
         ..Default::default()
     };

@@ -9,7 +9,7 @@ use schemars::JsonSchema;
 use serde::{Deserialize, Serialize};
 
 use crate::error::{Error, Result};
-use crate::spec::{check_len, SpecContext};
+use crate::spec::{check_len, EngineContext};
 
 /// A phrase given as text (encoded with the engine's tokenizer, no special tokens) or as ids.
 #[derive(Debug, Clone, PartialEq, Serialize, Deserialize, JsonSchema)]
@@ -22,7 +22,7 @@ pub enum TextOrIds {
 impl TextOrIds {
     /// The ids, checked against the vocab; text needs the context's tokenizer (the error names
     /// `field`). An empty phrase is refused.
-    pub(crate) fn ids(&self, context: &SpecContext, field: &str) -> Result<Vec<u32>> {
+    pub(crate) fn ids(&self, context: &EngineContext, field: &str) -> Result<Vec<u32>> {
         let ids = match self {
             TextOrIds::Text(text) => context.encode(field, text)?,
             TextOrIds::Ids(ids) => {
@@ -66,7 +66,7 @@ pub enum TextOrId {
 impl TextOrId {
     /// The id: the zoo's `text_to_token(..., last=False)`: the text's last token, the text
     /// encoding to at most two tokens (the zoo allows a prefix-space or BOS token before it).
-    pub(crate) fn id(&self, context: &SpecContext, field: &str) -> Result<u32> {
+    pub(crate) fn id(&self, context: &EngineContext, field: &str) -> Result<u32> {
         match self {
             TextOrId::Id(id) => {
                 context.check_id(field, *id)?;
@@ -94,7 +94,7 @@ impl TextOrId {
 }
 
 /// `given`, else the engine's EOS id; an error naming `field` when neither is known.
-pub(crate) fn eos_or(context: &SpecContext, given: Option<u32>, field: &str) -> Result<u32> {
+pub(crate) fn eos_or(context: &EngineContext, given: Option<u32>, field: &str) -> Result<u32> {
     match given.or(context.eos_token_id()) {
         Some(id) => {
             context.check_id(field, id)?;
@@ -113,7 +113,7 @@ pub(crate) const SENTENCE_END_TEXTS: [&str; 2] = ["It is a sentence.", "It is a 
 
 /// The ids that end a sentence: `given`, else the last tokens of [`SENTENCE_END_TEXTS`].
 pub(crate) fn sentence_ends(
-    context: &SpecContext,
+    context: &EngineContext,
     given: Option<&[u32]>,
     field: &str,
 ) -> Result<Vec<u32>> {
@@ -134,8 +134,8 @@ pub(crate) fn sentence_ends(
 }
 
 /// A spec that can only be realized with the engine's tokenizer, checked without one
-/// ([`SpecContext::structure_only`]): the structure alone.
-pub(crate) fn structure_only(context: &SpecContext, needs_tokenizer: bool) -> bool {
+/// ([`EngineContext::structure_only`]): the structure alone.
+pub(crate) fn structure_only(context: &EngineContext, needs_tokenizer: bool) -> bool {
     context.structure_only && needs_tokenizer && context.encoder.is_none()
 }
 
