@@ -38,6 +38,8 @@ from ._lib import (
     position_by_tokens,
     reads_history,
     resolve_specs,
+    synthid_context_repetition_mask,
+    synthid_g_values,
     validate_specs,
 )
 from .base import BaseLogitsProcessor
@@ -82,5 +84,7 @@ __all__ = [
     "reads_history",
     "register_thinking_token_config",
     "resolve_specs",
+    "synthid_context_repetition_mask",
+    "synthid_g_values",
     "validate_specs",
 ]

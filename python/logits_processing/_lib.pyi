@@ -699,7 +699,8 @@ def needs_prompt_len(specs: Union[Spec, Sequence[Spec]]) -> bool:
     read the output alone; frequency and presence penalties, and a repetition penalty scoped to
     ``"output"`` or ``"prompt"``, count one side of it; ``min_new_tokens``, the exponential decay
     length penalty and ``suppress_tokens_at_begin`` without ``begin_index`` count new tokens; a
-    forced sequence or ``hello_world`` with ``"position": "tokens"`` counts generated ids.
+    forced sequence or ``hello_world`` with ``"position": "tokens"`` counts generated ids, and
+    ``synthid_watermark`` hashes them.
 
     Args:
         specs: JSON text (one spec object or a list), a dict, or a list of dicts / JSON texts.
@@ -842,6 +843,58 @@ def spec_schema() -> str:
         >>> from logits_processing import _lib
         >>> "temperature" in json.loads(_lib.spec_schema())["$defs"]
         True
+    """
+
+def synthid_context_repetition_mask(
+    input_ids: Sequence[Sequence[int]],
+    ngram_len: int,
+    context_history_size: int = 1024,
+) -> list[list[bool]]:
+    """Whether each n-gram's context (its first ``ngram_len - 1`` ids) is new, per row, as
+    transformers' ``compute_context_repetition_mask`` gives it: ``False`` for a context among the
+    last ``context_history_size`` ones (or one hashing to 0 while fewer were seen, the history
+    starting zeroed), ``True`` otherwise.
+
+    Args:
+        input_ids: rows of token ids (lists of ints).
+        ngram_len: the watermark's n-gram length (1 to 256).
+        context_history_size: how many contexts are remembered.
+
+    Raises:
+        InvalidArgumentError: a value out of range, naming it.
+
+    Example:
+        >>> from logits_processing import synthid_context_repetition_mask
+        >>> synthid_context_repetition_mask([[1, 2, 1, 2, 1]], ngram_len=2)
+        [[True, True, False, False]]
+    """
+
+def synthid_g_values(
+    input_ids: Sequence[Sequence[int]],
+    ngram_len: int,
+    keys: Sequence[int],
+    sampling_table_size: int = 65536,
+    sampling_table_seed: int = 0,
+) -> list[list[list[int]]]:
+    """SynthID Text's g-values of every n-gram of each row of ``input_ids``, as transformers'
+    ``SynthIDTextWatermarkLogitsProcessor.compute_g_values`` gives them: per row, for each of its
+    ``len(row) - ngram_len + 1`` n-grams, one 0 or 1 per key.
+
+    Args:
+        input_ids: rows of token ids (lists of ints).
+        ngram_len: the watermark's n-gram length (1 to 256).
+        keys: the watermark's keys (1 to 64).
+        sampling_table_size: the sampling table's size (1 to 2**24).
+        sampling_table_seed: the table's seed (its low 32 bits, as torch seeds).
+
+    Raises:
+        InvalidArgumentError: a value out of range, naming it.
+
+    Example:
+        >>> from logits_processing import synthid_g_values
+        >>> g = synthid_g_values([[5, 6, 7, 8]], ngram_len=3, keys=[654, 400])
+        >>> len(g[0]), len(g[0][0])
+        (2, 2)
     """
 
 def thinking_token_ids(

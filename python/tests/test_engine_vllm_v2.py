@@ -247,6 +247,8 @@ PIPELINES = {
     "mirostat_v1": [{"kind": "mirostat", "version": 1, "tau": 3.0, "n_vocab": V}],
     "adaptive_p": [{"kind": "adaptive_p", "target": 0.5}],
     "log_softmax": [{"kind": "temperature", "temperature": 0.7}, {"kind": "log_softmax"}],
+    "inf_nan_remove": [{"kind": "ban_tokens", "token_ids": [3]}, {"kind": "inf_nan_remove"}],
+    "synthid_watermark": [{"kind": "temperature", "temperature": 0.7}, {"kind": "synthid_watermark", "ngram_len": 3, "keys": [654, 400, 836]}],
     "gen_length": [{"kind": "gen_length", "boost_factor": 1.5, "boost_token": EOS}],
     "force_last_phrase": [{"kind": "force_last_phrase", "phrase": [40, 41, 42], "eos_token_id": EOS}],
     "max_time": [{"kind": "max_time", "max_time": 0.0, "boost_token": EOS}],

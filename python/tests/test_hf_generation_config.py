@@ -105,6 +105,7 @@ def cases(tokenizer):
             min_length=30,
             exponential_decay_length_penalty=(10, 1.3),
             forced_eos_token_id=EOS,
+            remove_invalid_values=True,
         ),
         "sampling": dict(
             do_sample=True,
@@ -124,10 +125,20 @@ def cases(tokenizer):
             epsilon_cutoff=0.0001,
             renormalize_logits=True,
         ),
+        "synthid_watermark": dict(
+            do_sample=True,
+            temperature=0.8,
+            top_k=200,
+            watermarking_config=transformers.SynthIDTextWatermarkingConfig(
+                ngram_len=3, keys=[654, 400, 836, 123, 340, 443, 597, 160, 57]
+            ),
+        ),
     }
 
 
-@pytest.mark.parametrize("case", ["penalties_and_bans", "lengths", "sampling", "sampling_typical_eta"])
+@pytest.mark.parametrize(
+    "case", ["penalties_and_bans", "lengths", "sampling", "sampling_typical_eta", "synthid_watermark"]
+)
 @pytest.mark.parametrize("prompt_text", ["Tell me a story", "Say hello please"])
 def test_generate_with_the_specs_equals_generate_with_the_config(model, tokenizer, case, prompt_text):
     prompt = demo.prompt_ids(tokenizer, prompt_text)
@@ -153,6 +164,8 @@ def test_the_specs_follow_generate_order_and_drop_eos_bad_words():
         max_length=30,
         forced_bos_token_id=0,
         forced_eos_token_id=2,
+        remove_invalid_values=True,
+        watermarking_config=transformers.SynthIDTextWatermarkingConfig(ngram_len=2, keys=[1, 2], skip_first_ngram_calls=True),
         renormalize_logits=True,
     )
     specs = specs_from_generation_config(config)
@@ -162,21 +175,30 @@ def test_the_specs_follow_generate_order_and_drop_eos_bad_words():
         "bad_words",
         "forced_bos",
         "forced_eos",
+        "inf_nan_remove",
         "temperature",
         "top_k",
         "top_p",
+        "synthid_watermark",
         "log_softmax",
     ]
     assert specs[2]["sequences"] == [[7, 8]]
     assert specs[3] == {"kind": "forced_bos", "bos_token_id": 0}
     assert specs[4] == {"kind": "forced_eos", "max_length": 30, "eos_token_ids": [2]}
     # Beam sampling keeps at least one token more than there are EOS ids, as generate() does.
-    assert specs[-2]["min_tokens_to_keep"] == 3
+    assert specs[-3]["min_tokens_to_keep"] == 3
+    assert specs[-2]["skip_first_ngram_calls"] is True and specs[-2]["sampling_table_size"] == 2**16
 
 
 def test_fields_without_a_spec_are_refused_by_name():
     with pytest.raises(ValueError, match="guidance_scale"):
         specs_from_generation_config(transformers.GenerationConfig(guidance_scale=1.5))
+    for watermark in [
+        transformers.WatermarkingConfig(),
+        transformers.SynthIDTextWatermarkingConfig(ngram_len=2, keys=[1], debug_mode=True),
+    ]:
+        with pytest.raises(ValueError, match="watermarking_config"):
+            specs_from_generation_config(transformers.GenerationConfig(watermarking_config=watermark))
     with pytest.raises(ValueError, match="prompt_len"):
         specs_from_generation_config(
             transformers.GenerationConfig(forced_eos_token_id=1, max_new_tokens=5, eos_token_id=1)

@@ -122,6 +122,11 @@ SPECS = st.one_of(
     st.builds(lambda m: {"kind": "p_less", "min_tokens_to_keep": m}, _KEEP),
     st.builds(lambda h: {"kind": "top_h", "top_h": h}, st.floats(0.01, 1.0)),
     st.just({"kind": "log_softmax"}),
+    st.just({"kind": "inf_nan_remove"}),
+    st.builds(
+        lambda n, keys, skip: {"kind": "synthid_watermark", "ngram_len": n, "keys": keys, "skip_first_ngram_calls": skip},
+        st.integers(1, 4), st.lists(st.integers(-(2**63), 2**63 - 1), min_size=1, max_size=3), st.booleans(),
+    ),
     st.builds(lambda z, m: {"kind": "tail_free", "z": z, "min_tokens_to_keep": m}, st.floats(0.1, 1.0), _KEEP),
     st.builds(
         lambda p, t, seed: {"kind": "xtc", "probability": p, "threshold": t, "seed": seed},

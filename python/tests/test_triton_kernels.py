@@ -89,13 +89,15 @@ SPECS = {
     "mirostat": {"kind": "mirostat", "version": 2, "tau": 5.0, "eta": 0.1},
     "adaptive_p": {"kind": "adaptive_p", "target": 0.5, "decay": 0.9},
     "log_softmax": {"kind": "log_softmax"},
+    "inf_nan_remove": {"kind": "inf_nan_remove"},
+    "synthid_watermark": {"kind": "synthid_watermark", "ngram_len": 3, "keys": [654, 400, 836]},
 }
 # Kinds that need what a bare Batch has not got: the text kinds run in their own test below.
 NEEDS_TOKENIZER = {"ban_strings", "grammar", "json_object", "lazy_grammar"}
 NEEDS_CONTEXT = {"bitmask", "thinking_budget", "hello_world"}
 # Kinds whose plans the kernels do not carry, on every step or on some (docs/cuda.md): the host
 # round trip carries those steps, so they need not launch the kernels.
-ROUND_TRIP = {"smoothing", "adaptive_p", "log_softmax", "top_n_sigma", "top_a", "p_less", "top_h", "tail_free",
+ROUND_TRIP = {"smoothing", "adaptive_p", "log_softmax", "inf_nan_remove", "synthid_watermark", "top_n_sigma", "top_a", "p_less", "top_h", "tail_free",
               "mirostat",
               "dynamic_temperature", "xtc", "force_last_phrase", "prevent_hallucination",
               "trigger_phrase", "multiple_choice"}

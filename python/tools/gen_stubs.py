@@ -81,6 +81,13 @@ TYPES = {
     "token_ids": "Sequence[int]",
     "tokenizer": "Any",
     "vocab_size": "int",
+    "synthid_g_values.input_ids": "Sequence[Sequence[int]]",
+    "synthid_context_repetition_mask.input_ids": "Sequence[Sequence[int]]",
+    "ngram_len": "int",
+    "keys": "Sequence[int]",
+    "sampling_table_size": "int",
+    "sampling_table_seed": "int",
+    "context_history_size": "int",
 }
 
 # Return types; anything not named returns None.
@@ -111,6 +118,8 @@ RETURNS = {
     "thinking_token_table": "list[Tuple[str, Tuple[int, int, int]]]",
     "resolve_specs": "list[dict]",
     "spec_schema": "str",
+    "synthid_g_values": "list[list[list[int]]]",
+    "synthid_context_repetition_mask": "list[list[bool]]",
     "thinking_token_ids": "Tuple[Tuple[int, int, int], Optional[str]]",
 }
 

@@ -37,9 +37,11 @@ mod raw;
 mod reshape;
 pub mod spec;
 pub mod spec_schema;
+pub mod synthid;
 #[cfg(feature = "tokenizers")]
 pub mod tokenizer;
 pub mod truncation;
+mod whole;
 
 pub use batch::{Batch, BatchLayout, ExternalCall, StepBitmask};
 pub use error::{Error, Result};

@@ -10,6 +10,8 @@ pub trait Logit: Copy + Send + Sync + PartialEq + std::fmt::Debug + 'static {
     /// The element type's name, as torch and numpy spell it.
     const DTYPE: DType;
     const NEG_INFINITY: Self;
+    /// The largest finite value (torch's `finfo(dtype).max`; the smallest is its negation).
+    const MAX: Self;
     fn to_f32(self) -> f32;
     fn from_f32(value: f32) -> Self;
     /// Whether the value is neither infinite nor NaN.
@@ -62,6 +64,7 @@ impl Logit for f32 {
     }
     const DTYPE: DType = DType::F32;
     const NEG_INFINITY: Self = f32::NEG_INFINITY;
+    const MAX: Self = f32::MAX;
     #[inline(always)]
     fn to_f32(self) -> f32 {
         self
@@ -82,6 +85,7 @@ impl Logit for f16 {
     }
     const DTYPE: DType = DType::F16;
     const NEG_INFINITY: Self = f16::NEG_INFINITY;
+    const MAX: Self = f16::MAX;
     #[inline(always)]
     fn to_f32(self) -> f32 {
         f16::to_f32(self)
@@ -102,6 +106,7 @@ impl Logit for bf16 {
     }
     const DTYPE: DType = DType::BF16;
     const NEG_INFINITY: Self = bf16::NEG_INFINITY;
+    const MAX: Self = bf16::MAX;
     #[inline(always)]
     fn to_f32(self) -> f32 {
         bf16::to_f32(self)

@@ -17,6 +17,7 @@
 //! element type (a property test checks every mix and order).
 
 use std::any::Any;
+use std::sync::Arc;
 
 use crate::error::{check_token, Result};
 use crate::kernels;
@@ -25,6 +26,7 @@ use crate::logit::Logit;
 mod survivors;
 pub use crate::reshape::{Reshape, Shape};
 pub use crate::truncation::{Band, Truncation};
+pub use crate::whole::{WatermarkId, WholeRow};
 
 /// What a forced token's logit becomes.
 #[derive(Debug, Clone, Copy, PartialEq)]
@@ -87,6 +89,10 @@ pub enum Edit {
         when: Trigger,
         key: u32,
     },
+    /// Every logit is rewritten by the whole-row rule (inf/NaN removal, a watermark's update),
+    /// which reads the whole row and the row's element type: carried out on the row as the edits
+    /// before it left it, in a pass of its own ([`WholeRow`]). CPU only.
+    Whole(WholeRow),
 }
 
 /// A condition on a row, read where an [`Edit::ForceIf`] runs.
@@ -132,7 +138,11 @@ impl Edit {
             | Edit::AddScaledFrom { token, .. }
             | Edit::Set { token, .. } => Some(token),
             Edit::ForceIf { token, .. } => token,
-            Edit::Scale { .. } | Edit::Mask(_) | Edit::Truncate(_) | Edit::Reshape(_) => None,
+            Edit::Scale { .. }
+            | Edit::Mask(_)
+            | Edit::Truncate(_)
+            | Edit::Reshape(_)
+            | Edit::Whole(_) => None,
         }
     }
 
@@ -216,6 +226,8 @@ impl Edit {
                 }
             }
             Edit::ForceIf { .. } => x,
+            // Never one logit at a time: `RowPlan::run` carries it out on the whole row.
+            Edit::Whole(_) => x,
         }
     }
 }
@@ -272,6 +284,9 @@ pub struct RowPlan {
     selection: crate::truncation::Work,
     // The survivors' path (`survivors.rs`): the tokens a top-k kept, by index.
     survivors: Vec<u32>,
+    // The watermarks of `Edit::Whole(WholeRow::Watermark)`: each one's keys and table, and the
+    // hash of its context.
+    watermarks: Vec<(Arc<crate::synthid::Watermark>, i64)>,
 }
 
 impl Clone for RowPlan {
@@ -280,6 +295,7 @@ impl Clone for RowPlan {
             edits: self.edits.clone(),
             mask_words: self.mask_words.clone(),
             masks: self.masks.clone(),
+            watermarks: self.watermarks.clone(),
             ..Self::default()
         }
     }
@@ -287,7 +303,9 @@ impl Clone for RowPlan {
 
 impl PartialEq for RowPlan {
     fn eq(&self, other: &Self) -> bool {
-        self.edits == other.edits && self.masks().eq(other.masks())
+        self.edits == other.edits
+            && self.masks().eq(other.masks())
+            && self.watermarks == other.watermarks
     }
 }
 
@@ -310,6 +328,24 @@ impl RowPlan {
         self.edits.clear();
         self.masks.clear();
         self.mask_words.clear();
+        self.watermarks.clear();
+    }
+
+    /// Adds a watermark's update ([`WholeRow::Watermark`]) after a context of hash `context`.
+    pub fn push_watermark(&mut self, watermark: Arc<crate::synthid::Watermark>, context: i64) {
+        self.watermarks.push((watermark, context));
+        let id = WatermarkId(self.watermarks.len() as u32 - 1);
+        self.edits.push(Edit::Whole(WholeRow::Watermark(id)));
+    }
+
+    /// Carries out the whole-row edit `rule` on `row`.
+    fn apply_whole<T: Logit>(&self, rule: WholeRow, row: &mut [T]) {
+        rule.apply(row, &self.watermarks)
+    }
+
+    /// Whether the plan holds a whole-row edit.
+    fn has_whole(&self) -> bool {
+        self.edits.iter().any(|e| matches!(e, Edit::Whole(_)))
     }
 
     /// Adds an edit. A [`Edit::Mask`] must name a mask of this plan ([`RowPlan::push_mask`]).
@@ -393,8 +429,18 @@ impl RowPlan {
     /// The token whose logit survives when the plan forces one: the last force's. Every other logit
     /// is `-inf` after it, and no later edit turns `-inf` into anything else but an [`Edit::Set`]
     /// ([`RowPlan::set_after_force`]).
+    /// `None` when a whole-row edit comes after that force (it gives `-inf` a finite value).
     pub fn forced_token(&self) -> Option<u32> {
-        (0..self.edits.len()).rev().find_map(|i| self.forces(i))
+        let last = (0..self.edits.len())
+            .rev()
+            .find(|&i| self.forces(i).is_some())?;
+        if self.edits[last..]
+            .iter()
+            .any(|e| matches!(e, Edit::Whole(_)))
+        {
+            return None;
+        }
+        self.forces(last)
     }
 
     /// The token the edit at `index` forces: an [`Edit::Force`]'s, or an [`Edit::ForceIf`]'s
@@ -434,6 +480,7 @@ impl RowPlan {
                     | Edit::Reshape(_)
                     | Edit::ForceIf { .. }
                     | Edit::AddScaledFrom { .. }
+                    | Edit::Whole(_)
             )
         })
     }
@@ -442,7 +489,10 @@ impl RowPlan {
     /// truncation rule the GPU kernel does not have: [`Truncation::on_cpu_only`]).
     pub fn cpu_only(&self) -> bool {
         self.edits.iter().any(|e| match e {
-            Edit::Reshape(_) | Edit::ForceIf { .. } | Edit::AddScaledFrom { .. } => true,
+            Edit::Reshape(_)
+            | Edit::ForceIf { .. }
+            | Edit::AddScaledFrom { .. }
+            | Edit::Whole(_) => true,
             Edit::Truncate(rule) => rule.on_cpu_only(),
             _ => false,
         })
@@ -644,8 +694,28 @@ impl RowPlan {
         self.run(0..self.edits.len(), row, fill);
     }
 
-    /// Carries out the edits `range` (truncations in it resolved) on `row`, in one pass.
+    /// Carries out the edits `range` (truncations in it resolved) on `row`: in one pass, or one
+    /// between each whole-row edit and the next.
     fn run<T: Logit>(&mut self, range: std::ops::Range<usize>, row: &mut [T], fill: Fill) {
+        if let Some(at) = range
+            .clone()
+            .find(|&i| matches!(self.edits[i], Edit::Whole(_)))
+        {
+            let Edit::Whole(rule) = self.edits[at] else {
+                unreachable!()
+            };
+            self.run_pass(range.start..at, row, fill);
+            self.apply_whole(rule, row);
+            return self.run(at + 1..range.end, row, fill);
+        }
+        self.run_pass(range, row, fill)
+    }
+
+    /// [`RowPlan::run`] for edits without a whole-row one.
+    fn run_pass<T: Logit>(&mut self, range: std::ops::Range<usize>, row: &mut [T], fill: Fill) {
+        if range.is_empty() {
+            return;
+        }
         if let Some(token) = range.clone().rev().find_map(|i| self.forces(i)) {
             let index = token as usize;
             let survivor = self.fold(range.clone(), index, row[index]);
@@ -687,6 +757,10 @@ impl RowPlan {
     /// pass that reads and writes each logit once, where a copy and an edit in place would make
     /// two. The plan must be validated against the length.
     pub(crate) fn apply_into_validated<T: Logit>(&mut self, src: &[T], dst: &mut [T]) {
+        if self.has_whole() {
+            dst.copy_from_slice(src);
+            return self.apply_validated(dst, Fill::Cached);
+        }
         if self.apply_on_survivors(Some(src), dst, Fill::Cached) {
             return;
         }
@@ -816,6 +890,10 @@ impl RowPlan {
     pub fn apply_edit_by_edit<T: Logit>(&self, row: &mut [T]) -> Result<()> {
         self.validate(row.len())?;
         for (i, edit) in self.edits.iter().enumerate() {
+            if let Edit::Whole(rule) = *edit {
+                self.apply_whole(rule, row);
+                continue;
+            }
             let values = || row.iter().map(|x| x.to_f32()).collect::<Vec<f32>>();
             let (band, shape) = match edit {
                 // The rule's own resolution, checked against sorts in `truncation`'s tests; here
@@ -1064,6 +1142,9 @@ mod tests {
             }),
             (-1.0f32..2.0, -1.0f32..2.0)
                 .prop_map(|(k, s)| Edit::Reshape(Reshape::Smoothing { k, s })),
+            Just(Edit::Whole(WholeRow::InfNanRemove)),
+            // A watermark: marked by a placeholder, filled in by `plan_of`.
+            any::<u32>().prop_map(|seed| Edit::Whole(WholeRow::Watermark(WatermarkId(seed)))),
             (0..vocab, 0..vocab, -2.0f32..2.0).prop_map(|(token, source, factor)| {
                 Edit::AddScaledFrom {
                     token,
@@ -1104,6 +1185,12 @@ mod tests {
                         &words[..]
                     };
                     plan.push_mask(words, seed % 2 == 0);
+                }
+                Edit::Whole(WholeRow::Watermark(WatermarkId(seed))) => {
+                    let keys = [seed as i64, 7, -3];
+                    let watermark =
+                        crate::synthid::Watermark::new(&keys[..1 + seed as usize % 3], 1 << 8, 0);
+                    plan.push_watermark(Arc::new(watermark.unwrap()), seed as i64 * 31);
                 }
                 Edit::AddScaledFrom { source, .. } if source as usize >= len => {}
                 e if e.token().is_none_or(|t| (t as usize) < len) => plan.push(e),
@@ -1165,8 +1252,14 @@ mod tests {
                 .iter()
                 .chain(&[Edit::Ban { token: banned }])
                 .chain(&after)
+                // Setting by value brings a token back; a whole-row edit gives it a finite minimum.
                 .filter(|e| {
-                    !matches!(e, Edit::Force { value: ForcedValue::Set(_), .. } | Edit::Set { .. })
+                    !matches!(
+                        e,
+                        Edit::Force { value: ForcedValue::Set(_), .. }
+                            | Edit::Set { .. }
+                            | Edit::Whole(_)
+                    )
                 })
                 .copied()
                 .collect();

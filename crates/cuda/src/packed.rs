@@ -139,7 +139,10 @@ impl Op {
             Edit::Set { .. } => Op::Set,
             Edit::Mask(_) => Op::Mask,
             Edit::Truncate(_) => Op::Truncate,
-            Edit::Reshape(_) | Edit::ForceIf { .. } | Edit::AddScaledFrom { .. } => return None,
+            Edit::Reshape(_)
+            | Edit::ForceIf { .. }
+            | Edit::AddScaledFrom { .. }
+            | Edit::Whole(_) => return None,
         })
     }
 
@@ -527,7 +530,10 @@ impl PackedPlans {
                 | Edit::Penalty { .. }
                 | Edit::AddScaledAbs { .. }
                 | Edit::Set { .. } => unreachable!(),
-                Edit::Reshape(_) | Edit::ForceIf { .. } | Edit::AddScaledFrom { .. } => {
+                Edit::Reshape(_)
+                | Edit::ForceIf { .. }
+                | Edit::AddScaledFrom { .. }
+                | Edit::Whole(_) => {
                     unreachable!("refused by `Op::of` above")
                 }
             };

@@ -16,6 +16,7 @@ mod info;
 mod reference;
 mod spec_processor;
 mod specs;
+mod synthid;
 mod tensor;
 mod thinking;
 mod tokenizer;
@@ -96,7 +97,8 @@ fn reads_history(specs: &Bound<'_, PyAny>) -> PyResult<bool> {
 /// read the output alone; frequency and presence penalties, and a repetition penalty scoped to
 /// ``"output"`` or ``"prompt"``, count one side of it; ``min_new_tokens``, the exponential decay
 /// length penalty and ``suppress_tokens_at_begin`` without ``begin_index`` count new tokens; a
-/// forced sequence or ``hello_world`` with ``"position": "tokens"`` counts generated ids.
+/// forced sequence or ``hello_world`` with ``"position": "tokens"`` counts generated ids, and
+/// ``synthid_watermark`` hashes them.
 ///
 /// Args:
 ///     specs: JSON text (one spec object or a list), a dict, or a list of dicts / JSON texts.
@@ -337,6 +339,11 @@ fn _lib(m: &Bound<'_, PyModule>) -> PyResult<()> {
     m.add_class::<context::PyEngineContext>()?;
     m.add_class::<spec_processor::PyProcessor>()?;
     m.add_function(wrap_pyfunction!(specs::validate_specs, m)?)?;
+    m.add_function(wrap_pyfunction!(synthid::synthid_g_values, m)?)?;
+    m.add_function(wrap_pyfunction!(
+        synthid::synthid_context_repetition_mask,
+        m
+    )?)?;
     m.add_function(wrap_pyfunction!(specs::resolve_specs, m)?)?;
     m.add_function(wrap_pyfunction!(thinking_token_ids, m)?)?;
     m.add_function(wrap_pyfunction!(register_thinking_token_ids, m)?)?;

@@ -170,6 +170,13 @@ def _is_data(pipeline: Any) -> bool:
     return False
 
 
+def _is_synthid(watermark: Any) -> bool:
+    # A SynthID Text config without its debug mode (which replaces the scores by ones first).
+    from transformers import SynthIDTextWatermarkingConfig
+
+    return isinstance(watermark, SynthIDTextWatermarkingConfig) and not watermark.debug_mode
+
+
 def specs_from_generation_config(config: Any, *, prompt_len: Optional[int] = None, model: Any = None) -> list:
     """The pipeline ``generate()`` would build from a ``GenerationConfig``, as specs, in
     ``generate()``'s order: pass it to :class:`HFLogitsProcessor` (with the config's processor
@@ -177,8 +184,9 @@ def specs_from_generation_config(config: Any, *, prompt_len: Optional[int] = Non
 
     Covered: ``sequence_bias``, ``repetition_penalty``, ``no_repeat_ngram_size``,
     ``bad_words_ids`` (one-token sequences that are an EOS id dropped, as ``generate()`` does),
-    ``min_length``, ``min_new_tokens``, ``forced_eos_token_id``,
-    ``exponential_decay_length_penalty``, ``suppress_tokens``, ``begin_suppress_tokens`` and, when
+    ``min_length``, ``min_new_tokens``, ``forced_eos_token_id``, ``remove_invalid_values``,
+    ``exponential_decay_length_penalty``, ``suppress_tokens``, a ``SynthIDTextWatermarkingConfig``
+    (``synthid_watermark``), ``renormalize_logits``, ``begin_suppress_tokens`` and, when
     ``do_sample``, ``temperature``, ``top_k``, ``top_p``, ``min_p``, ``typical_p``,
     ``epsilon_cutoff``, ``eta_cutoff`` (``min_tokens_to_keep`` as ``generate()`` sets it, beams
     included). ``min_new_tokens`` and the exponential decay count from the prompt's length, which
@@ -201,8 +209,8 @@ def specs_from_generation_config(config: Any, *, prompt_len: Optional[int] = Non
             or ``min_new_tokens`` that is not an integer (``generate()`` refuses them too),
             naming it in ``field``.
         ValueError: a field that changes the logits and has no spec here (``guidance_scale``,
-            the encoder-decoder penalties, ``remove_invalid_values``, ``top_h``, a watermark),
-            naming it.
+            the encoder-decoder penalties, ``top_h``, the green-list watermark, SynthID's
+            ``debug_mode``), naming it.
 
     Example::
 
@@ -239,9 +247,8 @@ def specs_from_generation_config(config: Any, *, prompt_len: Optional[int] = Non
         ("guidance_scale", lambda v: v is not None and v != 1),
         ("encoder_repetition_penalty", lambda v: v is not None and v != 1.0),
         ("encoder_no_repeat_ngram_size", lambda v: v is not None and v > 0),
-        ("remove_invalid_values", lambda v: v is True),
         ("top_h", lambda v: v is not None),
-        ("watermarking_config", lambda v: v is not None),
+        ("watermarking_config", lambda v: v is not None and not _is_synthid(v)),
     ]
     for name, used in unsupported:
         if used(field(name)):
@@ -283,6 +290,9 @@ def specs_from_generation_config(config: Any, *, prompt_len: Optional[int] = Non
             max_length = prompt_len + field("max_new_tokens")
         forced = [int(e) for e in (forced_eos if isinstance(forced_eos, (list, tuple)) else [forced_eos])]
         specs.append({"kind": "forced_eos", "max_length": int(max_length), "eos_token_ids": forced})
+    if field("remove_invalid_values") is True:
+        # InfNanRemoveLogitsProcessor: after the forced BOS and EOS, as generate() runs it.
+        specs.append({"kind": "inf_nan_remove"})
     decay = field("exponential_decay_length_penalty")
     if decay is not None:
         specs.append(
@@ -322,6 +332,20 @@ def specs_from_generation_config(config: Any, *, prompt_len: Optional[int] = Non
         eta = field("eta_cutoff")
         if eta is not None and 0.0 < eta < 1.0:
             specs.append({"kind": "eta_cutoff", "epsilon": float(eta), "min_tokens_to_keep": keep})
+    watermark = field("watermarking_config")
+    if watermark is not None:
+        # SynthIDTextWatermarkLogitsProcessor: after every warper, before the normalization.
+        specs.append(
+            {
+                "kind": "synthid_watermark",
+                "ngram_len": int(watermark.ngram_len),
+                "keys": [int(k) for k in watermark.keys],
+                "sampling_table_size": int(watermark.sampling_table_size),
+                "sampling_table_seed": int(watermark.sampling_table_seed),
+                "context_history_size": int(watermark.context_history_size),
+                "skip_first_ngram_calls": bool(watermark.skip_first_ngram_calls),
+            }
+        )
     if field("renormalize_logits") is True:
         # LogitNormalization: always generate()'s last processor.
         specs.append({"kind": "log_softmax"})

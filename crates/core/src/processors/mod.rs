@@ -28,6 +28,7 @@ mod gen_length;
 #[cfg(feature = "grammar")]
 mod grammar;
 mod hello_world;
+mod inf_nan_remove;
 #[cfg(feature = "grammar")]
 mod lazy_grammar;
 mod log_softmax;
@@ -49,6 +50,7 @@ mod repetition_penalty;
 mod sequence_bias;
 pub(crate) mod smoothing;
 mod suppress_tokens_at_begin;
+mod synthid_watermark;
 pub(crate) mod tail_free;
 mod temperature;
 #[cfg(test)]
@@ -87,6 +89,7 @@ pub use gen_length::{GenLength, GenLengthSpec};
 #[cfg(feature = "grammar")]
 pub use grammar::{Grammar, GrammarSpec, JsonObjectSpec};
 pub use hello_world::{hello_world, HelloWorldSpec, TextEncoder, HELLO_WORLD_TEXT};
+pub use inf_nan_remove::{InfNanRemove, InfNanRemoveSpec};
 #[cfg(feature = "grammar")]
 pub use lazy_grammar::{LazyGrammar, LazyGrammarSpec, LazyTrigger};
 pub use log_softmax::{LogSoftmax, LogSoftmaxSpec};
@@ -106,6 +109,7 @@ pub use repetition_penalty::{RepetitionPenalty, RepetitionPenaltySpec, Scope};
 pub use sequence_bias::{SequenceBias, SequenceBiasSpec};
 pub use smoothing::{Smoothing, SmoothingSpec};
 pub use suppress_tokens_at_begin::{SuppressTokensAtBegin, SuppressTokensAtBeginSpec};
+pub use synthid_watermark::{SynthIdWatermark, SynthIdWatermarkSpec};
 pub use tail_free::TailFreeSpec;
 pub use temperature::{Temperature, TemperatureSpec, MIN_TEMPERATURE};
 pub use thinking_budget::{ThinkingBudget, ThinkingBudgetSpec, CHECKED_TAIL};
@@ -179,6 +183,9 @@ pub(crate) static KINDS: &[Kind] = &[
     Kind::new::<BitmaskSpec>("bitmask").history_free().masking(),
     Kind::new::<ForcedBosSpec>("forced_bos"),
     Kind::new::<ForcedEosSpec>("forced_eos"),
+    // NaN and infinities made finite where transformers' `remove_invalid_values` runs them,
+    // after its forced BOS and EOS: a banned token ends at the row type's smallest value.
+    Kind::new::<InfNanRemoveSpec>("inf_nan_remove").history_free(),
     Kind::new::<RepetitionDetectionSpec>("repetition_detection"),
     Kind::new::<ForcedSequenceSpec>("forced_sequence"),
     Kind::new::<HelloWorldSpec>("hello_world"),
@@ -224,6 +231,9 @@ pub(crate) static KINDS: &[Kind] = &[
         .observing_the_pass(),
     // adaptive-p last too, as llama.cpp chains it: its next step reads the row its pass read.
     Kind::new::<AdaptivePSpec>("adaptive_p").observing_the_pass(),
+    // Watermarking after every other edit of the logits, as transformers runs it (before its
+    // normalization): the watermark reads the distribution the sampler would.
+    Kind::new::<SynthIdWatermarkSpec>("synthid_watermark"),
     // The row as log-probabilities, after everything, as transformers runs its normalization.
     Kind::new::<LogSoftmaxSpec>("log_softmax").history_free(),
 ];

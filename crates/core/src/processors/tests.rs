@@ -260,6 +260,21 @@ fn spec_of(kind: &'static str) -> BoxedStrategy<Value> {
             })
             .boxed(),
         "log_softmax" => Just(json!({"kind": "log_softmax"})).boxed(),
+        "inf_nan_remove" => Just(json!({"kind": "inf_nan_remove"})).boxed(),
+        "synthid_watermark" => (
+            1usize..5,
+            proptest::collection::vec(any::<i64>(), 1..4),
+            prop::sample::select(vec![1u64, 3, 1000, 1 << 16]),
+            any::<u64>(),
+            0usize..6,
+            any::<bool>(),
+        )
+            .prop_map(|(n, keys, size, seed, history, skip)| {
+                json!({"kind": "synthid_watermark", "ngram_len": n, "keys": keys,
+                       "sampling_table_size": size, "sampling_table_seed": seed,
+                       "context_history_size": history, "skip_first_ngram_calls": skip})
+            })
+            .boxed(),
         "smoothing" => (0.0f64..3.0, 0.0f64..4.0)
             .prop_map(|(f, c)| json!({"kind": "smoothing", "factor": f, "curve": c}))
             .boxed(),
@@ -369,6 +384,8 @@ resume_safe! {
     resume_safe_dynamic_temperature: "dynamic_temperature",
     resume_safe_smoothing: "smoothing",
     resume_safe_log_softmax: "log_softmax",
+    resume_safe_inf_nan_remove: "inf_nan_remove",
+    resume_safe_synthid_watermark: "synthid_watermark",
     resume_safe_force_last_phrase_without_a_pass: "force_last_phrase",
     resume_safe_gen_length: "gen_length",
     resume_safe_max_time_before_its_limit: "max_time",
@@ -490,11 +507,22 @@ proptest! {
             plan.apply(&mut row).unwrap();
             for (i, (&b, &a)) in before.iter().zip(&row).enumerate() {
                 if b == f32::NEG_INFINITY && !set.contains(&(i as u32)) {
-                    prop_assert_eq!(a, f32::NEG_INFINITY, "{} brought back {}", spec.kind(), i);
+                    // A whole-row edit (inf/NaN removal, a watermark) gives it the smallest
+                    // finite value, as transformers does: never sampled beside a finite logit.
+                    if finite_izes(&plan) {
+                        prop_assert!(a == f32::NEG_INFINITY || a == f32::MIN, "{} gave {} {}", spec.kind(), i, a);
+                    } else {
+                        prop_assert_eq!(a, f32::NEG_INFINITY, "{} brought back {}", spec.kind(), i);
+                    }
                 }
             }
         }
     }
+}
+
+/// Whether the plan holds a whole-row edit, which gives `-inf` the row type's smallest value.
+fn finite_izes(plan: &RowPlan) -> bool {
+    plan.edits().iter().any(|e| matches!(e, Edit::Whole(_)))
 }
 
 #[test]
@@ -1347,7 +1375,11 @@ proptest! {
                     "{spec}: logit {t} {before} became {after} (ids {} long)", ids.len()
                 );
                 if before == f32::NEG_INFINITY && !set.contains(&(t as u32)) {
-                    prop_assert_eq!(after, f32::NEG_INFINITY, "{}: logit {} came back", spec, t);
+                    if finite_izes(&plan) {
+                        prop_assert!(after == f32::NEG_INFINITY || after == f32::MIN, "{}: logit {} is {}", spec, t, after);
+                    } else {
+                        prop_assert_eq!(after, f32::NEG_INFINITY, "{}: logit {} came back", spec, t);
+                    }
                 }
             }
             ids.push(*next);
