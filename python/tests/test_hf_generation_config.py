@@ -125,6 +125,12 @@ def cases(tokenizer):
             epsilon_cutoff=0.0001,
             renormalize_logits=True,
         ),
+        "sampling_top_h": dict(
+            do_sample=True,
+            temperature=0.9,
+            top_h=0.6,
+            top_k=300,
+        ),
         "synthid_watermark": dict(
             do_sample=True,
             temperature=0.8,
@@ -137,7 +143,8 @@ def cases(tokenizer):
 
 
 @pytest.mark.parametrize(
-    "case", ["penalties_and_bans", "lengths", "sampling", "sampling_typical_eta", "synthid_watermark"]
+    "case",
+    ["penalties_and_bans", "lengths", "sampling", "sampling_typical_eta", "sampling_top_h", "synthid_watermark"],
 )
 @pytest.mark.parametrize("prompt_text", ["Tell me a story", "Say hello please"])
 def test_generate_with_the_specs_equals_generate_with_the_config(model, tokenizer, case, prompt_text):
@@ -156,6 +163,7 @@ def test_the_specs_follow_generate_order_and_drop_eos_bad_words():
         num_beams=2,
         eos_token_id=[1, 2],
         temperature=0.5,
+        top_h=0.4,
         top_p=0.8,
         top_k=10,
         repetition_penalty=1.1,
@@ -177,6 +185,7 @@ def test_the_specs_follow_generate_order_and_drop_eos_bad_words():
         "forced_eos",
         "inf_nan_remove",
         "temperature",
+        "top_h",
         "top_k",
         "top_p",
         "synthid_watermark",

@@ -187,7 +187,7 @@ def specs_from_generation_config(config: Any, *, prompt_len: Optional[int] = Non
     ``min_length``, ``min_new_tokens``, ``forced_eos_token_id``, ``remove_invalid_values``,
     ``exponential_decay_length_penalty``, ``suppress_tokens``, a ``SynthIDTextWatermarkingConfig``
     (``synthid_watermark``), ``renormalize_logits``, ``begin_suppress_tokens`` and, when
-    ``do_sample``, ``temperature``, ``top_k``, ``top_p``, ``min_p``, ``typical_p``,
+    ``do_sample``, ``temperature``, ``top_h``, ``top_k``, ``top_p``, ``min_p``, ``typical_p``,
     ``epsilon_cutoff``, ``eta_cutoff`` (``min_tokens_to_keep`` as ``generate()`` sets it, beams
     included). ``min_new_tokens`` and the exponential decay count from the prompt's length, which
     the adapter gives at admission. Fields the config leaves unset take the values ``generate()``
@@ -209,7 +209,7 @@ def specs_from_generation_config(config: Any, *, prompt_len: Optional[int] = Non
             or ``min_new_tokens`` that is not an integer (``generate()`` refuses them too),
             naming it in ``field``.
         ValueError: a field that changes the logits and has no spec here (``guidance_scale``,
-            the encoder-decoder penalties, ``top_h``, the green-list watermark, SynthID's
+            the encoder-decoder penalties, the green-list watermark, SynthID's
             ``debug_mode``), naming it.
 
     Example::
@@ -247,7 +247,6 @@ def specs_from_generation_config(config: Any, *, prompt_len: Optional[int] = Non
         ("guidance_scale", lambda v: v is not None and v != 1),
         ("encoder_repetition_penalty", lambda v: v is not None and v != 1.0),
         ("encoder_no_repeat_ngram_size", lambda v: v is not None and v > 0),
-        ("top_h", lambda v: v is not None),
         ("watermarking_config", lambda v: v is not None and not _is_synthid(v)),
     ]
     for name, used in unsupported:
@@ -318,6 +317,8 @@ def specs_from_generation_config(config: Any, *, prompt_len: Optional[int] = Non
         keep = 1 if beams <= 1 else (len(eos_ids) + 1 if eos_ids else 2)
         if field("temperature") is not None and field("temperature") != 1.0:
             specs.append({"kind": "temperature", "temperature": float(field("temperature"))})
+        if field("top_h") is not None:
+            specs.append({"kind": "top_h", "top_h": float(field("top_h"))})
         if field("top_k") is not None and field("top_k") != 0:
             specs.append({"kind": "top_k", "k": whole("top_k"), "min_tokens_to_keep": keep})
         if field("top_p") is not None and field("top_p") < 1.0:
