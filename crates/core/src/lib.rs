@@ -40,6 +40,7 @@ pub mod spec_schema;
 #[cfg(feature = "tokenizers")]
 pub mod tokenizer;
 pub mod truncation;
+pub mod watermark;
 
 pub use batch::{Batch, BatchLayout, ExternalCall, StepBitmask};
 pub use error::{Error, Result};
