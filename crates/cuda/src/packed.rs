@@ -117,7 +117,8 @@ impl Op {
     ];
 
     /// The op that carries out `edit`; `None` for an edit the kernel does not have (a
-    /// [`Edit::Reshape`] or [`Edit::ForceIf`]: plans holding one are refused,
+    /// [`Edit::Reshape`], [`Edit::ForceIf`], [`Edit::AddScaledFrom`] or [`Edit::BiasLargest`]:
+    /// plans holding one are refused,
     /// [`RowPlan::cpu_only`]). Exhaustive: a new
     /// kind of edit does not compile until it is given an op here (and then in the kernel, through
     /// [`kernel_header`]) or refused.
@@ -139,7 +140,10 @@ impl Op {
             Edit::Set { .. } => Op::Set,
             Edit::Mask(_) => Op::Mask,
             Edit::Truncate(_) => Op::Truncate,
-            Edit::Reshape(_) | Edit::ForceIf { .. } | Edit::AddScaledFrom { .. } => return None,
+            Edit::Reshape(_)
+            | Edit::ForceIf { .. }
+            | Edit::AddScaledFrom { .. }
+            | Edit::BiasLargest { .. } => return None,
         })
     }
 
@@ -527,7 +531,10 @@ impl PackedPlans {
                 | Edit::Penalty { .. }
                 | Edit::AddScaledAbs { .. }
                 | Edit::Set { .. } => unreachable!(),
-                Edit::Reshape(_) | Edit::ForceIf { .. } | Edit::AddScaledFrom { .. } => {
+                Edit::Reshape(_)
+                | Edit::ForceIf { .. }
+                | Edit::AddScaledFrom { .. }
+                | Edit::BiasLargest { .. } => {
                     unreachable!("refused by `Op::of` above")
                 }
             };

@@ -129,6 +129,7 @@ impl RowPlan {
                     | Edit::ForceIf { .. }
                     | Edit::Reshape(_)
                     | Edit::AddScaledFrom { .. }
+                    | Edit::BiasLargest { .. }
             )
         });
         let after = self.edits[cut + 1..].iter().all(|e| match *e {
@@ -140,7 +141,8 @@ impl RowPlan {
             Edit::Force { .. }
             | Edit::ForceIf { .. }
             | Edit::Reshape(_)
-            | Edit::AddScaledFrom { .. } => false,
+            | Edit::AddScaledFrom { .. }
+            | Edit::BiasLargest { .. } => false,
         });
         (before && after).then_some(cut)
     }

@@ -56,6 +56,7 @@ pub(crate) mod top_h;
 pub(crate) mod top_n_sigma;
 mod trigger_phrase;
 pub(crate) mod truncate;
+mod watermark;
 pub(crate) mod xtc;
 pub(crate) mod zoo;
 
@@ -113,6 +114,7 @@ pub use trigger_phrase::{TriggerPhrase, TriggerPhraseSpec};
 pub use truncate::{
     EpsilonCutoffSpec, EtaCutoffSpec, MinPSpec, TopKSpec, TopPSpec, Truncate, TypicalPSpec,
 };
+pub use watermark::{SeedingSchemeSpec, Watermark, WatermarkSpec};
 pub use xtc::{Xtc, XtcSpec};
 pub use zoo::{Clock, ManualClock, SystemClock, TextOrId, TextOrIds};
 
@@ -213,6 +215,9 @@ pub(crate) static KINDS: &[Kind] = &[
         .observing_the_pass(),
     // adaptive-p last too, as llama.cpp chains it: its next step reads the row its pass read.
     Kind::new::<AdaptivePSpec>("adaptive_p").observing_the_pass(),
+    // The watermark after every warper, as transformers runs it: its bias is the last word on
+    // the row the sampler reads, and the self-hash scheme reads the row they left.
+    Kind::new::<WatermarkSpec>("watermark"),
     // The row as log-probabilities, after everything, as transformers runs its normalization.
     Kind::new::<LogSoftmaxSpec>("log_softmax").history_free(),
 ];
