@@ -199,7 +199,8 @@ def specs_from_generation_config(config: Any, *, prompt_len: Optional[int] = Non
     ``exponential_decay_length_penalty``, ``suppress_tokens``, ``begin_suppress_tokens`` and, when
     ``do_sample``, ``temperature``, ``top_k``, ``top_p``, ``min_p``, ``typical_p``,
     ``epsilon_cutoff``, ``eta_cutoff`` (``min_tokens_to_keep`` as ``generate()`` sets it, beams
-    included). ``min_new_tokens`` and the exponential decay count from the prompt's length, which
+    included), then ``watermarking_config`` (a ``WatermarkingConfig``: the kind ``watermark``, its
+    vocab the model's when ``model`` is given) and ``renormalize_logits``. ``min_new_tokens`` and the exponential decay count from the prompt's length, which
     the adapter gives at admission. Fields the config leaves unset take the values ``generate()``
     gives them: the model's ``generation_config`` (with ``model``), then transformers' global
     defaults (``top_k=50`` when sampling, in transformers 5).
@@ -219,8 +220,8 @@ def specs_from_generation_config(config: Any, *, prompt_len: Optional[int] = Non
             or ``min_new_tokens`` that is not an integer (``generate()`` refuses them too),
             naming it in ``field``.
         ValueError: a field that changes the logits and has no spec here (``guidance_scale``,
-            the encoder-decoder penalties, ``remove_invalid_values``, ``top_h``, a watermark),
-            naming it.
+            the encoder-decoder penalties, ``remove_invalid_values``, ``top_h``, a SynthID
+            watermark), naming it.
 
     Example::
 
@@ -259,7 +260,8 @@ def specs_from_generation_config(config: Any, *, prompt_len: Optional[int] = Non
         ("encoder_no_repeat_ngram_size", lambda v: v is not None and v > 0),
         ("remove_invalid_values", lambda v: v is True),
         ("top_h", lambda v: v is not None),
-        ("watermarking_config", lambda v: v is not None),
+        # SynthID's config; the green-list one maps onto the kind `watermark` below.
+        ("watermarking_config", lambda v: v is not None and type(v).__name__ != "WatermarkingConfig"),
     ]
     for name, used in unsupported:
         if used(field(name)):
@@ -340,6 +342,22 @@ def specs_from_generation_config(config: Any, *, prompt_len: Optional[int] = Non
         eta = field("eta_cutoff")
         if eta is not None and 0.0 < eta < 1.0:
             specs.append({"kind": "eta_cutoff", "epsilon": float(eta), "min_tokens_to_keep": keep})
+    watermark = field("watermarking_config")
+    if watermark is not None:
+        # After every warper, sampling or not, as generate() appends it; its vocab is the
+        # model's (the spec's default is the engine's).
+        spec = {
+            "kind": "watermark",
+            "greenlist_ratio": float(watermark.greenlist_ratio),
+            "bias": float(watermark.bias),
+            "hashing_key": int(watermark.hashing_key),
+            "seeding_scheme": str(watermark.seeding_scheme),
+            "context_width": int(watermark.context_width),
+        }
+        text_config = getattr(getattr(model, "config", None), "get_text_config", None)
+        if text_config is not None:
+            spec["vocab_size"] = int(text_config().vocab_size)
+        specs.append(spec)
     if field("renormalize_logits") is True:
         # LogitNormalization: always generate()'s last processor.
         specs.append({"kind": "log_softmax"})
