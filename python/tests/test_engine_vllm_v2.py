@@ -247,6 +247,8 @@ PIPELINES = {
     "mirostat_v1": [{"kind": "mirostat", "version": 1, "tau": 3.0, "n_vocab": V}],
     "adaptive_p": [{"kind": "adaptive_p", "target": 0.5}],
     "log_softmax": [{"kind": "temperature", "temperature": 0.7}, {"kind": "log_softmax"}],
+    "watermark": [{"kind": "watermark", "bias": 3.0}],
+    "watermark_selfhash": [{"kind": "watermark", "bias": 3.0, "seeding_scheme": "selfhash", "context_width": 2}],
     "gen_length": [{"kind": "gen_length", "boost_factor": 1.5, "boost_token": EOS}],
     "force_last_phrase": [{"kind": "force_last_phrase", "phrase": [40, 41, 42], "eos_token_id": EOS}],
     "max_time": [{"kind": "max_time", "max_time": 0.0, "boost_token": EOS}],

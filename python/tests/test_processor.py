@@ -122,6 +122,14 @@ SPECS = st.one_of(
     st.builds(lambda m: {"kind": "p_less", "min_tokens_to_keep": m}, _KEEP),
     st.builds(lambda h: {"kind": "top_h", "top_h": h}, st.floats(0.01, 1.0)),
     st.just({"kind": "log_softmax"}),
+    st.builds(
+        lambda r, b, s, w: {"kind": "watermark", "greenlist_ratio": r, "bias": b, "seeding_scheme": s,
+                            "context_width": w, "vocab_size": VOCAB},
+        st.floats(0.05, 0.95),
+        st.floats(-3.0, 3.0),
+        st.sampled_from(["lefthash", "selfhash"]),
+        st.integers(1, 3),
+    ),
     st.builds(lambda z, m: {"kind": "tail_free", "z": z, "min_tokens_to_keep": m}, st.floats(0.1, 1.0), _KEEP),
     st.builds(
         lambda p, t, seed: {"kind": "xtc", "probability": p, "threshold": t, "seed": seed},

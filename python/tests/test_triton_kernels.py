@@ -89,6 +89,9 @@ SPECS = {
     "mirostat": {"kind": "mirostat", "version": 2, "tau": 5.0, "eta": 0.1},
     "adaptive_p": {"kind": "adaptive_p", "target": 0.5, "decay": 0.9},
     "log_softmax": {"kind": "log_softmax"},
+    # The left-hash green list is sparse biases, which the kernels carry; the self-hash scheme
+    # reads the row (test_round_trip.py).
+    "watermark": {"kind": "watermark", "greenlist_ratio": 0.3, "bias": 1.5, "context_width": 2},
 }
 # Kinds that need what a bare Batch has not got: the text kinds run in their own test below.
 NEEDS_TOKENIZER = {"ban_strings", "grammar", "json_object"}
