@@ -11,7 +11,16 @@ from . import _lib
 @dataclass(frozen=True)
 class WatermarkDetectorOutput:
     """transformers' ``WatermarkDetectorOutput``: for one text each field is a number (a bool
-    for ``prediction``); for a batch, a list with one per text."""
+    for ``prediction``); for a batch, a list with one per text.
+
+    Example:
+        >>> from logits_processing import detect_watermark
+        >>> out = detect_watermark([[5, 9, 13, 2], [7, 7, 1, 3]], vocab_size=32)
+        >>> out.num_tokens_scored
+        [3, 3]
+        >>> [type(p) for p in out.prediction]
+        [<class 'bool'>, <class 'bool'>]
+    """
 
     num_tokens_scored: Union[int, List[int]]
     num_green_tokens: Union[int, List[int]]

@@ -11,7 +11,8 @@ use crate::processors::{check_bias, LogitsProcessor};
 use crate::spec::{KindSpec, SpecContext, MAX_TOKEN_IDS};
 use crate::watermark::{randperm, GreenLists, SeedingScheme, SELF_HASH_CANDIDATES};
 
-/// `{"kind": "watermark", "greenlist_ratio": 0.25, "bias": 2.0, "seeding_scheme": "lefthash"}`:
+/// `{"kind": "watermark", "greenlist_ratio": 0.25, "bias": 2.0, "seeding_scheme": "lefthash",
+/// "vocab_size": 32000}`:
 /// transformers' `WatermarkLogitsProcessor` (Kirchenbauer et al.), bit for bit with its CPU
 /// generator: `bias` is added to the logits of a green list, the first
 /// `int(vocab_size * greenlist_ratio)` entries of torch's `randperm(vocab_size)` seeded from the
@@ -106,8 +107,8 @@ impl WatermarkSpec {
         let Some(vocab) = self.vocab_size.or(vocab_size) else {
             return Err(Error::spec(
                 "vocab_size",
-                "the green lists permute the vocab: give vocab_size, or an engine context with \
-                 the vocab size",
+                "the green lists permute the engine's vocab: give vocab_size, or the engine's \
+                 context (its tokenizer or vocab_size)",
             ));
         };
         check_vocab("vocab_size", vocab)?;
