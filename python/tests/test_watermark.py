@@ -76,6 +76,25 @@ def test_equals_transformers_on_a_151936_vocab(scheme):
             assert int((got[0] != scores[0]).sum()) == int(vocab * 0.25)
 
 
+@pytest.mark.parametrize("dtype", [torch.float16, torch.bfloat16])
+@pytest.mark.parametrize("scheme", ["lefthash", "selfhash"])
+def test_half_rows_equal_transformers(scheme, dtype):
+    # torch rounds the bias to the row's type before adding (docs/core.md): equal for a bias the
+    # type holds exactly, within one rounding of the bias otherwise.
+    vocab = 1000
+    g = torch.Generator().manual_seed(5)
+    ids = torch.randint(0, vocab, (2, 5), generator=g)
+    scores = (torch.randn(2, vocab, generator=g) * 4).to(dtype)
+    fields = settings(scheme, 2, 15485863, bias=1.375)
+    assert torch.equal(ours(vocab, ids, scores, **fields), theirs(vocab, ids, scores, **fields))
+    fields = settings(scheme, 2, 15485863, bias=1.3)
+    got, want = ours(vocab, ids, scores, **fields), theirs(vocab, ids, scores, **fields)
+    assert torch.equal(got.isinf(), want.isinf())
+    assert torch.equal(got != scores, want != scores)
+    err = abs(1.3 - torch.tensor(1.3, dtype=dtype).item())
+    assert float((got.float() - want.float()).abs().max()) <= err + 2 * float(want.float().abs().max()) * 2**-7
+
+
 def test_fewer_ids_than_the_context_width_skip_the_step():
     vocab = 100
     ids = torch.tensor([[3, 4]])
