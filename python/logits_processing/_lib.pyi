@@ -248,7 +248,8 @@ class EngineContext:
             ``eos_token`` of the ``tokenizer_config.json`` beside it.
         grammar (GrammarEnv | bool | None): Keyword only. A :class:`GrammarEnv` to share (its
             compiled grammars with it); ``False`` for none; default: read from the tokenizer
-            where llguidance can read it.
+            where llguidance can read it, once per tokenizer object (and EOS ids): every
+            context made from one tokenizer shares its ``GrammarEnv``.
         hello_world (tuple[list[int], int] | None), thinking_tokens (ThinkingTokenConfig |
             None): Keyword only. Explicit values, where the tokenizer's are not wanted.
 

@@ -64,7 +64,7 @@ def test_payloads_are_json_data():
 
 
 def test_resolve_specs_makes_engine_knowledge_explicit():
-    context = common.EngineContext.resolve(
+    context = common.EngineContext(
         hello_world=([7, 8], 1), thinking_tokens=lp.ThinkingTokenConfig(10, 11, 12)
     )
     resolved = context.resolve_specs(

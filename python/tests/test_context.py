@@ -177,9 +177,9 @@ def test_python_holds_no_copy_of_the_cores_tables():
         lp.position_by_tokens({"kind": "nope"})
 
 
-def test_the_adapters_context_is_the_cores_with_resolve():
-    context = common.EngineContext.resolve(tokenizer=Letters(), model_name="toy", vocab_size=VOCAB)
-    assert isinstance(context, lp.EngineContext)
+def test_the_adapters_context_is_the_cores():
+    assert common.EngineContext is lp.EngineContext
+    context = common.EngineContext(tokenizer=Letters(), model_name="toy", vocab_size=VOCAB)
     assert context.vocab_size == VOCAB and context.hello_world[1] == 3
     context.validate(b'{"kind": "hello_world"}')
     assert context.resolve_specs('{"kind": "hello_world"}')[0]["kind"] == "forced_sequence"
@@ -187,6 +187,9 @@ def test_the_adapters_context_is_the_cores_with_resolve():
     assert common.context_for(context) is context
     with pytest.raises(lp.ArgumentTypeError, match="tokenizer="):
         common.context_for(context, tokenizer=Letters())
+    assert common.context_for(vocab_size=VOCAB).vocab_size == VOCAB
+    with pytest.raises(TypeError, match="'vocab'"):
+        common.context_for(vocab=VOCAB)  # a misspelt EngineKeywords keyword is not dropped
     assert common.thinking_tokens_for(Letters(), "toy") == ThinkingTokenConfig(250, 251, 10)
 
 

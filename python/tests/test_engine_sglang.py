@@ -171,7 +171,7 @@ def test_a_moving_batch_matches_each_request_alone():
 
 
 def test_forced_sequence_and_hello_world_outputs():
-    context = EngineContext.resolve(hello_world=([11, 12, 13], EOS))
+    context = EngineContext(hello_world=([11, 12, 13], EOS))
     reqs = [
         make_req("a", [1, 2], [{"kind": "hello_world"}], context=context),
         make_req("b", [1, 2, 3, 4], {"kind": "forced_sequence", "token_ids": [20, 21], "eos_token_id": EOS}),

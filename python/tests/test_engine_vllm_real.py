@@ -102,6 +102,10 @@ def test_every_kind_in_one_batch_exact(model, tokenizer, loading):
     assert rows["budget_newline"][4:] == [nl] * 8
     # Temperature divides greedy scores once: same picks as the plain row.
     assert rows["temperature"] == rows["plain"]
+    # Lazy grammar: untouched until its trigger (the plain row's first token), then the grammar.
+    assert rows["lazy"][0] == rows["plain"][0]
+    after = tokenizer.decode(rows["lazy"][1:])
+    assert len(after) >= 5 and after[:4].isdigit() and after[4] == "\n", repr(after)
 
 
 @pytest.mark.parametrize("loading", LOADINGS)

@@ -268,7 +268,7 @@ PIPELINES = {
     ],
     "none": None,
 }
-COVERED_ELSEWHERE = {"grammar", "json_object", "ban_strings", "hello_world", "bitmask"}
+COVERED_ELSEWHERE = {"grammar", "json_object", "lazy_grammar", "ban_strings", "hello_world", "bitmask"}
 
 
 def test_the_pipelines_cover_every_kind():

@@ -200,9 +200,10 @@ SPECS = st.one_of(
         st.lists(st.integers(0, VOCAB - 1), min_size=1, max_size=4),
     ),
 )
-#: The kinds SPECS does not cover, and why: the tokenizer's kinds (test_grammar.py, and
+#: The kinds SPECS does not cover, and why: the tokenizer's kinds (test_grammar.py,
+#: test_lazy_grammar.py, and
 #: ban_strings below) and the caller's bitmask.
-NOT_COVERED = {"grammar", "json_object", "ban_strings", "bitmask"}
+NOT_COVERED = {"grammar", "json_object", "lazy_grammar", "ban_strings", "bitmask"}
 CONTEXT = {"context": EngineContext(hello_world=([7, 8, 9], 0), thinking_tokens=TOKENS)}
 
 

@@ -94,7 +94,7 @@ SPECS = {
     "watermark": {"kind": "watermark", "greenlist_ratio": 0.3, "bias": 1.5, "context_width": 2},
 }
 # Kinds that need what a bare Batch has not got: the text kinds run in their own test below.
-NEEDS_TOKENIZER = {"ban_strings", "grammar", "json_object"}
+NEEDS_TOKENIZER = {"ban_strings", "grammar", "json_object", "lazy_grammar"}
 NEEDS_CONTEXT = {"bitmask", "thinking_budget", "hello_world"}
 # Kinds whose plans the kernels do not carry, on every step or on some (docs/cuda.md): the host
 # round trip carries those steps, so they need not launch the kernels.
@@ -241,7 +241,8 @@ def test_qwen_sized_rows_equal_the_host_path(dtype, launches):
 def test_text_kinds_equal_the_host_path(deepseek_tokenizer_json, launches):
     """The kinds that need the tokenizer (their plans masks and bans over its 129,280 ids)."""
     pipelines = [[{"kind": "grammar", "regex": "(yes|no)"}], [{"kind": "json_object"}],
-                 [{"kind": "ban_strings", "strings": ["As an AI", "I cannot"]}]]
+                 [{"kind": "ban_strings", "strings": ["As an AI", "I cannot"]}],
+                 [{"kind": "lazy_grammar", "triggers": [{"begin": [0], "grammar": {"regex": "(yes|no)"}}]}]]
     context = {"context": lp.EngineContext(str(deepseek_tokenizer_json))}
     want = run_steps(pipelines, 129_280, torch.float32, 2, "auto", context)
     got = run_steps(pipelines, 129_280, torch.float32, 2, "interpret", context)

@@ -208,6 +208,12 @@ def main(model: str, loading: str) -> dict:
             thinking_prompt,
             [{"kind": "logit_bias", "bias": {str(nl): 80.0}}, {"kind": "thinking_budget", "max_thinking_tokens": 3}],
         ),
+        # A lazy grammar triggered by the model's own first token (the row is free until it):
+        # then four digits and a newline, then free text again.
+        "lazy": (
+            user,
+            [{"kind": "lazy_grammar", "triggers": [{"begin": [plain[0]], "grammar": {"regex": "[0-9]{4}"}, "end": "\n"}]}],
+        ),
         "plain": (user, None),
         "plain_think": (thinking_prompt, None),
     }

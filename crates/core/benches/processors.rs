@@ -8,8 +8,9 @@ use std::time::{Duration, Instant};
 use criterion::{criterion_group, criterion_main, BenchmarkId, Criterion, Throughput};
 use logits_processing::{
     bf16, f16, has_finite_logit, parse_pipeline, process_row, BanTokens, Batch, BatchLayout, Edit,
-    ForcedSequence, Logit, LogitsProcessor, Pipeline, ProcessorSpec, Reshape, RowPlan, SpecContext,
-    Step, StepBitmask, Temperature, ThinkingBudget, ThinkingTokenConfig, TokenHistory, Truncation,
+    EngineContext, ForcedSequence, Logit, LogitsProcessor, Pipeline, ProcessorSpec, Reshape,
+    RowPlan, Step, StepBitmask, Temperature, ThinkingBudget, ThinkingTokenConfig, TokenHistory,
+    Truncation,
 };
 
 const VOCAB: usize = 151_936;
@@ -721,7 +722,7 @@ fn window_steps(c: &mut Criterion) {
 }
 
 fn realize(json: &str, prompt_len: usize) -> Box<dyn LogitsProcessor> {
-    let context = SpecContext {
+    let context = EngineContext {
         vocab_size: Some(VOCAB),
         ..Default::default()
     };
@@ -817,7 +818,7 @@ fn sampling_batch(c: &mut Criterion) {
             {"kind": "top_p", "p": 0.9}]"#,
     )
     .unwrap();
-    let context = SpecContext {
+    let context = EngineContext {
         vocab_size: Some(VOCAB),
         ..Default::default()
     };

@@ -10,7 +10,7 @@ use std::time::Instant;
 
 use logits_processing::tokenizer::{eos_token_id_from_config, load};
 use logits_processing::{
-    parse_pipeline, Batch, BatchLayout, GrammarEnv, Pipeline, SpecContext, TextEncoder,
+    parse_pipeline, Batch, BatchLayout, EngineContext, GrammarEnv, Pipeline, TextEncoder,
     TokenHistory,
 };
 
@@ -45,7 +45,7 @@ fn main() -> Result<(), Box<dyn std::error::Error>> {
     // tokenizer ("tiny-demo" is not in the built-in table, whose "deepseek" entry predates this
     // tokenizer), and llguidance's view of the same tokenizer for the grammar request.
     let env = GrammarEnv::new(tokenizer.clone(), &[eos])?;
-    let mut context = SpecContext::for_engine(
+    let mut context = EngineContext::for_engine(
         Some(Arc::new(env.clone())),
         Some("tiny-demo"),
         Some(vocab),

@@ -94,9 +94,9 @@ impl BatchLayout {
 /// vector: any `usize` is a valid row, and nothing is allocated in proportion to one.
 ///
 /// ```
-/// use logits_processing::{parse_pipeline, Batch, BatchLayout, Pipeline, SpecContext, TokenHistory};
+/// use logits_processing::{parse_pipeline, Batch, BatchLayout, Pipeline, EngineContext, TokenHistory};
 /// let vocab = 4;
-/// let context = SpecContext { vocab_size: Some(vocab), ..Default::default() };
+/// let context = EngineContext { vocab_size: Some(vocab), ..Default::default() };
 /// let mut batch = Batch::new(vocab);
 /// let specs = parse_pipeline(r#"{"kind": "forced_sequence", "token_ids": [2], "eos_token_id": 0}"#)?;
 /// batch.add(1, Pipeline::from_specs(&specs, &context, 0)?)?;
@@ -1016,7 +1016,7 @@ mod tests {
     }
 
     fn specs_pipeline(json: &str, eos: &[u32]) -> Pipeline {
-        let context = crate::SpecContext {
+        let context = crate::EngineContext {
             vocab_size: Some(VOCAB),
             eos_token_ids: eos.to_vec(),
             ..Default::default()

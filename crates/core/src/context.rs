@@ -1,11 +1,11 @@
 //! What an engine knows at start-up that specs may rely on: built once per engine from its
-//! tokenizer, model name, vocab size and EOS ids ([`SpecContext::for_engine`]), or explicitly
-//! without an engine ([`SpecContext::structure_only`]).
+//! tokenizer, model name, vocab size and EOS ids ([`EngineContext::for_engine`]), or explicitly
+//! without an engine ([`EngineContext::structure_only`]).
 //!
 //! Everything derived from the tokenizer is derived here, by one rule each: the ids of
 //! "Hello world!" ([`HELLO_WORLD_TEXT`]), the thinking tokens
 //! ([`get_thinking_token_config`]), and the token ids of any text a spec carries
-//! ([`SpecContext::encode`]). A kind that needs the engine reads it from the context in its
+//! ([`EngineContext::encode`]). A kind that needs the engine reads it from the context in its
 //! own file; nothing else changes.
 
 use std::sync::Arc;
@@ -35,7 +35,7 @@ impl PartialEq for Encoder {
 /// What an engine knows at start-up that specs may rely on.
 ///
 /// ```
-/// use logits_processing::{ProcessorSpec, SpecContext, TextEncoder, Result};
+/// use logits_processing::{ProcessorSpec, EngineContext, TextEncoder, Result};
 /// use std::sync::Arc;
 ///
 /// struct Letters; // a toy tokenizer: one id per byte
@@ -44,18 +44,18 @@ impl PartialEq for Encoder {
 ///         Ok(text.bytes().map(u32::from).collect())
 ///     }
 /// }
-/// let context = SpecContext::for_engine(Some(Arc::new(Letters)), Some("my-model"), Some(256), &[0])?;
+/// let context = EngineContext::for_engine(Some(Arc::new(Letters)), Some("my-model"), Some(256), &[0])?;
 /// assert_eq!(context.hello_world.as_ref().unwrap().0[..2], [72, 101]); // "He"
 /// assert_eq!(context.encode("stop", "ab")?, [97, 98]);
 /// let hello = ProcessorSpec::parse(r#"{"kind": "hello_world"}"#)?;
 /// hello.validate(&context)?;
 /// // Without an engine, only what does not depend on one is checked.
-/// hello.validate(&SpecContext::structure_only())?;
-/// assert!(hello.validate(&SpecContext::default()).is_err());
+/// hello.validate(&EngineContext::structure_only())?;
+/// assert!(hello.validate(&EngineContext::default()).is_err());
 /// # Ok::<(), logits_processing::Error>(())
 /// ```
 #[derive(Debug, Clone, Default, PartialEq)]
-pub struct SpecContext {
+pub struct EngineContext {
     /// Token ids must be below this, when set.
     pub vocab_size: Option<usize>,
     /// The encoding of "Hello world!" and the EOS id, for `hello_world` specs.
@@ -65,17 +65,17 @@ pub struct SpecContext {
     /// The engine's tokenizer as llguidance sees it, for `grammar` and `json_object` specs.
     #[cfg(feature = "grammar")]
     pub grammar: Option<crate::grammar::GrammarEnv>,
-    /// The engine's tokenizer, for specs that carry text ([`SpecContext::encode`]).
+    /// The engine's tokenizer, for specs that carry text ([`EngineContext::encode`]).
     pub encoder: Option<Encoder>,
     /// The model's EOS ids: what a row is left with when a step would leave it no finite logit
     /// (see [`crate::Pipeline`]). Empty: such a row is left as the step left it.
     pub eos_token_ids: Vec<u32>,
     /// No engine is known yet (a frontend, a client): what a kind would take from the engine is
-    /// not checked, only what does not depend on it ([`SpecContext::structure_only`]).
+    /// not checked, only what does not depend on it ([`EngineContext::structure_only`]).
     pub structure_only: bool,
 }
 
-impl SpecContext {
+impl EngineContext {
     /// The context of an engine: the tokenizer (its text encoding, without special tokens),
     /// the model's name, the vocab size of its logits and its EOS ids (the first is the one a
     /// `hello_world` reply ends with). From them: `hello_world` (with a tokenizer and an EOS id)

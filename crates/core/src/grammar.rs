@@ -334,6 +334,38 @@ impl GrammarEnv {
         })
     }
 
+    /// The text a token shows, as bytes: a special token's as its name (`<tool_call>`), as
+    /// llama.cpp renders pieces for its triggers; empty for an id past the tokenizer's.
+    pub(crate) fn token_text(&self, id: u32) -> Result<&[u8]> {
+        let trie = self.built()?.factory.tok_env().tok_trie();
+        Ok(if (id as usize) < trie.vocab_size() {
+            special_as_name(trie.token(id))
+        } else {
+            &[]
+        })
+    }
+
+    /// Tokens that spell `bytes` (toktrie's greedy tokenization: any bytes a byte-level vocab
+    /// can spell), to feed a matcher text that arrived inside a longer token.
+    pub(crate) fn tokenize_bytes(&self, bytes: &[u8]) -> Result<Vec<u32>> {
+        Ok(self
+            .built()?
+            .factory
+            .tok_env()
+            .tok_trie()
+            .greedy_tokenize(bytes))
+    }
+
+    /// The id of the token llguidance reads as special whose name is `text` (Qwen's
+    /// `</tool_call>`), which a grammar's literal text does not match.
+    pub(crate) fn special_token_named(&self, text: &str) -> Result<Option<u32>> {
+        let trie = self.built()?.factory.tok_env().tok_trie();
+        Ok(self.0.tokenizer.token_to_id(text).filter(|&id| {
+            (id as usize) < trie.vocab_size()
+                && trie.token(id).first() == Some(&TokTrie::SPECIAL_TOKEN_MARKER)
+        }))
+    }
+
     /// `make`'s value for `key`, made once per environment (the most recently used kept, within
     /// [`DERIVED_CACHE_BYTES`]): what a kind derives from the whole vocab is not derived again for
     /// each request.

@@ -48,7 +48,7 @@ pub use error::{Error, Result};
 pub use grammar::GrammarEnv;
 pub use history::TokenHistory;
 pub use logit::{DType, Logit};
-pub use pipeline::{has_finite_logit, Pipeline, Stage, Step};
+pub use pipeline::{has_finite_logit, Pipeline, PipelineEntry, Stage, Step};
 pub use plan::{
     Band, Bitmask, Edit, ForcedValue, MaskId, Reshape, RowPlan, Shape, Trigger, Truncation,
 };
@@ -57,7 +57,7 @@ pub use processors::{
     process_row, register_thinking_token_config, BanTokens, ForcedSequence, LogitBias,
     LogitsProcessor, Position, Temperature, TextEncoder, ThinkingBudget, ThinkingTokenConfig,
 };
-pub use spec::{parse_pipeline, reads_history, Kind, KindSpec, ProcessorSpec, SpecContext};
+pub use spec::{parse_pipeline, reads_history, EngineContext, Kind, KindSpec, ProcessorSpec};
 
 pub use half::{bf16, f16};
 

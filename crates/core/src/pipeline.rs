@@ -1,12 +1,12 @@
 //! A request's ordered processors.
 
-use crate::error::{check_token, Result};
+use crate::error::{check_token, Error, Result};
 use crate::history::TokenHistory;
 use crate::logit::Logit;
 use crate::plan::{Edit, Fill, RowPlan};
 use crate::processors::LogitsProcessor;
 use crate::raw::RawRow;
-use crate::spec::{ProcessorSpec, SpecContext};
+use crate::spec::{EngineContext, ProcessorSpec, MAX_PIPELINE_LEN};
 
 /// One step of a pipeline.
 #[derive(Debug)]
@@ -17,6 +17,63 @@ pub enum Step {
     /// A processor this crate cannot see into (a user's Python callable), named by a key the caller
     /// chooses. It runs on the row directly, in its place, through the caller's callback.
     External(u64),
+}
+
+/// One entry of a pipeline given to [`Pipeline::from_entries`].
+pub enum PipelineEntry<E> {
+    /// Specs, realized in order (one entry may hold a JSON list of them).
+    Specs(Vec<ProcessorSpec>),
+    /// A processor the caller built.
+    Processor(Box<dyn LogitsProcessor>),
+    /// A step the caller runs itself ([`Step::External`]).
+    External(E),
+}
+
+/// The steps and labels of a pipeline being built from specs.
+#[derive(Default)]
+struct Built {
+    steps: Vec<Step>,
+    labels: Vec<String>,
+}
+
+impl Built {
+    fn push(&mut self, label: String, step: Step) {
+        self.labels.push(label);
+        self.steps.push(step);
+    }
+
+    /// Realizes `spec`, labelled by its place (`[2] ban_tokens`; a spec without one by its
+    /// step's index), its errors by the entry's place `at`.
+    fn realize(
+        &mut self,
+        at: &str,
+        spec: &ProcessorSpec,
+        context: &EngineContext,
+        prompt_len: usize,
+    ) -> Result<()> {
+        let processor = spec
+            .realize(context, prompt_len)
+            .map_err(|e| e.in_spec(at))?;
+        let label = match format!("{at}{}", spec.position()) {
+            place if place.is_empty() => format!("[{}] {}", self.steps.len(), spec.kind()),
+            place => format!("{place} {}", spec.kind()),
+        };
+        self.push(label, Step::Processor(processor));
+        Ok(())
+    }
+
+    fn finish(self, context: &EngineContext) -> Result<Pipeline> {
+        if self.steps.len() > MAX_PIPELINE_LEN {
+            return Err(Error::TooLarge {
+                field: "pipeline".into(),
+                len: self.steps.len(),
+                limit: MAX_PIPELINE_LEN,
+            });
+        }
+        Ok(Pipeline::new(self.steps)
+            .with_labels(self.labels)
+            .with_eos_token_ids(context.eos_token_ids.clone()))
+    }
 }
 
 /// What a planned pipeline does to its row: runs of fused built-ins and the external steps between.
@@ -33,7 +90,7 @@ pub enum Stage {
 /// A step never hands back a row with no finite logit without saying so: when the logits given
 /// have none, or the steps leave none (allowed ids all banned, a grammar's mask meeting a ban, a
 /// bitmask of zeros, a truncation before a mask, a user's processor), the row allows only the
-/// EOS ids ([`Pipeline::with_eos_token_ids`], taken from the [`SpecContext`]'s): EOS at 0.0,
+/// EOS ids ([`Pipeline::with_eos_token_ids`], taken from the [`EngineContext`]'s): EOS at 0.0,
 /// every other logit `-inf`. Where no EOS id is known the row is left as the steps left it. Either
 /// way [`Pipeline::failures`] says why, naming the steps that could remove tokens; the reason
 /// stands until [`Pipeline::reset`] (a later step with finite logits is edited as usual). The
@@ -130,25 +187,61 @@ impl Pipeline {
     /// Fresh state for each spec, in order (see [`ProcessorSpec::realize`]).
     pub fn from_specs(
         specs: &[ProcessorSpec],
-        context: &SpecContext,
+        context: &EngineContext,
         prompt_len: usize,
     ) -> Result<Self> {
         crate::processors::check_order(specs.iter().map(|spec| (spec.position(), spec)))?;
-        let steps = specs
+        let mut built = Built::default();
+        for spec in specs {
+            built.realize("", spec, context, prompt_len)?;
+        }
+        built.finish(context)
+    }
+
+    /// [`Pipeline::from_specs`] for a caller with steps of its own beside the specs (the Python
+    /// binding: processor objects and callables). Each entry comes with where it stands in what
+    /// the caller was given (`"[1]"`, or `""` for a lone entry), which labels its steps and
+    /// prefixes its specs' errors; `external` turns a caller's step into its key and its name.
+    /// The specs of every entry together are held to the order rules, and the pipeline to
+    /// [`MAX_PIPELINE_LEN`] steps.
+    pub fn from_entries<E>(
+        entries: Vec<(String, PipelineEntry<E>)>,
+        context: &EngineContext,
+        prompt_len: usize,
+        mut external: impl FnMut(E) -> (u64, String),
+    ) -> Result<Self> {
+        let placed: Vec<(String, &ProcessorSpec)> = entries
             .iter()
-            .map(|spec| Ok(Step::Processor(spec.realize(context, prompt_len)?)))
-            .collect::<Result<Vec<_>>>()?;
-        let labels = specs
-            .iter()
-            .enumerate()
-            .map(|(i, spec)| match spec.position() {
-                "" => format!("[{i}] {}", spec.kind()),
-                at => format!("{at} {}", spec.kind()),
+            .filter_map(|(at, entry)| match entry {
+                PipelineEntry::Specs(specs) => Some(
+                    specs
+                        .iter()
+                        .map(move |s| (format!("{at}{}", s.position()), s)),
+                ),
+                _ => None,
             })
+            .flatten()
             .collect();
-        Ok(Self::new(steps)
-            .with_labels(labels)
-            .with_eos_token_ids(context.eos_token_ids.clone()))
+        crate::processors::check_order(placed.iter().map(|(at, spec)| (at.as_str(), *spec)))?;
+        let mut built = Built::default();
+        for (at, entry) in entries {
+            match entry {
+                PipelineEntry::Specs(specs) => {
+                    for spec in &specs {
+                        built.realize(&at, spec, context, prompt_len)?;
+                    }
+                }
+                // Named by its type, as the pipeline names it.
+                PipelineEntry::Processor(processor) => {
+                    built.push(String::new(), Step::Processor(processor))
+                }
+                PipelineEntry::External(step) => {
+                    let (key, name) = external(step);
+                    built.push(format!("{at} {name}"), Step::External(key));
+                }
+            }
+        }
+        built.finish(context)
     }
 
     pub fn steps(&self) -> &[Step] {
@@ -530,6 +623,111 @@ fn type_name(processor: &dyn LogitsProcessor) -> String {
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    fn spec(text: &str) -> ProcessorSpec {
+        ProcessorSpec::parse(text).unwrap()
+    }
+
+    #[test]
+    fn from_entries_places_every_step_and_names_it_where_it_was_given() {
+        let context = EngineContext::default();
+        let entries = vec![
+            (
+                "[0]".to_string(),
+                PipelineEntry::Specs(vec![spec(
+                    r#"{"kind": "ban_tokens", "token_ids": [0, 1, 2]}"#,
+                )]),
+            ),
+            ("[1]".to_string(), PipelineEntry::External("mine")),
+            (
+                "[2]".to_string(),
+                PipelineEntry::Processor(
+                    Box::new(crate::Temperature::new(2.0).unwrap()) as Box<dyn LogitsProcessor>
+                ),
+            ),
+        ];
+        let mut named = vec![];
+        let pipeline = Pipeline::from_entries(entries, &context, 0, |name| {
+            named.push(name);
+            (41, format!("{name} (a caller's step)"))
+        })
+        .unwrap();
+        assert_eq!(named, ["mine"]);
+        assert!(matches!(
+            pipeline.steps(),
+            [Step::Processor(_), Step::External(41), Step::Processor(_)]
+        ));
+        assert_eq!(
+            pipeline.labels[..2],
+            ["[0] ban_tokens", "[1] mine (a caller's step)"]
+        );
+        assert_eq!(pipeline.label(2), "[2] Temperature");
+        // The same specs as one list label as from_specs does.
+        let listed = vec![(
+            String::new(),
+            PipelineEntry::<()>::Specs(vec![spec(r#"{"kind": "temperature", "temperature": 2}"#)]),
+        )];
+        let one = Pipeline::from_entries(listed, &context, 0, |_| unreachable!()).unwrap();
+        let alone = Pipeline::from_specs(
+            &[spec(r#"{"kind": "temperature", "temperature": 2}"#)],
+            &context,
+            0,
+        )
+        .unwrap();
+        assert_eq!(one.labels, alone.labels);
+        assert_eq!(one.labels, ["[0] temperature"]);
+    }
+
+    #[test]
+    fn from_entries_refuses_what_from_specs_refuses_naming_the_entry() {
+        let context = EngineContext::default();
+        // A spec that cannot be realized without the engine's ids: its field is placed.
+        let entries = vec![
+            (
+                "[0]".to_string(),
+                PipelineEntry::<()>::Specs(vec![spec(
+                    r#"{"kind": "temperature", "temperature": 2}"#,
+                )]),
+            ),
+            (
+                "[1]".to_string(),
+                PipelineEntry::Specs(vec![spec(r#"{"kind": "hello_world"}"#)]),
+            ),
+        ];
+        let error = Pipeline::from_entries(entries, &context, 0, |_| unreachable!()).unwrap_err();
+        assert!(error.to_string().contains("[1]"), "{error}");
+        // The order rules hold across entries: a mask after a truncation.
+        let entries = vec![
+            (
+                "[0]".to_string(),
+                PipelineEntry::<()>::Specs(vec![spec(r#"{"kind": "top_k", "k": 2}"#)]),
+            ),
+            (
+                "[1]".to_string(),
+                PipelineEntry::Specs(vec![spec(
+                    r#"{"kind": "allowed_token_ids", "token_ids": [1]}"#,
+                )]),
+            ),
+        ];
+        let error = Pipeline::from_entries(entries, &context, 0, |_| unreachable!()).unwrap_err();
+        assert!(error.to_string().contains("[1]"), "{error}");
+        // At most MAX_PIPELINE_LEN steps, however they are given.
+        let entries = (0..=MAX_PIPELINE_LEN)
+            .map(|i| (format!("[{i}]"), PipelineEntry::External(i)))
+            .collect();
+        let error = Pipeline::from_entries(entries, &context, 0, |i| (i as u64, String::new()))
+            .unwrap_err();
+        assert!(
+            matches!(
+                error,
+                Error::TooLarge {
+                    limit: MAX_PIPELINE_LEN,
+                    ..
+                }
+            ),
+            "{error}"
+        );
+    }
 
     #[test]
     fn has_finite_logit_finds_the_one_finite_logit_wherever_it_is() {

@@ -5,7 +5,7 @@ use crate::error::Result;
 use crate::history::TokenHistory;
 use crate::logit::Logit;
 use crate::plan::{MaskId, RowPlan};
-use crate::spec::SpecContext;
+use crate::spec::EngineContext;
 use serde_json::Value;
 
 /// What each kind's spec struct provides (besides serde, with unknown fields denied).
@@ -18,12 +18,15 @@ pub trait KindSpec: std::fmt::Debug + Send + Sync + 'static {
 
     /// Fresh per-request state. `prompt_len` is where generated ids start in the ids the engine
     /// will pass. Ids must be checked against `context` here, naming the field.
-    fn realize(&self, context: &SpecContext, prompt_len: usize)
-        -> Result<Box<dyn LogitsProcessor>>;
+    fn realize(
+        &self,
+        context: &EngineContext,
+        prompt_len: usize,
+    ) -> Result<Box<dyn LogitsProcessor>>;
 
     /// Checks the spec against `context` where realizing it there is not possible (a grammar
     /// without the engine's tokenizer is compiled on its own); `None`: it is realized.
-    fn validate(&self, _context: &SpecContext) -> Option<Result<()>> {
+    fn validate(&self, _context: &EngineContext) -> Option<Result<()>> {
         None
     }
 
@@ -31,7 +34,7 @@ pub trait KindSpec: std::fmt::Debug + Send + Sync + 'static {
     /// forced sequence of the tokenizer's ids), for a worker that does not have the engine's
     /// tokenizer. `None`: the spec is already explicit, or `context` does not know what it needs
     /// (then the engine resolves it).
-    fn resolve(&self, _context: &SpecContext) -> Result<Option<Value>> {
+    fn resolve(&self, _context: &EngineContext) -> Result<Option<Value>> {
         Ok(None)
     }
 

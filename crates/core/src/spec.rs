@@ -15,7 +15,7 @@ use serde::de::DeserializeOwned;
 use serde::Serialize;
 use serde_json::{Map, Value};
 
-pub use crate::context::SpecContext;
+pub use crate::context::EngineContext;
 use crate::error::{check_token, field_at, Error, Result};
 pub use crate::processor::KindSpec;
 use crate::processors::{LogitsProcessor, KINDS};
@@ -337,7 +337,7 @@ impl ProcessorSpec {
     /// engine will pass (for processors that count output tokens).
     pub fn realize(
         &self,
-        context: &SpecContext,
+        context: &EngineContext,
         prompt_len: usize,
     ) -> Result<Box<dyn LogitsProcessor>> {
         let processor = self
@@ -352,7 +352,7 @@ impl ProcessorSpec {
     }
 
     /// Checks the spec against an engine: everything [`ProcessorSpec::realize`] would check.
-    pub fn validate(&self, context: &SpecContext) -> Result<()> {
+    pub fn validate(&self, context: &EngineContext) -> Result<()> {
         match self.spec.validate(context) {
             Some(checked) => checked.map_err(|e| e.in_spec(&self.at)),
             None => self.realize(context, 0).map(drop),
@@ -361,7 +361,7 @@ impl ProcessorSpec {
 
     /// The spec as JSON, with what it takes from `context` made explicit where `context` has it
     /// (see [`KindSpec::resolve`]); as it is otherwise.
-    pub fn resolve(&self, context: &SpecContext) -> Result<Value> {
+    pub fn resolve(&self, context: &EngineContext) -> Result<Value> {
         match self
             .spec
             .resolve(context)
@@ -512,6 +512,22 @@ fn type_name(value: &Value) -> &'static str {
     }
 }
 
+/// A spec that can only be realized with the engine's tokenizer, checked without one
+/// ([`EngineContext::structure_only`]): the structure alone.
+pub(crate) fn structure_only(context: &EngineContext, needs_tokenizer: bool) -> bool {
+    context.structure_only && needs_tokenizer && context.encoder.is_none()
+}
+
+/// A resolved spec as JSON, `"kind"` first (as every spec is written back).
+pub(crate) fn with_kind(kind: &str, spec: &impl Serialize) -> serde_json::Value {
+    let mut object = serde_json::Map::new();
+    object.insert("kind".into(), kind.into());
+    if let serde_json::Value::Object(fields) = serde_json::to_value(spec).expect("plain data") {
+        object.extend(fields);
+    }
+    object.into()
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;
@@ -650,7 +666,7 @@ mod tests {
 
     #[test]
     fn realize_checks_the_vocab_naming_the_id_and_the_context() {
-        let context = SpecContext {
+        let context = EngineContext {
             vocab_size: Some(10),
             ..Default::default()
         };
@@ -681,7 +697,7 @@ mod tests {
         );
         let hello = ProcessorSpec::parse(r#"{"kind": "hello_world"}"#).unwrap();
         assert!(hello.validate(&context).is_err());
-        let with_tokenizer = SpecContext {
+        let with_tokenizer = EngineContext {
             hello_world: Some((vec![4, 5], 1)),
             ..context
         };

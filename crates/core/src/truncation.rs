@@ -17,7 +17,7 @@
 //!   prefixes of its scores (partial selections) until they hold its mass.
 //!
 //! Where the CPU has AVX-512, or AVX2 and FMA, the mass-based rules take the passes of
-//! `truncation/wide.rs` instead (the same weights, sixteen or eight at a time; the level is
+//! `truncation/simd.rs` instead (the same weights, sixteen or eight at a time; the level is
 //! [`crate::cpu::level`]): the sums in one pass, then a compare pass for
 //! epsilon and eta; for top-p on a row with many values near its maximum, and for typical, one pass
 //! that sums the mass of each bucket of the key (the value, or typical's score) and a selection
@@ -40,7 +40,7 @@
 //! 2). What they share: `band.rs` ([`Band`], [`Work`]), `softmax.rs` (the fixed-point
 //! [`Softmax`], the row's maximum, [`weight_sum`]), `select.rs` (the k-th largest value, the
 //! values at or above a floor, the lowest value whose `q` reaches a threshold, the quickselect by
-//! weight), `gpu_shared.rs` (the arithmetic a GPU reproduces) and `wide.rs` with `wide/avx2.rs`
+//! weight), `gpu_shared.rs` (the arithmetic a GPU reproduces) and `simd.rs` with `simd/avx2.rs`
 //! (the AVX-512 and AVX2 mass passes). The kinds that truncate (in `crate::processors`) decide
 //! which rule runs with which parameters; nothing here imports them.
 //!
@@ -58,6 +58,8 @@ mod min_p;
 mod mirostat;
 mod p_less;
 mod select;
+#[cfg(target_arch = "x86_64")]
+mod simd;
 mod softmax;
 mod tail_free;
 mod top_a;
@@ -66,8 +68,6 @@ mod top_k;
 mod top_n_sigma;
 mod top_p;
 mod typical;
-#[cfg(target_arch = "x86_64")]
-mod wide;
 mod xtc;
 
 pub use band::{Band, Work};
@@ -81,7 +81,7 @@ pub use softmax::{weight_sum, Softmax};
 
 use crate::error::{Error, Result};
 #[cfg(target_arch = "x86_64")]
-pub(crate) use wide::{available as wide_available, finite_lane_sums, smallest_above_and_between};
+pub(crate) use simd::{available as simd_available, finite_lane_sums, smallest_above_and_between};
 
 /// A truncation rule and its parameters. `min_keep` (transformers' `min_tokens_to_keep`, at least
 /// 1) is how many of the largest values every rule keeps whatever its threshold says.

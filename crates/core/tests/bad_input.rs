@@ -4,14 +4,14 @@
 
 use logits_processing::spec::{MAX_PIPELINE_LEN, MAX_SPEC_BYTES, MAX_TOKEN_IDS};
 use logits_processing::{
-    parse_pipeline, Batch, BatchLayout, Error, ForcedSequence, LogitsProcessor, Pipeline,
-    SpecContext, ThinkingBudget, ThinkingTokenConfig, TokenHistory,
+    parse_pipeline, Batch, BatchLayout, EngineContext, Error, ForcedSequence, LogitsProcessor,
+    Pipeline, ThinkingBudget, ThinkingTokenConfig, TokenHistory,
 };
 
 const VOCAB: usize = 16;
 
-fn context() -> SpecContext {
-    SpecContext {
+fn context() -> EngineContext {
+    EngineContext {
         vocab_size: Some(VOCAB),
         ..Default::default()
     }
@@ -120,7 +120,7 @@ fn a_pipeline_naming_an_id_outside_the_vocab_is_refused_and_changes_nothing() {
                 .unwrap();
             let too_far = Pipeline::from_specs(
                 &parse_pipeline(r#"{"kind": "ban_tokens", "token_ids": [16]}"#).unwrap(),
-                &SpecContext::default(),
+                &EngineContext::default(),
                 0,
             )
             .unwrap();

@@ -1,7 +1,7 @@
 //! The `grammar` and `json_object` kinds over the DeepSeek tokenizer (129,280 tokens, as many as
 //! the model's logits), and the caller's `bitmask` kind.
 
-use logits_processing::spec::SpecContext;
+use logits_processing::spec::EngineContext;
 use logits_processing::{
     parse_pipeline, Batch, BatchLayout, Error, GrammarEnv, Pipeline, StepBitmask, TokenHistory,
 };
@@ -16,15 +16,15 @@ fn env() -> GrammarEnv {
     GrammarEnv::from_file(path, &[]).unwrap()
 }
 
-fn context(env: &GrammarEnv) -> SpecContext {
-    SpecContext {
+fn context(env: &GrammarEnv) -> EngineContext {
+    EngineContext {
         vocab_size: Some(VOCAB),
         grammar: Some(env.clone()),
         ..Default::default()
     }
 }
 
-fn pipeline(spec: Value, context: &SpecContext, prompt_len: usize) -> Pipeline {
+fn pipeline(spec: Value, context: &EngineContext, prompt_len: usize) -> Pipeline {
     let specs = parse_pipeline(&spec.to_string()).unwrap();
     Pipeline::from_specs(&specs, context, prompt_len).unwrap()
 }
@@ -267,7 +267,7 @@ fn compile_errors_name_the_field_and_carry_llguidance_message() {
     // Without the tokenizer (a frontend), validation compiles the grammar on its own; realizing
     // it there is an error naming the kind.
     let specs = parse_pipeline(r#"{"kind": "json_object"}"#).unwrap();
-    let bare = SpecContext {
+    let bare = EngineContext {
         vocab_size: Some(VOCAB),
         ..Default::default()
     };
@@ -286,7 +286,7 @@ fn compile_errors_name_the_field_and_carry_llguidance_message() {
         );
     }
     // A tokenizer with more tokens than the logits.
-    let narrow = SpecContext {
+    let narrow = EngineContext {
         vocab_size: Some(1000),
         ..context
     };
@@ -404,7 +404,7 @@ fn rollback_and_undo_give_the_masks_of_a_fresh_matcher() {
 fn the_padded_vocab_past_the_tokenizer_is_masked_out() {
     let env = env();
     let padded = env.vocab_size() + 77;
-    let context = SpecContext {
+    let context = EngineContext {
         vocab_size: Some(padded),
         ..context(&env)
     };
@@ -438,7 +438,7 @@ fn several_eos_ids_are_allowed_at_the_end_and_one_outside_the_tokenizer_is_refus
 #[test]
 fn a_caller_bitmask_is_applied_in_its_place_and_checked() {
     let vocab = 70;
-    let context = SpecContext {
+    let context = EngineContext {
         vocab_size: Some(vocab),
         ..Default::default()
     };

@@ -7,7 +7,7 @@ mod common;
 
 use common::{bits, dtypes, external_edit, lifecycle, logits, Rng};
 use logits_processing::{
-    parse_pipeline, Batch, BatchLayout, Error, Logit, Pipeline, SpecContext, TokenHistory,
+    parse_pipeline, Batch, BatchLayout, EngineContext, Error, Logit, Pipeline, TokenHistory,
 };
 use logits_processing_cuda::packed;
 use logits_processing_cuda::round_trip::{self, HostMemory};
@@ -66,7 +66,7 @@ const HOST_ONLY: &[&str] = &[
 ];
 
 fn batch_of(specs: &[&str], prompt: usize) -> Batch {
-    let context = SpecContext::default();
+    let context = EngineContext::default();
     let mut batch = Batch::new(VOCAB);
     for (row, json) in specs.iter().enumerate() {
         let specs = parse_pipeline(json).unwrap();

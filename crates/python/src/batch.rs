@@ -2,13 +2,13 @@
 
 use std::collections::HashMap;
 
-use logits_processing::{Batch, Error, Pipeline, SpecContext, Step, StepBitmask, TokenHistory};
+use logits_processing::{Batch, EngineContext, Error, Pipeline, Step, StepBitmask, TokenHistory};
 use pyo3::exceptions::PyException;
 use pyo3::prelude::*;
 use pyo3::types::{PyList, PyTuple};
 
 use crate::args;
-use crate::context::{check_grammar_vocab, context_arg, context_of};
+use crate::context::{context_arg, context_of};
 use crate::device::{apply_batch, apply_batch_host_into};
 use crate::errors::{
     describe_exception, in_row, new_err, new_err_with, spec_error, to_py, Attr, ErrorClass,
@@ -17,8 +17,9 @@ use crate::errors::{
 use crate::exclusive::{Exclusive, Held};
 use crate::history::PyIds;
 use crate::reference::logits_arg;
-use crate::specs::{check_prompt_len, entries_of, pipeline_of};
+use crate::specs::{callable_name, check_prompt_len, entries_any_order};
 use crate::tensor::{bitmask_words, Block, Device, TensorView};
+use crate::tokenizer::check_grammar_vocab;
 use crate::watch::{check_unmoved, row_moved, Moved, Watched};
 
 /// The source block of an out-of-place apply: what `out` (`block`) will hold, read from `view`.
@@ -109,7 +110,7 @@ pub(crate) struct PyBatch {
 
 pub(crate) struct BatchState {
     batch: Batch,
-    context: SpecContext,
+    context: EngineContext,
     externals: HashMap<u64, Py<PyAny>>,
     next_key: u64,
 }
@@ -215,22 +216,24 @@ impl PyBatch {
         let prompt_len = args::given(prompt_len)
             .map(|n| args::index(n, "prompt_len"))
             .transpose()?;
-        let entries = entries_of(pipeline, true)?;
+        let entries = entries_any_order(pipeline, true)?;
         let needs_prompt_len = check_prompt_len(&entries, prompt_len);
         let mut this = self.lock(py)?;
         let this = &mut *this;
         let mut callables = vec![];
         let mut next_key = this.next_key;
-        let pipeline = pipeline_of(
+        let pipeline = Pipeline::from_entries(
             entries,
             &this.context,
             prompt_len.unwrap_or(0),
             |callable| {
                 next_key += 1;
+                let name = callable_name(&callable);
                 callables.push((next_key, callable));
-                next_key
+                (next_key, name)
             },
-        )?;
+        )
+        .py()?;
         // After the specs' own errors, which say more.
         needs_prompt_len?;
         let vocab = this.batch().vocab_size();
@@ -397,28 +400,11 @@ impl PyBatch {
     ) -> PyResult<()> {
         let logits = logits_arg(logits, scores)?;
         let input_ids = input_ids_arg(input_ids)?;
-        let out = args::given(out);
         let mut this = self.lock(py)?;
         let this = &mut *this;
-        let view = TensorView::of(logits)?;
-        let out_view = out.map(TensorView::of).transpose()?;
-        let (source, block) = match &out_view {
-            None => (None, Block::from_view(&view, 2)?),
-            Some(out_view) => {
-                let block = Block::from_view(out_view, 2)?;
-                (Some(source_block(&view, &block)?), block)
-            }
-        };
         let vocab = this.batch().vocab_size();
-        if block.vocab != vocab {
-            return Err(new_err(
-                ErrorClass::Shape,
-                format!(
-                    "logits have {} per row, the batch's vocab_size is {vocab}",
-                    block.vocab
-                ),
-            ));
-        }
+        let tensors = Tensors::of(logits, args::given(out), vocab)?;
+        let block = tensors.block;
         this.batch()
             .check_layout(block.len(), block.layout())
             .py()?;
@@ -435,29 +421,207 @@ impl PyBatch {
             .filter(|m| !m.is_none())
             .map(|m| bitmask_words(m, block.rows, vocab.div_ceil(32)))
             .transpose()?;
-        let mut histories: Vec<PyIds<'_>> = (0..rows.last().map_or(0, |r| r + 1))
-            .map(|_| PyIds::empty())
-            .collect();
-        for &row in &rows {
-            let ids = input_ids
-                .get_item(row)
-                .map_err(|e| in_row(py, e, row, &format!("input_ids[{row}]")))?;
-            if ids.is_none() {
-                // An empty history would restart the row's request (its prompt read as absent).
-                let error = new_err(
-                    ErrorClass::Argument,
-                    format!(
-                        "input_ids[{row}] is None, but row {row} holds a request: give its ids \
-                         (None is for a row without one)"
-                    ),
-                );
-                return Err(in_row(py, error, row, &format!("input_ids[{row}]")));
+        let histories = histories_of(py, input_ids, &rows)?;
+        let step_mask = mask_view.as_ref().map(|view| StepBitmask {
+            // SAFETY: checked by `bitmask_words`: host memory of this many aligned 32-bit words,
+            // kept alive by `bitmask` for the call.
+            words: unsafe { view.words() },
+            words_per_row: vocab.div_ceil(32),
+        });
+        this.plan_step(py, &histories, step_mask)?;
+        // Reading input_ids may have run Python code (a sequence type, an iterator, `__index__`),
+        // which may have moved the logits; a list or tuple of lists of ints runs none.
+        let ran_python = !(input_ids.is_exact_instance_of::<PyList>()
+            || input_ids.is_exact_instance_of::<PyTuple>())
+            || histories.iter().any(PyIds::ran_python);
+        drop(histories);
+        if ran_python {
+            if let Err(error) = tensors.check_unmoved() {
+                this.batch().undo_plan();
+                return Err(error);
             }
-            histories[row] = PyIds::new(&ids);
         }
+        this.run_step(py, &tensors, input_ids)
+    }
+
+    /// Why the request at `row` stopped being constrained as asked, or None: a grammar that
+    /// rejected a token the engine chose (another processor forced it, or the mask was not
+    /// applied) allows only EOS from then on, and says why here. So does a step that would have
+    /// left the row with no finite logit (the logits given had none, or its specs removed every
+    /// token: allowed ids all banned, a grammar's mask meeting a ban, a bitmask of zeros, a
+    /// Python processor): that step gave the row only the context's EOS ids (without any, it
+    /// left the row with no finite logit), and the reason names the specs. Such a row never
+    /// fails a step.
+    fn failure(&self, py: Python<'_>, row: &Bound<'_, PyAny>) -> PyResult<Option<String>> {
+        let row = args::index(row, "row")?;
+        let mut this = self.lock(py)?;
+        let Some(pipeline) = this.batch().get(row) else {
+            return Ok(None);
+        };
+        let failures = pipeline.failures();
+        Ok((!failures.is_empty()).then(|| failures.join("; ")))
+    }
+
+    fn __repr__(&self, py: Python<'_>) -> PyResult<String> {
+        let mut this = self.lock(py)?;
+        let vocab = this.batch().vocab_size();
+        Ok(format!(
+            "Batch(vocab_size={vocab}, rows={:?})",
+            this.rows_list()
+        ))
+    }
+}
+
+/// `input_ids` of `Batch.apply`: one entry per row, so anything with a length.
+/// The tensors of one `Batch.apply` call: the logits, and `out` where the result goes.
+struct Tensors<'a, 'py> {
+    logits: &'a Bound<'py, PyAny>,
+    view: TensorView,
+    out: Option<(&'a Bound<'py, PyAny>, TensorView)>,
+    /// The block the steps edit: the logits', or `out`'s.
+    block: Block,
+    /// With `out`: the logits' block, which the steps read.
+    source: Option<Block>,
+}
+
+impl<'a, 'py> Tensors<'a, 'py> {
+    /// Reads the tensors' layouts, refusing blocks of another width than `vocab`.
+    fn of(
+        logits: &'a Bound<'py, PyAny>,
+        out: Option<&'a Bound<'py, PyAny>>,
+        vocab: usize,
+    ) -> PyResult<Self> {
+        let view = TensorView::of(logits)?;
+        let out = out
+            .map(|out| TensorView::of(out).map(|view| (out, view)))
+            .transpose()?;
+        let (source, block) = match &out {
+            None => (None, Block::from_view(&view, 2)?),
+            Some((_, out_view)) => {
+                let block = Block::from_view(out_view, 2)?;
+                (Some(source_block(&view, &block)?), block)
+            }
+        };
+        if block.vocab != vocab {
+            return Err(new_err(
+                ErrorClass::Shape,
+                format!(
+                    "logits have {} per row, the batch's vocab_size is {vocab}",
+                    block.vocab
+                ),
+            ));
+        }
+        Ok(Self {
+            logits,
+            view,
+            out,
+            block,
+            source,
+        })
+    }
+
+    /// Where the result goes: its name, its object, its view.
+    fn target(&self) -> (&'static str, &'a Bound<'py, PyAny>, &TensorView) {
+        match &self.out {
+            Some((out, view)) => ("out", out, view),
+            None => ("logits", self.logits, &self.view),
+        }
+    }
+
+    /// Refuses tensors that moved since they were read (Python code ran in between).
+    fn check_unmoved(&self) -> PyResult<()> {
+        check_unmoved("logits", self.logits, &self.view)?;
+        match &self.out {
+            Some((out, view)) => check_unmoved("out", out, view),
+            None => Ok(()),
+        }
+    }
+
+    /// What is checked after each user step: the target, and the logits when they are apart.
+    fn watched(&self) -> Vec<Watched> {
+        let (name, target, view) = self.target();
+        let mut watched = vec![Watched::new(name, target, view)];
+        if self.out.is_some() {
+            watched.push(Watched::new("logits", self.logits, &self.view));
+        }
+        watched
+    }
+
+    /// Tells torch the target was written (its version counter).
+    fn edited(&self) -> PyResult<()> {
+        let (_, target, view) = self.target();
+        view.edited(target)
+    }
+}
+
+/// Each held row's ids from `input_ids` (rows without a request read nothing); None for a row
+/// that holds a request is refused.
+fn histories_of<'py>(
+    py: Python<'py>,
+    input_ids: &Bound<'py, PyAny>,
+    rows: &[usize],
+) -> PyResult<Vec<PyIds<'py>>> {
+    let mut histories: Vec<PyIds<'py>> = (0..rows.last().map_or(0, |r| r + 1))
+        .map(|_| PyIds::empty())
+        .collect();
+    for &row in rows {
+        let ids = input_ids
+            .get_item(row)
+            .map_err(|e| in_row(py, e, row, &format!("input_ids[{row}]")))?;
+        if ids.is_none() {
+            // An empty history would restart the row's request (its prompt read as absent).
+            let error = new_err(
+                ErrorClass::Argument,
+                format!(
+                    "input_ids[{row}] is None, but row {row} holds a request: give its ids \
+                     (None is for a row without one)"
+                ),
+            );
+            return Err(in_row(py, error, row, &format!("input_ids[{row}]")));
+        }
+        histories[row] = PyIds::new(&ids);
+    }
+    Ok(histories)
+}
+
+fn input_ids_arg<'a, 'py>(
+    input_ids: Option<&'a Bound<'py, PyAny>>,
+) -> PyResult<&'a Bound<'py, PyAny>> {
+    match args::given(input_ids) {
+        Some(ids) => Ok(ids),
+        None => Err(new_err_with(
+            ErrorClass::ArgumentType,
+            "input_ids must be a sequence with one entry per row (each a row's ids, or None), got None",
+            &[("field", Attr::Str("input_ids".into()))],
+        )),
+    }
+}
+
+fn not_input_ids(input_ids: &Bound<'_, PyAny>) -> PyErr {
+    args::wrong_type(
+        "input_ids",
+        "a sequence with one entry per row (each a row's ids, or None)",
+        input_ids,
+    )
+}
+
+impl BatchState {
+    fn rows_list(&mut self) -> Vec<usize> {
+        self.batch().iter().map(|(row, _)| row).collect()
+    }
+
+    /// Plans a step: every row's processors read their ids, the caller's bitmask is filled in,
+    /// and the costly part (grammar masks) runs, rows in parallel, without the GIL. On error
+    /// nothing stays planned.
+    fn plan_step(
+        &mut self,
+        py: Python<'_>,
+        histories: &[PyIds<'_>],
+        bitmask: Option<StepBitmask<'_>>,
+    ) -> PyResult<()> {
         let refs: Vec<&dyn TokenHistory> =
             histories.iter().map(|h| h as &dyn TokenHistory).collect();
-        let planned = this.batch().plan_ids(&refs);
+        let planned = self.batch().plan_ids(&refs);
         // An id that could not be read was planned as `u32::MAX`: whatever the plan made of it,
         // the step is taken back (a failed plan already took back every row).
         let unreadable = histories
@@ -466,64 +630,41 @@ impl PyBatch {
             .find_map(|(row, history)| history.take_error().map(|error| (row, error)));
         if let Some((row, error)) = unreadable {
             if planned.is_ok() {
-                this.batch().undo_plan();
+                self.batch().undo_plan();
             }
             return Err(in_row(py, error, row, &format!("input_ids[{row}]")));
         }
         planned.py()?;
-        let step_mask = mask_view.as_ref().map(|view| StepBitmask {
-            // SAFETY: checked by `bitmask_words`: host memory of this many aligned 32-bit words,
-            // kept alive by `bitmask` for the call.
-            words: unsafe { view.words() },
-            words_per_row: vocab.div_ceil(32),
-        });
-        if let Err(error) = this.batch().fill_bitmask(step_mask) {
-            this.batch().undo_plan();
+        if let Err(error) = self.batch().fill_bitmask(bitmask) {
+            self.batch().undo_plan();
             return Err(to_py(error));
         }
-        // The costly part of planning (grammar masks), rows in parallel, without the GIL.
-        let batch = this.batch();
+        let batch = self.batch();
         py.detach(|| batch.finish_plans());
-        // Reading input_ids may have run Python code (a sequence type, an iterator, `__index__`),
-        // which may have moved the logits; a list or tuple of lists of ints runs none.
-        let ran_python = !(input_ids.is_exact_instance_of::<PyList>()
-            || input_ids.is_exact_instance_of::<PyTuple>())
-            || histories.iter().any(PyIds::ran_python);
-        drop(refs);
-        drop(histories);
-        if ran_python {
-            let unmoved =
-                check_unmoved("logits", logits, &view).and_then(|()| match (out, &out_view) {
-                    (Some(out), Some(out_view)) => check_unmoved("out", out, out_view),
-                    _ => Ok(()),
-                });
-            if let Err(error) = unmoved {
-                this.batch().undo_plan();
-                return Err(error);
-            }
-        }
+        Ok(())
+    }
 
+    /// Applies the planned step to the tensors, calling each user step in its place on its row
+    /// of the target (with the row's ids from `input_ids`).
+    fn run_step(
+        &mut self,
+        py: Python<'_>,
+        tensors: &Tensors<'_, '_>,
+        input_ids: &Bound<'_, PyAny>,
+    ) -> PyResult<()> {
         let BatchState {
             batch, externals, ..
-        } = this;
+        } = self;
         // User steps edit the rows where the result goes. They may move that memory, or the
         // source's (a tensor they hold on to): both are checked after each user step.
-        let target = out.unwrap_or(logits);
-        let watched: Vec<Watched> = if batch.iter().any(|(_, p)| p.has_external()) {
-            let mut watched = vec![Watched::new(
-                if out.is_some() { "out" } else { "logits" },
-                target,
-                out_view.as_ref().unwrap_or(&view),
-            )];
-            if out.is_some() {
-                watched.push(Watched::new("logits", logits, &view));
-            }
-            watched
+        let watched = if batch.iter().any(|(_, p)| p.has_external()) {
+            tensors.watched()
         } else {
             vec![]
         };
-        let target = target.clone().unbind();
+        let target = tensors.target().1.clone().unbind();
         let ids_object = input_ids.clone().unbind();
+        let block = tensors.block;
         // Plain numbers: the closure must be Send, and a raw pointer is not.
         let (base, row_bytes, vocab) = (
             block.data as usize,
@@ -571,73 +712,15 @@ impl PyBatch {
                 }
             })
         };
-        let result = match source {
+        let result = match tensors.source {
             // `source_block` took host blocks only.
             Some(source) => apply_batch_host_into(py, batch, source, block, &mut external),
             None => apply_batch(py, batch, block, &mut external),
         };
         match failure {
             Some((row, failure)) => Err(failure.into_py_err(py, row)),
-            None => result.and_then(|()| match (out, &out_view) {
-                (Some(out), Some(out_view)) => out_view.edited(out),
-                _ => view.edited(logits),
-            }),
+            None => result.and_then(|()| tensors.edited()),
         }
-    }
-
-    /// Why the request at `row` stopped being constrained as asked, or None: a grammar that
-    /// rejected a token the engine chose (another processor forced it, or the mask was not
-    /// applied) allows only EOS from then on, and says why here. So does a step that would have
-    /// left the row with no finite logit (the logits given had none, or its specs removed every
-    /// token: allowed ids all banned, a grammar's mask meeting a ban, a bitmask of zeros, a
-    /// Python processor): that step gave the row only the context's EOS ids (without any, it
-    /// left the row with no finite logit), and the reason names the specs. Such a row never
-    /// fails a step.
-    fn failure(&self, py: Python<'_>, row: &Bound<'_, PyAny>) -> PyResult<Option<String>> {
-        let row = args::index(row, "row")?;
-        let mut this = self.lock(py)?;
-        let Some(pipeline) = this.batch().get(row) else {
-            return Ok(None);
-        };
-        let failures = pipeline.failures();
-        Ok((!failures.is_empty()).then(|| failures.join("; ")))
-    }
-
-    fn __repr__(&self, py: Python<'_>) -> PyResult<String> {
-        let mut this = self.lock(py)?;
-        let vocab = this.batch().vocab_size();
-        Ok(format!(
-            "Batch(vocab_size={vocab}, rows={:?})",
-            this.rows_list()
-        ))
-    }
-}
-
-/// `input_ids` of `Batch.apply`: one entry per row, so anything with a length.
-fn input_ids_arg<'a, 'py>(
-    input_ids: Option<&'a Bound<'py, PyAny>>,
-) -> PyResult<&'a Bound<'py, PyAny>> {
-    match args::given(input_ids) {
-        Some(ids) => Ok(ids),
-        None => Err(new_err_with(
-            ErrorClass::ArgumentType,
-            "input_ids must be a sequence with one entry per row (each a row's ids, or None), got None",
-            &[("field", Attr::Str("input_ids".into()))],
-        )),
-    }
-}
-
-fn not_input_ids(input_ids: &Bound<'_, PyAny>) -> PyErr {
-    args::wrong_type(
-        "input_ids",
-        "a sequence with one entry per row (each a row's ids, or None)",
-        input_ids,
-    )
-}
-
-impl BatchState {
-    fn rows_list(&mut self) -> Vec<usize> {
-        self.batch().iter().map(|(row, _)| row).collect()
     }
 }
 

@@ -17,6 +17,8 @@ mod reference;
 mod spec_processor;
 mod specs;
 mod tensor;
+mod thinking;
+mod tokenizer;
 mod watch;
 mod watermark;
 
@@ -24,7 +26,7 @@ use logits_processing::processors::lookup_thinking_token_config;
 use logits_processing::{register_thinking_token_config, TextEncoder, ThinkingTokenConfig};
 use pyo3::prelude::*;
 
-use crate::context::PyEncoder;
+use crate::tokenizer::PyEncoder;
 
 /// `((start, end, newline), key)` for `model_name` by the core's rule (the tokenizer's single
 /// tokens, then the table, else `(0, 0, 10)`), and the table key whose entry that is (or None).
@@ -332,7 +334,7 @@ fn _lib(m: &Bound<'_, PyModule>) -> PyResult<()> {
     m.add_class::<reference::PyForcedSequence>()?;
     m.add_class::<reference::PyThinkingBudget>()?;
     m.add_class::<batch::PyBatch>()?;
-    m.add_class::<context::PyGrammarEnv>()?;
+    m.add_class::<tokenizer::PyGrammarEnv>()?;
     m.add_class::<context::PyEngineContext>()?;
     m.add_class::<spec_processor::PyProcessor>()?;
     m.add_function(wrap_pyfunction!(specs::validate_specs, m)?)?;
@@ -340,7 +342,7 @@ fn _lib(m: &Bound<'_, PyModule>) -> PyResult<()> {
     m.add_function(wrap_pyfunction!(thinking_token_ids, m)?)?;
     m.add_function(wrap_pyfunction!(register_thinking_token_ids, m)?)?;
     m.add_function(wrap_pyfunction!(context::hello_world_ids, m)?)?;
-    m.add_function(wrap_pyfunction!(context::thinking_token_table, m)?)?;
+    m.add_function(wrap_pyfunction!(thinking::thinking_token_table, m)?)?;
     m.add_function(wrap_pyfunction!(specs::position_by_tokens, m)?)?;
     m.add_function(wrap_pyfunction!(reads_history, m)?)?;
     m.add_function(wrap_pyfunction!(specs::refuse_caller_mask_py, m)?)?;

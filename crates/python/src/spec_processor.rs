@@ -6,10 +6,10 @@ use pyo3::prelude::*;
 use crate::args;
 use crate::context::context_arg;
 use crate::device::apply_pipeline_row;
-use crate::errors::to_py;
+use crate::errors::{to_py, IntoPyResult};
 use crate::exclusive::Exclusive;
 use crate::reference::{call_row, logits_arg, RowSteps};
-use crate::specs::{check_prompt_len, entries_of, pipeline_of, refuse_caller_mask, Entry};
+use crate::specs::{check_prompt_len, entries_any_order, refuse_caller_mask, Entry};
 use crate::tensor::Block;
 
 /// A processor made from a request spec: every kind a ``Batch`` accepts, for one row.
@@ -95,7 +95,7 @@ impl PyProcessor {
             .map(|n| args::index(n, "prompt_len"))
             .transpose()?;
         let context = context_arg(context)?;
-        let entries = entries_of(spec, false)?;
+        let entries = entries_any_order(spec, false)?;
         refuse_caller_mask(&entries, "a Processor")?;
         let mut kinds = vec![];
         for (at, entry) in &entries {
@@ -114,9 +114,10 @@ impl PyProcessor {
             }
         }
         let needs_prompt_len = check_prompt_len(&entries, prompt_len);
-        let pipeline = pipeline_of(entries, &context, prompt_len.unwrap_or(0), |_| {
+        let pipeline = Pipeline::from_entries(entries, &context, prompt_len.unwrap_or(0), |_| {
             unreachable!("no callables among specs")
-        })?;
+        })
+        .py()?;
         // After the specs' own errors, which say more.
         needs_prompt_len?;
         Ok(Self {

@@ -3,9 +3,9 @@
 //! functions, `validate_specs`, `resolve_specs` and `position_by_tokens`.
 
 use logits_processing::spec::MAX_PIPELINE_LEN;
-use logits_processing::{parse_pipeline, Error, Pipeline, ProcessorSpec, SpecContext, Step};
+use logits_processing::{parse_pipeline, EngineContext, Error};
 use pyo3::prelude::*;
-use pyo3::types::{PyDict, PyList, PyString, PyTuple};
+use pyo3::types::{PyByteArray, PyBytes, PyDict, PyList, PyString, PyTuple};
 
 use crate::args;
 use crate::context::context_arg;
@@ -15,6 +15,15 @@ use crate::reference::builtin_processor;
 /// The JSON text of a spec given as a string or as a dict (or list) of JSON values.
 /// `at`: where the entry stands in the pipeline given (`"[1]"`), for errors.
 fn json_of(object: &Bound<'_, PyAny>, at: &str) -> PyResult<String> {
+    if is_bytes(object) {
+        let bytes: Vec<u8> = object.extract()?;
+        return String::from_utf8(bytes).map_err(|e| {
+            to_py(Error::InvalidSpec {
+                field: "spec".into(),
+                message: format!("not UTF-8 text: {e}"),
+            })
+        });
+    }
     if object.is_instance_of::<PyString>() {
         return args::text(object, "spec").map_err(|e| {
             to_py(Error::InvalidSpec {
@@ -82,15 +91,17 @@ fn non_finite(object: &Bound<'_, PyAny>, at: &str, depth: usize) -> Option<(Stri
     None
 }
 
-/// What one entry of a pipeline given from Python becomes.
-pub(crate) enum Entry {
-    Specs(Vec<ProcessorSpec>),
-    Processor(Box<dyn logits_processing::LogitsProcessor>),
-    External(Py<PyAny>),
+/// What one entry of a pipeline given from Python becomes: specs, a built-in processor object,
+/// or a Python callable.
+pub(crate) type Entry = logits_processing::PipelineEntry<Py<PyAny>>;
+
+/// JSON text as it arrives off a wire: `bytes` or `bytearray`, UTF-8.
+fn is_bytes(object: &Bound<'_, PyAny>) -> bool {
+    object.is_instance_of::<PyBytes>() || object.is_instance_of::<PyByteArray>()
 }
 
 fn entry_of(item: &Bound<'_, PyAny>, at: &str, allow_external: bool) -> PyResult<Entry> {
-    if item.is_instance_of::<PyString>() || item.is_instance_of::<PyDict>() {
+    if item.is_instance_of::<PyString>() || item.is_instance_of::<PyDict>() || is_bytes(item) {
         let specs = parse_pipeline(&json_of(item, at)?).map_err(|e| to_py(spec_error(e, at)))?;
         return Ok(Entry::Specs(specs));
     }
@@ -227,60 +238,17 @@ pub(crate) fn entries_any_order(
     )])
 }
 
-/// Realizes the specs of `entries` with `context`, in order, into a pipeline whose steps are
-/// named as the caller gave them (`[1] ban_tokens`, `[2] my_step`) and which gives a row left
-/// with no finite logit the context's EOS ids.
-pub(crate) fn pipeline_of(
-    entries: Vec<(String, Entry)>,
-    context: &SpecContext,
-    prompt_len: usize,
-    mut external: impl FnMut(Py<PyAny>) -> u64,
-) -> PyResult<Pipeline> {
-    let mut steps = vec![];
-    let mut labels = vec![];
-    for (at, entry) in entries {
-        match entry {
-            Entry::Specs(specs) => {
-                for spec in specs {
-                    let processor = spec
-                        .realize(context, prompt_len)
-                        .map_err(|e| to_py(spec_error(e, &at)))?;
-                    labels.push(match format!("{at}{}", spec.position()) {
-                        place if place.is_empty() => format!("[{}] {}", steps.len(), spec.kind()),
-                        place => format!("{place} {}", spec.kind()),
-                    });
-                    steps.push(Step::Processor(processor));
-                }
-            }
-            Entry::Processor(processor) => {
-                // Named by its type, as the pipeline names it.
-                labels.push(String::new());
-                steps.push(Step::Processor(processor));
-            }
-            Entry::External(callable) => {
-                let name = Python::attach(|py| {
-                    let callable = callable.bind(py);
-                    callable
-                        .getattr("__qualname__")
-                        .or_else(|_| callable.get_type().getattr("__qualname__"))
-                        .and_then(|n| n.extract::<String>())
-                        .unwrap_or_else(|_| "?".into())
-                });
-                labels.push(format!("{at} {name} (a Python processor)"));
-                steps.push(Step::External(external(callable)));
-            }
-        }
-    }
-    if steps.len() > MAX_PIPELINE_LEN {
-        return Err(to_py(Error::TooLarge {
-            field: "pipeline".into(),
-            len: steps.len(),
-            limit: MAX_PIPELINE_LEN,
-        }));
-    }
-    Ok(Pipeline::new(steps)
-        .with_labels(labels)
-        .with_eos_token_ids(context.eos_token_ids.clone()))
+/// A Python callable's name in a pipeline's labels.
+pub(crate) fn callable_name(callable: &Py<PyAny>) -> String {
+    let name = Python::attach(|py| {
+        let callable = callable.bind(py);
+        callable
+            .getattr("__qualname__")
+            .or_else(|_| callable.get_type().getattr("__qualname__"))
+            .and_then(|n| n.extract::<String>())
+            .unwrap_or_else(|_| "?".into())
+    });
+    format!("{name} (a Python processor)")
 }
 
 /// Checks request specs as a `Batch` would admit them, without building a batch.
@@ -317,7 +285,7 @@ pub(crate) fn validate_specs(
 }
 
 /// Validates `specs` against `context`, naming the field of the first bad one.
-pub(crate) fn validate_with(specs: &Bound<'_, PyAny>, context: &SpecContext) -> PyResult<()> {
+pub(crate) fn validate_with(specs: &Bound<'_, PyAny>, context: &EngineContext) -> PyResult<()> {
     for (at, entry) in entries_of(specs, false)? {
         let Entry::Specs(specs) = entry else {
             unreachable!("entries_of refuses processors and callables here")
@@ -363,7 +331,7 @@ pub(crate) fn resolve_specs<'py>(
 /// Resolves `specs` against `context`, as a list of dicts.
 pub(crate) fn resolve_with<'py>(
     specs: &Bound<'py, PyAny>,
-    context: &SpecContext,
+    context: &EngineContext,
 ) -> PyResult<Bound<'py, PyAny>> {
     let mut resolved = vec![];
     for (at, entry) in entries_of(specs, false)? {

@@ -9,8 +9,7 @@ from __future__ import annotations
 import json
 import logging
 import os
-import weakref
-from typing import Any, Callable, Mapping, Optional, Sequence, Tuple
+from typing import Any, Callable, Mapping, Optional, Sequence, Tuple, TypedDict
 
 from .. import _lib
 
@@ -238,80 +237,38 @@ def thinking_tokens_for(tokenizer: Any = None, model_name: Optional[str] = None)
     return _lib.EngineContext(tokenizer, model_name=model_name, grammar=False).thinking_tokens
 
 
-_GRAMMAR_ENVS: "weakref.WeakKeyDictionary[Any, Any]" = weakref.WeakKeyDictionary()
+#: The engine context every adapter takes (the core's, as the package exports it): explicit
+#: values win, the rest come from the tokenizer and the model name, and one ``GrammarEnv`` per
+#: tokenizer object is shared by every context made from it.
+EngineContext = _lib.EngineContext
 
 
-def grammar_env_of(tokenizer: Any) -> Any:
-    """The ``GrammarEnv`` of a transformers fast tokenizer (or a ``tokenizers.Tokenizer``), one
-    per tokenizer object (reading it costs about half a second at a 129k vocab, and its compiled
-    grammars are shared), or None for no tokenizer or one llguidance cannot read (grammar specs
-    are then refused, naming the tokenizer)."""
-    if tokenizer is None:
-        return None
-    if isinstance(tokenizer, _lib.GrammarEnv):
-        return tokenizer
-    try:
-        return _GRAMMAR_ENVS[tokenizer]
-    except (KeyError, TypeError):  # not seen yet, or not weakly referenceable
-        pass
-    try:
-        env = _lib.GrammarEnv(tokenizer)
-    except (_lib.TokenizerError, TypeError):  # not a fast tokenizer (a test double, a slow one)
-        return None
-    try:
-        _GRAMMAR_ENVS[tokenizer] = env
-    except TypeError:
-        pass
-    return env
+class EngineKeywords(TypedDict, total=False):
+    """What the in-process adapters (HF, TRT-LLM) take beside ``context=`` to build one:
 
+    - ``tokenizer``: the model's tokenizer, for ``hello_world`` specs, the thinking tokens, token
+      texts and the grammars (llguidance reads it);
+    - ``model_name``: for the thinking-token table when the tokenizer does not name them;
+    - ``vocab_size``: checks token ids when the processor is built (default: the logits' width);
+    - ``hello_world``: ``(ids, eos)`` instead of asking the tokenizer;
+    - ``thinking_tokens``: a ``ThinkingTokenConfig`` instead of asking the tokenizer."""
 
-class EngineContext(_lib.EngineContext):
-    """:class:`logits_processing.EngineContext`, with :meth:`resolve`, which the adapters use: one
-    ``GrammarEnv`` per tokenizer object is shared by every context made from it."""
-
-    @classmethod
-    def resolve(
-        cls,
-        *,
-        tokenizer: Any = None,
-        model_name: Optional[str] = None,
-        vocab_size: Optional[int] = None,
-        eos_token_id: Any = None,
-        hello_world: Optional[Tuple[Sequence[int], int]] = None,
-        thinking_tokens: Any = None,
-    ) -> "EngineContext":
-        """The engine's context: explicit values win; the rest come from the tokenizer (and the
-        model name), by the core's rules."""
-        env = grammar_env_of(tokenizer)
-        return cls(
-            tokenizer,
-            model_name=model_name,
-            vocab_size=vocab_size,
-            eos_token_id=eos_token_id,
-            grammar=env if env is not None else False,
-            hello_world=hello_world,
-            thinking_tokens=thinking_tokens,
-        )
-
-    def validate(self, specs: Any) -> None:
-        """Everything a request's specs can be checked for here (structure, values, and token
-        ids against the vocab when it is known). Raises ``SpecError``; an id beyond the vocab is
-        a ``TokenOutOfVocabError`` naming its field (``[1].eos_token_id``)."""
-        super().validate(decode_specs(specs) if isinstance(specs, (str, bytes, bytearray)) else specs)
-
-    def resolve_specs(self, specs: Any) -> list:
-        """The specs with everything engine-specific made explicit, so that a worker without the
-        tokenizer can realize them (the core's ``resolve_specs``): ``hello_world`` becomes a
-        ``forced_sequence`` of its ids and a ``thinking_budget`` without ids gets the model's."""
-        return super().resolve_specs(decode_specs(specs))
+    tokenizer: Any
+    model_name: Optional[str]
+    vocab_size: Optional[int]
+    hello_world: Optional[Tuple[Sequence[int], int]]
+    thinking_tokens: Any
 
 
 def context_for(context: Any = None, **engine: Any) -> Any:
     """``context`` (an :class:`EngineContext` built once per engine) when given, else one built
-    from ``engine`` (``tokenizer=``, ``model_name=``, ``vocab_size=``, ...) by
-    :meth:`EngineContext.resolve`; both is an ``ArgumentTypeError`` naming the keyword."""
+    from ``engine`` (:class:`EngineKeywords`) by :class:`EngineContext`; both is an
+    ``ArgumentTypeError`` naming the keyword, and a keyword that is none of them a ``TypeError``."""
+    unknown = sorted(set(engine) - set(EngineKeywords.__annotations__))
+    if unknown:
+        raise TypeError(f"unexpected keyword argument {unknown[0]!r}")
     if context is None:
-        return EngineContext.resolve(**engine)
+        return EngineContext(**engine)
     if not isinstance(context, _lib.EngineContext):
         raise _lib.ArgumentTypeError(f"context must be an EngineContext, got {type(context).__name__}")
     given = [name for name, value in engine.items() if value is not None]
@@ -444,8 +401,6 @@ class KeyedBatch:
                     specs = specs() if callable(specs) else specs
                     if self.position is not None:
                         specs = with_position(specs, self.position)
-                    elif isinstance(specs, (str, bytes)):
-                        specs = decode_specs(specs)
                     self.batch.add(i, no_caller_mask(specs), prompt_len=prompt_len)
                 except Exception as e:  # noqa: BLE001 - one bad request must not stop the step
                     self.failed[key] = str(e)

@@ -6,13 +6,13 @@ Imports transformers (and torch) when this module is imported.
 from __future__ import annotations
 
 import operator
-from typing import Any, Optional, Sequence, Tuple
+from typing import Any, Optional, Sequence, Tuple, Unpack
 
 import torch
 from transformers import LogitsProcessor
 
 from .. import _lib
-from ._common import check_in_process_pipeline, context_for, takes_device_path
+from ._common import EngineKeywords, check_in_process_pipeline, context_for, takes_device_path
 
 __all__ = ["HFLogitsProcessor", "specs_from_generation_config"]
 
@@ -41,17 +41,10 @@ class HFLogitsProcessor(LogitsProcessor):
         per_row: instead of ``pipeline``, one pipeline per prompt. With ``num_beams`` or
             ``num_return_sequences`` above 1, HF expands each prompt into consecutive rows; each
             of those rows gets its prompt's pipeline (a fresh copy).
-        tokenizer: the model's tokenizer, for ``hello_world`` specs, the thinking tokens and
-            the grammars (``grammar``, ``json_object``: llguidance reads the tokenizer).
-        model_name: the model's name, for the thinking-token table when the tokenizer does not
-            name them.
-        vocab_size: checks token ids when the processor is built; default: the scores' width at
-            the first call.
-        hello_world: ``(ids, eos)`` instead of asking the tokenizer.
-        thinking_tokens: a ``ThinkingTokenConfig`` instead of asking the tokenizer.
-        context: instead of ``tokenizer``, ``model_name``, ``vocab_size``, ``hello_world`` and
-            ``thinking_tokens``: a :class:`logits_processing.EngineContext` built once for the
-            model and shared by every processor made for it (its tokenizer is read once).
+        context: a :class:`logits_processing.EngineContext` built once for the model and
+            shared by every processor made for it (its tokenizer is read once); or instead, the
+            keywords of :class:`~logits_processing.adapters.EngineKeywords` (``tokenizer``,
+            ``model_name``, ``vocab_size``, ``hello_world``, ``thinking_tokens``) to build one.
 
     Example::
 
@@ -70,23 +63,12 @@ class HFLogitsProcessor(LogitsProcessor):
         pipeline: Any = None,
         *,
         per_row: Optional[Sequence[Any]] = None,
-        tokenizer: Any = None,
-        model_name: Optional[str] = None,
-        vocab_size: Optional[int] = None,
-        hello_world: Any = None,
-        thinking_tokens: Any = None,
         context: Optional[_lib.EngineContext] = None,
+        **engine: Unpack[EngineKeywords],
     ) -> None:
         if (pipeline is None) == (per_row is None):
             raise ValueError("give exactly one of pipeline (every row) and per_row (one per prompt)")
-        self.context = context_for(
-            context,
-            tokenizer=tokenizer,
-            model_name=model_name,
-            vocab_size=vocab_size,
-            hello_world=hello_world,
-            thinking_tokens=thinking_tokens,
-        )
+        self.context = context_for(context, **engine)
         if per_row is None:
             self._pipelines = [check_in_process_pipeline(pipeline, engine="transformers")]
         else:

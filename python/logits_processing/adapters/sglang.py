@@ -52,7 +52,6 @@ from ._common import (
     SPEC_KEY,
     EngineContext,
     KeyedBatch,
-    decode_specs,
     encode_specs,
     no_caller_mask,
     original_prompt_len,
@@ -197,7 +196,7 @@ def _needs_token_texts(payload: Any) -> bool:
     if callable(payload):
         return False
     try:
-        return lp.needs_token_texts(decode_specs(payload))
+        return lp.needs_token_texts(payload)
     except (TypeError, ValueError):
         return False  # refused when the batch builds it
 
@@ -245,7 +244,7 @@ def _reads_history(payload: Any) -> bool:
     if callable(payload):
         return False  # a refusal: the request finishes with its error
     try:
-        return lp.reads_history(decode_specs(payload))
+        return lp.reads_history(payload)
     except (TypeError, ValueError):
         return False  # refused when the batch builds it
 
@@ -421,7 +420,7 @@ def use_scheduler_tokenizer() -> bool:
             trust_remote_code=bool(getattr(args, "trust_remote_code", False)),
             revision=getattr(args, "revision", None),
         )
-        context = EngineContext.resolve(tokenizer=tokenizer, model_name=args.model_path)
+        context = EngineContext(tokenizer=tokenizer, model_name=args.model_path)
     except Exception as e:  # noqa: BLE001 - the grammar specs are refused with the reason
         logger.error("logits_processing: the server's tokenizer could not be loaded for the specs that need token texts: %s", e)
         return False

@@ -34,12 +34,13 @@ from __future__ import annotations
 
 import contextlib
 import logging
-from typing import Any, Callable, List, Mapping, Optional, Sequence, Union
+from typing import Any, Callable, List, Mapping, Optional, Sequence, Union, Unpack
 
 import torch
 
 from .. import _lib
 from ._common import (
+    EngineKeywords,
     KeyedBatch,
     check_in_process_pipeline,
     context_for,
@@ -112,8 +113,9 @@ class TRTLLMLogitsProcessor:
             every request this object serves. Default: each request's first call's length,
             which is right unless the first call already has generated tokens (a decode worker
             after a prefill worker: pass it then).
-        vocab_size, tokenizer, model_name, hello_world, thinking_tokens: as
-            :class:`logits_processing.adapters.hf.HFLogitsProcessor`.
+        context: a :class:`logits_processing.EngineContext` shared by every processor of the
+            model, or instead the keywords of :class:`~logits_processing.adapters.EngineKeywords`
+            (``tokenizer``, ``vocab_size``, ...) to build one.
         role: ``"aggregated"`` (default), ``"decode"`` or ``"prefill"``; on a prefill worker the
             processor does nothing.
         disable_overlap_scheduler, speculative_config: the engine's settings of these names (see
@@ -138,24 +140,13 @@ class TRTLLMLogitsProcessor:
         pipeline: Any,
         *,
         prompt_len: Optional[int] = None,
-        vocab_size: Optional[int] = None,
-        tokenizer: Any = None,
-        model_name: Optional[str] = None,
-        hello_world: Any = None,
-        thinking_tokens: Any = None,
         role: Any = "aggregated",
         context: Optional[_lib.EngineContext] = None,
         disable_overlap_scheduler: bool = False,
         speculative_config: Any = None,
+        **engine: Unpack[EngineKeywords],
     ) -> None:
-        self.context = context_for(
-            context,
-            tokenizer=tokenizer,
-            model_name=model_name,
-            vocab_size=vocab_size,
-            hello_world=hello_world,
-            thinking_tokens=thinking_tokens,
-        )
+        self.context = context_for(context, **engine)
         self.pipeline = check_in_process_pipeline(pipeline, engine="TensorRT-LLM")
         if _is_data(self.pipeline):
             self.context.validate(self.pipeline)
@@ -269,24 +260,13 @@ class TRTLLMBatchedLogitsProcessor:
         self,
         specs: Optional[SpecSource] = None,
         *,
-        vocab_size: Optional[int] = None,
-        tokenizer: Any = None,
-        model_name: Optional[str] = None,
-        hello_world: Any = None,
-        thinking_tokens: Any = None,
         role: Any = "aggregated",
         context: Optional[_lib.EngineContext] = None,
         disable_overlap_scheduler: bool = False,
         speculative_config: Any = None,
+        **engine: Unpack[EngineKeywords],
     ) -> None:
-        self.context = context_for(
-            context,
-            tokenizer=tokenizer,
-            model_name=model_name,
-            vocab_size=vocab_size,
-            hello_world=hello_world,
-            thinking_tokens=thinking_tokens,
-        )
+        self.context = context_for(context, **engine)
         self.enabled = runs_processors(role)
         self._settings = dict(
             disable_overlap_scheduler=disable_overlap_scheduler, speculative_config=speculative_config

@@ -54,7 +54,6 @@ from ._common import (
     EngineContext,
     KeyedBatch,
     check_prompt_len,
-    decode_specs,
     no_caller_mask,
     normalize_role,
     original_prompt_len,
@@ -187,7 +186,7 @@ def _frontend_context(frontend: Any) -> "tuple[EngineContext, Optional[str], boo
         tokenizer = frontend.tokenizer
     except Exception:  # noqa: BLE001 - skip_tokenizer_init: specs must then carry ids
         tokenizer = None
-    context = EngineContext.resolve(
+    context = EngineContext(
         tokenizer=tokenizer,
         model_name=getattr(model_config, "model", None),
         vocab_size=model_config.get_vocab_size(),
@@ -207,7 +206,7 @@ def _frontend_context(frontend: Any) -> "tuple[EngineContext, Optional[str], boo
 def activate(params: SamplingParams, specs: Any, *, role: Any = "aggregated", context=None) -> SamplingParams:
     """Puts ``specs`` on a request, the frontend side: as a JSON text under
     ``params.extra_args["logits_processing"]``, merged with any other extra args. On a prefill
-    worker nothing is added. With an :class:`~logits_processing.adapters.EngineContext`,
+    worker nothing is added. With an :class:`~logits_processing.EngineContext`,
     ``hello_world`` and thinking-token defaults are resolved to ids first."""
     if not runs_processors(role):
         return params
@@ -315,7 +314,7 @@ class _EngineSide:
         self.speculative = getattr(vllm_config, "speculative_config", None) is not None
         self._dynamo_key = not _dynamo_adapter_in(model_config)
         tokenizer = _tokenizer_of(model_config) if self.enabled else None
-        self.context = EngineContext.resolve(
+        self.context = EngineContext(
             tokenizer=tokenizer,
             model_name=getattr(model_config, "model", None),
             vocab_size=model_config.get_vocab_size(),
@@ -373,7 +372,7 @@ class VLLMV1LogitsProcessor(_EngineSide, LogitsProcessor):
             if specs is None:
                 continue
             try:
-                specs = no_caller_mask(decode_specs(specs) if isinstance(specs, (str, bytes)) else specs, "vLLM")
+                specs = no_caller_mask(specs, "vLLM")
                 # A migrated request's prompt holds the ids it generated before; a resumed
                 # one (preempted by vLLM) has them in its output already.
                 prompt_len = original_prompt_len(params.extra_args, len(prompt or ()))
@@ -537,7 +536,7 @@ class VLLMV2LogitsProcessor(_EngineSide, *((V2LogitsProcessor,) if V2LogitsProce
         if specs is None:
             return False
         try:
-            specs = no_caller_mask(decode_specs(specs) if isinstance(specs, (str, bytes)) else specs, "vLLM")
+            specs = no_caller_mask(specs, "vLLM")
             if self.speculative and _lib.observes_pass(specs):
                 raise ValueError(SPEC_DECODING_OBSERVES_PASS)
             reads = _lib.reads_history(specs)

@@ -5,7 +5,7 @@ use crate::error::{Error, Result};
 use crate::history::TokenHistory;
 use crate::plan::{Edit, Reshape, RowPlan};
 use crate::processors::LogitsProcessor;
-use crate::spec::{KindSpec, SpecContext};
+use crate::spec::{EngineContext, KindSpec};
 
 /// `{"kind": "adaptive_p", "target": 0.5, "decay": 0.9}`: llama.cpp's adaptive-p
 /// (`llama_sampler_init_adaptive_p(target, decay, seed)`): each step, every logit but `-inf`
@@ -80,7 +80,7 @@ impl KindSpec for AdaptivePSpec {
         self.build().map(drop)
     }
 
-    fn realize(&self, _: &SpecContext, _: usize) -> Result<Box<dyn LogitsProcessor>> {
+    fn realize(&self, _: &EngineContext, _: usize) -> Result<Box<dyn LogitsProcessor>> {
         Ok(Box::new(self.build()?))
     }
 }

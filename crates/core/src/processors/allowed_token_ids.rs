@@ -5,7 +5,7 @@ use crate::error::{Error, Result};
 use crate::history::TokenHistory;
 use crate::plan::RowPlan;
 use crate::processors::LogitsProcessor;
-use crate::spec::{check_len, KindSpec, SpecContext};
+use crate::spec::{check_len, EngineContext, KindSpec};
 
 /// `{"kind": "allowed_token_ids", "token_ids": [5, 6]}`: at least one id.
 #[derive(Debug, Clone, Serialize, Deserialize, JsonSchema)]
@@ -20,7 +20,7 @@ impl KindSpec for AllowedTokenIdsSpec {
         AllowedTokenIds::new(&self.token_ids).map(drop)
     }
 
-    fn realize(&self, context: &SpecContext, _: usize) -> Result<Box<dyn LogitsProcessor>> {
+    fn realize(&self, context: &EngineContext, _: usize) -> Result<Box<dyn LogitsProcessor>> {
         context.check_ids("token_ids", self.token_ids.iter().copied())?;
         Ok(Box::new(AllowedTokenIds::new(&self.token_ids)?))
     }

@@ -8,7 +8,7 @@ use crate::history::TokenHistory;
 use crate::plan::RowPlan;
 use crate::processors::matcher::{Automaton, Matcher};
 use crate::processors::{push_bans, LogitsProcessor};
-use crate::spec::{check_len, KindSpec, SpecContext, MAX_TOKEN_IDS};
+use crate::spec::{check_len, EngineContext, KindSpec, MAX_TOKEN_IDS};
 
 /// `{"kind": "bad_words", "sequences": [[5], [7, 8, 9]]}`: token sequences never to generate.
 #[derive(Debug, Clone, Serialize, Deserialize, JsonSchema)]
@@ -48,7 +48,7 @@ impl KindSpec for BadWordsSpec {
         check_sequences("sequences", self.sequences.iter())
     }
 
-    fn realize(&self, context: &SpecContext, _: usize) -> Result<Box<dyn LogitsProcessor>> {
+    fn realize(&self, context: &EngineContext, _: usize) -> Result<Box<dyn LogitsProcessor>> {
         for (i, sequence) in self.sequences.iter().enumerate() {
             context.check_ids(&format!("sequences[{i}]"), sequence.iter().copied())?;
         }

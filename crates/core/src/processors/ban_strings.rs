@@ -14,7 +14,7 @@ use crate::history::TokenHistory;
 use crate::plan::RowPlan;
 use crate::processors::cursor::Cursor;
 use crate::processors::{push_bans, LogitsProcessor};
-use crate::spec::{check_texts, KindSpec, SpecContext};
+use crate::spec::{check_texts, EngineContext, KindSpec};
 
 /// `{"kind": "ban_strings", "strings": ["As an AI", "I cannot"], "case_sensitive": true}`: texts
 /// never to generate, whatever tokens would spell them. At each step every token whose text
@@ -65,7 +65,7 @@ impl KindSpec for BanStringsSpec {
 
     fn realize(
         &self,
-        context: &SpecContext,
+        context: &EngineContext,
         prompt_len: usize,
     ) -> Result<Box<dyn LogitsProcessor>> {
         self.check()?;
@@ -83,7 +83,7 @@ impl KindSpec for BanStringsSpec {
         Ok(Box::new(BanStrings::new(banner, env, prompt_len)))
     }
 
-    fn validate(&self, context: &SpecContext) -> Option<Result<()>> {
+    fn validate(&self, context: &EngineContext) -> Option<Result<()>> {
         // Without an engine, the tokenizer is the engine's to supply.
         (context.structure_only && context.grammar.is_none()).then(|| self.check())
     }
@@ -261,8 +261,8 @@ mod tests {
         serde_json::from_str(json).unwrap()
     }
 
-    fn context() -> SpecContext {
-        SpecContext {
+    fn context() -> EngineContext {
+        EngineContext {
             grammar: Some(env().clone()),
             ..Default::default()
         }
@@ -332,7 +332,7 @@ mod tests {
     #[test]
     fn without_the_tokenizer_it_is_refused_naming_strings() {
         let error = spec(r#"{"strings": ["x"]}"#)
-            .realize(&SpecContext::default(), 0)
+            .realize(&EngineContext::default(), 0)
             .unwrap_err();
         assert!(error.to_string().contains("strings"), "{error}");
         let empty = spec(r#"{"strings": ["ok", ""]}"#).check().unwrap_err();
@@ -359,7 +359,7 @@ mod tests {
     #[test]
     fn the_largest_lists_cost_megabytes_and_the_cache_keeps_its_byte_budget() {
         let env = byte_level_env(&PIECES);
-        let context = SpecContext {
+        let context = EngineContext {
             grammar: Some(env.clone()),
             ..Default::default()
         };

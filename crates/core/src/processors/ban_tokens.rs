@@ -5,7 +5,7 @@ use crate::error::Result;
 use crate::history::TokenHistory;
 use crate::plan::{Edit, RowPlan};
 use crate::processors::{LogitsProcessor, MASK_FROM};
-use crate::spec::{check_len, KindSpec, SpecContext};
+use crate::spec::{check_len, EngineContext, KindSpec};
 
 /// `{"kind": "ban_tokens", "token_ids": [5, 6]}`: the ids whose logits become `-inf`.
 #[derive(Debug, Clone, Serialize, Deserialize, JsonSchema)]
@@ -19,7 +19,7 @@ impl KindSpec for BanTokensSpec {
         check_len("token_ids", self.token_ids.len())
     }
 
-    fn realize(&self, context: &SpecContext, _: usize) -> Result<Box<dyn LogitsProcessor>> {
+    fn realize(&self, context: &EngineContext, _: usize) -> Result<Box<dyn LogitsProcessor>> {
         context.check_ids("token_ids", self.token_ids.iter().copied())?;
         Ok(Box::new(BanTokens::new(self.token_ids.clone())))
     }

@@ -5,7 +5,7 @@ use crate::error::Result;
 use crate::history::TokenHistory;
 use crate::plan::{MaskId, RowPlan};
 use crate::processors::LogitsProcessor;
-use crate::spec::{KindSpec, SpecContext};
+use crate::spec::{EngineContext, KindSpec};
 
 /// `{"kind": "bitmask"}`: no fields.
 #[derive(Debug, Clone, Serialize, Deserialize, JsonSchema)]
@@ -13,7 +13,7 @@ use crate::spec::{KindSpec, SpecContext};
 pub struct BitmaskSpec {}
 
 impl KindSpec for BitmaskSpec {
-    fn realize(&self, context: &SpecContext, _: usize) -> Result<Box<dyn LogitsProcessor>> {
+    fn realize(&self, context: &EngineContext, _: usize) -> Result<Box<dyn LogitsProcessor>> {
         Ok(Box::new(CallerBitmask::new(
             context.vocab_size.unwrap_or(0).div_ceil(32),
         )))

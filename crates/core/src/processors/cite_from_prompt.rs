@@ -8,9 +8,10 @@ use crate::history::TokenHistory;
 use crate::plan::{Edit, RowPlan};
 use crate::processors::cursor::Cursor;
 use crate::processors::repetition_penalty::vocab_limit;
-use crate::processors::zoo::{eos_or, structure_only, with_kind};
+use crate::processors::token_text::eos_or;
 use crate::processors::{check_bias, LogitsProcessor};
-use crate::spec::{KindSpec, SpecContext};
+use crate::spec::{structure_only, with_kind};
+use crate::spec::{EngineContext, KindSpec};
 
 /// `{"kind": "cite_from_prompt", "boost_factor": 1.0, "conditional_boost_factor": 0.5, "eos_token_id": 2}`:
 /// a bias on the prompt's tokens, as logits-processor-zoo's `CiteFromPromptLogitsProcessor`
@@ -65,7 +66,7 @@ impl KindSpec for CiteFromPromptSpec {
 
     fn realize(
         &self,
-        context: &SpecContext,
+        context: &EngineContext,
         prompt_len: usize,
     ) -> Result<Box<dyn LogitsProcessor>> {
         let eos = self
@@ -82,11 +83,11 @@ impl KindSpec for CiteFromPromptSpec {
         }))
     }
 
-    fn validate(&self, context: &SpecContext) -> Option<Result<()>> {
+    fn validate(&self, context: &EngineContext) -> Option<Result<()>> {
         structure_only(context, self.boost_eos && self.eos_token_id.is_none()).then_some(Ok(()))
     }
 
-    fn resolve(&self, context: &SpecContext) -> Result<Option<serde_json::Value>> {
+    fn resolve(&self, context: &EngineContext) -> Result<Option<serde_json::Value>> {
         if !self.boost_eos || self.eos_token_id.is_some() || context.eos_token_id().is_none() {
             return Ok(None);
         }
@@ -110,9 +111,9 @@ struct Prompt {
 /// The prompt's tokens boosted: see [`CiteFromPromptSpec`].
 ///
 /// ```
-/// use logits_processing::{process_row, ProcessorSpec, SpecContext};
+/// use logits_processing::{process_row, ProcessorSpec, EngineContext};
 /// let spec = ProcessorSpec::parse(r#"{"kind": "cite_from_prompt", "boost_factor": 2.0, "eos_token_id": 0}"#)?;
-/// let mut cite = spec.realize(&SpecContext::default(), 2)?;
+/// let mut cite = spec.realize(&EngineContext::default(), 2)?;
 /// let mut row = [0.0f32; 5];
 /// process_row(cite.as_mut(), &[3u32, 4, 1], &mut row)?; // prompt [3, 4], then 1
 /// assert_eq!(row, [2.0, 0.0, 0.0, 2.0, 2.0]);
@@ -206,7 +207,7 @@ mod tests {
             r#"{"boost_factor": 1.0, "boost_eos": false, "conditional_boost_factor": 0.5}"#,
         )
         .unwrap();
-        let mut cite = spec.realize(&SpecContext::default(), 4).unwrap();
+        let mut cite = spec.realize(&EngineContext::default(), 4).unwrap();
         let mut row = [0.0f32; 6];
         // Prompt 1 2 1 3: after a generated 1 come 2 and 3.
         process_row(cite.as_mut(), &[1u32, 2, 1, 3], &mut row).unwrap();

@@ -7,7 +7,7 @@ use crate::plan::{Edit, RowPlan};
 use crate::processors::counts::{window_of, TokenCounts};
 use crate::processors::repetition_penalty::vocab_limit;
 use crate::processors::{LogitsProcessor, MAX_BIAS};
-use crate::spec::SpecContext;
+use crate::spec::EngineContext;
 
 /// The largest penalty a token gets, either way ([`MAX_BIAS`]): a product `penalty * count`
 /// past it saturates there, so a finite logit stays finite.
@@ -40,7 +40,7 @@ impl<const PER_OCCURRENCE: bool> CountPenalty<PER_OCCURRENCE> {
     pub(crate) fn realized(
         penalty: f64,
         window: Option<i64>,
-        context: &SpecContext,
+        context: &EngineContext,
         prompt_len: usize,
     ) -> Result<Box<dyn LogitsProcessor>> {
         Ok(Box::new(

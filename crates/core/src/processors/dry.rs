@@ -9,7 +9,7 @@ use crate::plan::{Edit, RowPlan};
 use crate::processors::cursor::Cursor;
 use crate::processors::repetition_penalty::vocab_limit;
 use crate::processors::{LogitsProcessor, MAX_BIAS};
-use crate::spec::{check_texts, KindSpec, SpecContext, MAX_TOKEN_IDS};
+use crate::spec::{check_texts, EngineContext, KindSpec, MAX_TOKEN_IDS};
 
 /// `{"kind": "dry", "multiplier": 0.8, "base": 1.75, "allowed_length": 2, "penalty_last_n": 64,
 /// "sequence_breaker_ids": [[198], [25]]}`: "Don't Repeat Yourself" (p-e-w's, as llama.cpp's
@@ -84,7 +84,7 @@ impl DrySpec {
     }
 
     /// Every breaker as ids: those given, then each text's through the engine's tokenizer.
-    fn breaker_ids(&self, context: &SpecContext) -> Result<Vec<Vec<u32>>> {
+    fn breaker_ids(&self, context: &EngineContext) -> Result<Vec<Vec<u32>>> {
         let mut breakers = self.sequence_breaker_ids.clone().unwrap_or_default();
         let texts = self.texts()?;
         if texts.is_empty() {
@@ -138,7 +138,7 @@ impl DrySpec {
 }
 
 /// Whether `context` has the token texts that text breakers are resolved with.
-fn has_token_texts(context: &SpecContext) -> bool {
+fn has_token_texts(context: &EngineContext) -> bool {
     #[cfg(feature = "grammar")]
     return context.grammar.is_some();
     #[cfg(not(feature = "grammar"))]
@@ -184,7 +184,7 @@ impl KindSpec for DrySpec {
             .map(drop)
     }
 
-    fn realize(&self, context: &SpecContext, _: usize) -> Result<Box<dyn LogitsProcessor>> {
+    fn realize(&self, context: &EngineContext, _: usize) -> Result<Box<dyn LogitsProcessor>> {
         for (i, breaker) in self.sequence_breaker_ids.iter().flatten().enumerate() {
             context.check_ids(
                 &format!("sequence_breaker_ids[{i}]"),
@@ -196,12 +196,12 @@ impl KindSpec for DrySpec {
         ))
     }
 
-    fn validate(&self, context: &SpecContext) -> Option<Result<()>> {
+    fn validate(&self, context: &EngineContext) -> Option<Result<()>> {
         // Without an engine, texts are the engine's to resolve.
         (context.structure_only && !has_token_texts(context)).then(|| self.check())
     }
 
-    fn resolve(&self, context: &SpecContext) -> Result<Option<serde_json::Value>> {
+    fn resolve(&self, context: &EngineContext) -> Result<Option<serde_json::Value>> {
         if self.texts()?.is_empty() || !has_token_texts(context) {
             return Ok(None);
         }
@@ -809,7 +809,7 @@ mod tests {
         );
 
         let spec = |text: &str| -> DrySpec { serde_json::from_str(text).unwrap() };
-        let context = SpecContext {
+        let context = EngineContext {
             grammar: Some(env.clone()),
             ..Default::default()
         };
@@ -835,7 +835,9 @@ mod tests {
             r#"{"multiplier": 1}"#,
             r#"{"multiplier": 1, "sequence_breakers": [":"]}"#,
         ] {
-            let error = spec(text).realize(&SpecContext::default(), 0).unwrap_err();
+            let error = spec(text)
+                .realize(&EngineContext::default(), 0)
+                .unwrap_err();
             assert!(error.to_string().contains("sequence_breakers"), "{error}");
             spec(text).check().unwrap();
         }

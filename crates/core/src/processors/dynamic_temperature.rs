@@ -5,7 +5,7 @@ use crate::error::{Error, Result};
 use crate::history::TokenHistory;
 use crate::plan::{Edit, Reshape, RowPlan};
 use crate::processors::{LogitsProcessor, MIN_TEMPERATURE};
-use crate::spec::{KindSpec, SpecContext};
+use crate::spec::{EngineContext, KindSpec};
 
 /// `{"kind": "dynamic_temperature", "temperature": 1.0, "range": 0.5, "exponent": 1.0}`: llama.cpp's
 /// entropy-scaled temperature (`llama_sampler_init_temp_ext(temp, delta, exponent)`, the
@@ -57,7 +57,7 @@ impl KindSpec for DynamicTemperatureSpec {
         DynamicTemperature::new(self.temperature, self.range, self.exponent).map(drop)
     }
 
-    fn realize(&self, _: &SpecContext, _: usize) -> Result<Box<dyn LogitsProcessor>> {
+    fn realize(&self, _: &EngineContext, _: usize) -> Result<Box<dyn LogitsProcessor>> {
         Ok(Box::new(DynamicTemperature::new(
             self.temperature,
             self.range,

@@ -2,7 +2,7 @@
 
 use crate::error::{Error, Result};
 use crate::plan::{Edit, ForcedValue, RowPlan};
-use crate::spec::{check_len, SpecContext};
+use crate::spec::{check_len, EngineContext};
 
 /// EOS ids to force a row to: every logit `-inf` but theirs, which become `0.0`. One id is a
 /// force of the row (a write-only fill); several are a mask and a set per id.
@@ -62,7 +62,7 @@ pub(crate) fn check_eos(ids: &[u32]) -> Result<()> {
 }
 
 /// The ids checked against the vocab, sorted and distinct.
-pub(crate) fn eos_ids(context: &SpecContext, ids: &[u32]) -> Result<Vec<u32>> {
+pub(crate) fn eos_ids(context: &EngineContext, ids: &[u32]) -> Result<Vec<u32>> {
     check_eos(ids)?;
     context.check_ids("eos_token_ids", ids.iter().copied())?;
     Ok(distinct(ids))

@@ -6,7 +6,7 @@ use crate::history::TokenHistory;
 use crate::plan::{Edit, RowPlan};
 use crate::processors::eos::{check_eos, distinct, eos_ids};
 use crate::processors::LogitsProcessor;
-use crate::spec::{KindSpec, SpecContext};
+use crate::spec::{EngineContext, KindSpec};
 
 /// `{"kind": "exponential_decay_length_penalty", "start_index": 20, "decay_factor": 1.05,
 /// "eos_token_ids": [2]}`: `decay_factor` finite and > 0; `start_index` counts generated ids.
@@ -32,7 +32,7 @@ impl KindSpec for ExponentialDecayLengthPenaltySpec {
 
     fn realize(
         &self,
-        context: &SpecContext,
+        context: &EngineContext,
         prompt_len: usize,
     ) -> Result<Box<dyn LogitsProcessor>> {
         let eos = eos_ids(context, &self.eos_token_ids)?;

@@ -5,9 +5,10 @@ use crate::error::Result;
 use crate::history::TokenHistory;
 use crate::plan::{Edit, ForcedValue, RowPlan, Trigger};
 use crate::processors::phrase::{Phase, PhraseRuns};
-use crate::processors::zoo::{eos_or, structure_only, TextOrIds};
+use crate::processors::token_text::{eos_or, TextOrIds};
 use crate::processors::LogitsProcessor;
-use crate::spec::{KindSpec, SpecContext};
+use crate::spec::structure_only;
+use crate::spec::{EngineContext, KindSpec};
 
 /// `{"kind": "force_last_phrase", "phrase": [271, 9906], "eos_token_id": 2}`: the phrase the model
 /// must write before it ends, as logits-processor-zoo's `ForceLastPhraseLogitsProcessor`.
@@ -45,7 +46,7 @@ impl KindSpec for ForceLastPhraseSpec {
 
     fn realize(
         &self,
-        context: &SpecContext,
+        context: &EngineContext,
         prompt_len: usize,
     ) -> Result<Box<dyn LogitsProcessor>> {
         let phrase = self.phrase.ids(context, "phrase")?;
@@ -53,7 +54,7 @@ impl KindSpec for ForceLastPhraseSpec {
         Ok(Box::new(ForceLastPhrase::new(phrase, eos, prompt_len)))
     }
 
-    fn validate(&self, context: &SpecContext) -> Option<Result<()>> {
+    fn validate(&self, context: &EngineContext) -> Option<Result<()>> {
         structure_only(
             context,
             self.phrase.is_text() || self.eos_token_id.is_none(),
@@ -61,7 +62,7 @@ impl KindSpec for ForceLastPhraseSpec {
         .then_some(Ok(()))
     }
 
-    fn resolve(&self, context: &SpecContext) -> Result<Option<serde_json::Value>> {
+    fn resolve(&self, context: &EngineContext) -> Result<Option<serde_json::Value>> {
         if context.encoder.is_none() && self.phrase.is_text() {
             return Ok(None);
         }
@@ -72,10 +73,7 @@ impl KindSpec for ForceLastPhraseSpec {
             phrase: TextOrIds::Ids(self.phrase.ids(context, "phrase")?),
             eos_token_id: Some(eos),
         };
-        Ok(Some(crate::processors::zoo::with_kind(
-            "force_last_phrase",
-            &resolved,
-        )))
+        Ok(Some(crate::spec::with_kind("force_last_phrase", &resolved)))
     }
 }
 

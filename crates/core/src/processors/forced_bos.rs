@@ -5,7 +5,7 @@ use crate::error::Result;
 use crate::history::TokenHistory;
 use crate::plan::{Edit, ForcedValue, RowPlan};
 use crate::processors::LogitsProcessor;
-use crate::spec::{KindSpec, SpecContext};
+use crate::spec::{EngineContext, KindSpec};
 
 /// `{"kind": "forced_bos", "bos_token_id": 0}`: the first generated token is `bos_token_id`, as
 /// transformers' `ForcedBOSTokenLogitsProcessor` forces it (encoder-decoder models, whose decoder
@@ -17,7 +17,7 @@ pub struct ForcedBosSpec {
 }
 
 impl KindSpec for ForcedBosSpec {
-    fn realize(&self, context: &SpecContext, _: usize) -> Result<Box<dyn LogitsProcessor>> {
+    fn realize(&self, context: &EngineContext, _: usize) -> Result<Box<dyn LogitsProcessor>> {
         context.check_id("bos_token_id", self.bos_token_id)?;
         Ok(Box::new(ForcedBos::new(self.bos_token_id)))
     }

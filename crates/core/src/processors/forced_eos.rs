@@ -6,7 +6,7 @@ use crate::history::TokenHistory;
 use crate::plan::RowPlan;
 use crate::processors::eos::{check_eos, eos_ids, ForcedEosIds};
 use crate::processors::LogitsProcessor;
-use crate::spec::{KindSpec, SpecContext};
+use crate::spec::{EngineContext, KindSpec};
 
 /// `{"kind": "forced_eos", "max_length": 64, "eos_token_ids": [2]}`.
 #[derive(Debug, Clone, Serialize, Deserialize, JsonSchema)]
@@ -21,7 +21,7 @@ impl KindSpec for ForcedEosSpec {
         check_eos(&self.eos_token_ids)
     }
 
-    fn realize(&self, context: &SpecContext, _: usize) -> Result<Box<dyn LogitsProcessor>> {
+    fn realize(&self, context: &EngineContext, _: usize) -> Result<Box<dyn LogitsProcessor>> {
         let eos = eos_ids(context, &self.eos_token_ids)?;
         Ok(Box::new(ForcedEos::new(self.max_length, eos)))
     }

@@ -5,7 +5,7 @@ use crate::error::{Error, Result};
 use crate::history::TokenHistory;
 use crate::plan::{Edit, ForcedValue, RowPlan};
 use crate::processors::LogitsProcessor;
-use crate::spec::{check_len, KindSpec, SpecContext};
+use crate::spec::{check_len, EngineContext, KindSpec};
 
 /// How a spec's forced sequence finds its position: by counting calls (`"calls"`, the reference's
 /// way and the default) or from the number of generated tokens (`"tokens"`: robust to
@@ -50,7 +50,7 @@ impl KindSpec for ForcedSequenceSpec {
 
     fn realize(
         &self,
-        context: &SpecContext,
+        context: &EngineContext,
         prompt_len: usize,
     ) -> Result<Box<dyn LogitsProcessor>> {
         context.check_ids("token_ids", self.token_ids.iter().copied())?;

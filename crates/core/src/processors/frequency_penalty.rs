@@ -4,7 +4,7 @@ use serde::{Deserialize, Serialize};
 use crate::error::Result;
 use crate::processors::count_penalty::{check_count_penalty, CountPenalty};
 use crate::processors::LogitsProcessor;
-use crate::spec::{KindSpec, SpecContext};
+use crate::spec::{EngineContext, KindSpec};
 
 /// `{"kind": "frequency_penalty", "penalty": 0.5}`: `penalty` finite (OpenAI's range `-2..=2`, or beyond as
 /// llama.cpp accepts; 0 changes nothing), over the generated ids.
@@ -30,7 +30,7 @@ impl KindSpec for FrequencyPenaltySpec {
 
     fn realize(
         &self,
-        context: &SpecContext,
+        context: &EngineContext,
         prompt_len: usize,
     ) -> Result<Box<dyn LogitsProcessor>> {
         FrequencyPenalty::realized(self.penalty, self.window, context, prompt_len)

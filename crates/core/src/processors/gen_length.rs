@@ -4,9 +4,12 @@ use serde::{Deserialize, Serialize};
 use crate::error::{Error, Result};
 use crate::history::TokenHistory;
 use crate::plan::{Edit, RowPlan};
-use crate::processors::zoo::{eos_or, sentence_ends, structure_only, with_kind, Seen, TextOrId};
+use crate::processors::end_token::EndToken;
+use crate::processors::end_token::Seen;
+use crate::processors::token_text::TextOrId;
 use crate::processors::LogitsProcessor;
-use crate::spec::{KindSpec, SpecContext};
+use crate::spec::with_kind;
+use crate::spec::{EngineContext, KindSpec};
 
 /// `{"kind": "gen_length", "boost_factor": 0.5, "p": 2, "boost_token": 2}`: a bias on
 /// the end token growing with the answer's length, as logits-processor-zoo's
@@ -46,33 +49,14 @@ fn default_p() -> u32 {
     2
 }
 
-/// The boost token and sentence ends of the length kinds (`gen_length`, `max_time`).
-pub(crate) fn boost_and_ends(
-    context: &SpecContext,
-    boost_token: Option<&TextOrId>,
-    complete_sentences: bool,
-    sentence_end_ids: Option<&[u32]>,
-) -> Result<(u32, Option<Vec<u32>>)> {
-    let boost = match boost_token {
-        Some(token) => token.id(context, "boost_token")?,
-        None => eos_or(context, None, "boost_token")?,
-    };
-    if let Some(ids) = sentence_end_ids {
-        context.check_ids("sentence_end_ids", ids.iter().copied())?;
+impl GenLengthSpec {
+    fn end_token(&self) -> EndToken<'_> {
+        EndToken {
+            boost_token: self.boost_token.as_ref(),
+            complete_sentences: self.complete_sentences,
+            sentence_end_ids: self.sentence_end_ids.as_deref(),
+        }
     }
-    let ends = complete_sentences
-        .then(|| sentence_ends(context, sentence_end_ids, "sentence_end_ids"))
-        .transpose()?;
-    Ok((boost, ends))
-}
-
-/// Whether realizing the length kinds needs the engine's tokenizer or EOS id.
-pub(crate) fn needs_engine(
-    boost_token: Option<&TextOrId>,
-    complete_sentences: bool,
-    sentence_end_ids: Option<&[u32]>,
-) -> bool {
-    boost_token.is_none_or(TextOrId::is_text) || (complete_sentences && sentence_end_ids.is_none())
 }
 
 impl KindSpec for GenLengthSpec {
@@ -88,23 +72,15 @@ impl KindSpec for GenLengthSpec {
                 format!("must be finite, got {}", self.boost_factor),
             ));
         }
-        if let Some(ids) = &self.sentence_end_ids {
-            crate::spec::check_len("sentence_end_ids", ids.len())?;
-        }
-        Ok(())
+        self.end_token().check()
     }
 
     fn realize(
         &self,
-        context: &SpecContext,
+        context: &EngineContext,
         prompt_len: usize,
     ) -> Result<Box<dyn LogitsProcessor>> {
-        let (boost_token, sentence_ends) = boost_and_ends(
-            context,
-            self.boost_token.as_ref(),
-            self.complete_sentences,
-            self.sentence_end_ids.as_deref(),
-        )?;
+        let (boost_token, sentence_ends) = self.end_token().ids(context)?;
         Ok(Box::new(GenLength {
             boost_factor: self.boost_factor,
             p: self.p,
@@ -116,26 +92,16 @@ impl KindSpec for GenLengthSpec {
         }))
     }
 
-    fn validate(&self, context: &SpecContext) -> Option<Result<()>> {
-        let needs = needs_engine(
-            self.boost_token.as_ref(),
-            self.complete_sentences,
-            self.sentence_end_ids.as_deref(),
-        );
-        structure_only(context, needs).then_some(Ok(()))
+    fn validate(&self, context: &EngineContext) -> Option<Result<()>> {
+        self.end_token().validate(context)
     }
 
-    fn resolve(&self, context: &SpecContext) -> Result<Option<serde_json::Value>> {
-        let Ok((boost, ends)) = boost_and_ends(
-            context,
-            self.boost_token.as_ref(),
-            self.complete_sentences,
-            self.sentence_end_ids.as_deref(),
-        ) else {
+    fn resolve(&self, context: &EngineContext) -> Result<Option<serde_json::Value>> {
+        let Some((boost, ends)) = self.end_token().resolved(context) else {
             return Ok(None);
         };
         let resolved = GenLengthSpec {
-            boost_token: Some(TextOrId::Id(boost)),
+            boost_token: Some(boost),
             sentence_end_ids: ends,
             ..self.clone()
         };

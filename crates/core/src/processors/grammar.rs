@@ -13,7 +13,7 @@ use crate::grammar::{
 use crate::history::TokenHistory;
 use crate::plan::{MaskId, RowPlan};
 use crate::processors::LogitsProcessor;
-use crate::spec::{KindSpec, SpecContext};
+use crate::spec::{EngineContext, KindSpec};
 
 /// `{"kind": "grammar", "regex": "(yes|no)"}`: output constrained to one of `"json_schema": {...}`
 /// (a JSON Schema), `"regex": "..."`,
@@ -36,7 +36,7 @@ const GRAMMAR_FIELDS: &str = "json_schema, regex, lark or llguidance";
 
 impl GrammarSpec {
     /// The one grammar field that is set.
-    fn field(&self) -> Result<&'static str> {
+    pub(crate) fn field(&self) -> Result<&'static str> {
         let set: Vec<&'static str> = [
             ("json_schema", self.json_schema.is_some()),
             ("regex", self.regex.is_some()),
@@ -59,7 +59,7 @@ impl GrammarSpec {
         }
     }
 
-    fn grammar(&self, field: &str) -> Result<TopLevelGrammar> {
+    pub(crate) fn grammar(&self, field: &str) -> Result<TopLevelGrammar> {
         Ok(
             match (&self.json_schema, &self.regex, &self.lark, &self.llguidance) {
                 (Some(schema), ..) => TopLevelGrammar::from_json_schema(schema.clone()),
@@ -95,7 +95,7 @@ impl KindSpec for GrammarSpec {
 
     fn realize(
         &self,
-        context: &SpecContext,
+        context: &EngineContext,
         prompt_len: usize,
     ) -> Result<Box<dyn LogitsProcessor>> {
         let field = self.field()?;
@@ -106,7 +106,7 @@ impl KindSpec for GrammarSpec {
         Ok(Box::new(Grammar::new(env.clone(), compiled, prompt_len)))
     }
 
-    fn validate(&self, context: &SpecContext) -> Option<Result<()>> {
+    fn validate(&self, context: &EngineContext) -> Option<Result<()>> {
         if context.grammar.is_some() {
             return None;
         }
@@ -132,7 +132,7 @@ impl KindSpec for JsonObjectSpec {
 
     fn realize(
         &self,
-        context: &SpecContext,
+        context: &EngineContext,
         prompt_len: usize,
     ) -> Result<Box<dyn LogitsProcessor>> {
         GrammarSpec {
@@ -142,12 +142,12 @@ impl KindSpec for JsonObjectSpec {
         .realize(context, prompt_len)
     }
 
-    fn validate(&self, context: &SpecContext) -> Option<Result<()>> {
+    fn validate(&self, context: &EngineContext) -> Option<Result<()>> {
         context.grammar.is_none().then_some(Ok(()))
     }
 }
 
-fn env_of(context: &SpecContext) -> Result<&GrammarEnv> {
+pub(crate) fn env_of(context: &EngineContext) -> Result<&GrammarEnv> {
     context.grammar.as_ref().ok_or_else(|| {
         Error::spec(
             "kind",
@@ -158,7 +158,7 @@ fn env_of(context: &SpecContext) -> Result<&GrammarEnv> {
 }
 
 /// The logits must have a place for each of the tokenizer's tokens.
-fn check_vocab(env: &GrammarEnv, context: &SpecContext) -> Result<()> {
+pub(crate) fn check_vocab(env: &GrammarEnv, context: &EngineContext) -> Result<()> {
     match context.vocab_size.filter(|&v| v < env.vocab_size()) {
         Some(vocab) => Err(Error::spec(
             "kind",

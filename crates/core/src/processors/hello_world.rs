@@ -4,10 +4,10 @@ use serde::{Deserialize, Serialize};
 use crate::error::{Error, Result};
 use crate::processors::forced_sequence::{ForcedSequenceSpec, PositionSpec};
 use crate::processors::{ForcedSequence, LogitsProcessor};
-use crate::spec::{KindSpec, SpecContext};
+use crate::spec::{EngineContext, KindSpec};
 
 /// `{"kind": "hello_world", "position": "calls"}`: the ids come from the engine's tokenizer
-/// ([`SpecContext::hello_world`]).
+/// ([`EngineContext::hello_world`]).
 #[derive(Debug, Clone, Serialize, Deserialize, JsonSchema)]
 #[serde(deny_unknown_fields)]
 pub struct HelloWorldSpec {
@@ -16,7 +16,7 @@ pub struct HelloWorldSpec {
 }
 
 impl HelloWorldSpec {
-    fn forced(&self, context: &SpecContext) -> Result<ForcedSequenceSpec> {
+    fn forced(&self, context: &EngineContext) -> Result<ForcedSequenceSpec> {
         let (token_ids, eos_token_id) = context.hello_world.clone().ok_or_else(|| {
             Error::spec(
                 "kind",
@@ -38,13 +38,13 @@ impl KindSpec for HelloWorldSpec {
 
     fn realize(
         &self,
-        context: &SpecContext,
+        context: &EngineContext,
         prompt_len: usize,
     ) -> Result<Box<dyn LogitsProcessor>> {
         self.forced(context)?.realize(context, prompt_len)
     }
 
-    fn validate(&self, context: &SpecContext) -> Option<Result<()>> {
+    fn validate(&self, context: &EngineContext) -> Option<Result<()>> {
         // Without an engine, the ids are the engine's to supply.
         (context.structure_only && context.hello_world.is_none()).then_some(Ok(()))
     }
@@ -53,7 +53,7 @@ impl KindSpec for HelloWorldSpec {
         self.position = PositionSpec::Tokens;
     }
 
-    fn resolve(&self, context: &SpecContext) -> Result<Option<serde_json::Value>> {
+    fn resolve(&self, context: &EngineContext) -> Result<Option<serde_json::Value>> {
         if context.hello_world.is_none() {
             return Ok(None);
         }

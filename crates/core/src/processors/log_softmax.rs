@@ -5,7 +5,7 @@ use crate::error::Result;
 use crate::history::TokenHistory;
 use crate::plan::{Edit, Reshape, RowPlan};
 use crate::processors::LogitsProcessor;
-use crate::spec::{KindSpec, SpecContext};
+use crate::spec::{EngineContext, KindSpec};
 
 /// `{"kind": "log_softmax"}`: the row as log-probabilities, `log_softmax` over the row as it
 /// stands where the kind runs: transformers' `LogitNormalization` (its `renormalize_logits`),
@@ -26,7 +26,7 @@ use crate::spec::{KindSpec, SpecContext};
 pub struct LogSoftmaxSpec {}
 
 impl KindSpec for LogSoftmaxSpec {
-    fn realize(&self, _: &SpecContext, _: usize) -> Result<Box<dyn LogitsProcessor>> {
+    fn realize(&self, _: &EngineContext, _: usize) -> Result<Box<dyn LogitsProcessor>> {
         Ok(Box::new(LogSoftmax))
     }
 }

@@ -7,7 +7,7 @@ use crate::error::{Error, Result};
 use crate::history::TokenHistory;
 use crate::plan::{Edit, RowPlan};
 use crate::processors::LogitsProcessor;
-use crate::spec::{check_len, KindSpec, SpecContext};
+use crate::spec::{check_len, EngineContext, KindSpec};
 
 /// The largest bias a spec gives, either way, and where the biases kinds compute (penalties,
 /// boosts) saturate: biases that meet on one token (a sequence bias's, a pipeline's) sum to at
@@ -41,7 +41,7 @@ impl KindSpec for LogitBiasSpec {
             .try_for_each(|(token, &bias)| check_bias(format!("bias.{token}"), bias as f64))
     }
 
-    fn realize(&self, context: &SpecContext, _: usize) -> Result<Box<dyn LogitsProcessor>> {
+    fn realize(&self, context: &EngineContext, _: usize) -> Result<Box<dyn LogitsProcessor>> {
         for &token in self.bias.keys() {
             context.check_id(&format!("bias.{token}"), token)?;
         }

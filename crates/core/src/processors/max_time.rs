@@ -6,10 +6,13 @@ use serde::{Deserialize, Serialize};
 use crate::error::{Error, Result};
 use crate::history::TokenHistory;
 use crate::plan::{Edit, ForcedValue, RowPlan};
-use crate::processors::gen_length::{boost_and_ends, needs_engine};
-use crate::processors::zoo::{structure_only, with_kind, Clock, Seen, SystemClock, TextOrId};
+use crate::processors::clock::{Clock, SystemClock};
+use crate::processors::end_token::EndToken;
+use crate::processors::end_token::Seen;
+use crate::processors::token_text::TextOrId;
 use crate::processors::LogitsProcessor;
-use crate::spec::{KindSpec, SpecContext};
+use crate::spec::with_kind;
+use crate::spec::{EngineContext, KindSpec};
 
 /// `{"kind": "max_time", "max_time": 2.5, "boost_token": 2}`: the end token forced
 /// once a request has run longer than `max_time` seconds of wall-clock time, as
@@ -39,6 +42,16 @@ pub struct MaxTimeSpec {
     pub sentence_end_ids: Option<Vec<u32>>,
 }
 
+impl MaxTimeSpec {
+    fn end_token(&self) -> EndToken<'_> {
+        EndToken {
+            boost_token: self.boost_token.as_ref(),
+            complete_sentences: self.complete_sentences,
+            sentence_end_ids: self.sentence_end_ids.as_deref(),
+        }
+    }
+}
+
 impl KindSpec for MaxTimeSpec {
     /// It counts generated tokens.
     fn needs_prompt_len(&self) -> bool {
@@ -55,23 +68,15 @@ impl KindSpec for MaxTimeSpec {
                 ),
             ));
         }
-        if let Some(ids) = &self.sentence_end_ids {
-            crate::spec::check_len("sentence_end_ids", ids.len())?;
-        }
-        Ok(())
+        self.end_token().check()
     }
 
     fn realize(
         &self,
-        context: &SpecContext,
+        context: &EngineContext,
         prompt_len: usize,
     ) -> Result<Box<dyn LogitsProcessor>> {
-        let (boost_token, sentence_ends) = boost_and_ends(
-            context,
-            self.boost_token.as_ref(),
-            self.complete_sentences,
-            self.sentence_end_ids.as_deref(),
-        )?;
+        let (boost_token, sentence_ends) = self.end_token().ids(context)?;
         Ok(Box::new(MaxTime::new(
             self.max_time,
             boost_token,
@@ -80,26 +85,16 @@ impl KindSpec for MaxTimeSpec {
         )))
     }
 
-    fn validate(&self, context: &SpecContext) -> Option<Result<()>> {
-        let needs = needs_engine(
-            self.boost_token.as_ref(),
-            self.complete_sentences,
-            self.sentence_end_ids.as_deref(),
-        );
-        structure_only(context, needs).then_some(Ok(()))
+    fn validate(&self, context: &EngineContext) -> Option<Result<()>> {
+        self.end_token().validate(context)
     }
 
-    fn resolve(&self, context: &SpecContext) -> Result<Option<serde_json::Value>> {
-        let Ok((boost, ends)) = boost_and_ends(
-            context,
-            self.boost_token.as_ref(),
-            self.complete_sentences,
-            self.sentence_end_ids.as_deref(),
-        ) else {
+    fn resolve(&self, context: &EngineContext) -> Result<Option<serde_json::Value>> {
+        let Some((boost, ends)) = self.end_token().resolved(context) else {
             return Ok(None);
         };
         let resolved = MaxTimeSpec {
-            boost_token: Some(TextOrId::Id(boost)),
+            boost_token: Some(boost),
             sentence_end_ids: ends,
             ..self.clone()
         };

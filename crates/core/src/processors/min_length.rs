@@ -6,7 +6,7 @@ use crate::history::TokenHistory;
 use crate::plan::RowPlan;
 use crate::processors::eos::{check_eos, distinct, eos_ids};
 use crate::processors::{push_bans, LogitsProcessor};
-use crate::spec::{KindSpec, SpecContext};
+use crate::spec::{EngineContext, KindSpec};
 
 /// `{"kind": "min_length", "min_length": 20, "eos_token_ids": [2]}`.
 #[derive(Debug, Clone, Serialize, Deserialize, JsonSchema)]
@@ -21,7 +21,7 @@ impl KindSpec for MinLengthSpec {
         check_eos(&self.eos_token_ids)
     }
 
-    fn realize(&self, context: &SpecContext, _: usize) -> Result<Box<dyn LogitsProcessor>> {
+    fn realize(&self, context: &EngineContext, _: usize) -> Result<Box<dyn LogitsProcessor>> {
         let eos = eos_ids(context, &self.eos_token_ids)?;
         Ok(Box::new(MinLength::new(self.min_length, eos)))
     }

@@ -6,7 +6,7 @@ use crate::history::TokenHistory;
 use crate::plan::RowPlan;
 use crate::processors::eos::{check_eos, distinct, eos_ids};
 use crate::processors::{push_bans, LogitsProcessor};
-use crate::spec::{KindSpec, SpecContext};
+use crate::spec::{EngineContext, KindSpec};
 
 /// `{"kind": "min_new_tokens", "min_new_tokens": 5, "eos_token_ids": [2]}`.
 #[derive(Debug, Clone, Serialize, Deserialize, JsonSchema)]
@@ -27,7 +27,7 @@ impl KindSpec for MinNewTokensSpec {
 
     fn realize(
         &self,
-        context: &SpecContext,
+        context: &EngineContext,
         prompt_len: usize,
     ) -> Result<Box<dyn LogitsProcessor>> {
         let eos = eos_ids(context, &self.eos_token_ids)?;

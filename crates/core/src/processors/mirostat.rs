@@ -5,7 +5,7 @@ use crate::error::{Error, Result};
 use crate::history::TokenHistory;
 use crate::plan::{Edit, RowPlan, Truncation};
 use crate::processors::LogitsProcessor;
-use crate::spec::{KindSpec, SpecContext};
+use crate::spec::{EngineContext, KindSpec};
 
 /// `{"kind": "mirostat", "version": 2, "tau": 5.0, "eta": 0.1}`: llama.cpp's mirostat samplers
 /// (`llama_sampler_init_mirostat_v2(seed, tau, eta)`, `llama_sampler_init_mirostat(n_vocab, seed,
@@ -123,7 +123,7 @@ impl KindSpec for MirostatSpec {
         self.build(None).map(drop)
     }
 
-    fn realize(&self, context: &SpecContext, _: usize) -> Result<Box<dyn LogitsProcessor>> {
+    fn realize(&self, context: &EngineContext, _: usize) -> Result<Box<dyn LogitsProcessor>> {
         Ok(Box::new(self.build(context.vocab_size)?))
     }
 }

@@ -10,11 +10,13 @@ mod ban_tokens;
 mod bans;
 mod bitmask;
 mod cite_from_prompt;
+mod clock;
 mod count_penalty;
 mod counts;
 mod cursor;
 mod dry;
 pub(crate) mod dynamic_temperature;
+mod end_token;
 mod eos;
 mod exponential_decay_length_penalty;
 mod force_last_phrase;
@@ -26,6 +28,8 @@ mod gen_length;
 #[cfg(feature = "grammar")]
 mod grammar;
 mod hello_world;
+#[cfg(feature = "grammar")]
+mod lazy_grammar;
 mod log_softmax;
 mod logit_bias;
 mod matcher;
@@ -51,6 +55,7 @@ mod temperature;
 mod tests;
 mod thinking_budget;
 mod thinking_config;
+mod token_text;
 pub(crate) mod top_a;
 pub(crate) mod top_h;
 pub(crate) mod top_n_sigma;
@@ -58,7 +63,6 @@ mod trigger_phrase;
 pub(crate) mod truncate;
 mod watermark;
 pub(crate) mod xtc;
-pub(crate) mod zoo;
 
 pub use adaptive_p::{AdaptiveP, AdaptivePSpec};
 pub use allowed_token_ids::{AllowedTokenIds, AllowedTokenIdsSpec};
@@ -68,6 +72,7 @@ pub use ban_strings::{BanStrings, BanStringsSpec};
 pub use ban_tokens::{BanTokens, BanTokensSpec};
 pub use bitmask::{BitmaskSpec, CallerBitmask};
 pub use cite_from_prompt::{CiteFromPrompt, CiteFromPromptSpec};
+pub use clock::{Clock, ManualClock, SystemClock};
 pub use count_penalty::CountPenalty;
 pub use dry::{Dry, DrySpec};
 pub use dynamic_temperature::{DynamicTemperature, DynamicTemperatureSpec};
@@ -83,6 +88,8 @@ pub use gen_length::{GenLength, GenLengthSpec};
 #[cfg(feature = "grammar")]
 pub use grammar::{Grammar, GrammarSpec, JsonObjectSpec};
 pub use hello_world::{hello_world, HelloWorldSpec, TextEncoder, HELLO_WORLD_TEXT};
+#[cfg(feature = "grammar")]
+pub use lazy_grammar::{LazyGrammar, LazyGrammarSpec, LazyTrigger};
 pub use log_softmax::{LogSoftmax, LogSoftmaxSpec};
 pub(crate) use logit_bias::check_bias;
 pub use logit_bias::{LogitBias, LogitBiasSpec, MAX_BIAS};
@@ -107,6 +114,7 @@ pub use thinking_config::{
     get_thinking_token_config, lookup_thinking_token_config, register_thinking_token_config,
     thinking_token_table, ThinkingTokenConfig,
 };
+pub use token_text::{TextOrId, TextOrIds};
 pub use top_a::TopASpec;
 pub use top_h::TopHSpec;
 pub use top_n_sigma::TopNSigmaSpec;
@@ -116,7 +124,6 @@ pub use truncate::{
 };
 pub use watermark::{SeedingSchemeSpec, Watermark, WatermarkSpec};
 pub use xtc::{Xtc, XtcSpec};
-pub use zoo::{Clock, ManualClock, SystemClock, TextOrId, TextOrIds};
 
 pub use crate::processor::{process_row, LogitsProcessor};
 pub(crate) use bans::{push_bans, MASK_FROM};
@@ -165,6 +172,10 @@ pub(crate) static KINDS: &[Kind] = &[
         .with_token_texts(),
     #[cfg(feature = "grammar")]
     Kind::new::<JsonObjectSpec>("json_object")
+        .masking()
+        .with_token_texts(),
+    #[cfg(feature = "grammar")]
+    Kind::new::<LazyGrammarSpec>("lazy_grammar")
         .masking()
         .with_token_texts(),
     Kind::new::<BitmaskSpec>("bitmask").history_free().masking(),

@@ -7,9 +7,10 @@ use crate::error::{Error, Result};
 use crate::history::TokenHistory;
 use crate::plan::{Edit, RowPlan};
 use crate::processors::cursor::Cursor;
-use crate::processors::zoo::{with_kind, TextOrId};
+use crate::processors::token_text::TextOrId;
 use crate::processors::LogitsProcessor;
-use crate::spec::{check_len, KindSpec, SpecContext};
+use crate::spec::with_kind;
+use crate::spec::{check_len, EngineContext, KindSpec};
 
 /// `{"kind": "multiple_choice", "choices": [32, 33, 34, 35]}`: the answer is one of the
 /// choices, as logits-processor-zoo's `MultipleChoiceLogitsProcessor`.
@@ -48,7 +49,7 @@ fn default_delimiter() -> TextOrId {
 }
 
 impl MultipleChoiceSpec {
-    fn ids(&self, context: &SpecContext) -> Result<Vec<u32>> {
+    fn ids(&self, context: &EngineContext) -> Result<Vec<u32>> {
         self.choices
             .iter()
             .enumerate()
@@ -59,7 +60,7 @@ impl MultipleChoiceSpec {
 
 /// The tokens whose text ends a line, found once per tokenizer; `None` without token texts.
 #[cfg(feature = "grammar")]
-fn newline_tokens(context: &SpecContext) -> Option<Result<Arc<Vec<u32>>>> {
+fn newline_tokens(context: &EngineContext) -> Option<Result<Arc<Vec<u32>>>> {
     let env = context.grammar.as_ref()?;
     Some(env.derived("newline tokens", |env| {
         let mut newlines = vec![];
@@ -73,7 +74,7 @@ fn newline_tokens(context: &SpecContext) -> Option<Result<Arc<Vec<u32>>>> {
 }
 
 #[cfg(not(feature = "grammar"))]
-fn newline_tokens(_: &SpecContext) -> Option<Result<Arc<Vec<u32>>>> {
+fn newline_tokens(_: &EngineContext) -> Option<Result<Arc<Vec<u32>>>> {
     None
 }
 
@@ -100,7 +101,7 @@ impl KindSpec for MultipleChoiceSpec {
 
     fn realize(
         &self,
-        context: &SpecContext,
+        context: &EngineContext,
         prompt_len: usize,
     ) -> Result<Box<dyn LogitsProcessor>> {
         let choice = MultipleChoice::new(&self.ids(context)?);
@@ -123,7 +124,7 @@ impl KindSpec for MultipleChoiceSpec {
         )))
     }
 
-    fn validate(&self, context: &SpecContext) -> Option<Result<()>> {
+    fn validate(&self, context: &EngineContext) -> Option<Result<()>> {
         if !context.structure_only {
             return None;
         }
@@ -138,7 +139,7 @@ impl KindSpec for MultipleChoiceSpec {
         ((needs_text && context.encoder.is_none()) || (boost && !has_texts)).then_some(Ok(()))
     }
 
-    fn resolve(&self, context: &SpecContext) -> Result<Option<serde_json::Value>> {
+    fn resolve(&self, context: &EngineContext) -> Result<Option<serde_json::Value>> {
         if context.encoder.is_none() {
             return Ok(None);
         }

@@ -10,7 +10,7 @@ use crate::processors::counts::{merged, BULK};
 use crate::processors::cursor::Cursor;
 use crate::processors::repetition_penalty::vocab_limit;
 use crate::processors::{push_bans, LogitsProcessor};
-use crate::spec::{KindSpec, SpecContext};
+use crate::spec::{EngineContext, KindSpec};
 
 /// `{"kind": "no_repeat_ngram", "n": 3}`: `n` at least 1.
 #[derive(Debug, Clone, Serialize, Deserialize, JsonSchema)]
@@ -25,7 +25,7 @@ impl KindSpec for NoRepeatNGramSpec {
         NoRepeatNGram::new(self.n as usize, None).map(drop)
     }
 
-    fn realize(&self, context: &SpecContext, _: usize) -> Result<Box<dyn LogitsProcessor>> {
+    fn realize(&self, context: &EngineContext, _: usize) -> Result<Box<dyn LogitsProcessor>> {
         Ok(Box::new(NoRepeatNGram::new(
             self.n as usize,
             context.vocab_size,

@@ -5,7 +5,7 @@ use crate::error::Result;
 use crate::plan::Truncation;
 use crate::processors::truncate::{one, Truncate};
 use crate::processors::LogitsProcessor;
-use crate::spec::{KindSpec, SpecContext};
+use crate::spec::{EngineContext, KindSpec};
 
 /// `{"kind": "p_less", "min_tokens_to_keep": 1}`: keeps the logits whose probability is at least
 /// `sum_i p_i^2`, the probability that two independent draws from the row agree: p-less sampling
@@ -49,7 +49,7 @@ impl KindSpec for PLessSpec {
         self.rule().validate()
     }
 
-    fn realize(&self, _: &SpecContext, _: usize) -> Result<Box<dyn LogitsProcessor>> {
+    fn realize(&self, _: &EngineContext, _: usize) -> Result<Box<dyn LogitsProcessor>> {
         Ok(Box::new(Truncate::new(self.rule())?))
     }
 }

@@ -5,9 +5,10 @@ use crate::error::{Error, Result};
 use crate::history::TokenHistory;
 use crate::plan::{Edit, ForcedValue, RowPlan, Trigger};
 use crate::processors::phrase::{Phase, PhraseRuns};
-use crate::processors::zoo::{structure_only, with_kind, TextOrIds};
+use crate::processors::token_text::TextOrIds;
 use crate::processors::LogitsProcessor;
-use crate::spec::{KindSpec, SpecContext};
+use crate::spec::{structure_only, with_kind};
+use crate::spec::{EngineContext, KindSpec};
 
 /// `{"kind": "prevent_hallucination", "minp": 0.4, "tolerate": 1, "phrase": [1131, 40]}`:
 /// a fallback phrase when the model keeps being unsure, as logits-processor-zoo's
@@ -68,7 +69,7 @@ impl KindSpec for PreventHallucinationSpec {
 
     fn realize(
         &self,
-        context: &SpecContext,
+        context: &EngineContext,
         prompt_len: usize,
     ) -> Result<Box<dyn LogitsProcessor>> {
         let phrase = self.phrase.ids(context, "phrase")?;
@@ -80,11 +81,11 @@ impl KindSpec for PreventHallucinationSpec {
         )))
     }
 
-    fn validate(&self, context: &SpecContext) -> Option<Result<()>> {
+    fn validate(&self, context: &EngineContext) -> Option<Result<()>> {
         structure_only(context, self.phrase.is_text()).then_some(Ok(()))
     }
 
-    fn resolve(&self, context: &SpecContext) -> Result<Option<serde_json::Value>> {
+    fn resolve(&self, context: &EngineContext) -> Result<Option<serde_json::Value>> {
         if context.encoder.is_none() {
             return Ok(None);
         }

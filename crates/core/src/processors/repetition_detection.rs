@@ -7,7 +7,7 @@ use crate::plan::RowPlan;
 use crate::processors::cursor::Cursor;
 use crate::processors::eos::{check_eos, eos_ids, ForcedEosIds};
 use crate::processors::LogitsProcessor;
-use crate::spec::{KindSpec, SpecContext};
+use crate::spec::{EngineContext, KindSpec};
 
 /// The largest `max_pattern_size`: each step costs one compare per pattern size.
 const MAX_PATTERN_SIZE: usize = 4096;
@@ -57,7 +57,7 @@ impl KindSpec for RepetitionDetectionSpec {
 
     fn realize(
         &self,
-        context: &SpecContext,
+        context: &EngineContext,
         prompt_len: usize,
     ) -> Result<Box<dyn LogitsProcessor>> {
         let eos = eos_ids(context, &self.eos_token_ids)?;

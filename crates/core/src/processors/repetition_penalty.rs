@@ -6,7 +6,7 @@ use crate::history::TokenHistory;
 use crate::plan::{Edit, RowPlan};
 use crate::processors::counts::{window_of, TokenCounts};
 use crate::processors::{LogitsProcessor, MIN_TEMPERATURE};
-use crate::spec::{KindSpec, SpecContext};
+use crate::spec::{EngineContext, KindSpec};
 
 /// Which ids a repetition penalty looks at.
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Default, Serialize, Deserialize, JsonSchema)]
@@ -49,7 +49,7 @@ impl KindSpec for RepetitionPenaltySpec {
 
     fn realize(
         &self,
-        context: &SpecContext,
+        context: &EngineContext,
         prompt_len: usize,
     ) -> Result<Box<dyn LogitsProcessor>> {
         Ok(Box::new(

@@ -9,7 +9,7 @@ use crate::plan::{Edit, RowPlan};
 use crate::processors::bad_words::check_sequences;
 use crate::processors::matcher::{Automaton, Matcher};
 use crate::processors::{check_bias, LogitsProcessor};
-use crate::spec::{KindSpec, SpecContext};
+use crate::spec::{EngineContext, KindSpec};
 
 /// `{"kind": "sequence_bias", "biases": [[[5], -1.0], [[7, 8], 2.5]]}`: a list of
 /// `[token ids, bias]` pairs, each bias finite.
@@ -24,7 +24,7 @@ impl KindSpec for SequenceBiasSpec {
         SequenceBias::check(&self.biases)
     }
 
-    fn realize(&self, context: &SpecContext, _: usize) -> Result<Box<dyn LogitsProcessor>> {
+    fn realize(&self, context: &EngineContext, _: usize) -> Result<Box<dyn LogitsProcessor>> {
         for (i, (sequence, _)) in self.biases.iter().enumerate() {
             context.check_ids(&format!("biases[{i}][0]"), sequence.iter().copied())?;
         }

@@ -7,7 +7,7 @@ use crate::history::TokenHistory;
 use crate::plan::Shape;
 use crate::plan::{Edit, Reshape, RowPlan};
 use crate::processors::LogitsProcessor;
-use crate::spec::{KindSpec, SpecContext};
+use crate::spec::{EngineContext, KindSpec};
 
 /// `{"kind": "smoothing", "factor": 0.3, "curve": 1.0}`: text-generation-webui's quadratic sampling
 /// (`QuadraticSamplingLogitsWarper`, its `smoothing_factor` and `smoothing_curve`). With `m` the
@@ -50,7 +50,7 @@ impl KindSpec for SmoothingSpec {
         Smoothing::new(self.factor, self.curve).map(drop)
     }
 
-    fn realize(&self, _: &SpecContext, _: usize) -> Result<Box<dyn LogitsProcessor>> {
+    fn realize(&self, _: &EngineContext, _: usize) -> Result<Box<dyn LogitsProcessor>> {
         Ok(Box::new(Smoothing::new(self.factor, self.curve)?))
     }
 }

@@ -6,7 +6,7 @@ use crate::history::TokenHistory;
 use crate::plan::RowPlan;
 use crate::processors::eos::distinct;
 use crate::processors::{push_bans, LogitsProcessor};
-use crate::spec::{check_len, KindSpec, SpecContext};
+use crate::spec::{check_len, EngineContext, KindSpec};
 
 /// `{"kind": "suppress_tokens_at_begin", "token_ids": [220, 50256], "begin_index": 12}`;
 /// `begin_index` defaults to the prompt's length (the first generated token, as `generate()`
@@ -30,7 +30,7 @@ impl KindSpec for SuppressTokensAtBeginSpec {
 
     fn realize(
         &self,
-        context: &SpecContext,
+        context: &EngineContext,
         prompt_len: usize,
     ) -> Result<Box<dyn LogitsProcessor>> {
         context.check_ids("token_ids", self.token_ids.iter().copied())?;

@@ -5,7 +5,7 @@ use crate::error::Result;
 use crate::plan::Truncation;
 use crate::processors::truncate::{one, Truncate};
 use crate::processors::LogitsProcessor;
-use crate::spec::{KindSpec, SpecContext};
+use crate::spec::{EngineContext, KindSpec};
 
 /// `{"kind": "tail_free", "z": 0.95, "min_tokens_to_keep": 1}`: tail-free sampling (Trenton
 /// Bricken's), as text-generation-webui's `TailFreeLogitsWarper` defines it: with the finite
@@ -53,7 +53,7 @@ impl KindSpec for TailFreeSpec {
         self.rule().validate()
     }
 
-    fn realize(&self, _: &SpecContext, _: usize) -> Result<Box<dyn LogitsProcessor>> {
+    fn realize(&self, _: &EngineContext, _: usize) -> Result<Box<dyn LogitsProcessor>> {
         Ok(Box::new(Truncate::new(self.rule())?))
     }
 }

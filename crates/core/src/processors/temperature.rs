@@ -5,7 +5,7 @@ use crate::error::{Error, Result};
 use crate::history::TokenHistory;
 use crate::plan::{Edit, RowPlan};
 use crate::processors::LogitsProcessor;
-use crate::spec::{KindSpec, SpecContext};
+use crate::spec::{EngineContext, KindSpec};
 
 pub use crate::reshape::MIN_TEMPERATURE;
 
@@ -25,7 +25,7 @@ impl KindSpec for TemperatureSpec {
             .map_err(|e| Error::argument("temperature", e.to_string()))
     }
 
-    fn realize(&self, _: &SpecContext, _: usize) -> Result<Box<dyn LogitsProcessor>> {
+    fn realize(&self, _: &EngineContext, _: usize) -> Result<Box<dyn LogitsProcessor>> {
         Ok(Box::new(Temperature::new(self.temperature)?))
     }
 }

@@ -4,13 +4,13 @@ use serde::{Deserialize, Serialize};
 use crate::error::{Error, Result};
 use crate::history::TokenHistory;
 use crate::plan::{Edit, ForcedValue, RowPlan};
-use crate::processors::zoo::structure_only;
 use crate::processors::{LogitsProcessor, TextOrIds, ThinkingTokenConfig};
-use crate::spec::{check_len, KindSpec, SpecContext};
+use crate::spec::structure_only;
+use crate::spec::{check_len, EngineContext, KindSpec};
 
 /// `{"kind": "thinking_budget", "max_thinking_tokens": 100, "overflow_percentage": 0.1}`, plus
 /// `start_token_id` / `end_token_id` / `newline_token_id` (all three, or none to take the
-/// model's from [`SpecContext::thinking_tokens`]). Beyond the reference: `end_token_ids`, an end
+/// model's from [`EngineContext::thinking_tokens`]). Beyond the reference: `end_token_ids`, an end
 /// marker of several tokens in place of `end_token_id` (forced one token a step; a marker the
 /// model began itself is completed), and `message`, text or ids written before the end marker
 /// when the budget runs out (llama.cpp's `--reasoning-budget-message`).
@@ -41,7 +41,7 @@ fn default_overflow() -> f64 {
 }
 
 impl ThinkingBudgetSpec {
-    fn tokens(&self, context: &SpecContext) -> Result<ThinkingTokenConfig> {
+    fn tokens(&self, context: &EngineContext) -> Result<ThinkingTokenConfig> {
         let end = self
             .end_token_id
             .or(self.end_token_ids.as_ref().map(|ids| ids[0]));
@@ -103,7 +103,7 @@ impl KindSpec for ThinkingBudgetSpec {
             .map_err(|e| Error::spec("overflow_percentage", e.to_string()))
     }
 
-    fn realize(&self, context: &SpecContext, _: usize) -> Result<Box<dyn LogitsProcessor>> {
+    fn realize(&self, context: &EngineContext, _: usize) -> Result<Box<dyn LogitsProcessor>> {
         let tokens = self.tokens(context)?;
         let end_marker = match &self.end_token_ids {
             Some(ids) => ids.clone(),
@@ -127,7 +127,7 @@ impl KindSpec for ThinkingBudgetSpec {
         Ok(Box::new(budget))
     }
 
-    fn validate(&self, context: &SpecContext) -> Option<Result<()>> {
+    fn validate(&self, context: &EngineContext) -> Option<Result<()>> {
         // Without an engine, ids not in the spec are the engine's to supply, and a message's
         // text its tokenizer's to encode.
         let engine_supplies = self.start_token_id.is_none() && context.thinking_tokens.is_none();
@@ -143,7 +143,7 @@ impl KindSpec for ThinkingBudgetSpec {
         })
     }
 
-    fn resolve(&self, context: &SpecContext) -> Result<Option<serde_json::Value>> {
+    fn resolve(&self, context: &EngineContext) -> Result<Option<serde_json::Value>> {
         if self.start_token_id.is_some() || context.thinking_tokens.is_none() {
             return Ok(None);
         }
@@ -629,7 +629,7 @@ mod tests {
                 "end_token_ids": [3, 2, 3], "newline_token_id": 3, "message": [6, 7]}"#,
         )
         .unwrap();
-        let mut budget = spec.realize(&SpecContext::default(), 0).unwrap();
+        let mut budget = spec.realize(&EngineContext::default(), 0).unwrap();
         let mut ids = vec![START, WORD];
         for want in [6, 7, NEWLINE, END, NEWLINE] {
             let mut row = [0.0f32; 8];

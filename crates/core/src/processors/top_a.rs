@@ -5,7 +5,7 @@ use crate::error::Result;
 use crate::plan::Truncation;
 use crate::processors::truncate::{one, Truncate};
 use crate::processors::LogitsProcessor;
-use crate::spec::{KindSpec, SpecContext};
+use crate::spec::{EngineContext, KindSpec};
 
 /// `{"kind": "top_a", "a": 0.2, "min_tokens_to_keep": 1}`: keeps the logits whose probability is at
 /// least `a * p_max^2` (`0 <= a <= 1`; `0` keeps everything), `p_max` the largest probability:
@@ -45,7 +45,7 @@ impl KindSpec for TopASpec {
         self.rule().validate()
     }
 
-    fn realize(&self, _: &SpecContext, _: usize) -> Result<Box<dyn LogitsProcessor>> {
+    fn realize(&self, _: &EngineContext, _: usize) -> Result<Box<dyn LogitsProcessor>> {
         Ok(Box::new(Truncate::new(self.rule())?))
     }
 }

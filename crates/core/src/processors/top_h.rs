@@ -5,7 +5,7 @@ use crate::error::Result;
 use crate::plan::Truncation;
 use crate::processors::truncate::Truncate;
 use crate::processors::LogitsProcessor;
-use crate::spec::{KindSpec, SpecContext};
+use crate::spec::{EngineContext, KindSpec};
 
 /// `{"kind": "top_h", "top_h": 0.4}`: transformers' `TopHLogitsWarper` (top-H, bounded
 /// entropy): among the 100 largest logits, by rank, keeps the largest and then each while the
@@ -43,7 +43,7 @@ impl KindSpec for TopHSpec {
         self.rule()?.validate()
     }
 
-    fn realize(&self, _: &SpecContext, _: usize) -> Result<Box<dyn LogitsProcessor>> {
+    fn realize(&self, _: &EngineContext, _: usize) -> Result<Box<dyn LogitsProcessor>> {
         Ok(Box::new(Truncate::new(self.rule()?)?))
     }
 }

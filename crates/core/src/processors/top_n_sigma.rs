@@ -5,7 +5,7 @@ use crate::error::Result;
 use crate::plan::Truncation;
 use crate::processors::truncate::Truncate;
 use crate::processors::LogitsProcessor;
-use crate::spec::{KindSpec, SpecContext};
+use crate::spec::{EngineContext, KindSpec};
 
 /// `{"kind": "top_n_sigma", "n": 1.0}`: keeps the logits at least `max - n * sigma`, where `sigma`
 /// is the population standard deviation of the row's finite logits (llama.cpp's
@@ -38,7 +38,7 @@ impl KindSpec for TopNSigmaSpec {
         self.rule().validate()
     }
 
-    fn realize(&self, _: &SpecContext, _: usize) -> Result<Box<dyn LogitsProcessor>> {
+    fn realize(&self, _: &EngineContext, _: usize) -> Result<Box<dyn LogitsProcessor>> {
         Ok(Box::new(Truncate::new(self.rule())?))
     }
 }

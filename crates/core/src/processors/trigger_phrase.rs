@@ -6,10 +6,12 @@ use serde::{Deserialize, Serialize};
 use crate::error::{Error, Result};
 use crate::history::TokenHistory;
 use crate::plan::{Edit, ForcedValue, RowPlan, Trigger};
+use crate::processors::clock::{Clock, SystemClock};
 use crate::processors::phrase::{Phase, PhraseRuns};
-use crate::processors::zoo::{structure_only, with_kind, Clock, SystemClock, TextOrId, TextOrIds};
+use crate::processors::token_text::{TextOrId, TextOrIds};
 use crate::processors::LogitsProcessor;
-use crate::spec::{KindSpec, SpecContext};
+use crate::spec::{structure_only, with_kind};
+use crate::spec::{EngineContext, KindSpec};
 
 /// `{"kind": "trigger_phrase", "phrase": [6029, 1077], "trigger_token_phrase": 7, "trigger_count": 1}`:
 /// a phrase written when the model is about to write
@@ -77,7 +79,7 @@ impl KindSpec for TriggerPhraseSpec {
 
     fn realize(
         &self,
-        context: &SpecContext,
+        context: &EngineContext,
         prompt_len: usize,
     ) -> Result<Box<dyn LogitsProcessor>> {
         let phrase = self.phrase.ids(context, "phrase")?;
@@ -96,7 +98,7 @@ impl KindSpec for TriggerPhraseSpec {
         )))
     }
 
-    fn validate(&self, context: &SpecContext) -> Option<Result<()>> {
+    fn validate(&self, context: &EngineContext) -> Option<Result<()>> {
         let needs = self.phrase.is_text()
             || self
                 .trigger_token_phrase
@@ -105,7 +107,7 @@ impl KindSpec for TriggerPhraseSpec {
         structure_only(context, needs).then_some(Ok(()))
     }
 
-    fn resolve(&self, context: &SpecContext) -> Result<Option<serde_json::Value>> {
+    fn resolve(&self, context: &EngineContext) -> Result<Option<serde_json::Value>> {
         if context.encoder.is_none() {
             return Ok(None);
         }

@@ -10,7 +10,7 @@ use crate::error::{Error, Result};
 use crate::history::TokenHistory;
 use crate::plan::{Edit, RowPlan, Truncation};
 use crate::processors::LogitsProcessor;
-use crate::spec::{KindSpec, SpecContext};
+use crate::spec::{EngineContext, KindSpec};
 
 /// A truncation rule at every step (the `top_k`, `top_p`, `min_p`, `typical_p`,
 /// `epsilon_cutoff` and `eta_cutoff` kinds): the row keeps the tokens the rule keeps, computed
@@ -85,7 +85,7 @@ macro_rules! truncation_kinds {
                     self.rule()?.map_or(Ok(()), |rule| rule.validate())
                 }
 
-                fn realize(&self, _: &SpecContext, _: usize) -> Result<Box<dyn LogitsProcessor>> {
+                fn realize(&self, _: &EngineContext, _: usize) -> Result<Box<dyn LogitsProcessor>> {
                     Ok(match self.rule()? {
                         Some(rule) => Box::new(Truncate::new(rule)?),
                         None => Box::new(Off),
@@ -306,7 +306,7 @@ impl RuleSpec for EtaCutoffSpec {
 
 #[cfg(test)]
 mod tests {
-    use crate::spec::{ProcessorSpec, SpecContext};
+    use crate::spec::{EngineContext, ProcessorSpec};
 
     /// A row with ties, NaN, both infinities and signed zeros, where any edit would show.
     fn row() -> Vec<f32> {
@@ -326,7 +326,7 @@ mod tests {
 
     fn run(json: &str) -> crate::Result<Vec<f32>> {
         let spec = ProcessorSpec::parse(json)?;
-        let mut processor = spec.realize(&SpecContext::default(), 1)?;
+        let mut processor = spec.realize(&EngineContext::default(), 1)?;
         let mut row = row();
         crate::process_row(processor.as_mut(), &[0u32, 3, 3, 9], &mut row)?;
         Ok(row)
@@ -367,7 +367,7 @@ mod tests {
             ),
         ] {
             let spec = ProcessorSpec::parse(json).unwrap();
-            let mut processor = spec.realize(&SpecContext::default(), 0).unwrap();
+            let mut processor = spec.realize(&EngineContext::default(), 0).unwrap();
             let mut got = row;
             crate::process_row(processor.as_mut(), &[0u32], &mut got).unwrap();
             assert_eq!(got, want, "{json}");

@@ -8,7 +8,7 @@ use crate::error::{Error, Result};
 use crate::history::TokenHistory;
 use crate::plan::{Edit, RowPlan, TokenTest};
 use crate::processors::{check_bias, LogitsProcessor};
-use crate::spec::{KindSpec, SpecContext, MAX_TOKEN_IDS};
+use crate::spec::{EngineContext, KindSpec, MAX_TOKEN_IDS};
 use crate::watermark::{randperm, GreenLists, SeedingScheme, SELF_HASH_CANDIDATES};
 
 /// `{"kind": "watermark", "greenlist_ratio": 0.25, "bias": 2.0, "seeding_scheme": "lefthash",
@@ -144,7 +144,7 @@ impl KindSpec for WatermarkSpec {
         self.checked()
     }
 
-    fn realize(&self, context: &SpecContext, _: usize) -> Result<Box<dyn LogitsProcessor>> {
+    fn realize(&self, context: &EngineContext, _: usize) -> Result<Box<dyn LogitsProcessor>> {
         if let (Some(vocab), Some(engine)) = (self.vocab_size, context.vocab_size) {
             // The green lists name every id below `vocab_size`.
             if vocab > engine {
@@ -161,7 +161,7 @@ impl KindSpec for WatermarkSpec {
         )))
     }
 
-    fn validate(&self, context: &SpecContext) -> Option<Result<()>> {
+    fn validate(&self, context: &EngineContext) -> Option<Result<()>> {
         // Without an engine, the vocab is the engine's to supply.
         (context.structure_only && context.vocab_size.is_none() && self.vocab_size.is_none())
             .then(|| self.checked())

@@ -6,7 +6,7 @@ use crate::history::TokenHistory;
 use crate::plan::{Edit, RowPlan, Truncation};
 use crate::processors::truncate::one;
 use crate::processors::LogitsProcessor;
-use crate::spec::{KindSpec, SpecContext};
+use crate::spec::{EngineContext, KindSpec};
 
 /// `{"kind": "xtc", "probability": 0.5, "threshold": 0.1, "min_keep": 1, "seed": 0}`: "exclude top
 /// choices" (llama.cpp's `llama_sampler_init_xtc`, from text-generation-webui): at a step where a
@@ -48,7 +48,7 @@ impl KindSpec for XtcSpec {
         Xtc::new(self.probability, self.threshold, self.min_keep, self.seed).map(drop)
     }
 
-    fn realize(&self, _: &SpecContext, _: usize) -> Result<Box<dyn LogitsProcessor>> {
+    fn realize(&self, _: &EngineContext, _: usize) -> Result<Box<dyn LogitsProcessor>> {
         Ok(Box::new(Xtc::new(
             self.probability,
             self.threshold,

@@ -4,7 +4,7 @@
 use crate::truncation::select::with_min_keep;
 use crate::truncation::{largest, Band, Softmax, Truncation, Work};
 #[cfg(target_arch = "x86_64")]
-use crate::truncation::{select::lowest_reaching, wide};
+use crate::truncation::{select::lowest_reaching, simd};
 
 /// The band epsilon or eta (`rule`) keeps: the sums over the row, then the lowest value whose `q`
 /// reaches the rule's threshold; at least `min_keep` values.
@@ -16,10 +16,10 @@ pub(crate) fn band(values: &[f32], rule: &Truncation, min_keep: usize, work: &mu
         return Band::ALL;
     }
     #[cfg(target_arch = "x86_64")]
-    if wide::available() && values.len() < 1 << 21 {
+    if simd::available() && values.len() < 1 << 21 {
         // The sums in one pass, then the lowest value whose `q` reaches the
         // threshold by comparison (`exp` only near it).
-        let (sum, entropy_sum) = wide::sums(values, max, matches!(rule, Truncation::Eta { .. }));
+        let (sum, entropy_sum) = simd::sums(values, max, matches!(rule, Truncation::Eta { .. }));
         let softmax = Softmax {
             max,
             sum,

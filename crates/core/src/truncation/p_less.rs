@@ -2,8 +2,8 @@
 //! `sum p^2` (the chance that two independent draws agree), or, normalized (p-less-norm),
 //! `(n sum p^2 - 1) / (n - 1)` over the row's `n` candidates.
 
-use crate::truncation::select::lowest_reaching;
-use crate::truncation::{exp, kth_largest, largest, Band, Softmax, Work};
+use crate::truncation::select::{lowest_reaching, with_min_keep};
+use crate::truncation::{exp, largest, Band, Softmax, Work};
 
 /// The band p-less keeps. With `q = exp(x - max)`, `S = sum q` and `p = q / S`, the rule
 /// `p >= sum p^2` is `q >= sum q^2 / S`: one pass for `S` (the module's fixed-point sum), one for
@@ -36,13 +36,7 @@ pub(crate) fn band(values: &[f32], min_keep: usize, normalized: bool, work: &mut
     // Never above 1, the largest value's q: the maximum stays kept whatever the rounding.
     let threshold = (threshold as f32).min(1.0);
     let lo = lowest_reaching(values, max, threshold, work);
-    Band {
-        lo: lo.min(match min_keep {
-            1 => max,
-            _ => kth_largest(values, min_keep, work),
-        }),
-        hi: f32::INFINITY,
-    }
+    with_min_keep(values, lo, max, min_keep, work)
 }
 
 #[cfg(test)]

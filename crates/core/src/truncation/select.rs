@@ -220,10 +220,10 @@ pub(crate) fn lowest_reaching(values: &[f32], max: f32, threshold: f32, work: &m
     };
     let mut sure = f32::INFINITY;
     #[cfg(target_arch = "x86_64")]
-    let wide = crate::truncation::wide_available();
+    let simd = crate::truncation::simd_available();
     #[cfg(not(target_arch = "x86_64"))]
-    let wide = false;
-    if wide {
+    let simd = false;
+    if simd {
         #[cfg(target_arch = "x86_64")]
         if let Some(smallest) =
             crate::truncation::smallest_above_and_between(values, lo, hi, usize::MAX, work)

@@ -2,7 +2,7 @@
 //! (vectorized where the CPU allows, the same bits everywhere).
 
 #[cfg(target_arch = "x86_64")]
-use crate::truncation::wide;
+use crate::truncation::simd;
 use crate::truncation::{exp, fixed, from_order_key, order_key, Truncation, FIXED_BITS};
 #[cfg(target_arch = "x86_64")]
 use crate::truncation::{EXP_LN2_HI, EXP_LN2_LO, EXP_LOG2_E, EXP_POLY, EXP_SHIFTER};
@@ -65,8 +65,8 @@ fn largest_float_avx(values: &[f32]) -> f32 {
 #[inline(always)]
 pub fn weight_sum(values: &[f32], max: f32) -> u64 {
     #[cfg(target_arch = "x86_64")]
-    if values.len() < 1 << 21 && wide::available() {
-        return wide::sums(values, max, false).0;
+    if values.len() < 1 << 21 && simd::available() {
+        return simd::sums(values, max, false).0;
     }
     #[cfg(target_arch = "x86_64")]
     if values.len() < 1 << 21 && crate::cpu::avx2_fma() {
@@ -185,14 +185,14 @@ impl Softmax {
     }
 
     /// The maximum of `values`; then the sums over them (in any order: they are exact), with the
-    /// passes of `truncation/wide.rs` where the CPU has them.
+    /// passes of `truncation/simd.rs` where the CPU has them.
     #[inline(always)]
     pub fn of(values: &[f32]) -> Self {
         #[cfg(target_arch = "x86_64")]
-        if values.len() < 1 << 21 && wide::available() {
+        if values.len() < 1 << 21 && simd::available() {
             let max = largest(values);
             let (sum, entropy_sum) = if max.is_finite() {
-                wide::sums(values, max, true)
+                simd::sums(values, max, true)
             } else {
                 (0, 0)
             };
@@ -321,11 +321,11 @@ mod tests {
                         // SAFETY: the CPU has AVX2 and FMA.
                         prop_assert_eq!(unsafe { weight_sum_avx2(&row, 0.0) }, one_by_one);
                     }
-                    if wide::available() {
+                    if simd::available() {
                         let entropy: u64 = row.iter().map(|&x| softmax.weights(x).1).sum();
-                        prop_assert_eq!(wide::sums(&row, 0.0, true), (one_by_one, entropy));
+                        prop_assert_eq!(simd::sums(&row, 0.0, true), (one_by_one, entropy));
                         let mut work: Work = row.iter().map(|&x| (0, 0, x)).collect();
-                        wide::fill_weights(&mut work, 0.0);
+                        simd::fill_weights(&mut work, 0.0);
                         for e in &work {
                             prop_assert_eq!(e.1, softmax.weights(e.2).0, "{}", e.2);
                         }

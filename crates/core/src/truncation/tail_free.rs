@@ -1,7 +1,8 @@
 //! Tail-free sampling's row math: the largest values until the cumulative normalized second
 //! derivative of the sorted probabilities passes `z`.
 
-use crate::truncation::{exp, from_order_key, kth_largest, order_key, Band, Work};
+use crate::truncation::select::with_min_keep;
+use crate::truncation::{exp, from_order_key, order_key, Band, Work};
 
 /// The band tail-free keeps: the finite values sorted (by [`order_key`], largest first: a radix
 /// sort of the keys), their `q = exp(x - max)` ([`exp`]) and every sum in f64 in that order.
@@ -57,13 +58,7 @@ pub(crate) fn band(values: &[f32], z: f32, min_keep: usize, work: &mut Work) -> 
         kept += 1;
     }
     let lo = from_order_key(!keys[kept.min(n) - 1]);
-    Band {
-        lo: lo.min(match min_keep {
-            1 => max,
-            _ => kth_largest(values, min_keep, work),
-        }),
-        hi: f32::INFINITY,
-    }
+    with_min_keep(values, lo, max, min_keep, work)
 }
 
 /// Sorts `keys` ascending: least significant digit first, 11 bits a pass.
@@ -160,13 +155,7 @@ mod tests {
             kept += 1;
         }
         let lo = work[kept.min(n) - 1].1;
-        Band {
-            lo: lo.min(match min_keep {
-                1 => max,
-                _ => kth_largest(values, min_keep, &mut vec![]),
-            }),
-            hi: f32::INFINITY,
-        }
+        with_min_keep(values, lo, max, min_keep, &mut vec![])
     }
 
     #[test]

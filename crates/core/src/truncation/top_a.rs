@@ -1,8 +1,8 @@
 //! Top-a's row math: the values whose probability is at least `a` times the square of the
 //! largest.
 
-use crate::truncation::select::lowest_reaching;
-use crate::truncation::{kth_largest, largest, Band, Softmax, Work};
+use crate::truncation::select::{lowest_reaching, with_min_keep};
+use crate::truncation::{largest, Band, Softmax, Work};
 
 /// The band top-a keeps. With `q = exp(x - max)` and `S` the sum of the `q`s (the fixed-point sum
 /// of the truncation module), `p = q / S` and `p_max = 1 / S`, so the rule is `q >= a / S`: one
@@ -17,13 +17,7 @@ pub(crate) fn band(values: &[f32], a: f32, min_keep: usize, work: &mut Work) -> 
     let softmax = Softmax::weights_only(values, max);
     let threshold = a / softmax.scale();
     let lo = lowest_reaching(values, max, threshold, work);
-    Band {
-        lo: lo.min(match min_keep {
-            1 => max,
-            _ => kth_largest(values, min_keep, work),
-        }),
-        hi: f32::INFINITY,
-    }
+    with_min_keep(values, lo, max, min_keep, work)
 }
 
 #[cfg(test)]

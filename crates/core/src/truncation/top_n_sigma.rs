@@ -13,7 +13,7 @@ pub(crate) fn band(values: &[f32], n: f32) -> Band {
         return Band::ALL;
     }
     #[cfg(target_arch = "x86_64")]
-    if crate::truncation::wide_available() {
+    if crate::truncation::simd_available() {
         let (count, max, sums) = crate::truncation::finite_lane_sums(values, None);
         if count <= 1 {
             return Band::ALL;
@@ -180,7 +180,7 @@ mod tests {
             assert_eq!(max.to_bits(), finite_max.to_bits());
             assert_eq!(sum.to_bits(), lanes(&row, |x| x as f64).to_bits(), "{len}");
             #[cfg(target_arch = "x86_64")]
-            if crate::truncation::wide_available() {
+            if crate::truncation::simd_available() {
                 let (c, m, sums) = crate::truncation::finite_lane_sums(&row, None);
                 assert_eq!((c, m.to_bits()), (count, max.to_bits()));
                 assert_eq!(pairwise(&sums).to_bits(), sum.to_bits(), "{len}");

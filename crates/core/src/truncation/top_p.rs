@@ -5,7 +5,7 @@ use crate::truncation::select::reaching_bucket;
 use crate::truncation::select::{collect_from, weighted_select, with_min_keep};
 use crate::truncation::{largest, Band, Softmax, Work};
 #[cfg(target_arch = "x86_64")]
-use crate::truncation::{order_key, wide};
+use crate::truncation::{order_key, simd};
 
 /// The band top-p keeps: from the lowest value its mass needs ([`lowest`]), at least `min_keep`
 /// values; everything when the row has no distribution or its mass never reaches `p`.
@@ -32,8 +32,8 @@ pub(crate) fn band(values: &[f32], p: f32, min_keep: usize, work: &mut Work) -> 
 #[inline(always)]
 fn lowest(values: &[f32], max: f32, p: f32, work: &mut Work) -> Option<f32> {
     #[cfg(target_arch = "x86_64")]
-    if wide::available() && values.len() < 1 << 21 {
-        return lowest_wide(values, max, p, work);
+    if simd::available() && values.len() < 1 << 21 {
+        return lowest_simd(values, max, p, work);
     }
     let softmax = Softmax::weights_only(values, max);
     let target = softmax.target(p);
@@ -49,16 +49,16 @@ fn lowest(values: &[f32], max: f32, p: f32, work: &mut Work) -> Option<f32> {
     None
 }
 
-/// [`lowest`] with the passes of `truncation/wide.rs`. A row with few values within 4 of its maximum (a trained
+/// [`lowest`] with the passes of `truncation/simd.rs`. A row with few values within 4 of its maximum (a trained
 /// model's) selects among them once the total is known, as [`lowest`] does; otherwise one pass
 /// computes the total and the mass of each bucket of 1/32 below the maximum, and the boundary is
 /// selected among the values of the bucket where the running mass reaches the target (a flat
 /// row's: the buckets above it hold most of the mass, and most of the row is never collected).
 #[cfg(target_arch = "x86_64")]
-fn lowest_wide(values: &[f32], max: f32, p: f32, work: &mut Work) -> Option<f32> {
-    if wide::smallest_above_and_between(values, max - 4.0, f32::INFINITY, 4096, work).is_some() {
+fn lowest_simd(values: &[f32], max: f32, p: f32, work: &mut Work) -> Option<f32> {
+    if simd::smallest_above_and_between(values, max - 4.0, f32::INFINITY, 4096, work).is_some() {
         keyed(work);
-        wide::fill_weights(work, max);
+        simd::fill_weights(work, max);
         let softmax = Softmax::weights_only(values, max);
         let target = softmax.target(p);
         let mass: u64 = work.iter().map(|e| e.1).sum();
@@ -66,16 +66,16 @@ fn lowest_wide(values: &[f32], max: f32, p: f32, work: &mut Work) -> Option<f32>
             return Some(weighted_select(work, 0, target).2);
         }
     }
-    let mut masses = [0u64; wide::BUCKETS];
+    let mut masses = [0u64; simd::BUCKETS];
     let softmax = Softmax {
         max,
-        sum: wide::bucket_masses(values, max, wide::Key::Value, &mut masses),
+        sum: simd::bucket_masses(values, max, simd::Key::Value, &mut masses),
         entropy_sum: 0,
     };
     let target = softmax.target(p);
     let (bucket, above) = reaching_bucket(&masses, target)?;
-    wide::collect_bucket(values, max, wide::Key::Value, bucket, work);
-    wide::fill_weights(work, max);
+    simd::collect_bucket(values, max, simd::Key::Value, bucket, work);
+    simd::fill_weights(work, max);
     Some(weighted_select(work, above, target).2)
 }
 

@@ -4,10 +4,10 @@
 #[cfg(target_arch = "x86_64")]
 use crate::truncation::select::{reaching_bucket, weighted_select};
 #[cfg(target_arch = "x86_64")]
-use crate::truncation::wide;
+use crate::truncation::simd;
 use crate::truncation::{largest, order_key, Band, Softmax, Work};
 
-/// The band typical keeps: with the passes of `truncation/wide.rs` for `min_keep` 1 where the
+/// The band typical keeps: with the passes of `truncation/simd.rs` for `min_keep` 1 where the
 /// CPU has them ([`band_wide`]), otherwise by partial sorts of the scores ([`by_sorting`]).
 #[inline(always)]
 pub(crate) fn band(values: &[f32], mass: f32, min_keep: usize, work: &mut Work) -> Band {
@@ -17,34 +17,34 @@ pub(crate) fn band(values: &[f32], mass: f32, min_keep: usize, work: &mut Work) 
         return Band::ALL;
     }
     #[cfg(target_arch = "x86_64")]
-    if min_keep == 1 && wide::available() && values.len() < 1 << 21 {
+    if min_keep == 1 && simd::available() && values.len() < 1 << 21 {
         return band_wide(values, max, mass, work);
     }
     by_sorting(values, &Softmax::of(values), mass, min_keep, work)
 }
 
-/// Typical's band with the passes of `truncation/wide.rs` (`min_keep` 1): the sums `W` and `E` in one pass, then
+/// Typical's band with the passes of `truncation/simd.rs` (`min_keep` 1): the sums `W` and `E` in one pass, then
 /// the mass of each bucket of scores (1/16 wide) in another; the boundary is selected among the
 /// values of the bucket where the running mass, smallest scores first, reaches the target.
 #[cfg(target_arch = "x86_64")]
 fn band_wide(values: &[f32], max: f32, mass: f32, work: &mut Work) -> Band {
-    let (sum, entropy_sum) = wide::sums(values, max, true);
+    let (sum, entropy_sum) = simd::sums(values, max, true);
     let softmax = Softmax {
         max,
         sum,
         entropy_sum,
     };
-    let key = wide::Key::Typical {
+    let key = simd::Key::Typical {
         shift: softmax.shift(),
     };
     let target = softmax.target(mass);
-    let mut masses = [0u64; wide::BUCKETS];
-    wide::bucket_masses(values, max, key, &mut masses);
+    let mut masses = [0u64; simd::BUCKETS];
+    simd::bucket_masses(values, max, key, &mut masses);
     let Some((bucket, above)) = reaching_bucket(&masses, target) else {
         return Band::ALL;
     };
-    let (lo, hi) = wide::collect_bucket(values, max, key, bucket, work);
-    wide::fill_weights(work, max);
+    let (lo, hi) = simd::collect_bucket(values, max, key, bucket, work);
+    simd::fill_weights(work, max);
     // Keys are the bitwise-not of the scores' order keys: the largest key is the smallest score.
     let cut = weighted_select(work, above, target).0;
     let (lo, hi) = work

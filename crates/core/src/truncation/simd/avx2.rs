@@ -1,4 +1,4 @@
-//! The passes of `wide.rs` eight values at a time, for CPUs with AVX2 and FMA but no AVX-512:
+//! The passes of `simd.rs` eight values at a time, for CPUs with AVX2 and FMA but no AVX-512:
 //! the same weights (the same IEEE operations in the same order on each lane), the same buckets
 //! and the same candidates, so a rule selects the same band whichever of the three paths ran.
 //! Where AVX-512 has an instruction AVX2 lacks, the equivalent exact steps stand in: the scale by
@@ -65,7 +65,7 @@ impl Lanes {
     }
 
     /// The weights and the entropy weights `fixed(q * -d)` as integral f32, 0 where `d < -32`
-    /// or NaN (as `wide.rs`); and the mask of the other lanes.
+    /// or NaN (as `simd.rs`); and the mask of the other lanes.
     #[inline(always)]
     unsafe fn weights_and_entropy(&self, d: __m256) -> (__m256, __m256, __m256) {
         let live = _mm256_cmp_ps::<_CMP_GE_OQ>(d, _mm256_set1_ps(-32.0));
@@ -235,7 +235,7 @@ pub(super) fn bucket_masses(
     key: Key,
     masses: &mut [u64; BUCKETS],
 ) -> u64 {
-    // Four copies, lane by lane in turn, as in `wide.rs`.
+    // Four copies, lane by lane in turn, as in `simd.rs`.
     let mut copies = [[0u64; BUCKETS + 16]; 4];
     let lanes = Lanes::new(max);
     let mut sums = [_mm256_setzero_pd(); 2];
@@ -271,7 +271,7 @@ pub(super) fn bucket_masses(
     }
 }
 
-/// `wide::collect_bucket`'s pass (`work` already cleared).
+/// `simd::collect_bucket`'s pass (`work` already cleared).
 #[target_feature(enable = "avx2,fma")]
 pub(super) fn collect_bucket(
     values: &[f32],
@@ -366,7 +366,7 @@ pub(super) fn fill_weights(work: &mut Work, max: f32) {
     }
 }
 
-/// `wide::smallest_above_and_between`'s pass (`work` already cleared).
+/// `simd::smallest_above_and_between`'s pass (`work` already cleared).
 #[target_feature(enable = "avx2,fma")]
 pub(super) fn smallest_above_and_between(
     values: &[f32],
@@ -430,7 +430,7 @@ pub(super) fn smallest_above_and_between(
     Some(smallest)
 }
 
-/// `wide::finite_lane_sums`'s pass: lane `j` of the first f64 vector adds the values at `j`,
+/// `simd::finite_lane_sums`'s pass: lane `j` of the first f64 vector adds the values at `j`,
 /// `j + 8`, ..., lane `j` of the second those at `j + 4`, `j + 12`, ...
 #[target_feature(enable = "avx2,fma")]
 pub(super) fn finite_lane_sums(

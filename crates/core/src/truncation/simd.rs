@@ -3,7 +3,7 @@
 //! the few values a rule's boundary is selected from. Every weight is the one
 //! [`Softmax::weights`](super::Softmax::weights) gives (the same IEEE operations in the same
 //! order on each lane; tests compare them), so a rule selects the same band whichever path ran.
-//! With AVX2 and FMA but no AVX-512, each pass is `wide/avx2.rs`'s, eight values at a time, with
+//! With AVX2 and FMA but no AVX-512, each pass is `simd/avx2.rs`'s, eight values at a time, with
 //! the same results; without either, the rules take the selections written in their own files
 //! (`truncation/top_p.rs` and the others), which the tests use as the reference.
 
