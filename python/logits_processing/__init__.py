@@ -49,6 +49,7 @@ from .thinking_tokens import (
     get_thinking_token_config,
     register_thinking_token_config,
 )
+from .watermark import WatermarkDetectorOutput, detect_watermark
 
 __version__: str = _lib.__version__
 
@@ -72,8 +73,10 @@ __all__ = [
     "ThinkingTokenConfig",
     "TokenOutOfVocabError",
     "TokenizerError",
+    "WatermarkDetectorOutput",
     "__version__",
     "canonical_order",
+    "detect_watermark",
     "get_thinking_token_config",
     "kinds",
     "position_by_tokens",

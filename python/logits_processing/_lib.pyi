@@ -651,6 +651,41 @@ def canonical_order(specs: Union[Spec, Sequence[Spec]]) -> list[dict]:
         ['repetition_penalty', 'json_object', 'temperature', 'top_p']
     """
 
+def detect_watermark(
+    texts: Sequence[Sequence[int]],
+    *,
+    vocab_size: int,
+    greenlist_ratio: float = 0.25,
+    bias: float = 2.0,
+    hashing_key: int = 15485863,
+    seeding_scheme: Literal["lefthash", "selfhash"] = "lefthash",
+    context_width: Optional[int] = None,
+    ignore_repeated_ngrams: bool = False,
+    z_threshold: float = 3.0,
+    bos_token_id: Optional[int] = None,
+) -> list[Tuple[int, int, float, float, float, bool, float]]:
+    """transformers' `WatermarkDetector` for texts watermarked by the kind `watermark` (or by
+    transformers' `WatermarkLogitsProcessor` on the CPU), one verdict per text. Wrapped by
+    `logits_processing.detect_watermark`, which takes tensors and gives the output's fields.
+
+    Args:
+        texts: a list of id lists (the prompt best left out, as transformers advises).
+        vocab_size: the model's vocab size the green lists permute.
+        greenlist_ratio, bias, hashing_key, seeding_scheme, context_width: the watermark's
+            settings, as the spec (and transformers' `WatermarkingConfig`) gives them.
+        ignore_repeated_ngrams: count each distinct n-gram once.
+        z_threshold: the verdict is `z_score > z_threshold`.
+        bos_token_id: a leading BOS id, not scored.
+
+    Returns:
+        A list of `(num_tokens_scored, num_green_tokens, green_fraction, z_score, p_value,
+        prediction, confidence)`.
+
+    Raises:
+        SpecError / InvalidArgumentError: a setting out of range, naming it; a text too short or a
+            batch whose texts do not all start (or all not) with the BOS id.
+    """
+
 def hello_world_ids(tokenizer: Any, eos_token_id: Optional[int] = None) -> Tuple[list[int], int]:
     """`(ids of "Hello world!", eos id)` from a tokenizer: a transformers tokenizer (or anything
     with ``encode``), a ``tokenizers.Tokenizer`` or a ``tokenizer.json`` path; the EOS id is

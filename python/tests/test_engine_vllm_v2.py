@@ -249,6 +249,8 @@ PIPELINES = {
     "log_softmax": [{"kind": "temperature", "temperature": 0.7}, {"kind": "log_softmax"}],
     "inf_nan_remove": [{"kind": "ban_tokens", "token_ids": [3]}, {"kind": "inf_nan_remove"}],
     "synthid_watermark": [{"kind": "temperature", "temperature": 0.7}, {"kind": "synthid_watermark", "ngram_len": 3, "keys": [654, 400, 836]}],
+    "watermark": [{"kind": "watermark", "bias": 3.0}],
+    "watermark_selfhash": [{"kind": "watermark", "bias": 3.0, "seeding_scheme": "selfhash", "context_width": 2}],
     "gen_length": [{"kind": "gen_length", "boost_factor": 1.5, "boost_token": EOS}],
     "force_last_phrase": [{"kind": "force_last_phrase", "phrase": [40, 41, 42], "eos_token_id": EOS}],
     "max_time": [{"kind": "max_time", "max_time": 0.0, "boost_token": EOS}],

@@ -127,6 +127,14 @@ SPECS = st.one_of(
         lambda n, keys, skip: {"kind": "synthid_watermark", "ngram_len": n, "keys": keys, "skip_first_ngram_calls": skip},
         st.integers(1, 4), st.lists(st.integers(-(2**63), 2**63 - 1), min_size=1, max_size=3), st.booleans(),
     ),
+    st.builds(
+        lambda r, b, s, w: {"kind": "watermark", "greenlist_ratio": r, "bias": b, "seeding_scheme": s,
+                            "context_width": w, "vocab_size": VOCAB},
+        st.floats(0.05, 0.95),
+        st.floats(-3.0, 3.0),
+        st.sampled_from(["lefthash", "selfhash"]),
+        st.integers(1, 3),
+    ),
     st.builds(lambda z, m: {"kind": "tail_free", "z": z, "min_tokens_to_keep": m}, st.floats(0.1, 1.0), _KEEP),
     st.builds(
         lambda p, t, seed: {"kind": "xtc", "probability": p, "threshold": t, "seed": seed},

@@ -31,6 +31,7 @@ PIPELINES = [
     [{"kind": "top_n_sigma", "n": 1.0}],
     [{"kind": "top_a", "a": 0.2}],
     [{"kind": "p_less"}],
+    [{"kind": "watermark", "seeding_scheme": "selfhash", "context_width": 2, "bias": 3.0, "vocab_size": VOCAB}],
     [{"kind": "tail_free", "z": 0.9}],
     [{"kind": "xtc", "probability": 0.5, "threshold": 0.05, "seed": 7}],
     [{"kind": "mirostat", "version": 2, "tau": 3.0}],

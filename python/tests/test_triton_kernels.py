@@ -91,6 +91,9 @@ SPECS = {
     "log_softmax": {"kind": "log_softmax"},
     "inf_nan_remove": {"kind": "inf_nan_remove"},
     "synthid_watermark": {"kind": "synthid_watermark", "ngram_len": 3, "keys": [654, 400, 836]},
+    # The left-hash green list is sparse biases, which the kernels carry; the self-hash scheme
+    # reads the row (test_round_trip.py).
+    "watermark": {"kind": "watermark", "greenlist_ratio": 0.3, "bias": 1.5, "context_width": 2},
 }
 # Kinds that need what a bare Batch has not got: the text kinds run in their own test below.
 NEEDS_TOKENIZER = {"ban_strings", "grammar", "json_object", "lazy_grammar"}

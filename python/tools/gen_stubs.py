@@ -88,6 +88,15 @@ TYPES = {
     "sampling_table_size": "int",
     "sampling_table_seed": "int",
     "context_history_size": "int",
+    "detect_watermark.texts": "Sequence[Sequence[int]]",
+    "detect_watermark.greenlist_ratio": "float",
+    "detect_watermark.bias": "float",
+    "detect_watermark.hashing_key": "int",
+    "detect_watermark.seeding_scheme": 'Literal["lefthash", "selfhash"]',
+    "detect_watermark.context_width": "Optional[int]",
+    "detect_watermark.ignore_repeated_ngrams": "bool",
+    "detect_watermark.z_threshold": "float",
+    "detect_watermark.bos_token_id": "Optional[int]",
 }
 
 # Return types; anything not named returns None.
@@ -99,6 +108,7 @@ RETURNS = {
     "Batch.rows": "list[int]",
     "build_info": "dict[str, Any]",
     "canonical_order": "list[dict]",
+    "detect_watermark": "list[Tuple[int, int, float, float, float, bool, float]]",
     "_device_layout": "dict[str, Union[int, float]]",
     "ForcedSequenceLogitsProcessor.__getnewargs_ex__": "Tuple[tuple, dict]",
     "ForcedSequenceLogitsProcessor.__getstate__": "Tuple[int, Optional[dict]]",

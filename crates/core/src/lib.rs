@@ -41,6 +41,7 @@ pub mod synthid;
 #[cfg(feature = "tokenizers")]
 pub mod tokenizer;
 pub mod truncation;
+pub mod watermark;
 mod whole;
 
 pub use batch::{Batch, BatchLayout, ExternalCall, StepBitmask};

@@ -37,6 +37,19 @@ pub enum ForcedValue {
     Set(f32),
 }
 
+/// A test of token ids held by a plan ([`RowPlan::push_bias_largest`]).
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct TestId(u32);
+
+/// Which tokens an [`Edit::BiasLargest`] biases among the row's largest: the kind's decision,
+/// asked of each candidate the pass finds (the watermark's self-hash green test).
+pub trait TokenTest: Send + Sync + std::fmt::Debug {
+    fn admits(&self, token: u32) -> bool;
+    /// Whether `other` is the same test (two plans are equal when their tests are).
+    fn same_as(&self, other: &dyn TokenTest) -> bool;
+    fn as_any(&self) -> &dyn Any;
+}
+
 /// A bitmask held by a plan ([`RowPlan::push_mask`]).
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 pub struct MaskId(u32);
@@ -93,6 +106,11 @@ pub enum Edit {
     /// which reads the whole row and the row's element type: carried out on the row as the edits
     /// before it left it, in a pass of its own ([`WholeRow`]). CPU only.
     Whole(WholeRow),
+    /// `bias` is added to each of the row's `count` largest logits as the row stands here (in
+    /// torch's descending order: NaN first, then by value, a tie by the lower id) that `test`
+    /// admits (resolved in the row's pass, like a band): the watermark's self-hash scheme. CPU
+    /// only.
+    BiasLargest { count: u32, bias: f32, test: TestId },
 }
 
 /// A condition on a row, read where an [`Edit::ForceIf`] runs.
@@ -143,6 +161,7 @@ impl Edit {
             | Edit::Truncate(_)
             | Edit::Reshape(_)
             | Edit::Whole(_) => None,
+            Edit::BiasLargest { .. } => None,
         }
     }
 
@@ -162,7 +181,7 @@ impl Edit {
     /// The value the logit at `index`, of value `x`, takes under this edit, before rounding to
     /// the row's element type. `allowed` says whether a mask allows `index`; `band` is a
     /// truncation's resolved band ([`Band::FIRED`] for an [`Edit::ForceIf`] whose condition
-    /// held). The one definition of each edit's meaning: the fused pass,
+    /// held, and for a token an [`Edit::BiasLargest`] biases). The one definition of each edit's meaning: the fused pass,
     /// the GPU kernel's host emulation and the tests all use it.
     #[inline]
     pub fn value(&self, index: usize, x: f32, allowed: impl Fn(MaskId) -> bool, band: Band) -> f32 {
@@ -228,6 +247,8 @@ impl Edit {
             Edit::ForceIf { .. } => x,
             // Never one logit at a time: `RowPlan::run` carries it out on the whole row.
             Edit::Whole(_) => x,
+            Edit::BiasLargest { bias, .. } if band == Band::FIRED => x + bias,
+            Edit::BiasLargest { .. } => x,
         }
     }
 }
@@ -267,6 +288,9 @@ pub struct RowPlan {
     edits: Vec<Edit>,
     mask_words: Vec<u32>,
     masks: Vec<MaskSpan>,
+    tests: Vec<Arc<dyn TokenTest>>,
+    // Per `BiasLargest` edit (by index), the tokens it biases as last resolved, by token.
+    largest: Vec<(usize, Vec<u32>)>,
     // Work space, reused between steps: the truncations' bands (by edit index), the sparse edits
     // sorted by token, the touched tokens' original values, and a copy of the row for truncation.
     bands: Vec<(usize, Band)>,
@@ -296,6 +320,7 @@ impl Clone for RowPlan {
             mask_words: self.mask_words.clone(),
             masks: self.masks.clone(),
             watermarks: self.watermarks.clone(),
+            tests: self.tests.clone(),
             ..Self::default()
         }
     }
@@ -306,6 +331,12 @@ impl PartialEq for RowPlan {
         self.edits == other.edits
             && self.masks().eq(other.masks())
             && self.watermarks == other.watermarks
+            && self.tests.len() == other.tests.len()
+            && self
+                .tests
+                .iter()
+                .zip(&other.tests)
+                .all(|(a, b)| a.same_as(b.as_ref()))
     }
 }
 
@@ -329,6 +360,7 @@ impl RowPlan {
         self.masks.clear();
         self.mask_words.clear();
         self.watermarks.clear();
+        self.tests.clear();
     }
 
     /// Adds a watermark's update ([`WholeRow::Watermark`]) after a context of hash `context`.
@@ -352,6 +384,12 @@ impl RowPlan {
     pub fn push(&mut self, edit: Edit) {
         if let Edit::Mask(MaskId(id)) = edit {
             assert!((id as usize) < self.masks.len(), "a mask of another plan");
+        }
+        if let Edit::BiasLargest {
+            test: TestId(id), ..
+        } = edit
+        {
+            assert!((id as usize) < self.tests.len(), "a test of another plan");
         }
         self.edits.push(edit);
     }
@@ -386,6 +424,25 @@ impl RowPlan {
     pub fn reserve_mask(&mut self, len: usize, beyond_allowed: bool) -> MaskId {
         self.push_mask_with(len, beyond_allowed, |_| {});
         MaskId(self.masks.len() as u32 - 1)
+    }
+
+    /// Adds an [`Edit::BiasLargest`]: `bias` on each of the row's `count` largest logits (as the
+    /// row stands at this edit) that `test` admits.
+    pub fn push_bias_largest(&mut self, count: u32, bias: f32, test: Arc<dyn TokenTest>) {
+        self.tests.push(test);
+        self.edits.push(Edit::BiasLargest {
+            count,
+            bias,
+            test: TestId(self.tests.len() as u32 - 1),
+        });
+    }
+
+    /// The tokens the [`Edit::BiasLargest`] at `edit` biased when last resolved, by token.
+    pub fn biased_largest(&self, edit: usize) -> &[u32] {
+        self.largest
+            .iter()
+            .find(|(at, _)| *at == edit)
+            .map_or(&[], |(_, tokens)| tokens)
     }
 
     /// The words of a mask of this plan, to write.
@@ -481,6 +538,7 @@ impl RowPlan {
                     | Edit::ForceIf { .. }
                     | Edit::AddScaledFrom { .. }
                     | Edit::Whole(_)
+                    | Edit::BiasLargest { .. }
             )
         })
     }
@@ -493,6 +551,7 @@ impl RowPlan {
             | Edit::ForceIf { .. }
             | Edit::AddScaledFrom { .. }
             | Edit::Whole(_) => true,
+            Edit::BiasLargest { .. } => true,
             Edit::Truncate(rule) => rule.on_cpu_only(),
             _ => false,
         })
@@ -576,11 +635,15 @@ impl RowPlan {
     #[inline]
     fn step<T: Logit>(&self, edit: usize, index: usize, value: T) -> T {
         let allowed = |id| self.bitmask(id).allows(index);
+        let band = match self.edits[edit] {
+            Edit::BiasLargest { .. } => biases_at(self.biased_largest(edit), index),
+            _ => self.band(edit),
+        };
         T::from_f32(self.edits[edit].value_shaped(
             index,
             value.to_f32(),
             allowed,
-            self.band(edit),
+            band,
             self.shape(edit),
         ))
     }
@@ -599,6 +662,7 @@ impl RowPlan {
         self.bands.clear();
         self.shapes.clear();
         self.observations.clear();
+        self.largest.clear();
         let mut scratch: Option<Box<Vec<T>>> = None;
         let mut done = 0;
         for at in 0..self.edits.len() {
@@ -607,6 +671,7 @@ impl RowPlan {
                 Edit::Reshape(rule) => Reduction::Shape(rule),
                 Edit::ForceIf { when, .. } => Reduction::Trigger(when),
                 Edit::AddScaledFrom { source, .. } => Reduction::Value(source),
+                Edit::BiasLargest { count, .. } => Reduction::Largest(count),
                 _ => continue,
             };
             let resolved = match (at, T::as_f32(row)) {
@@ -671,6 +736,23 @@ impl RowPlan {
                     self.shapes.push((at, shape));
                 }
                 (Resolved::Shape(shape), _) => self.shapes.push((at, shape)),
+                (Resolved::Largest(mut tokens), _) => {
+                    let Edit::BiasLargest {
+                        test: TestId(id), ..
+                    } = self.edits[at]
+                    else {
+                        unreachable!("only a BiasLargest resolves to tokens")
+                    };
+                    let test = &self.tests[id as usize];
+                    // Each test may be costly (a watermark's green list is a randperm of the
+                    // vocab): the candidates on the pool's threads.
+                    use rayon::prelude::*;
+                    let admitted: Vec<bool> = tokens.par_iter().map(|&t| test.admits(t)).collect();
+                    let mut admitted = admitted.into_iter();
+                    tokens.retain(|_| admitted.next() == Some(true));
+                    tokens.sort_unstable();
+                    self.largest.push((at, tokens));
+                }
                 (Resolved::Fired(fired), _) => {
                     self.observations
                         .push((at, self.edits[at], Observed::Fired(fired)));
@@ -844,6 +926,17 @@ impl RowPlan {
                         Edit::Reshape(_) => self.shape(i).apply_row(chunk),
                         // One whose condition held makes the pass a forced one instead.
                         Edit::ForceIf { .. } => {}
+                        Edit::BiasLargest { bias, .. } => {
+                            for &t in self.biased_largest(i) {
+                                let Some(x) = (t as usize)
+                                    .checked_sub(start)
+                                    .and_then(|j| chunk.get_mut(j))
+                                else {
+                                    continue;
+                                };
+                                *x = T::from_f32(x.to_f32() + bias);
+                            }
+                        }
                         _ => unreachable!("only dense edits are listed"),
                     }
                 }
@@ -912,8 +1005,25 @@ impl RowPlan {
                 }
                 _ => (Band::ALL, Shape::Identity),
             };
+            let biased: Vec<u32> = match *edit {
+                Edit::BiasLargest {
+                    count,
+                    test: TestId(id),
+                    ..
+                } => {
+                    let mut tokens = crate::truncation::largest_first(&values(), count as usize);
+                    tokens.retain(|&t| self.tests[id as usize].admits(t));
+                    tokens.sort_unstable();
+                    tokens
+                }
+                _ => Vec::new(),
+            };
             for (index, x) in row.iter_mut().enumerate() {
                 let allowed = |id| self.bitmask(id).allows(index);
+                let band = match edit {
+                    Edit::BiasLargest { .. } => biases_at(&biased, index),
+                    _ => band,
+                };
                 *x = T::from_f32(self.edits[i].value_shaped(
                     index,
                     x.to_f32(),
@@ -952,12 +1062,25 @@ enum Reduction {
     Trigger(Trigger),
     /// The value of one logit (an [`Edit::AddScaledFrom`]'s source), kept as a band `v..=v`.
     Value(u32),
+    /// The ids of the row's `count` largest logits (an [`Edit::BiasLargest`]'s candidates).
+    Largest(u32),
 }
 
 enum Resolved {
     Band(Band),
     Shape(Shape),
     Fired(bool),
+    Largest(Vec<u32>),
+}
+
+/// An [`Edit::BiasLargest`]'s meaning at `index`, as [`Edit::value`] reads it: [`Band::FIRED`]
+/// where the edit biases the token (`biased` sorted).
+fn biases_at(biased: &[u32], index: usize) -> Band {
+    if biased.binary_search(&(index as u32)).is_ok() {
+        Band::FIRED
+    } else {
+        Band::ALL
+    }
 }
 
 impl Reduction {
@@ -969,6 +1092,9 @@ impl Reduction {
             Reduction::Value(token) => {
                 let v = values.get(*token as usize).copied().unwrap_or(f32::NAN);
                 Resolved::Band(Band { lo: v, hi: v })
+            }
+            Reduction::Largest(count) => {
+                Resolved::Largest(crate::truncation::largest_first(values, *count as usize))
             }
         }
     }
@@ -1166,7 +1292,31 @@ mod tests {
                     key: 0,
                 }
             }),
+            // A test: marked by a placeholder (its seed), made by `plan_of`.
+            (1u32..50, -3.0f32..3.0, any::<u32>()).prop_map(|(count, bias, seed)| {
+                Edit::BiasLargest {
+                    count,
+                    bias,
+                    test: TestId(seed),
+                }
+            }),
         ]
+    }
+
+    /// A test admitting about half the ids, by a hash of the id and a seed.
+    #[derive(Debug, PartialEq)]
+    struct Hashed(u32);
+
+    impl TokenTest for Hashed {
+        fn admits(&self, token: u32) -> bool {
+            (token ^ self.0).wrapping_mul(0x9e37_79b9) >> 31 == 1
+        }
+        fn same_as(&self, other: &dyn TokenTest) -> bool {
+            other.as_any().downcast_ref::<Self>() == Some(self)
+        }
+        fn as_any(&self) -> &dyn Any {
+            self
+        }
     }
 
     /// A plan of `edits` for a row of `len`: out-of-row tokens dropped, masks made from their seed.
@@ -1193,6 +1343,11 @@ mod tests {
                     plan.push_watermark(Arc::new(watermark.unwrap()), seed as i64 * 31);
                 }
                 Edit::AddScaledFrom { source, .. } if source as usize >= len => {}
+                Edit::BiasLargest {
+                    count,
+                    bias,
+                    test: TestId(seed),
+                } => plan.push_bias_largest(count, bias, Arc::new(Hashed(seed))),
                 e if e.token().is_none_or(|t| (t as usize) < len) => plan.push(e),
                 _ => {}
             }

@@ -75,7 +75,7 @@ pub use gpu_shared::{
     exp, fixed, from_order_key, order_key, EXP_LN2_HI, EXP_LN2_LO, EXP_LOG2_E, EXP_MAX, EXP_MIN,
     EXP_POLY, EXP_SHIFTER, FIXED_BITS,
 };
-pub(crate) use select::{collect_from, kth_largest};
+pub(crate) use select::{collect_from, kth_largest, largest_first};
 pub(crate) use softmax::largest;
 pub use softmax::{weight_sum, Softmax};
 

@@ -117,7 +117,8 @@ impl Op {
     ];
 
     /// The op that carries out `edit`; `None` for an edit the kernel does not have (a
-    /// [`Edit::Reshape`] or [`Edit::ForceIf`]: plans holding one are refused,
+    /// [`Edit::Reshape`], [`Edit::ForceIf`], [`Edit::AddScaledFrom`] or [`Edit::BiasLargest`]:
+    /// plans holding one are refused,
     /// [`RowPlan::cpu_only`]). Exhaustive: a new
     /// kind of edit does not compile until it is given an op here (and then in the kernel, through
     /// [`kernel_header`]) or refused.
@@ -142,7 +143,8 @@ impl Op {
             Edit::Reshape(_)
             | Edit::ForceIf { .. }
             | Edit::AddScaledFrom { .. }
-            | Edit::Whole(_) => return None,
+            | Edit::Whole(_)
+            | Edit::BiasLargest { .. } => return None,
         })
     }
 
@@ -533,7 +535,8 @@ impl PackedPlans {
                 Edit::Reshape(_)
                 | Edit::ForceIf { .. }
                 | Edit::AddScaledFrom { .. }
-                | Edit::Whole(_) => {
+                | Edit::Whole(_)
+                | Edit::BiasLargest { .. } => {
                     unreachable!("refused by `Op::of` above")
                 }
             };

@@ -21,6 +21,7 @@ mod tensor;
 mod thinking;
 mod tokenizer;
 mod watch;
+mod watermark;
 
 use logits_processing::processors::lookup_thinking_token_config;
 use logits_processing::{register_thinking_token_config, TextEncoder, ThinkingTokenConfig};
@@ -360,6 +361,7 @@ fn _lib(m: &Bound<'_, PyModule>) -> PyResult<()> {
     m.add_function(wrap_pyfunction!(canonical_order, m)?)?;
     m.add_function(wrap_pyfunction!(info::spec_schema, m)?)?;
     m.add_function(wrap_pyfunction!(info::build_info, m)?)?;
+    m.add_function(wrap_pyfunction!(watermark::detect_watermark, m)?)?;
     #[cfg(feature = "cuda")]
     m.add_function(wrap_pyfunction!(_device_layout, m)?)?;
     // Hooks for the test suite, kept out of the shipped module's surface: only with

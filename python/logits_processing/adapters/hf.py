@@ -170,6 +170,12 @@ def _is_data(pipeline: Any) -> bool:
     return False
 
 
+def _is_green_list(watermark: Any) -> bool:
+    from transformers import WatermarkingConfig
+
+    return isinstance(watermark, WatermarkingConfig)
+
+
 def _is_synthid(watermark: Any) -> bool:
     # A SynthID Text config without its debug mode (which replaces the scores by ones first).
     from transformers import SynthIDTextWatermarkingConfig
@@ -189,7 +195,8 @@ def specs_from_generation_config(config: Any, *, prompt_len: Optional[int] = Non
     (``synthid_watermark``), ``renormalize_logits``, ``begin_suppress_tokens`` and, when
     ``do_sample``, ``temperature``, ``top_h``, ``top_k``, ``top_p``, ``min_p``, ``typical_p``,
     ``epsilon_cutoff``, ``eta_cutoff`` (``min_tokens_to_keep`` as ``generate()`` sets it, beams
-    included). ``min_new_tokens`` and the exponential decay count from the prompt's length, which
+    included), then ``watermarking_config`` (a ``WatermarkingConfig``: the kind ``watermark``, its
+    vocab the model's when ``model`` is given) and ``renormalize_logits``. ``min_new_tokens`` and the exponential decay count from the prompt's length, which
     the adapter gives at admission. Fields the config leaves unset take the values ``generate()``
     gives them: the model's ``generation_config`` (with ``model``), then transformers' global
     defaults (``top_k=50`` when sampling, in transformers 5).
@@ -209,8 +216,7 @@ def specs_from_generation_config(config: Any, *, prompt_len: Optional[int] = Non
             or ``min_new_tokens`` that is not an integer (``generate()`` refuses them too),
             naming it in ``field``.
         ValueError: a field that changes the logits and has no spec here (``guidance_scale``,
-            the encoder-decoder penalties, the green-list watermark, SynthID's
-            ``debug_mode``), naming it.
+            the encoder-decoder penalties, SynthID's ``debug_mode``), naming it.
 
     Example::
 
@@ -247,7 +253,8 @@ def specs_from_generation_config(config: Any, *, prompt_len: Optional[int] = Non
         ("guidance_scale", lambda v: v is not None and v != 1),
         ("encoder_repetition_penalty", lambda v: v is not None and v != 1.0),
         ("encoder_no_repeat_ngram_size", lambda v: v is not None and v > 0),
-        ("watermarking_config", lambda v: v is not None and not _is_synthid(v)),
+        # The green-list and SynthID configs map onto their kinds below; not SynthID's debug mode.
+        ("watermarking_config", lambda v: v is not None and not (_is_synthid(v) or _is_green_list(v))),
     ]
     for name, used in unsupported:
         if used(field(name)):
@@ -335,18 +342,34 @@ def specs_from_generation_config(config: Any, *, prompt_len: Optional[int] = Non
             specs.append({"kind": "eta_cutoff", "epsilon": float(eta), "min_tokens_to_keep": keep})
     watermark = field("watermarking_config")
     if watermark is not None:
-        # SynthIDTextWatermarkLogitsProcessor: after every warper, before the normalization.
-        specs.append(
-            {
-                "kind": "synthid_watermark",
-                "ngram_len": int(watermark.ngram_len),
-                "keys": [int(k) for k in watermark.keys],
-                "sampling_table_size": int(watermark.sampling_table_size),
-                "sampling_table_seed": int(watermark.sampling_table_seed),
-                "context_history_size": int(watermark.context_history_size),
-                "skip_first_ngram_calls": bool(watermark.skip_first_ngram_calls),
+        if _is_synthid(watermark):
+            # SynthIDTextWatermarkLogitsProcessor: after every warper, before the normalization.
+            specs.append(
+                {
+                    "kind": "synthid_watermark",
+                    "ngram_len": int(watermark.ngram_len),
+                    "keys": [int(k) for k in watermark.keys],
+                    "sampling_table_size": int(watermark.sampling_table_size),
+                    "sampling_table_seed": int(watermark.sampling_table_seed),
+                    "context_history_size": int(watermark.context_history_size),
+                    "skip_first_ngram_calls": bool(watermark.skip_first_ngram_calls),
+                }
+            )
+        else:
+            # After every warper, sampling or not, as generate() appends it; its vocab is the
+            # model's (the spec's default is the engine's).
+            spec = {
+                "kind": "watermark",
+                "greenlist_ratio": float(watermark.greenlist_ratio),
+                "bias": float(watermark.bias),
+                "hashing_key": int(watermark.hashing_key),
+                "seeding_scheme": str(watermark.seeding_scheme),
+                "context_width": int(watermark.context_width),
             }
-        )
+            text_config = getattr(getattr(model, "config", None), "get_text_config", None)
+            if text_config is not None:
+                spec["vocab_size"] = int(text_config().vocab_size)
+            specs.append(spec)
     if field("renormalize_logits") is True:
         # LogitNormalization: always generate()'s last processor.
         specs.append({"kind": "log_softmax"})

@@ -130,6 +130,7 @@ impl RowPlan {
                     | Edit::Reshape(_)
                     | Edit::AddScaledFrom { .. }
                     | Edit::Whole(_)
+                    | Edit::BiasLargest { .. }
             )
         });
         let after = self.edits[cut + 1..].iter().all(|e| match *e {
@@ -143,6 +144,7 @@ impl RowPlan {
             | Edit::Reshape(_)
             | Edit::AddScaledFrom { .. }
             | Edit::Whole(_) => false,
+            Edit::BiasLargest { .. } => false,
         });
         (before && after).then_some(cut)
     }

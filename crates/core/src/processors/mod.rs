@@ -63,6 +63,7 @@ pub(crate) mod top_h;
 pub(crate) mod top_n_sigma;
 mod trigger_phrase;
 pub(crate) mod truncate;
+mod watermark;
 pub(crate) mod xtc;
 
 pub use adaptive_p::{AdaptiveP, AdaptivePSpec};
@@ -125,6 +126,7 @@ pub use trigger_phrase::{TriggerPhrase, TriggerPhraseSpec};
 pub use truncate::{
     EpsilonCutoffSpec, EtaCutoffSpec, MinPSpec, TopKSpec, TopPSpec, Truncate, TypicalPSpec,
 };
+pub use watermark::{SeedingSchemeSpec, Watermark, WatermarkSpec};
 pub use xtc::{Xtc, XtcSpec};
 
 pub use crate::processor::{process_row, LogitsProcessor};
@@ -231,6 +233,9 @@ pub(crate) static KINDS: &[Kind] = &[
         .observing_the_pass(),
     // adaptive-p last too, as llama.cpp chains it: its next step reads the row its pass read.
     Kind::new::<AdaptivePSpec>("adaptive_p").observing_the_pass(),
+    // The watermark after every warper, as transformers runs it: its bias is the last word on
+    // the row the sampler reads, and the self-hash scheme reads the row they left.
+    Kind::new::<WatermarkSpec>("watermark"),
     // Watermarking after every other edit of the logits, as transformers runs it (before its
     // normalization): the watermark reads the distribution the sampler would.
     Kind::new::<SynthIdWatermarkSpec>("synthid_watermark"),

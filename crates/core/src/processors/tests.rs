@@ -275,6 +275,15 @@ fn spec_of(kind: &'static str) -> BoxedStrategy<Value> {
                        "context_history_size": history, "skip_first_ngram_calls": skip})
             })
             .boxed(),
+        // A few keys: each self-hash key's table is a randperm of 1,000,003, cached.
+        "watermark" => (0.05f64..0.95, -3.0f64..3.0, proptest::sample::select(vec![15485863i64, 7, -3]),
+                        any::<bool>(), 1usize..4)
+            .prop_map(|(r, b, key, selfhash, width)| {
+                json!({"kind": "watermark", "greenlist_ratio": r, "bias": b, "hashing_key": key,
+                       "seeding_scheme": if selfhash { "selfhash" } else { "lefthash" },
+                       "context_width": width})
+            })
+            .boxed(),
         "smoothing" => (0.0f64..3.0, 0.0f64..4.0)
             .prop_map(|(f, c)| json!({"kind": "smoothing", "factor": f, "curve": c}))
             .boxed(),
@@ -386,6 +395,7 @@ resume_safe! {
     resume_safe_log_softmax: "log_softmax",
     resume_safe_inf_nan_remove: "inf_nan_remove",
     resume_safe_synthid_watermark: "synthid_watermark",
+    resume_safe_watermark: "watermark",
     resume_safe_force_last_phrase_without_a_pass: "force_last_phrase",
     resume_safe_gen_length: "gen_length",
     resume_safe_max_time_before_its_limit: "max_time",

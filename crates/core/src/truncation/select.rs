@@ -250,8 +250,74 @@ pub(crate) fn lowest_reaching(values: &[f32], max: f32, threshold: f32, work: &m
     lowest
 }
 
+/// The ids of the `count` first values of `values` in torch's descending order (NaN first, then
+/// by value, `-0.0` and `0.0` equal, a tie by the lower id), in that order: one pass with the
+/// `count` best so far, most values rejected by one compare against the worst of them.
+pub(crate) fn largest_first(values: &[f32], count: usize) -> Vec<u32> {
+    use std::cmp::Reverse;
+    use std::collections::BinaryHeap;
+    // A larger key comes first: the value's order (NaN above everything), then the lower id.
+    let key = |i: usize, x: f32| {
+        let order = if x.is_nan() {
+            u32::MAX
+        } else {
+            order_key(x + 0.0)
+        };
+        (order as u64) << 32 | (u32::MAX - i as u32) as u64
+    };
+    let mut best: BinaryHeap<Reverse<u64>> = BinaryHeap::with_capacity(count + 1);
+    for (i, &x) in values.iter().enumerate() {
+        if best.len() < count {
+            best.push(Reverse(key(i, x)));
+        } else if best.peek().is_some_and(|&Reverse(worst)| key(i, x) > worst) {
+            best.pop();
+            best.push(Reverse(key(i, x)));
+        }
+    }
+    let mut keys: Vec<u64> = best.into_iter().map(|Reverse(k)| k).collect();
+    keys.sort_unstable_by(|a, b| b.cmp(a));
+    keys.into_iter()
+        .map(|k| u32::MAX - (k & u32::MAX as u64) as u32)
+        .collect()
+}
+
 #[cfg(test)]
 mod tests {
+    #[test]
+    fn largest_first_is_a_sorts_prefix_nan_first_ties_by_id() {
+        let mut state = 12345u32;
+        for len in [0usize, 1, 5, 39, 40, 41, 500, 5000] {
+            let row: Vec<f32> = (0..len)
+                .map(|_| {
+                    state = state.wrapping_mul(1_664_525).wrapping_add(1_013_904_223);
+                    match state >> 28 {
+                        0 => f32::NAN,
+                        1 => f32::NEG_INFINITY,
+                        2 => -0.0,
+                        3 => 0.0,
+                        _ => (state >> 20 & 63) as f32 / 4.0 - 8.0,
+                    }
+                })
+                .collect();
+            let mut sorted: Vec<u32> = (0..len as u32).collect();
+            let rank = |x: f32| if x.is_nan() { f32::INFINITY } else { x + 0.0 };
+            sorted.sort_by(|&a, &b| {
+                let (x, y) = (row[a as usize], row[b as usize]);
+                (y.is_nan().cmp(&x.is_nan()))
+                    .then(rank(y).partial_cmp(&rank(x)).unwrap())
+                    .then(a.cmp(&b))
+            });
+            for count in [0, 1, 40, len + 3] {
+                let want = &sorted[..count.min(len)];
+                assert_eq!(
+                    super::largest_first(&row, count),
+                    want,
+                    "len {len} count {count}"
+                );
+            }
+        }
+    }
+
     use super::*;
     use crate::truncation::largest;
 
