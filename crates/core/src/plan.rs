@@ -26,7 +26,7 @@ use crate::logit::Logit;
 mod survivors;
 pub use crate::reshape::{Reshape, Shape};
 pub use crate::truncation::{Band, Truncation};
-pub use crate::whole::{WatermarkId, WholeRow};
+pub use crate::whole::{SynthIdSlot, WholeRow};
 
 /// What a forced token's logit becomes.
 #[derive(Debug, Clone, Copy, PartialEq)]
@@ -308,9 +308,9 @@ pub struct RowPlan {
     selection: crate::truncation::Work,
     // The survivors' path (`survivors.rs`): the tokens a top-k kept, by index.
     survivors: Vec<u32>,
-    // The watermarks of `Edit::Whole(WholeRow::Watermark)`: each one's keys and table, and the
+    // The SynthID watermarks of `Edit::Whole(WholeRow::SynthId)`: each one's keys and table, and the
     // hash of its context.
-    watermarks: Vec<(Arc<crate::synthid::Watermark>, i64)>,
+    synthid: Vec<(Arc<crate::synthid::Watermark>, i64)>,
 }
 
 impl Clone for RowPlan {
@@ -319,7 +319,7 @@ impl Clone for RowPlan {
             edits: self.edits.clone(),
             mask_words: self.mask_words.clone(),
             masks: self.masks.clone(),
-            watermarks: self.watermarks.clone(),
+            synthid: self.synthid.clone(),
             tests: self.tests.clone(),
             ..Self::default()
         }
@@ -330,7 +330,7 @@ impl PartialEq for RowPlan {
     fn eq(&self, other: &Self) -> bool {
         self.edits == other.edits
             && self.masks().eq(other.masks())
-            && self.watermarks == other.watermarks
+            && self.synthid == other.synthid
             && self.tests.len() == other.tests.len()
             && self
                 .tests
@@ -359,20 +359,20 @@ impl RowPlan {
         self.edits.clear();
         self.masks.clear();
         self.mask_words.clear();
-        self.watermarks.clear();
+        self.synthid.clear();
         self.tests.clear();
     }
 
-    /// Adds a watermark's update ([`WholeRow::Watermark`]) after a context of hash `context`.
-    pub fn push_watermark(&mut self, watermark: Arc<crate::synthid::Watermark>, context: i64) {
-        self.watermarks.push((watermark, context));
-        let id = WatermarkId(self.watermarks.len() as u32 - 1);
-        self.edits.push(Edit::Whole(WholeRow::Watermark(id)));
+    /// Adds a watermark's update ([`WholeRow::SynthId`]) after a context of hash `context`.
+    pub fn push_synthid(&mut self, watermark: Arc<crate::synthid::Watermark>, context: i64) {
+        self.synthid.push((watermark, context));
+        let id = SynthIdSlot(self.synthid.len() as u32 - 1);
+        self.edits.push(Edit::Whole(WholeRow::SynthId(id)));
     }
 
     /// Carries out the whole-row edit `rule` on `row`.
     fn apply_whole<T: Logit>(&self, rule: WholeRow, row: &mut [T]) {
-        rule.apply(row, &self.watermarks)
+        rule.apply(row, &self.synthid)
     }
 
     /// Whether the plan holds a whole-row edit.
@@ -1270,7 +1270,7 @@ mod tests {
                 .prop_map(|(k, s)| Edit::Reshape(Reshape::Smoothing { k, s })),
             Just(Edit::Whole(WholeRow::InfNanRemove)),
             // A watermark: marked by a placeholder, filled in by `plan_of`.
-            any::<u32>().prop_map(|seed| Edit::Whole(WholeRow::Watermark(WatermarkId(seed)))),
+            any::<u32>().prop_map(|seed| Edit::Whole(WholeRow::SynthId(SynthIdSlot(seed)))),
             (0..vocab, 0..vocab, -2.0f32..2.0).prop_map(|(token, source, factor)| {
                 Edit::AddScaledFrom {
                     token,
@@ -1336,11 +1336,11 @@ mod tests {
                     };
                     plan.push_mask(words, seed % 2 == 0);
                 }
-                Edit::Whole(WholeRow::Watermark(WatermarkId(seed))) => {
+                Edit::Whole(WholeRow::SynthId(SynthIdSlot(seed))) => {
                     let keys = [seed as i64, 7, -3];
                     let watermark =
                         crate::synthid::Watermark::new(&keys[..1 + seed as usize % 3], 1 << 8, 0);
-                    plan.push_watermark(Arc::new(watermark.unwrap()), seed as i64 * 31);
+                    plan.push_synthid(Arc::new(watermark.unwrap()), seed as i64 * 31);
                 }
                 Edit::AddScaledFrom { source, .. } if source as usize >= len => {}
                 Edit::BiasLargest {

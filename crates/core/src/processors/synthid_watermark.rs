@@ -207,7 +207,7 @@ impl LogitsProcessor for SynthIdWatermark {
         if seen_before(&self.hashes[first..generated], hash, self.history) {
             return Ok(());
         }
-        plan.push_watermark(self.watermark.clone(), hash);
+        plan.push_synthid(self.watermark.clone(), hash);
         Ok(())
     }
 
@@ -240,10 +240,7 @@ mod tests {
         for step in 0..=generated.len() {
             let mut plan = RowPlan::new();
             p.plan(&ids, &mut plan).unwrap();
-            out.push(matches!(
-                plan.edits(),
-                [Edit::Whole(WholeRow::Watermark(_))]
-            ));
+            out.push(matches!(plan.edits(), [Edit::Whole(WholeRow::SynthId(_))]));
             if step < generated.len() {
                 ids.push(generated[step]);
             }
