@@ -1,6 +1,6 @@
 //! SynthID Text's hashing, sampling table and g-values, as transformers'
 //! `SynthIDTextWatermarkLogitsProcessor` computes them: the `synthid_watermark` kind decides with
-//! them, and the row rule (`whole/watermark.rs`) reads a token's g-values through them.
+//! them, and the row rule (`whole/synthid.rs`) reads a token's g-values through them.
 //!
 //! - `accumulate_hash`: an int64 linear congruential step per datum, `h = (h + x) * M + 1`
 //!   (wrapping, `M = 6364136223846793005`), from `h = 1`;
