@@ -8,7 +8,7 @@ use std::collections::BTreeMap;
 use arbitrary::Arbitrary;
 use libfuzzer_sys::fuzz_target;
 use logits_processing::{
-    parse_pipeline, Batch, BatchLayout, Error, Pipeline, SpecContext, Step, ThinkingTokenConfig,
+    parse_pipeline, Batch, BatchLayout, Error, Pipeline, EngineContext, Step, ThinkingTokenConfig,
     TokenHistory,
 };
 
@@ -81,7 +81,7 @@ struct Request {
 }
 
 fuzz_target!(|ops: Vec<Op>| {
-    let context = SpecContext {
+    let context = EngineContext {
         vocab_size: Some(VOCAB),
         hello_world: None,
         thinking_tokens: Some(ThinkingTokenConfig {

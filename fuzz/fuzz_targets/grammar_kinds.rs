@@ -15,7 +15,7 @@ use std::sync::OnceLock;
 use arbitrary::Arbitrary;
 use libfuzzer_sys::fuzz_target;
 use logits_processing::{
-    parse_pipeline, Batch, BatchLayout, Error, GrammarEnv, Pipeline, SpecContext, Step,
+    parse_pipeline, Batch, BatchLayout, Error, GrammarEnv, Pipeline, EngineContext, Step,
     TokenHistory,
 };
 use serde_json::{json, Value};
@@ -428,8 +428,8 @@ fuzz_target!(|input: Input| {
     // Without a tokenizer (a frontend) and with one: an error or a grammar, never a panic.
     let _ = specs
         .iter()
-        .try_for_each(|s| s.validate(&SpecContext::default()));
-    let context = SpecContext {
+        .try_for_each(|s| s.validate(&EngineContext::default()));
+    let context = EngineContext {
         vocab_size: Some(width),
         grammar: Some(env.clone()),
         ..Default::default()

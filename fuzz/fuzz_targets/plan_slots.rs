@@ -13,7 +13,7 @@ use arbitrary::Arbitrary;
 use libfuzzer_sys::fuzz_target;
 use logits_processing::{
     bf16, f16, parse_pipeline, Batch, BatchLayout, Edit, ForcedValue, Logit, Pipeline, RowPlan,
-    SpecContext, ThinkingTokenConfig, Truncation,
+    EngineContext, ThinkingTokenConfig, Truncation,
 };
 use logits_processing_cuda::packed::{emulate, PackedPlans};
 use serde_json::{json, Value};
@@ -287,7 +287,7 @@ fn spec(input: &SpecInput, len: usize) -> Value {
 
 /// The pipeline of `specs` through batches (in place, out of place) against its processors run
 /// one after another, each on the row the one before left.
-fn check_pipeline<T: Logit>(specs: &[Value], context: &SpecContext, history: &[u32], row: &[f32]) {
+fn check_pipeline<T: Logit>(specs: &[Value], context: &EngineContext, history: &[u32], row: &[f32]) {
     let len = row.len();
     let row: Vec<T> = row.iter().map(|&x| T::from_f32(x)).collect();
     let realize = |specs: &[Value]| -> Option<Pipeline> {
@@ -397,7 +397,7 @@ fuzz_target!(|input: Input| {
         .take(32)
         .map(|&t| t as u32 % len as u32)
         .collect();
-    let context = SpecContext {
+    let context = EngineContext {
         vocab_size: Some(len),
         hello_world: Some((vec![0, len as u32 / 2], len as u32 - 1)),
         thinking_tokens: Some(ThinkingTokenConfig {

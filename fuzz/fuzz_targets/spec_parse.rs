@@ -4,7 +4,7 @@
 #![no_main]
 
 use libfuzzer_sys::fuzz_target;
-use logits_processing::{parse_pipeline, Pipeline, SpecContext, ThinkingTokenConfig};
+use logits_processing::{parse_pipeline, Pipeline, EngineContext, ThinkingTokenConfig};
 
 fuzz_target!(|data: &[u8]| {
     let Ok(text) = std::str::from_utf8(data) else {
@@ -13,7 +13,7 @@ fuzz_target!(|data: &[u8]| {
     let Ok(specs) = parse_pipeline(text) else {
         return;
     };
-    let context = SpecContext {
+    let context = EngineContext {
         vocab_size: Some(64),
         hello_world: Some((vec![1, 2, 3], 0)),
         thinking_tokens: Some(ThinkingTokenConfig {
