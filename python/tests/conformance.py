@@ -465,7 +465,7 @@ def run_hf(model_dir: str) -> dict:
     from logits_processing.adapters.hf import HFLogitsProcessor
 
     tok = AutoTokenizer.from_pretrained(model_dir)
-    context = EngineContext.resolve(tokenizer=tok, vocab_size=VOCAB)
+    context = EngineContext(tokenizer=tok, vocab_size=VOCAB)
     model = LlamaForCausalLM.from_pretrained(model_dir, torch_dtype=torch.float32).eval()
     rows, reqs = {}, requests(tok)
     for name, r in reqs.items():

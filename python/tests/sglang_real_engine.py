@@ -219,7 +219,7 @@ def main_http(model: str, tok, rows: dict, out: dict, t0: list) -> dict:
     from logits_processing.adapters import EngineContext
     from logits_processing.adapters.sglang import SGLangLogitProcessor, activate
 
-    context = EngineContext.resolve(tokenizer=tok, vocab_size=VOCAB)
+    context = EngineContext(tokenizer=tok, vocab_size=VOCAB)
     with socket.socket() as s:
         s.bind(("127.0.0.1", 0))
         port = s.getsockname()[1]
@@ -315,7 +315,7 @@ def main_interpret(model: str) -> dict:
     from logits_processing.adapters import EngineContext
 
     tok = AutoTokenizer.from_pretrained(model)
-    context = EngineContext.resolve(tokenizer=tok, vocab_size=VOCAB)
+    context = EngineContext(tokenizer=tok, vocab_size=VOCAB)
     t0 = [time.perf_counter()]
     llm = sgl.Engine(model_path=model, log_level="error", **ENGINE_ARGS)
     _phase("engine start", t0)
@@ -337,7 +337,7 @@ def main(model: str, stress: bool) -> dict:
     from logits_processing.adapters.sglang import SGLangLogitProcessor, activate
 
     tok = AutoTokenizer.from_pretrained(model)
-    context = EngineContext.resolve(tokenizer=tok, vocab_size=VOCAB)
+    context = EngineContext(tokenizer=tok, vocab_size=VOCAB)
     rows = pipelines(tok)
     names = list(rows)
     out: dict = {

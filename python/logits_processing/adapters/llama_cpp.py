@@ -13,7 +13,7 @@ import os
 from typing import Any, Optional
 
 from .. import _lib
-from ._common import check_in_process_pipeline, context_for
+from ._common import EngineContext, check_in_process_pipeline, context_for
 
 __all__ = ["LlamaCppLogitsProcessor", "LlamaTokenizer", "context_from_llama", "tokenizer_json_from_gguf"]
 
@@ -132,8 +132,7 @@ def context_from_llama(llama: Any, *, tokenizer: Any = None, model_name: Optiona
     own = LlamaTokenizer(llama)
     if model_name is None:
         model_name = (getattr(llama, "metadata", None) or {}).get("general.name")
-    return context_for(
-        None,
+    return EngineContext(
         tokenizer=tokenizer if tokenizer is not None else own,
         model_name=model_name,
         vocab_size=own.vocab_size,
