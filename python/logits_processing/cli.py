@@ -182,13 +182,13 @@ def _context(args: argparse.Namespace) -> dict:
 
 
 def load_tokenizer(path: str):
-    """The :class:`GrammarEnv` of a tokenizer.json, or a :class:`UsageError` saying why not."""
-    from . import GrammarEnv, LogitsProcessingError
+    """The :class:`Vocab` of a tokenizer.json, or a :class:`UsageError` saying why not."""
+    from . import LogitsProcessingError, Vocab
 
     if os.path.isdir(path):
         raise UsageError(f"--tokenizer: {path!r} is a directory (give its tokenizer.json)")
     try:
-        return GrammarEnv(path)
+        return Vocab(path)
     except LogitsProcessingError as e:
         raise UsageError(f"--tokenizer: {e}") from None
 

@@ -77,7 +77,7 @@ def test_check_takes_the_model_and_the_tokenizer_from_the_engine_side(deepseek_t
     args = cli.parser().parse_args(["check", "x", "--tokenizer", str(deepseek_tokenizer_json)])
     context = cli._context(args)
     vocab = context["context"].vocab_size
-    assert vocab == lp.GrammarEnv(str(deepseek_tokenizer_json)).vocab_size
+    assert vocab == lp.Vocab(str(deepseek_tokenizer_json)).vocab_size
     assert cli.check_text('{"kind": "hello_world"}', **context) == []
     far = json.dumps({"kind": "ban_tokens", "token_ids": [vocab]})
     assert cli.check_text(far, **context)[0]["error"] == "TokenOutOfVocabError"

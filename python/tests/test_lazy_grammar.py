@@ -72,7 +72,7 @@ def ll_tokenizer(tokenizer_path):
 
 @pytest.fixture(scope="module")
 def batch(tokenizer_path):
-    return lp.Batch(LOGITS, context=lp.EngineContext(grammar=lp.GrammarEnv(tokenizer_path)))
+    return lp.Batch(LOGITS, context=lp.EngineContext(vocab=lp.Vocab(tokenizer_path)))
 
 
 def reference_grammar(trigger: dict, ll_tokenizer) -> str:

@@ -133,7 +133,7 @@ def test_multiple_choice_boosting_first_words_by_the_round_trip(deepseek_tokeniz
     """multiple_choice with boost_first_words (a plan the kernels do not carry) needs the
     tokenizer's token texts: a real tokenizer's vocab, one row."""
     context = lp.EngineContext(str(deepseek_tokenizer_json))
-    tokenizer = lp.GrammarEnv(str(deepseek_tokenizer_json))
+    tokenizer = lp.Vocab(str(deepseek_tokenizer_json))
     vocab = tokenizer.vocab_size
     spec = {"kind": "multiple_choice", "choices": ["1", "2"], "boost_first_words": 2.0}
     from tokenizers import Tokenizer

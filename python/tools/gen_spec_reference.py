@@ -11,7 +11,7 @@ bitmask, and whether a single-row ``Processor`` takes it. Nothing about a kind i
     python python/tools/gen_spec_reference.py          # rewrite docs/specs.md
     python python/tools/gen_spec_reference.py --check  # exit 1 if the page is stale (the tests run this)
 
-Needs the DeepSeek tokenizer package (the grammars' probe builds a ``GrammarEnv`` from it).
+Needs the DeepSeek tokenizer package (the grammars' probe builds a ``Vocab`` from it).
 """
 
 from __future__ import annotations
@@ -51,7 +51,7 @@ The columns come from running each kind's example spec (shown in the table) thro
   sampled token is known.
 - **needs from the engine**: the least an `EngineContext` must hold for a `Batch` to admit the
   example: nothing beyond the vocab size, the ids of `"Hello world!"` and an EOS id, the model's
-  thinking tokens, or the tokenizer itself (llguidance's view of it, `GrammarEnv`). An adapter
+  thinking tokens, or the tokenizer itself (its token texts, a `Vocab`). An adapter
   builds the context from the engine's tokenizer; by hand, `EngineContext(tokenizer,
   model_name=..., vocab_size=...)` ([python.md](python.md#the-engine-context)).
 - **each step**: what a step needs besides the logits and the ids.
@@ -95,7 +95,7 @@ def _contexts() -> list[tuple[str, lp.EngineContext]]:
         ("the model's thinking tokens",
          lp.EngineContext(vocab_size=VOCAB, thinking_tokens=lp.ThinkingTokenConfig(1, 2, 3))),
         ("the tokenizer (for llguidance)",
-         lp.EngineContext(vocab_size=VOCAB, grammar=lp.GrammarEnv(_tokenizer_json()))),
+         lp.EngineContext(vocab_size=VOCAB, vocab=lp.Vocab(_tokenizer_json()))),
     ]
 
 

@@ -10,8 +10,7 @@ use std::time::Instant;
 
 use logits_processing::tokenizer::{eos_token_id_from_config, load};
 use logits_processing::{
-    parse_pipeline, Batch, BatchLayout, EngineContext, GrammarEnv, Pipeline, TextEncoder,
-    TokenHistory,
+    parse_pipeline, Batch, BatchLayout, EngineContext, Pipeline, TextEncoder, TokenHistory, Vocab,
 };
 
 const STEPS: usize = 24;
@@ -43,15 +42,15 @@ fn main() -> Result<(), Box<dyn std::error::Error>> {
         eos_token_id_from_config(&tokenizer, &path).ok_or("no EOS in tokenizer_config.json")?;
     // The engine's context, built once: "Hello world!" and the thinking tokens from the
     // tokenizer ("tiny-demo" is not in the built-in table, whose "deepseek" entry predates this
-    // tokenizer), and llguidance's view of the same tokenizer for the grammar request.
-    let env = GrammarEnv::new(tokenizer.clone(), &[eos])?;
+    // tokenizer), and the same tokenizer's token texts for the grammar request.
+    let token_texts = Vocab::new(tokenizer.clone(), &[eos])?;
     let mut context = EngineContext::for_engine(
-        Some(Arc::new(env.clone())),
+        Some(Arc::new(token_texts.clone())),
         Some("tiny-demo"),
         Some(vocab),
         &[eos],
     )?;
-    context.grammar = Some(env);
+    context.vocab = Some(token_texts);
     let thinking = context.thinking_tokens.ok_or("no thinking tokens")?;
     let think = |text: &str| tokenizer.encode_plain(text).unwrap_or_default();
 

@@ -62,9 +62,10 @@ pub struct EngineContext {
     pub hello_world: Option<(Vec<u32>, u32)>,
     /// The model's thinking tokens, for `thinking_budget` specs that do not name them.
     pub thinking_tokens: Option<ThinkingTokenConfig>,
-    /// The engine's tokenizer as llguidance sees it, for `grammar` and `json_object` specs.
-    #[cfg(feature = "grammar")]
-    pub grammar: Option<crate::grammar::GrammarEnv>,
+    /// The engine's vocab (token texts, EOS ids, compiled grammars), for the kinds that read
+    /// token texts (`Kind::needs_token_texts`: grammars, `ban_strings`, DRY's text breakers, ...).
+    #[cfg(feature = "tokenizers")]
+    pub vocab: Option<crate::vocab::Vocab>,
     /// The engine's tokenizer, for specs that carry text ([`EngineContext::encode`]).
     pub encoder: Option<Encoder>,
     /// The model's EOS ids: what a row is left with when a step would leave it no finite logit

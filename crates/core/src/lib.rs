@@ -19,7 +19,7 @@
 //! ```
 
 mod batch;
-#[cfg(feature = "grammar")]
+#[cfg(feature = "tokenizers")]
 mod budget;
 pub mod context;
 pub mod cpu;
@@ -41,13 +41,13 @@ pub mod synthid;
 #[cfg(feature = "tokenizers")]
 pub mod tokenizer;
 pub mod truncation;
+#[cfg(feature = "tokenizers")]
+pub mod vocab;
 pub mod watermark;
 mod whole;
 
 pub use batch::{Batch, BatchLayout, ExternalCall, StepBitmask};
 pub use error::{Error, Result};
-#[cfg(feature = "grammar")]
-pub use grammar::GrammarEnv;
 pub use history::TokenHistory;
 pub use logit::{DType, Logit};
 pub use pipeline::{has_finite_logit, Pipeline, PipelineEntry, Stage, Step};
@@ -60,6 +60,8 @@ pub use processors::{
     LogitsProcessor, Position, Temperature, TextEncoder, ThinkingBudget, ThinkingTokenConfig,
 };
 pub use spec::{parse_pipeline, reads_history, EngineContext, Kind, KindSpec, ProcessorSpec};
+#[cfg(feature = "tokenizers")]
+pub use vocab::Vocab;
 
 pub use half::{bf16, f16};
 

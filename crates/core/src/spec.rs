@@ -48,8 +48,9 @@ type ParseResult =
 /// One registered kind: its name, how its spec is read, its JSON Schema (derived from the same
 /// struct, see [`crate::spec_schema`]), and what the kind is: the questions asked of a kind
 /// ([`Kind::reads_history`], [`Kind::masks`], [`Kind::truncates`], [`Kind::needs_token_texts`],
-/// [`Kind::observes_pass`]) are answered here, on its registry line, and a test over every registered kind holds each
-/// answer to the kind's behaviour (processors/tests.rs).
+/// [`Kind::observes_pass`], [`Kind::edits_on_host`]) are answered here, on its registry line,
+/// and a test over every registered kind holds each answer to the kind's behaviour
+/// (processors/tests.rs).
 pub struct Kind {
     pub name: &'static str,
     parse: fn(Value) -> ParseResult,
@@ -59,6 +60,7 @@ pub struct Kind {
     truncates: bool,
     token_texts: bool,
     observes_pass: bool,
+    edited_on_host: bool,
 }
 
 impl Kind {
@@ -76,6 +78,7 @@ impl Kind {
             truncates: false,
             token_texts: false,
             observes_pass: false,
+            edited_on_host: false,
         }
     }
 
@@ -126,6 +129,16 @@ impl Kind {
         }
     }
 
+    /// Some plans of the kind hold an edit the device kernels do not carry out
+    /// ([`crate::RowPlan::cpu_only`]: a reshape, a whole-row edit, a truncation rule the band
+    /// kernel lacks, ...): on a GPU those steps take the host round trip (docs/cuda.md).
+    pub const fn editing_on_host(self) -> Self {
+        Self {
+            edited_on_host: true,
+            ..self
+        }
+    }
+
     /// Whether specs of the kind read the request's token ids (or count its steps).
     pub const fn reads_history(&self) -> bool {
         self.reads_history
@@ -150,6 +163,12 @@ impl Kind {
     /// [`Kind::observing_the_pass`]).
     pub const fn observes_pass(&self) -> bool {
         self.observes_pass
+    }
+
+    /// Whether some plans of the kind are edited on the host only (see
+    /// [`Kind::editing_on_host`]; `RowPlan::cpu_only` says which).
+    pub const fn edits_on_host(&self) -> bool {
+        self.edited_on_host
     }
 }
 

@@ -1,25 +1,26 @@
 //! The `grammar` and `json_object` kinds over the DeepSeek tokenizer (129,280 tokens, as many as
 //! the model's logits), and the caller's `bitmask` kind.
+#![cfg(feature = "grammar")]
 
 use logits_processing::spec::EngineContext;
 use logits_processing::{
-    parse_pipeline, Batch, BatchLayout, Error, GrammarEnv, Pipeline, StepBitmask, TokenHistory,
+    parse_pipeline, Batch, BatchLayout, Error, Pipeline, StepBitmask, TokenHistory, Vocab,
 };
 use serde_json::{json, Value};
 
 const VOCAB: usize = 129_280;
 
-fn env() -> GrammarEnv {
+fn env() -> Vocab {
     let path = std::env::var("DEEPSEEK_TOKENIZER_JSON").expect(
         "DEEPSEEK_TOKENIZER_JSON names the DeepSeek tokenizer.json (scripts/test.sh sets it)",
     );
-    GrammarEnv::from_file(path, &[]).unwrap()
+    Vocab::from_file(path, &[]).unwrap()
 }
 
-fn context(env: &GrammarEnv) -> EngineContext {
+fn context(env: &Vocab) -> EngineContext {
     EngineContext {
         vocab_size: Some(VOCAB),
-        grammar: Some(env.clone()),
+        vocab: Some(env.clone()),
         ..Default::default()
     }
 }
@@ -419,7 +420,7 @@ fn the_padded_vocab_past_the_tokenizer_is_masked_out() {
 fn several_eos_ids_are_allowed_at_the_end_and_one_outside_the_tokenizer_is_refused() {
     let path = std::env::var("DEEPSEEK_TOKENIZER_JSON").unwrap();
     let tokenizer = logits_processing::tokenizer::load(&path).unwrap();
-    let env = GrammarEnv::new(tokenizer.clone(), &[9, 7]).unwrap();
+    let env = Vocab::new(tokenizer.clone(), &[9, 7]).unwrap();
     assert_eq!(
         (env.eos_token_id().unwrap(), env.eos_token_ids().unwrap()),
         (9, &[9, 7][..])
@@ -428,7 +429,7 @@ fn several_eos_ids_are_allowed_at_the_end_and_one_outside_the_tokenizer_is_refus
     let a = tokenizer.encode("a", false).unwrap().get_ids().to_vec();
     assert_eq!(allowed_in(VOCAB, &mut pipeline, &a), [7, 9]);
     // toktrie panics on such an id when the environment is built; it is refused up front.
-    let refused = GrammarEnv::new(tokenizer, &[7, VOCAB as u32]).unwrap_err();
+    let refused = Vocab::new(tokenizer, &[7, VOCAB as u32]).unwrap_err();
     assert!(
         matches!(refused, Error::TokenOutOfVocab { ref field, token_id, .. }
         if field == "eos_token_id" && token_id == VOCAB as u64)

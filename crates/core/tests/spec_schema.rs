@@ -2,14 +2,14 @@
 //! `LOGITS_PROCESSING_WRITE_SCHEMA=1 cargo test -p logits-processing --test spec_schema` rewrites
 //! it. (python/tests/test_spec_schema.py validates the docs' examples and bad specs against it.)
 
-use logits_processing::spec_schema::{spec_schema, spec_schema_text};
-
-const PUBLISHED: &str = concat!(env!("CARGO_MANIFEST_DIR"), "/../../docs/spec.schema.json");
+use logits_processing::spec_schema::spec_schema;
 
 // The published file describes the default build, whose kinds include the grammars.
 #[cfg(feature = "grammar")]
 #[test]
 fn the_published_schema_is_the_generated_one() {
+    use logits_processing::spec_schema::spec_schema_text;
+    const PUBLISHED: &str = concat!(env!("CARGO_MANIFEST_DIR"), "/../../docs/spec.schema.json");
     let generated = spec_schema_text();
     if std::env::var_os("LOGITS_PROCESSING_WRITE_SCHEMA").is_some() {
         std::fs::write(PUBLISHED, &generated).unwrap();

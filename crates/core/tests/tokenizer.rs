@@ -1,4 +1,5 @@
 //! HelloWorld and the thinking-token lookup over tokenizers loaded from `tokenizer.json`.
+#![cfg(feature = "tokenizers")]
 
 use logits_processing::tokenizer::{eos_token_id_from_config, load};
 use logits_processing::{get_thinking_token_config, hello_world, process_row, ThinkingTokenConfig};

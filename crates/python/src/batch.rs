@@ -19,7 +19,7 @@ use crate::history::PyIds;
 use crate::reference::logits_arg;
 use crate::specs::{callable_name, check_prompt_len, entries_any_order};
 use crate::tensor::{bitmask_words, Block, Device, TensorView};
-use crate::tokenizer::check_grammar_vocab;
+use crate::tokenizer::check_vocab_size;
 use crate::watch::{check_unmoved, row_moved, Moved, Watched};
 
 /// The source block of an out-of-place apply: what `out` (`block`) will hold, read from `view`.
@@ -165,8 +165,8 @@ impl PyBatch {
             )
         })?;
         context.vocab_size = Some(vocab_size);
-        if let Some(env) = &context.grammar {
-            check_grammar_vocab(env, vocab_size)?;
+        if let Some(vocab) = &context.vocab {
+            check_vocab_size(vocab, vocab_size)?;
         }
         let batch = Batch::new(vocab_size)
             .with_eos_token_ids(context.eos_token_ids.clone())

@@ -4,7 +4,7 @@
 
 use std::sync::Arc;
 
-use logits_processing::{EngineContext, GrammarEnv, TextEncoder};
+use logits_processing::{EngineContext, TextEncoder, Vocab};
 use pyo3::prelude::*;
 use pyo3::types::{PyBool, PyDict, PyTuple};
 
@@ -12,8 +12,8 @@ use crate::args;
 use crate::errors::{new_err, ErrorClass, IntoPyResult};
 use crate::thinking::thinking_config_of;
 use crate::tokenizer::{
-    check_grammar_vocab, declared_eos, eos_token_ids_arg, shared_grammar_env, PyGrammarEnv,
-    PyTextEncoder, Tokenizer,
+    check_vocab_size, declared_eos, eos_token_ids_arg, shared_vocab, PyTextEncoder, PyVocab,
+    Tokenizer,
 };
 
 /// `(token_ids, eos_token_id)`: the encoding of "Hello world!" and the EOS id.
@@ -55,15 +55,16 @@ pub(crate) fn context_of<'a, 'py>(
 /// From the tokenizer it derives, by the core's one rule each: the ids of ``"Hello world!"``
 /// and the EOS id (for ``hello_world`` specs), the thinking tokens (the tokenizer's single
 /// ``<think>`` / ``</think>`` / newline tokens, else the model name in the thinking-token table;
-/// for ``thinking_budget`` specs without ids), llguidance's view of the tokenizer (for
-/// ``grammar`` and ``json_object`` specs: read once here, its token trie built at the first
-/// grammar) and the token ids of text (:meth:`encode`). Nothing about a kind is re-derived in
-/// Python.
+/// for ``thinking_budget`` specs without ids), its :class:`Vocab` (the token texts for the
+/// kinds that read them, grammars and ``ban_strings`` among them: read once per tokenizer
+/// object, its texts at the first such spec) and the token ids of text (:meth:`encode`).
+/// Nothing about a kind is re-derived in Python.
 ///
 /// Args:
 ///     tokenizer: Optional. The engine's tokenizer: a transformers tokenizer, a
-///         ``tokenizers.Tokenizer``, a ``tokenizer.json`` path, a :class:`GrammarEnv`, or
-///         anything with ``encode(text, add_special_tokens=False)`` (then without grammars).
+///         ``tokenizers.Tokenizer``, a ``tokenizer.json`` path, a :class:`Vocab`, or
+///         anything with ``encode(text, add_special_tokens=False)`` (then without the kinds
+///         that read token texts).
 ///     model_name (str | None): Keyword only. The model's name or path, for the thinking-token
 ///         table.
 ///     vocab_size (int | None): Keyword only. Logits per row (the model's vocab, padding
@@ -72,10 +73,10 @@ pub(crate) fn context_of<'a, 'py>(
 ///         model may end on either of two); the first ends a ``hello_world`` reply, all end a
 ///         grammar. Default: the transformers tokenizer's ``eos_token_id``, or for a path the
 ///         ``eos_token`` of the ``tokenizer_config.json`` beside it.
-///     grammar (GrammarEnv | bool | None): Keyword only. A :class:`GrammarEnv` to share (its
-///         compiled grammars with it); ``False`` for none; default: read from the tokenizer
-///         where llguidance can read it, once per tokenizer object (and EOS ids): every
-///         context made from one tokenizer shares its ``GrammarEnv``.
+///     vocab (Vocab | bool | None): Keyword only. A :class:`Vocab` to share (its compiled
+///         grammars and automata with it); ``False`` for none; default: read from the tokenizer
+///         where its token texts can be read, once per tokenizer object (and EOS ids): every
+///         context made from one tokenizer shares its ``Vocab``.
 ///     hello_world (tuple[list[int], int] | None), thinking_tokens (ThinkingTokenConfig |
 ///         None): Keyword only. Explicit values, where the tokenizer's are not wanted.
 ///
@@ -120,55 +121,53 @@ impl PyEngineContext {
         model_name: Option<String>,
         vocab_size: Option<usize>,
         eos_token_id: Option<&Bound<'_, PyAny>>,
-        grammar: Option<&Bound<'_, PyAny>>,
+        vocab: Option<&Bound<'_, PyAny>>,
     ) -> PyResult<Self> {
         let explicit_eos = eos_token_ids_arg(eos_token_id)?;
         let tokenizer = args::given(tokenizer).map(Tokenizer::of).transpose()?;
-        // A path is read here, for its text and its grammars.
+        // A path is read here, for its text encoding and its token texts.
         let read = match &tokenizer {
             Some(Tokenizer::Path(path)) => {
                 let path = path.clone();
                 let eos = explicit_eos.clone();
-                Some(py.detach(|| GrammarEnv::from_file(path, &eos)).py()?)
+                Some(py.detach(|| Vocab::from_file(path, &eos)).py()?)
             }
             _ => None,
         };
-        let grammar = match args::given(grammar) {
+        let vocab = match args::given(vocab) {
             None => match &tokenizer {
-                Some(Tokenizer::Env(env)) => Some(env.clone()),
+                Some(Tokenizer::Vocab(env)) => Some(env.clone()),
                 Some(Tokenizer::Path(_)) => read.clone(),
-                // An object llguidance cannot read (a slow tokenizer, a test double) still
-                // encodes text; grammars are then refused, naming the tokenizer.
-                Some(Tokenizer::Object(t)) => {
-                    shared_grammar_env(t, &explicit_eos).or_else(|e| {
-                        if e.is_instance(py, &crate::errors::class(py, ErrorClass::Tokenizer)) {
-                            Ok(None)
-                        } else {
-                            Err(e)
-                        }
-                    })?
-                }
+                // An object whose token texts cannot be read (a slow tokenizer, a test double)
+                // still encodes text; the kinds that read texts are then refused, saying why.
+                Some(Tokenizer::Object(t)) => shared_vocab(t, &explicit_eos).or_else(|e| {
+                    if e.is_instance(py, &crate::errors::class(py, ErrorClass::Tokenizer)) {
+                        Ok(None)
+                    } else {
+                        Err(e)
+                    }
+                })?,
                 None => None,
             },
             Some(g) if g.is_instance_of::<PyBool>() => {
                 if g.is_truthy()? {
                     return Err(args::bad_value(
-                        "grammar",
-                        "takes a GrammarEnv, False (none) or None (from the tokenizer), got True",
+                        "vocab",
+                        "takes a Vocab, False (none) or None (from the tokenizer), got True",
                     ));
                 }
                 None
             }
             Some(g) => Some(
-                g.cast::<PyGrammarEnv>()
-                    .map_err(|_| args::wrong_type("grammar", "a GrammarEnv, False or None", g))?
+                g.cast::<PyVocab>()
+                    .map_err(|_| args::wrong_type("vocab", "a Vocab, False or None", g))?
                     .get()
-                    .env
+                    .vocab
                     .clone(),
             ),
         };
-        if let (Some(env), Some(vocab)) = (&grammar, vocab_size) {
-            check_grammar_vocab(env, vocab)?;
+        if let (Some(vocab), Some(size)) = (&vocab, vocab_size) {
+            check_vocab_size(vocab, size)?;
         }
         let mut eos_token_ids = explicit_eos;
         if eos_token_ids.is_empty() {
@@ -194,7 +193,7 @@ impl PyEngineContext {
         let (encoder, in_python): (Option<Arc<dyn TextEncoder + Send + Sync>>, bool) =
             match &tokenizer {
                 Some(Tokenizer::Object(_)) => (python.clone().map(|e| e as _), true),
-                Some(Tokenizer::Env(env)) => (Some(Arc::new(env.clone())), false),
+                Some(Tokenizer::Vocab(env)) => (Some(Arc::new(env.clone())), false),
                 Some(Tokenizer::Path(_)) => match &read {
                     Some(env) => (Some(Arc::new(env.clone())), false),
                     None => (None, false),
@@ -209,7 +208,7 @@ impl PyEngineContext {
             Some(encoder) => encoder.error(py, error),
             None => crate::errors::to_py(error),
         })?;
-        context.grammar = grammar;
+        context.vocab = vocab;
         Ok(Self {
             context,
             model_name,
@@ -221,7 +220,7 @@ impl PyEngineContext {
 #[pymethods]
 impl PyEngineContext {
     #[new]
-    #[pyo3(signature = (tokenizer = None, *, model_name = None, vocab_size = None, eos_token_id = None, grammar = None, hello_world = None, thinking_tokens = None))]
+    #[pyo3(signature = (tokenizer = None, *, model_name = None, vocab_size = None, eos_token_id = None, vocab = None, hello_world = None, thinking_tokens = None))]
     #[allow(clippy::too_many_arguments)]
     fn new(
         py: Python<'_>,
@@ -229,7 +228,7 @@ impl PyEngineContext {
         model_name: Option<&Bound<'_, PyAny>>,
         vocab_size: Option<&Bound<'_, PyAny>>,
         eos_token_id: Option<&Bound<'_, PyAny>>,
-        grammar: Option<&Bound<'_, PyAny>>,
+        vocab: Option<&Bound<'_, PyAny>>,
         hello_world: Option<&Bound<'_, PyAny>>,
         thinking_tokens: Option<&Bound<'_, PyAny>>,
     ) -> PyResult<Self> {
@@ -239,7 +238,7 @@ impl PyEngineContext {
         let vocab_size = args::given(vocab_size)
             .map(|v| args::index(v, "vocab_size"))
             .transpose()?;
-        let mut this = Self::build(py, tokenizer, model_name, vocab_size, eos_token_id, grammar)?;
+        let mut this = Self::build(py, tokenizer, model_name, vocab_size, eos_token_id, vocab)?;
         if let Some(h) = args::given(hello_world) {
             this.context.hello_world = Some(hello_world_of(h)?);
         }
@@ -306,10 +305,10 @@ impl PyEngineContext {
             .transpose()
     }
 
-    /// llguidance's view of the tokenizer (a :class:`GrammarEnv`), or None.
+    /// The tokenizer's :class:`Vocab` (token texts, compiled grammars), or None.
     #[getter]
-    fn grammar(&self) -> Option<PyGrammarEnv> {
-        self.context.grammar.clone().map(|env| PyGrammarEnv { env })
+    fn vocab(&self) -> Option<PyVocab> {
+        self.context.vocab.clone().map(|vocab| PyVocab { vocab })
     }
 
     /// The token ids of `text` (no special tokens), by the engine's tokenizer.
@@ -360,7 +359,7 @@ impl PyEngineContext {
         }
         Ok(format!(
             "{name}(model_name={:?}, vocab_size={:?}, eos_token_ids={:?}, hello_world={}, \
-             thinking_tokens={:?}, grammar={})",
+             thinking_tokens={:?}, vocab={})",
             this.model_name,
             this.context.vocab_size,
             this.eos_token_ids,
@@ -370,7 +369,7 @@ impl PyEngineContext {
                 c.end_token_id,
                 c.newline_token_id
             )),
-            this.context.grammar.is_some(),
+            this.context.vocab.is_some(),
         ))
     }
 }
@@ -389,7 +388,7 @@ pub(crate) fn hello_world_ids(
         .transpose()?;
     let py = tokenizer.py();
     let is_path = matches!(Tokenizer::of(tokenizer), Ok(Tokenizer::Path(_)));
-    if tokenizer.is_instance_of::<PyGrammarEnv>()
+    if tokenizer.is_instance_of::<PyVocab>()
         || !is_path && !tokenizer.getattr("encode").is_ok_and(|e| e.is_callable())
     {
         return Err(args::wrong_type(
@@ -399,15 +398,15 @@ pub(crate) fn hello_world_ids(
         ));
     }
     let eos_arg = eos.map(|id| PyTuple::new(py, [id])).transpose()?;
-    // A path is read in Rust; an object encodes in Python. Neither is read for grammars.
-    let no_grammar = PyBool::new(py, false).to_owned().into_any();
+    // A path is read in Rust; an object encodes in Python. Neither is read for its token texts.
+    let no_vocab = PyBool::new(py, false).to_owned().into_any();
     let context = PyEngineContext::build(
         py,
         Some(tokenizer),
         None,
         None,
         eos_arg.as_ref().map(|t| t.as_any()),
-        Some(&no_grammar),
+        Some(&no_vocab),
     )?;
     context.context.hello_world.ok_or_else(|| {
         new_err(

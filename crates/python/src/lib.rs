@@ -185,14 +185,16 @@ fn observes_pass(specs: &Bound<'_, PyAny>) -> PyResult<bool> {
 /// (``masks``: listed before any truncation), whether it cuts a row by its values
 /// (``truncates``), whether its specs can need the engine's token texts
 /// (``needs_token_texts``), and whether its next step reads what its previous step's pass saw
-/// (``observes_pass``, see :func:`observes_pass`). Whether a spec needs ``prompt_len`` depends
-/// on its fields: ask :func:`needs_prompt_len`.
+/// (``observes_pass``, see :func:`observes_pass`), and whether some of its steps hold an edit
+/// the device kernels do not carry out (``edits_on_host``: on a GPU those steps take the host
+/// round trip, docs/cuda.md). Whether a spec needs ``prompt_len`` depends on its fields: ask
+/// :func:`needs_prompt_len`.
 ///
 /// Args:
 ///     name (str): A kind, as :func:`kinds` lists them.
 ///
 /// Returns:
-///     dict[str, bool]: the five answers.
+///     dict[str, bool]: the six answers.
 ///
 /// Raises:
 ///     SpecError: for a name that is not a registered kind, listing them.
@@ -200,7 +202,7 @@ fn observes_pass(specs: &Bound<'_, PyAny>) -> PyResult<bool> {
 /// Example:
 ///     >>> from logits_processing import kind_info
 ///     >>> kind_info("top_p")
-///     {'reads_history': False, 'masks': False, 'truncates': True, 'needs_token_texts': False, 'observes_pass': False}
+///     {'reads_history': False, 'masks': False, 'truncates': True, 'needs_token_texts': False, 'observes_pass': False, 'edits_on_host': False}
 ///     >>> kind_info("ban_strings")["needs_token_texts"]
 ///     True
 #[pyfunction]
@@ -218,6 +220,7 @@ fn kind_info<'py>(py: Python<'py>, name: &str) -> PyResult<Bound<'py, pyo3::type
     info.set_item("truncates", kind.truncates())?;
     info.set_item("needs_token_texts", kind.needs_token_texts())?;
     info.set_item("observes_pass", kind.observes_pass())?;
+    info.set_item("edits_on_host", kind.edits_on_host())?;
     Ok(info)
 }
 
@@ -336,7 +339,7 @@ fn _lib(m: &Bound<'_, PyModule>) -> PyResult<()> {
     m.add_class::<reference::PyForcedSequence>()?;
     m.add_class::<reference::PyThinkingBudget>()?;
     m.add_class::<batch::PyBatch>()?;
-    m.add_class::<tokenizer::PyGrammarEnv>()?;
+    m.add_class::<tokenizer::PyVocab>()?;
     m.add_class::<context::PyEngineContext>()?;
     m.add_class::<spec_processor::PyProcessor>()?;
     m.add_function(wrap_pyfunction!(specs::validate_specs, m)?)?;

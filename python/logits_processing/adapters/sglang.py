@@ -393,13 +393,11 @@ REQUESTS = KeyedBatch(EngineContext(), position="tokens", running=_running)
 
 def use_tokenizer(tokenizer: Any) -> None:
     """Gives this scheduler process the model's tokenizer (a transformers fast tokenizer, a
-    ``tokenizers.Tokenizer``, a ``tokenizer.json`` path or a ``GrammarEnv``), for the specs that
+    ``tokenizers.Tokenizer``, a ``tokenizer.json`` path or a ``Vocab``), for the specs that
     need token texts (:func:`logits_processing.needs_token_texts`: grammars, ``ban_strings``, ...):
     SGLang hands custom logit processors none. The processor loads the server's own by itself
     (:func:`use_scheduler_tokenizer`); this sets one by hand."""
-    import logits_processing as lp
-
-    REQUESTS.context.grammar = tokenizer if isinstance(tokenizer, lp.GrammarEnv) else lp.GrammarEnv(tokenizer)
+    REQUESTS.context = EngineContext(tokenizer)
     REQUESTS.batch = None  # the next call builds its batch with it
 
 
@@ -408,8 +406,8 @@ def use_scheduler_tokenizer() -> bool:
     process for the specs that need token texts (grammars, ``ban_strings``, DRY's text breakers,
     ``multiple_choice``: :func:`logits_processing.needs_token_texts`); done by the processor when
     the first such request arrives, so no one has to reach the scheduler process. Returns whether it loaded;
-    when it cannot (no server configuration here, a tokenizer llguidance cannot read), grammar
-    specs are refused and their requests finish with that error."""
+    when it cannot (no server configuration here, a tokenizer whose token texts cannot be read),
+    those specs are refused and their requests finish with that error."""
     try:
         from sglang.srt.runtime_context import get_server_args
         from transformers import AutoTokenizer
@@ -424,9 +422,9 @@ def use_scheduler_tokenizer() -> bool:
     except Exception as e:  # noqa: BLE001 - the grammar specs are refused with the reason
         logger.error("logits_processing: the server's tokenizer could not be loaded for the specs that need token texts: %s", e)
         return False
-    if context.grammar is None:
+    if context.vocab is None:
         logger.error(
-            "logits_processing: the server's tokenizer is not one llguidance reads; specs that need token texts are refused"
+            "logits_processing: the server's tokenizer's token texts cannot be read; specs that need them are refused"
         )
         return False
     REQUESTS.context = context
@@ -455,7 +453,7 @@ class SGLangLogitProcessor(CustomLogitProcessor):
         global _tokenizer_tried
         if (
             not _tokenizer_tried
-            and REQUESTS.context.grammar is None
+            and REQUESTS.context.vocab is None
             and any(r is not None and r[0] not in REQUESTS and _needs_token_texts(r[1]) for r in rows)
         ):
             _tokenizer_tried = True  # once: a tokenizer that failed to load fails again

@@ -9,12 +9,12 @@ use serde::{Deserialize, Serialize};
 
 use crate::budget::Footprint;
 use crate::error::{Error, Result};
-use crate::grammar::GrammarEnv;
 use crate::history::TokenHistory;
 use crate::plan::RowPlan;
 use crate::processors::cursor::Cursor;
 use crate::processors::{push_bans, LogitsProcessor};
 use crate::spec::{check_texts, EngineContext, KindSpec};
+use crate::vocab::Vocab;
 
 /// `{"kind": "ban_strings", "strings": ["As an AI", "I cannot"], "case_sensitive": true}`: texts
 /// never to generate, whatever tokens would spell them. At each step every token whose text
@@ -69,7 +69,7 @@ impl KindSpec for BanStringsSpec {
         prompt_len: usize,
     ) -> Result<Box<dyn LogitsProcessor>> {
         self.check()?;
-        let env = context.grammar.clone().ok_or_else(|| {
+        let env = context.vocab.clone().ok_or_else(|| {
             Error::spec(
                 "strings",
                 "banned strings need the engine's tokenizer (its token texts), which this \
@@ -85,7 +85,7 @@ impl KindSpec for BanStringsSpec {
 
     fn validate(&self, context: &EngineContext) -> Option<Result<()>> {
         // Without an engine, the tokenizer is the engine's to supply.
-        (context.structure_only && context.grammar.is_none()).then(|| self.check())
+        (context.structure_only && context.vocab.is_none()).then(|| self.check())
     }
 }
 
@@ -147,7 +147,7 @@ impl Banner {
     }
 
     /// The tokens whose text would complete a string in `state`, sorted.
-    fn banned(&self, state: StateID, env: &GrammarEnv) -> Result<Arc<[u32]>> {
+    fn banned(&self, state: StateID, env: &Vocab) -> Result<Arc<[u32]>> {
         let lock = || self.banned.lock().unwrap_or_else(|e| e.into_inner());
         if let Some(tokens) = lock().by_state.get(&state) {
             return Ok(tokens.clone());
@@ -183,7 +183,7 @@ impl Banner {
 /// visit of a state (by any request with these strings) a pass over the vocab's texts.
 pub struct BanStrings {
     banner: Arc<Banner>,
-    env: GrammarEnv,
+    env: Vocab,
     prompt_len: usize,
     state: StateID,
     cursor: Cursor,
@@ -192,7 +192,7 @@ pub struct BanStrings {
 }
 
 impl BanStrings {
-    fn new(banner: Arc<Banner>, env: GrammarEnv, prompt_len: usize) -> Self {
+    fn new(banner: Arc<Banner>, env: Vocab, prompt_len: usize) -> Self {
         let start = banner.start();
         Self {
             banner,
@@ -247,14 +247,14 @@ impl LogitsProcessor for BanStrings {
 #[cfg(test)]
 mod tests {
     use super::*;
-    use crate::grammar::byte_level_env;
+    use crate::vocab::byte_level_vocab;
     use proptest::prelude::*;
 
     const PIECES: [&str; 8] = ["As", " an", " AI", "I c", "annot", "an", "<|x|>", " a"];
 
-    fn env() -> &'static GrammarEnv {
-        static ENV: std::sync::OnceLock<GrammarEnv> = std::sync::OnceLock::new();
-        ENV.get_or_init(|| byte_level_env(&PIECES))
+    fn env() -> &'static Vocab {
+        static ENV: std::sync::OnceLock<Vocab> = std::sync::OnceLock::new();
+        ENV.get_or_init(|| byte_level_vocab(&PIECES))
     }
 
     fn spec(json: &str) -> BanStringsSpec {
@@ -263,7 +263,7 @@ mod tests {
 
     fn context() -> EngineContext {
         EngineContext {
-            grammar: Some(env().clone()),
+            vocab: Some(env().clone()),
             ..Default::default()
         }
     }
@@ -358,9 +358,9 @@ mod tests {
 
     #[test]
     fn the_largest_lists_cost_megabytes_and_the_cache_keeps_its_byte_budget() {
-        let env = byte_level_env(&PIECES);
+        let env = byte_level_vocab(&PIECES);
         let context = EngineContext {
-            grammar: Some(env.clone()),
+            vocab: Some(env.clone()),
             ..Default::default()
         };
         let banner = Banner::new(&large_strings(0), true).unwrap();
@@ -375,17 +375,14 @@ mod tests {
             let mut ban = spec.realize(&context, 0).unwrap();
             banned(&mut ban, &[b'a' as u32, b' ' as u32]);
             let (bytes, count) = env.derived_held();
-            assert!(
-                bytes <= crate::grammar::DERIVED_CACHE_BYTES,
-                "{bytes} bytes"
-            );
+            assert!(bytes <= crate::vocab::DERIVED_CACHE_BYTES, "{bytes} bytes");
             held.push(count);
         }
         // Past the budget, the oldest lists are dropped: fewer kept than admitted.
         let kept = *held.last().unwrap();
         assert!((4..18).contains(&kept), "{held:?}");
         assert!(
-            kept as u64 * (footprint as u64) <= crate::grammar::DERIVED_CACHE_BYTES as u64 * 2,
+            kept as u64 * (footprint as u64) <= crate::vocab::DERIVED_CACHE_BYTES as u64 * 2,
             "{held:?}"
         );
     }

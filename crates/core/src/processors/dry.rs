@@ -49,6 +49,7 @@ pub struct DrySpec {
 pub const DEFAULT_SEQUENCE_BREAKERS: [&str; 4] = ["\n", ":", "\"", "*"];
 /// llama.cpp's limits on a text breaker: its bytes, and the tokens of its tail.
 const MAX_BREAKER_BYTES: usize = 40;
+#[cfg(feature = "tokenizers")]
 const MAX_BREAKER_TAIL: usize = 20;
 const MAX_BREAKERS: usize = 64;
 /// The most new ids a step pushes one by one; more are read by a rescan.
@@ -85,13 +86,14 @@ impl DrySpec {
 
     /// Every breaker as ids: those given, then each text's through the engine's tokenizer.
     fn breaker_ids(&self, context: &EngineContext) -> Result<Vec<Vec<u32>>> {
-        let mut breakers = self.sequence_breaker_ids.clone().unwrap_or_default();
+        let breakers = self.sequence_breaker_ids.clone().unwrap_or_default();
         let texts = self.texts()?;
         if texts.is_empty() {
             return Ok(breakers);
         }
-        #[cfg(feature = "grammar")]
-        if let Some(env) = &context.grammar {
+        #[cfg(feature = "tokenizers")]
+        if let Some(env) = &context.vocab {
+            let mut breakers = breakers;
             for text in texts {
                 let resolved = env.derived(&format!("dry breaker {text}"), |env| {
                     overlapping_sequences(env, text)
@@ -139,9 +141,9 @@ impl DrySpec {
 
 /// Whether `context` has the token texts that text breakers are resolved with.
 fn has_token_texts(context: &EngineContext) -> bool {
-    #[cfg(feature = "grammar")]
-    return context.grammar.is_some();
-    #[cfg(not(feature = "grammar"))]
+    #[cfg(feature = "tokenizers")]
+    return context.vocab.is_some();
+    #[cfg(not(feature = "tokenizers"))]
     return {
         let _ = context;
         false
@@ -151,8 +153,8 @@ fn has_token_texts(context: &EngineContext) -> bool {
 /// llama.cpp's breakers of `text` over the vocab (`get_overlapping_token_sequences`): each token
 /// whose text contains it, alone; each token whose text ends with a beginning of it, followed by
 /// the tokens of the rest (at most [`MAX_BREAKER_TAIL`]).
-#[cfg(feature = "grammar")]
-fn overlapping_sequences(env: &crate::grammar::GrammarEnv, text: &str) -> Result<Vec<Vec<u32>>> {
+#[cfg(feature = "tokenizers")]
+fn overlapping_sequences(env: &crate::vocab::Vocab, text: &str) -> Result<Vec<Vec<u32>>> {
     use crate::processors::TextEncoder;
     let text = text.as_bytes();
     let mut sequences: Vec<Vec<u32>> = vec![];
@@ -783,10 +785,10 @@ mod tests {
     }
 
     #[test]
-    #[cfg(feature = "grammar")]
+    #[cfg(feature = "tokenizers")]
     fn text_breakers_resolve_as_llama_cpp_does() {
         // Ids 256.. are the pieces.
-        let env = crate::grammar::byte_level_env(&["a:b", "xy", "zx", "bz", "<|end|>"]);
+        let env = crate::vocab::byte_level_vocab(&["a:b", "xy", "zx", "bz", "<|end|>"]);
         let breakers = overlapping_sequences(&env, "xyz").unwrap();
         // "xy" holds no "xyz": it ends with "xy", so it heads "z"; "zx" ends with "x" and heads
         // "yz" (byte tokens); nothing else ends with a beginning of "xyz" but the byte "x".
@@ -810,7 +812,7 @@ mod tests {
 
         let spec = |text: &str| -> DrySpec { serde_json::from_str(text).unwrap() };
         let context = EngineContext {
-            grammar: Some(env.clone()),
+            vocab: Some(env.clone()),
             ..Default::default()
         };
         // Without breakers: llama.cpp's defaults, so "a:b" (holding ":") is a breaker, never

@@ -7,13 +7,12 @@ use serde::{Deserialize, Serialize};
 use serde_json::{json, Value};
 
 use crate::error::{Error, Result};
-use crate::grammar::{
-    check_lark_regexes, check_regex_size, check_schema_regexes, grammar_limits, GrammarEnv,
-};
+use crate::grammar::{check_lark_regexes, check_regex_size, check_schema_regexes, grammar_limits};
 use crate::history::TokenHistory;
 use crate::plan::{MaskId, RowPlan};
 use crate::processors::LogitsProcessor;
 use crate::spec::{EngineContext, KindSpec};
+use crate::vocab::Vocab;
 
 /// `{"kind": "grammar", "regex": "(yes|no)"}`: output constrained to one of `"json_schema": {...}`
 /// (a JSON Schema), `"regex": "..."`,
@@ -107,7 +106,7 @@ impl KindSpec for GrammarSpec {
     }
 
     fn validate(&self, context: &EngineContext) -> Option<Result<()>> {
-        if context.grammar.is_some() {
+        if context.vocab.is_some() {
             return None;
         }
         // No tokenizer here (a frontend): the grammar is compiled without one.
@@ -143,12 +142,12 @@ impl KindSpec for JsonObjectSpec {
     }
 
     fn validate(&self, context: &EngineContext) -> Option<Result<()>> {
-        context.grammar.is_none().then_some(Ok(()))
+        context.vocab.is_none().then_some(Ok(()))
     }
 }
 
-pub(crate) fn env_of(context: &EngineContext) -> Result<&GrammarEnv> {
-    context.grammar.as_ref().ok_or_else(|| {
+pub(crate) fn env_of(context: &EngineContext) -> Result<&Vocab> {
+    context.vocab.as_ref().ok_or_else(|| {
         Error::spec(
             "kind",
             "a grammar needs the engine's tokenizer; give it to the engine's context (in \
@@ -158,7 +157,7 @@ pub(crate) fn env_of(context: &EngineContext) -> Result<&GrammarEnv> {
 }
 
 /// The logits must have a place for each of the tokenizer's tokens.
-pub(crate) fn check_vocab(env: &GrammarEnv, context: &EngineContext) -> Result<()> {
+pub(crate) fn check_vocab(env: &Vocab, context: &EngineContext) -> Result<()> {
     match context.vocab_size.filter(|&v| v < env.vocab_size()) {
         Some(vocab) => Err(Error::spec(
             "kind",
@@ -184,7 +183,7 @@ pub(crate) fn check_vocab(env: &GrammarEnv, context: &EngineContext) -> Result<(
 /// [`LogitsProcessor::failure`] says why. Ids that go back (an engine's speculative tokens
 /// rejected, a rewound request) roll the matcher back to the ids it shares with them.
 pub struct Grammar {
-    env: GrammarEnv,
+    env: Vocab,
     // The matcher as compiled, before any token (shared through the cache): to start over from.
     fresh: Arc<Matcher>,
     matcher: Matcher,
@@ -216,7 +215,7 @@ impl std::fmt::Debug for Grammar {
 }
 
 impl Grammar {
-    fn new(env: GrammarEnv, fresh: Arc<Matcher>, prompt_len: usize) -> Self {
+    fn new(env: Vocab, fresh: Arc<Matcher>, prompt_len: usize) -> Self {
         Self {
             env,
             // A deep copy: a plain clone shares the lexer's cache behind one lock, which would

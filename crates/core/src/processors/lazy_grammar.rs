@@ -9,13 +9,13 @@ use schemars::JsonSchema;
 use serde::{Deserialize, Serialize};
 
 use crate::error::{Error, Result};
-use crate::grammar::GrammarEnv;
 use crate::history::TokenHistory;
 use crate::plan::{MaskId, RowPlan};
 use crate::processors::cursor::Cursor;
 use crate::processors::grammar::{check_vocab, GrammarSpec};
 use crate::processors::{LogitsProcessor, TextOrIds};
 use crate::spec::{EngineContext, KindSpec};
+use crate::vocab::Vocab;
 
 /// The most triggers one spec may hold.
 pub const MAX_TRIGGERS: usize = 16;
@@ -83,7 +83,7 @@ fn check_marker(field: &str, marker: &TextOrIds) -> Result<()> {
 
 impl LazyTrigger {
     /// The grammar the matcher runs: the trigger's, followed by its `end` when it has one.
-    fn composed(&self, env: &GrammarEnv, field: &str) -> Result<TopLevelGrammar> {
+    fn composed(&self, env: &Vocab, field: &str) -> Result<TopLevelGrammar> {
         let mut top = self.grammar.grammar(field)?;
         let Some(end) = &self.end else {
             return Ok(top);
@@ -154,7 +154,7 @@ impl KindSpec for LazyGrammarSpec {
         prompt_len: usize,
     ) -> Result<Box<dyn LogitsProcessor>> {
         self.check()?;
-        let env = context.grammar.as_ref().ok_or_else(|| {
+        let env = context.vocab.as_ref().ok_or_else(|| {
             Error::spec(
                 "triggers",
                 "a lazy grammar needs the engine's tokenizer (its token texts and grammars); give \
@@ -205,7 +205,7 @@ impl KindSpec for LazyGrammarSpec {
     }
 
     fn validate(&self, context: &EngineContext) -> Option<Result<()>> {
-        if context.grammar.is_some() {
+        if context.vocab.is_some() {
             return None;
         }
         // No tokenizer here (a frontend): the grammars are compiled without one.
@@ -341,7 +341,7 @@ struct Saved {
 /// rescanned from `prompt_len` otherwise. A token the active grammar does not allow leaves only
 /// EOS from then on, and [`LogitsProcessor::failure`] says why, as the `grammar` kind does.
 pub struct LazyGrammar {
-    env: GrammarEnv,
+    env: Vocab,
     watch: Arc<Watch>,
     // Each trigger's matcher as compiled, before any token.
     fresh: Vec<Arc<Matcher>>,
@@ -446,12 +446,7 @@ impl Active {
 }
 
 impl LazyGrammar {
-    fn new(
-        env: GrammarEnv,
-        watch: Arc<Watch>,
-        fresh: Vec<Arc<Matcher>>,
-        prompt_len: usize,
-    ) -> Self {
+    fn new(env: Vocab, watch: Arc<Watch>, fresh: Vec<Arc<Matcher>>, prompt_len: usize) -> Self {
         let mode = Mode::Watching(Watching {
             state: watch.start(),
             since: prompt_len,
@@ -789,7 +784,7 @@ impl LogitsProcessor for LazyGrammar {
 #[cfg(test)]
 mod tests {
     use super::*;
-    use crate::grammar::byte_level_env;
+    use crate::vocab::byte_level_vocab;
     use serde_json::json;
 
     // Ids 0..256 are the bytes; then these pieces.
@@ -804,14 +799,14 @@ mod tests {
     ];
     const CALL: u32 = 256;
 
-    fn env() -> &'static GrammarEnv {
-        static ENV: std::sync::OnceLock<GrammarEnv> = std::sync::OnceLock::new();
-        ENV.get_or_init(|| byte_level_env(&PIECES))
+    fn env() -> &'static Vocab {
+        static ENV: std::sync::OnceLock<Vocab> = std::sync::OnceLock::new();
+        ENV.get_or_init(|| byte_level_vocab(&PIECES))
     }
 
     fn context() -> EngineContext {
         EngineContext {
-            grammar: Some(env().clone()),
+            vocab: Some(env().clone()),
             ..Default::default()
         }
     }

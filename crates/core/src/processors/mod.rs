@@ -4,7 +4,7 @@
 pub(crate) mod adaptive_p;
 mod allowed_token_ids;
 mod bad_words;
-#[cfg(feature = "grammar")]
+#[cfg(feature = "tokenizers")]
 mod ban_strings;
 mod ban_tokens;
 mod bans;
@@ -69,7 +69,7 @@ pub(crate) mod xtc;
 pub use adaptive_p::{AdaptiveP, AdaptivePSpec};
 pub use allowed_token_ids::{AllowedTokenIds, AllowedTokenIdsSpec};
 pub use bad_words::{BadWords, BadWordsSpec};
-#[cfg(feature = "grammar")]
+#[cfg(feature = "tokenizers")]
 pub use ban_strings::{BanStrings, BanStringsSpec};
 pub use ban_tokens::{BanTokens, BanTokensSpec};
 pub use bitmask::{BitmaskSpec, CallerBitmask};
@@ -139,7 +139,7 @@ use crate::spec::Kind;
 
 /// Every spec kind, by its `"kind"` name, in the canonical order ([`canonical_order`]), each line
 /// also saying what the kind is (`.history_free()`, `.masking()`, `.truncating()`,
-/// `.with_token_texts()`; see [`Kind`]): the one list every question about kinds is asked of.
+/// `.with_token_texts()`, `.observing_the_pass()`, `.editing_on_host()`; see [`Kind`]): the one list every question about kinds is asked of.
 /// Adding a processor: its file (the processor, its spec struct and `KindSpec`), one line here,
 /// its docs and its tests (docs/core.md).
 pub(crate) static KINDS: &[Kind] = &[
@@ -157,7 +157,7 @@ pub(crate) static KINDS: &[Kind] = &[
     // Bans and allowed ids, then the kinds that force a token.
     Kind::new::<BanTokensSpec>("ban_tokens").history_free(),
     Kind::new::<BadWordsSpec>("bad_words"),
-    #[cfg(feature = "grammar")]
+    #[cfg(feature = "tokenizers")]
     Kind::new::<BanStringsSpec>("ban_strings").with_token_texts(),
     Kind::new::<NoRepeatNGramSpec>("no_repeat_ngram"),
     Kind::new::<MinLengthSpec>("min_length"),
@@ -168,7 +168,8 @@ pub(crate) static KINDS: &[Kind] = &[
         .masking(),
     Kind::new::<MultipleChoiceSpec>("multiple_choice")
         .masking()
-        .with_token_texts(),
+        .with_token_texts()
+        .editing_on_host(),
     // Grammars and the caller's own bitmask: masks, like the allowed ids.
     #[cfg(feature = "grammar")]
     Kind::new::<GrammarSpec>("grammar")
@@ -187,22 +188,34 @@ pub(crate) static KINDS: &[Kind] = &[
     Kind::new::<ForcedEosSpec>("forced_eos"),
     // NaN and infinities made finite where transformers' `remove_invalid_values` runs them,
     // after its forced BOS and EOS: a banned token ends at the row type's smallest value.
-    Kind::new::<InfNanRemoveSpec>("inf_nan_remove").history_free(),
+    Kind::new::<InfNanRemoveSpec>("inf_nan_remove")
+        .history_free()
+        .editing_on_host(),
     Kind::new::<RepetitionDetectionSpec>("repetition_detection"),
     Kind::new::<ForcedSequenceSpec>("forced_sequence"),
     Kind::new::<HelloWorldSpec>("hello_world"),
     // logits-processor-zoo's forcing kinds: their triggers read the row the kinds above left.
-    Kind::new::<ForceLastPhraseSpec>("force_last_phrase").observing_the_pass(),
+    Kind::new::<ForceLastPhraseSpec>("force_last_phrase")
+        .observing_the_pass()
+        .editing_on_host(),
     Kind::new::<MaxTimeSpec>("max_time"),
-    Kind::new::<TriggerPhraseSpec>("trigger_phrase").observing_the_pass(),
-    Kind::new::<PreventHallucinationSpec>("prevent_hallucination").observing_the_pass(),
+    Kind::new::<TriggerPhraseSpec>("trigger_phrase")
+        .observing_the_pass()
+        .editing_on_host(),
+    Kind::new::<PreventHallucinationSpec>("prevent_hallucination")
+        .observing_the_pass()
+        .editing_on_host(),
     // (User processors go here: see `USER_STEPS_BEFORE`.)
     Kind::new::<ThinkingBudgetSpec>("thinking_budget"),
     // Value transforms that read the row: quadratic smoothing before any temperature, as
     // text-generation-webui runs it; llama.cpp's dynamic temperature in the temperature's place.
-    Kind::new::<SmoothingSpec>("smoothing").history_free(),
+    Kind::new::<SmoothingSpec>("smoothing")
+        .history_free()
+        .editing_on_host(),
     Kind::new::<TemperatureSpec>("temperature").history_free(),
-    Kind::new::<DynamicTemperatureSpec>("dynamic_temperature").history_free(),
+    Kind::new::<DynamicTemperatureSpec>("dynamic_temperature")
+        .history_free()
+        .editing_on_host(),
     // Truncation, in transformers' order, then the samplers of llama.cpp and
     // text-generation-webui, XTC last (it removes the most likely tokens that the others keep).
     Kind::new::<TopKSpec>("top_k").history_free().truncating(),
@@ -219,26 +232,42 @@ pub(crate) static KINDS: &[Kind] = &[
         .truncating(),
     Kind::new::<TopNSigmaSpec>("top_n_sigma")
         .history_free()
-        .truncating(),
-    Kind::new::<TopASpec>("top_a").history_free().truncating(),
-    Kind::new::<PLessSpec>("p_less").history_free().truncating(),
-    Kind::new::<TopHSpec>("top_h").history_free().truncating(),
+        .truncating()
+        .editing_on_host(),
+    Kind::new::<TopASpec>("top_a")
+        .history_free()
+        .truncating()
+        .editing_on_host(),
+    Kind::new::<PLessSpec>("p_less")
+        .history_free()
+        .truncating()
+        .editing_on_host(),
+    Kind::new::<TopHSpec>("top_h")
+        .history_free()
+        .truncating()
+        .editing_on_host(),
     Kind::new::<TailFreeSpec>("tail_free")
         .history_free()
-        .truncating(),
-    Kind::new::<XtcSpec>("xtc").truncating(),
+        .truncating()
+        .editing_on_host(),
+    Kind::new::<XtcSpec>("xtc").truncating().editing_on_host(),
     // Mirostat last: it reads the row the others left and its next step reads what it kept.
     Kind::new::<MirostatSpec>("mirostat")
         .truncating()
-        .observing_the_pass(),
+        .observing_the_pass()
+        .editing_on_host(),
     // adaptive-p last too, as llama.cpp chains it: its next step reads the row its pass read.
-    Kind::new::<AdaptivePSpec>("adaptive_p").observing_the_pass(),
+    Kind::new::<AdaptivePSpec>("adaptive_p")
+        .observing_the_pass()
+        .editing_on_host(),
     // The watermark after every warper, as transformers runs it: its bias is the last word on
     // the row the sampler reads, and the self-hash scheme reads the row they left.
-    Kind::new::<WatermarkSpec>("watermark"),
+    Kind::new::<WatermarkSpec>("watermark").editing_on_host(),
     // Watermarking after every other edit of the logits, as transformers runs it (before its
     // normalization): the watermark reads the distribution the sampler would.
-    Kind::new::<SynthIdWatermarkSpec>("synthid_watermark"),
+    Kind::new::<SynthIdWatermarkSpec>("synthid_watermark").editing_on_host(),
     // The row as log-probabilities, after everything, as transformers runs its normalization.
-    Kind::new::<LogSoftmaxSpec>("log_softmax").history_free(),
+    Kind::new::<LogSoftmaxSpec>("log_softmax")
+        .history_free()
+        .editing_on_host(),
 ];

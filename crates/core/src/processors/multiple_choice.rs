@@ -59,9 +59,9 @@ impl MultipleChoiceSpec {
 }
 
 /// The tokens whose text ends a line, found once per tokenizer; `None` without token texts.
-#[cfg(feature = "grammar")]
+#[cfg(feature = "tokenizers")]
 fn newline_tokens(context: &EngineContext) -> Option<Result<Arc<Vec<u32>>>> {
-    let env = context.grammar.as_ref()?;
+    let env = context.vocab.as_ref()?;
     Some(env.derived("newline tokens", |env| {
         let mut newlines = vec![];
         for t in 0..env.vocab_size() as u32 {
@@ -73,7 +73,7 @@ fn newline_tokens(context: &EngineContext) -> Option<Result<Arc<Vec<u32>>>> {
     }))
 }
 
-#[cfg(not(feature = "grammar"))]
+#[cfg(not(feature = "tokenizers"))]
 fn newline_tokens(_: &EngineContext) -> Option<Result<Arc<Vec<u32>>>> {
     None
 }
@@ -113,7 +113,7 @@ impl KindSpec for MultipleChoiceSpec {
             Error::spec(
                 "boost_first_words",
                 "needs the tokenizer's token texts (its newline tokens): the engine's context \
-                 must have a tokenizer llguidance reads (as grammars do)",
+                 must have a tokenizer whose token texts can be read (as grammars do)",
             )
         })??;
         Ok(Box::new(choice.with_first_words(
@@ -131,9 +131,9 @@ impl KindSpec for MultipleChoiceSpec {
         let boost = self.boost_first_words != 0.0;
         let needs_text =
             self.choices.iter().any(TextOrId::is_text) || (boost && self.delimiter.is_text());
-        #[cfg(feature = "grammar")]
-        let has_texts = context.grammar.is_some();
-        #[cfg(not(feature = "grammar"))]
+        #[cfg(feature = "tokenizers")]
+        let has_texts = context.vocab.is_some();
+        #[cfg(not(feature = "tokenizers"))]
         let has_texts = false;
         // Without the engine, what the engine supplies is not checked.
         ((needs_text && context.encoder.is_none()) || (boost && !has_texts)).then_some(Ok(()))

@@ -1013,6 +1013,117 @@ fn truncating_kinds_plan_a_truncation() {
     }
 }
 
+/// Whether a pipeline of `spec` plans an edit the device kernels do not carry out
+/// ([`RowPlan::cpu_only`]) at any of `steps` after `prompt` (each step the row it edits, then
+/// the id appended), its passes fed back as an engine's are.
+fn plans_a_host_edit(
+    spec: &ProcessorSpec,
+    context: &EngineContext,
+    prompt: &[u32],
+    steps: &[(u32, Vec<f32>)],
+) -> bool {
+    let mut pipeline =
+        crate::Pipeline::from_specs(std::slice::from_ref(spec), context, prompt.len()).unwrap();
+    let mut ids = prompt.to_vec();
+    for (next, row) in steps {
+        pipeline.plan(&ids).unwrap();
+        let host = pipeline
+            .stages()
+            .iter()
+            .any(|s| matches!(s, crate::Stage::Plan(plan) if plan.cpu_only()));
+        if host {
+            return true;
+        }
+        let mut row = row.clone();
+        pipeline.validate_plans(row.len()).unwrap();
+        pipeline
+            .apply_planned(&mut row, &mut |_, _| unreachable!("no external steps"))
+            .unwrap();
+        ids.push(*next);
+    }
+    false
+}
+
+/// Decode steps over a vocab of `vocab`: each a row of logits and the id sampled after it.
+fn decode_steps(vocab: u32) -> impl Strategy<Value = Vec<(u32, Vec<f32>)>> {
+    proptest::collection::vec(
+        (
+            0u32..vocab,
+            proptest::collection::vec(-8.0f32..8.0, vocab as usize),
+        ),
+        1..8,
+    )
+}
+
+/// A prompt of `n` ids, as the property tests make them.
+fn prompt_of(n: usize) -> Vec<u32> {
+    (0..n as u32).map(|i| i % 5).collect()
+}
+
+proptest! {
+    /// Only a kind said to edit on the host plans an edit the device kernels do not carry out.
+    #[test]
+    fn only_kinds_said_to_edit_on_the_host_plan_host_edits(
+        // The caller's bitmask is given to a batch's step, not to `Pipeline::plan`.
+        spec in proptest::sample::select(kinds_where(|k| !k.edits_on_host() && k.name != "bitmask"))
+            .prop_flat_map(spec_of),
+        prompt_len in 0usize..6,
+        steps in decode_steps(VOCAB),
+    ) {
+        let spec = ProcessorSpec::from_value(&spec).unwrap();
+        prop_assert!(
+            !plans_a_host_edit(&spec, &context(), &prompt_of(prompt_len), &steps),
+            "{} plans an edit only the host carries out", spec.to_value()
+        );
+    }
+}
+
+/// Each kind said to edit on the host plans such an edit for some spec and decode: the answer
+/// is not an over-cautious one. (`multiple_choice` edits on the host only with
+/// `boost_first_words`, which needs the token texts: over a byte-level vocab, after a prompt
+/// that lists its choices as lines.)
+#[test]
+fn kinds_said_to_edit_on_the_host_do() {
+    use proptest::strategy::ValueTree;
+    let runner = &mut proptest::test_runner::TestRunner::deterministic();
+    let mut host_edited: Vec<&str> = KINDS
+        .iter()
+        .filter(|k| k.edits_on_host())
+        .map(|k| k.name)
+        .collect();
+    assert!(host_edited.len() > 10, "{host_edited:?}");
+    host_edited.retain(|&name| {
+        let (spec, context, vocab, prompt) = match name {
+            // "\n1. A\n2. B\n", one byte a token.
+            "multiple_choice" => (
+                Just(json!({"kind": "multiple_choice", "choices": [49, 50],
+                            "boost_first_words": 0.5, "delimiter": 46}))
+                .boxed(),
+                EngineContext {
+                    vocab_size: Some(256),
+                    vocab: Some(crate::vocab::byte_level_vocab(&[])),
+                    ..Default::default()
+                },
+                256,
+                Some(vec![10u32, 49, 46, 65, 10, 50, 46, 66, 10]),
+            ),
+            name => (spec_of(name), context(), VOCAB, None),
+        };
+        let found = (0..256).any(|i| {
+            let value = spec.new_tree(runner).unwrap().current();
+            let steps = decode_steps(vocab).new_tree(runner).unwrap().current();
+            let prompt = prompt.clone().unwrap_or_else(|| prompt_of(i % 6));
+            let spec = ProcessorSpec::from_value(&value).unwrap();
+            plans_a_host_edit(&spec, &context, &prompt, &steps)
+        });
+        !found
+    });
+    assert!(
+        host_edited.is_empty(),
+        "said to edit on the host, and never planned such an edit: {host_edited:?}"
+    );
+}
+
 /// The second step's row after a first step given `first`, through one pipeline of `spec`.
 fn second_step(
     spec: &ProcessorSpec,
