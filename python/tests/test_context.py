@@ -319,3 +319,14 @@ def test_a_tokenizer_that_fails_is_a_tokenizer_error_with_its_cause():
     with pytest.raises(lp.TokenizerError) as raised:
         lp.EngineContext(Raising())
     assert isinstance(raised.value.__cause__, RuntimeError)
+
+
+def test_text_breakers_past_the_id_limit_are_refused_naming_the_field_written(deepseek_tokenizer_json):
+    """Common letters as DRY's breakers resolve, through a real vocab, to more breaker ids than
+    the limit: the error names ``sequence_breakers``, the field the spec has (not the ids it
+    resolves to)."""
+    context = lp.EngineContext(str(deepseek_tokenizer_json))
+    spec = {"kind": "dry", "multiplier": 1, "sequence_breakers": ["a", "e", "i", "o"]}
+    with pytest.raises(lp.SpecError, match="resolve to more than") as refused:
+        lp.validate_specs(spec, context=context)
+    assert refused.value.field == "sequence_breakers"

@@ -94,7 +94,7 @@ def _contexts() -> list[tuple[str, lp.EngineContext]]:
          lp.EngineContext(vocab_size=VOCAB, hello_world=([1, 2, 3], 0))),
         ("the model's thinking tokens",
          lp.EngineContext(vocab_size=VOCAB, thinking_tokens=lp.ThinkingTokenConfig(1, 2, 3))),
-        ("the tokenizer (for llguidance)",
+        ("the tokenizer (its token texts, a `Vocab`)",
          lp.EngineContext(vocab_size=VOCAB, vocab=lp.Vocab(_tokenizer_json()))),
     ]
 

@@ -11,7 +11,7 @@ use llguidance::{Matcher, ParserFactory};
 use lru::LruCache;
 
 use crate::error::{Error, Result};
-use crate::vocab::{tokenizer_error, unpoisoned, Vocab};
+use crate::vocab::{panicked, tokenizer_error, unpoisoned, Vocab};
 
 /// Compiled grammars kept per vocab (least recently used dropped first).
 pub const GRAMMAR_CACHE_SIZE: usize = 256;
@@ -182,7 +182,7 @@ impl Grammars {
         let env = vocab.tok_env()?;
         let make = std::panic::AssertUnwindSafe(|| ParserFactory::new_simple(env));
         let mut factory = std::panic::catch_unwind(make)
-            .map_err(|_| Error::Tokenizer("llguidance cannot read it: a panic".into()))?
+            .map_err(|panic| panicked("llguidance", panic))?
             .map_err(tokenizer_error)?;
         factory.quiet();
         *factory.limits_mut() = grammar_limits();

@@ -257,16 +257,17 @@ impl Vocab {
 fn read_texts(tokenizer: tokenizers::Tokenizer, eos_token_ids: Vec<u32>) -> Result<Texts> {
     let read =
         std::panic::AssertUnwindSafe(move || read_texts_unchecked(tokenizer, &eos_token_ids));
-    std::panic::catch_unwind(read).unwrap_or_else(|panic| {
-        let message = panic
-            .downcast_ref::<String>()
-            .map(String::as_str)
-            .or_else(|| panic.downcast_ref::<&str>().copied())
-            .unwrap_or("a panic");
-        Err(Error::Tokenizer(format!(
-            "toktrie cannot read it: {message}"
-        )))
-    })
+    std::panic::catch_unwind(read).unwrap_or_else(|panic| Err(panicked("toktrie", panic)))
+}
+
+/// A panic in `library` reading a tokenizer, as that tokenizer's error.
+pub(crate) fn panicked(library: &str, panic: Box<dyn Any + Send>) -> Error {
+    let message = panic
+        .downcast_ref::<String>()
+        .map(String::as_str)
+        .or_else(|| panic.downcast_ref::<&str>().copied())
+        .unwrap_or("a panic");
+    Error::Tokenizer(format!("{library} cannot read it: {message}"))
 }
 
 fn read_texts_unchecked(tokenizer: tokenizers::Tokenizer, eos_token_ids: &[u32]) -> Result<Texts> {

@@ -125,8 +125,8 @@ def tokenizer_json_from_gguf(gguf_path: str, out: Optional[str] = None) -> str:
 def context_from_llama(llama: Any, *, tokenizer: Any = None, model_name: Optional[str] = None) -> Any:
     """The :class:`EngineContext` of a ``Llama`` object: its vocab size (``n_vocab()``), its EOS
     id and its own tokenizer (for ``hello_world``, the thinking tokens and the text specs carry).
-    Token texts (``grammar``, ``json_object``, ``ban_strings``, DRY's breakers) are read by
-    llguidance, which reads a Hugging Face tokenizer, not llama.cpp's: pass the model's
+    Token texts (``grammar``, ``json_object``, ``ban_strings``, DRY's breakers) are read from a
+    Hugging Face tokenizer (a ``Vocab``), not from llama.cpp's: pass the model's
     ``tokenizer`` (a transformers fast tokenizer, a ``tokenizers.Tokenizer`` or a
     ``tokenizer.json`` path) for those; without it they are refused, naming the tokenizer."""
     own = LlamaTokenizer(llama)

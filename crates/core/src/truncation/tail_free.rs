@@ -12,59 +12,81 @@ pub(crate) fn band(values: &[f32], z: f32, min_keep: usize, work: &mut Work) -> 
     if values.contains(&f32::INFINITY) {
         return Band::ALL;
     }
+    // Taken out and put back, not borrowed in a closure, so the loops stay in this function.
+    let Scratch {
+        mut keys,
+        mut other,
+        mut p,
+    } = SCRATCH.take();
     // `!order_key`: ascending keys are descending values.
-    let mut keys: Vec<u32> = Vec::with_capacity(values.len());
+    keys.clear();
     for &x in values {
         if x.is_finite() {
             keys.push(!order_key(x));
         }
     }
     let n = keys.len();
-    if n <= 1 {
-        return Band::ALL;
-    }
-    radix_sort(&mut keys);
-    let max = from_order_key(!keys[0]);
-    let mut q: Vec<f64> = Vec::with_capacity(n);
-    for &key in &keys {
-        q.push(exp(from_order_key(!key) - max) as f64);
-    }
-    let mut total = 0f64;
-    for &v in &q {
-        total += v;
-    }
-    // Each probability divided once (the same quotients as dividing at each use).
-    for v in q.iter_mut() {
-        *v /= total;
-    }
-    let p = q;
-    let mut d2: Vec<f64> = Vec::with_capacity(n);
-    for i in 0..n.saturating_sub(2) {
-        d2.push((p[i] - 2.0 * p[i + 1] + p[i + 2]).abs());
-    }
-    let mut d2_total = 0f64;
-    for &d in &d2 {
-        d2_total += d;
-    }
-    // Kept: the first, and one more for each cumulative share of d2 at most z (a NaN share, when
-    // every d2 is 0, removes nothing but the last, as in the webui).
-    let mut kept = 1;
-    let mut cumulative = 0.0;
-    for &d in &d2 {
-        cumulative += d / d2_total;
-        if cumulative > z as f64 {
-            break;
+    let cut = if n <= 1 {
+        None
+    } else {
+        radix_sort(&mut keys, &mut other);
+        let max = from_order_key(!keys[0]);
+        p.clear();
+        for &key in &keys {
+            p.push(exp(from_order_key(!key) - max) as f64);
         }
-        kept += 1;
+        let mut total = 0f64;
+        for &v in &p {
+            total += v;
+        }
+        // Each probability divided once (the same quotients as dividing at each use).
+        for v in p.iter_mut() {
+            *v /= total;
+        }
+        let mut d2_total = 0f64;
+        for w in p.windows(3) {
+            d2_total += (w[0] - 2.0 * w[1] + w[2]).abs();
+        }
+        // Kept: the first, and one more for each cumulative share of d2 at most z (a NaN share,
+        // when every d2 is 0, removes nothing but the last, as in the webui).
+        let mut kept = 1;
+        let mut cumulative = 0.0;
+        for w in p.windows(3) {
+            cumulative += (w[0] - 2.0 * w[1] + w[2]).abs() / d2_total;
+            if cumulative > z as f64 {
+                break;
+            }
+            kept += 1;
+        }
+        Some((from_order_key(!keys[kept.min(n) - 1]), max))
+    };
+    SCRATCH.set(Scratch { keys, other, p });
+    match cut {
+        Some((lo, max)) => with_min_keep(values, lo, max, min_keep, work),
+        None => Band::ALL,
     }
-    let lo = from_order_key(!keys[kept.min(n) - 1]);
-    with_min_keep(values, lo, max, min_keep, work)
 }
 
-/// Sorts `keys` ascending: least significant digit first, 11 bits a pass.
-fn radix_sort(keys: &mut Vec<u32>) {
+/// The sort's keys and its other buffer, and the probabilities, kept between the calls of a
+/// thread: allocated (and faulted in) afresh at each step, a vocab's worth (2.4 MB at 151,936
+/// values) cost a quarter of the step. They hold at most the longest row the thread has cut.
+#[derive(Default)]
+struct Scratch {
+    keys: Vec<u32>,
+    other: Vec<u32>,
+    p: Vec<f64>,
+}
+
+thread_local! {
+    static SCRATCH: std::cell::RefCell<Scratch> = std::cell::RefCell::default();
+}
+
+/// Sorts `keys` ascending: least significant digit first, 11 bits a pass (`other` the pass's
+/// destination).
+fn radix_sort(keys: &mut Vec<u32>, other: &mut Vec<u32>) {
     const BITS: u32 = 11;
-    let mut other = vec![0u32; keys.len()];
+    other.clear();
+    other.resize(keys.len(), 0);
     for pass in 0..3 {
         let shift = pass * BITS;
         let digit = |k: u32| ((k >> shift) & ((1 << BITS) - 1)) as usize;
@@ -83,7 +105,7 @@ fn radix_sort(keys: &mut Vec<u32>) {
             other[*slot] = k;
             *slot += 1;
         }
-        std::mem::swap(keys, &mut other);
+        std::mem::swap(keys, other);
     }
 }
 
