@@ -471,9 +471,9 @@ pub(super) fn candidate_key(key: Key, v: f32, max: f32) -> u32 {
 /// The buckets of `key` where the running weight of the row's buckets likely reaches `share` of
 /// its total: from the histogram of every 16th vector of the row, the buckets where the sample's
 /// running share is within [`SAMPLED_MARGIN`] of `share`. `top`, when given, is every value
-/// within 4 of the maximum, weighed (`Key::Value`): their buckets are counted exactly, as a few
-/// large values can hold most of a row's weight and a sample would miss them. `None` for a row
-/// too short to sample.
+/// within 4 of the maximum ([`top_values`]): they are counted exactly and left out of the
+/// sample, as a few large values can hold most of a row's weight and a sample would miss them.
+/// `None` for a row too short to sample.
 pub(crate) fn likely_buckets(
     values: &[f32],
     max: f32,
@@ -485,25 +485,28 @@ pub(crate) fn likely_buckets(
     if values.len() < 64 * VECTOR * SAMPLE_EVERY {
         return None;
     }
+    let floor = if top.is_some() {
+        max - TOP
+    } else {
+        f32::INFINITY
+    };
     let sample: Vec<f32> = values
         .chunks(VECTOR * SAMPLE_EVERY)
         .flat_map(|c| &c[..VECTOR.min(c.len())])
-        .copied()
+        .map(|&x| if x >= floor { f32::NEG_INFINITY } else { x })
         .collect();
     let mut masses = [0u64; BUCKETS];
     bucket_masses(&sample, max, key, &mut masses);
     for mass in masses.iter_mut() {
         *mass *= SAMPLE_EVERY as u64;
     }
-    if let Some(top) = top {
-        // Buckets of 1/32 below the maximum (`Key::Value`): within 4, the first 128.
-        masses[..128].fill(0);
-        for &(_, weight, x) in top {
-            let bucket = ((max - x) * 32.0) as usize;
-            if bucket < 128 {
-                masses[bucket] += weight;
-            }
-        }
+    for &(_, weight, x) in top.into_iter().flatten() {
+        // The bucket `buckets` gives (only an estimate is needed here).
+        let scaled = match key {
+            Key::Value => (max - x) * 32.0,
+            Key::Typical { shift } => ((x - max) + shift).abs() * 16.0,
+        };
+        masses[(scaled as usize).min(BUCKETS - 1)] += weight;
     }
     let total = masses.iter().sum::<u64>() as f64;
     let reaching = |share: f64| {
@@ -516,6 +519,19 @@ pub(crate) fn likely_buckets(
     let first = reaching(share - SAMPLED_MARGIN).unwrap_or(0);
     let last = reaching(share + SAMPLED_MARGIN).unwrap_or(BUCKETS - 1);
     Some((first, last))
+}
+
+/// How far below the maximum [`top_values`] reaches.
+const TOP: f32 = 4.0;
+
+/// Every value within [`TOP`] of the maximum, weighed, into `work` (key left 0), when there are
+/// at most 4,096 of them (a trained model's row): what [`likely_buckets`] counts exactly.
+pub(crate) fn top_values(values: &[f32], max: f32, work: &mut Work) -> bool {
+    if smallest_above_and_between(values, max - TOP, f32::INFINITY, 4096, work).is_none() {
+        return false;
+    }
+    fill_weights(work, max);
+    true
 }
 
 /// Weighs the candidates `work` collected ([`fill_weights`]) and says whether the running weight,

@@ -58,10 +58,10 @@ fn lowest(values: &[f32], max: f32, p: f32, work: &mut Work) -> Option<f32> {
 /// finds.
 #[cfg(target_arch = "x86_64")]
 fn lowest_simd(values: &[f32], max: f32, p: f32, work: &mut Work, sample: bool) -> Option<f32> {
-    let top = simd::smallest_above_and_between(values, max - 4.0, f32::INFINITY, 4096, work);
-    if top.is_some() {
+    // `work` holds, when `top`, every value within 4 of the maximum, weighed.
+    let top = simd::top_values(values, max, work);
+    if top {
         keyed(work);
-        simd::fill_weights(work, max);
         let softmax = Softmax::weights_only(values, max);
         let target = softmax.target(p);
         let mass: u64 = work.iter().map(|e| e.1).sum();
@@ -70,8 +70,6 @@ fn lowest_simd(values: &[f32], max: f32, p: f32, work: &mut Work, sample: bool) 
         }
     }
     let key = simd::Key::Value;
-    // `work` holds, when `top` is some, every value within 4 of the maximum, weighed.
-    let top = top.is_some();
     if let Some((above, target)) = sample.then(|| sampled(values, max, p, top, work)).flatten() {
         return Some(weighted_select(work, above, target).2);
     }
@@ -169,18 +167,7 @@ pub(crate) mod tests {
                 // How often the window holds the boundary, on rows of a vocab's size at the
                 // values of p people use (a miss costs a pass, never a wrong band).
                 if row.len() == 151_936 && (0.5..=0.95).contains(&p) {
-                    let top = simd::smallest_above_and_between(
-                        &row,
-                        max - 4.0,
-                        f32::INFINITY,
-                        4096,
-                        &mut work,
-                    )
-                    .is_some();
-                    if top {
-                        keyed(&mut work);
-                        simd::fill_weights(&mut work, max);
-                    }
+                    let top = simd::top_values(&row, max, &mut work);
                     cases += 1;
                     hits += usize::from(sampled(&row, max, p, top, &mut work).is_some());
                 }

@@ -40,7 +40,10 @@ fn band_wide(values: &[f32], max: f32, mass: f32, work: &mut Work, sample: bool)
     let target = softmax.target(mass);
     // The buckets a sample of the row points to (when `sample`), weighed and collected in one
     // pass; where they miss, the bucket the row's histogram finds.
-    let buckets = sample.then(|| simd::likely_buckets(values, max, key, mass as f64, None));
+    let buckets = sample.then(|| {
+        let top = simd::top_values(values, max, work);
+        simd::likely_buckets(values, max, key, mass as f64, top.then_some(&*work))
+    });
     let sampled = buckets.flatten().and_then(|buckets| {
         let found =
             simd::collect_buckets::<true>(values, max, key, buckets, values.len() / 4, work)?;
