@@ -7,8 +7,8 @@ budget at 1k / 8k / 32k ids of history, and a mixed Batch (a third each forced /
 thinking budget over its budget, 4,000-id histories) against the reference's per-request loop at
 B = 1, 64, 256; each beside a memcpy of the same bytes measured in the same run. With
 ``--samplers``: the mass-based truncation kinds on one f32 row (``Batch.apply(..., out=)``, one
-pass into another tensor) beside torch's ``copy_`` of the row, on N(0, 1) logits and on a peaked
-row. The reference
+pass into another tensor) beside torch's ``copy_`` of the row, on N(0, 1) logits, the same times
+3, and a peaked row. The reference
 wheel (ai-dynamo-runtime 1.6.1) has no thinking budget, so its rule is written out below in plain
 Python + torch, as its later source has it (a full rescan of the ids per call).
 """
@@ -149,6 +149,7 @@ def mixed_batch(dtype, rows, rounds):
 
 SAMPLER_SPECS = {
     "top_p 0.9": {"kind": "top_p", "p": 0.9},
+    "top_p 0.99": {"kind": "top_p", "p": 0.99},
     "typical_p 0.9": {"kind": "typical_p", "mass": 0.9},
     "epsilon_cutoff 3e-4": {"kind": "epsilon_cutoff", "epsilon": 3e-4},
     "eta_cutoff 3e-4": {"kind": "eta_cutoff", "epsilon": 3e-4},
@@ -163,14 +164,15 @@ SAMPLER_SPECS = {
 
 
 def sampler_rows():
-    """One N(0, 1) row (sampling at temperature 1 from a flat model) and one peaked row (a
+    """One N(0, 1) row (sampling at temperature 1 from a flat model), the same times 3 (a few
+    large values hold much of its mass, though not within 4 of the maximum) and one peaked row (a
     normal tail around -2, 32 likely tokens between 8 and 16), as [1, VOCAB] f32."""
     g = torch.Generator().manual_seed(7)
     flat = torch.randn(1, VOCAB, generator=g)
     peaked = torch.randn(1, VOCAB, generator=g) * 2.5 - 2.0
     likely = torch.randint(0, VOCAB, (32,), generator=g)
     peaked[0, likely] = 8.0 + torch.rand(32, generator=g) * 8.0
-    return {"normal": flat, "peaked": peaked}
+    return {"normal": flat, "normal x3": flat * 3.0, "peaked": peaked}
 
 
 def sampler_benchmarks(calls, rounds):
@@ -216,7 +218,7 @@ def main():
         print("one f32 row, Batch.apply(row, ids, out=) beside torch copy_ of the row: median us per call")
         for (name, shape), (ours, memcpy) in sampler_benchmarks(calls, rounds).items():
             print(
-                f"  {shape:<7} {name:<24} ours {ours:9.1f}   memcpy {memcpy:6.2f}   ours/memcpy {ours / memcpy:6.1f}"
+                f"  {shape:<9} {name:<24} ours {ours:9.1f}   memcpy {memcpy:6.2f}   ours/memcpy {ours / memcpy:6.1f}"
             )
         return
     print("reference: dynamo.logits_processing (ai-dynamo-runtime 1.6.1); its thinking budget is the")

@@ -243,16 +243,17 @@ unsafe fn candidates(key: Key, x: __m512, real: __mmask16) -> __mmask16 {
     }
 }
 
-/// Entries staged between the histogram's adds: a pass stores each vector's buckets and weights
-/// here, and they are added a batch at a time. (Adding them straight from the vector's lanes,
-/// the compiler extracts each lane from the register, which costs several times the adds.)
+/// Entries staged between the histogram's adds: the AVX-512 pass stores each vector's buckets and
+/// weights here, and they are added a batch at a time. (Adding them straight from the vector's
+/// lanes, the compiler extracts each lane from the register, which cost several times the adds;
+/// the AVX2 pass, whose lanes it reads from memory, is faster as it is.)
 const STAGED: usize = 256;
 
 /// The weight of each bucket, in four copies filled lane by lane in turn: neighbouring values
 /// often share a bucket, and one copy would chain each addition on the previous one's store.
 /// Their strides are not a multiple of 4 KiB, so the same bucket of two copies does not alias in
 /// the store buffer.
-pub(super) struct Histogram {
+struct Histogram {
     copies: [[u64; BUCKETS + 16]; 4],
     index: [u32; STAGED],
     weight: [u64; STAGED],
@@ -260,7 +261,7 @@ pub(super) struct Histogram {
 }
 
 impl Histogram {
-    pub(super) fn new() -> Self {
+    fn new() -> Self {
         Histogram {
             copies: [[0; BUCKETS + 16]; 4],
             index: [0; STAGED],
@@ -271,7 +272,7 @@ impl Histogram {
 
     /// Where the next `lanes` entries go (`lanes` divides [`STAGED`]), a full stage added first.
     #[inline(always)]
-    pub(super) fn slots(&mut self, lanes: usize) -> (*mut u32, *mut u64) {
+    fn slots(&mut self, lanes: usize) -> (*mut u32, *mut u64) {
         if self.staged == STAGED {
             self.add_staged();
         }
@@ -296,7 +297,7 @@ impl Histogram {
     }
 
     /// The weight of each bucket, into `masses`.
-    pub(super) fn masses(mut self, masses: &mut [u64; BUCKETS]) {
+    fn masses(mut self, masses: &mut [u64; BUCKETS]) {
         self.add_staged();
         for (b, mass) in masses.iter_mut().enumerate() {
             *mass = self.copies.iter().map(|c| c[b]).sum();
@@ -352,203 +353,69 @@ fn bucket_masses_512(values: &[f32], max: f32, key: Key, masses: &mut [u64; BUCK
     }
 }
 
-/// What [`collect_buckets`] found besides the candidates it collected.
-#[derive(Debug, Clone, Copy, PartialEq)]
-pub(crate) struct Collected {
-    /// The smallest and largest value among the candidates of the buckets before the first.
-    pub lo: f32,
-    pub hi: f32,
-    /// With `WEIGH`: the total `W` of the row, and the weight of the candidates of the buckets
-    /// before the first (else 0).
-    pub total: u64,
-    pub above: u64,
-}
-
-/// Collects into `work` the candidates of `key` in buckets `first..=last` (key, weight left 0,
-/// value), the key `order_key` of the value (top-p) or the bitwise-not of the score's (typical:
-/// smallest score first, as the selection takes the largest key first); with `WEIGH`, weighs
-/// the row in the same pass ([`Collected`]). `None` once more than `limit` are collected.
-pub(crate) fn collect_buckets<const WEIGH: bool>(
+/// Collects into `work` the candidates of `key` in bucket `bucket` (key, weight left 0, value),
+/// the key `order_key` of the value (top-p) or the bitwise-not of the score's (typical: smallest
+/// score first, as the selection takes the largest key first). Returns the smallest and largest
+/// value among the candidates of the buckets before `bucket`.
+pub(crate) fn collect_bucket(
     values: &[f32],
     max: f32,
     key: Key,
-    (first, last): (usize, usize),
-    limit: usize,
+    bucket: usize,
     work: &mut Work,
-) -> Option<Collected> {
-    let buckets = (first as u32, last as u32);
+) -> (f32, f32) {
+    work.clear();
     // SAFETY: the caller checked `available()`; `sixteen()` that the CPU has AVX-512.
     unsafe {
         if sixteen() {
-            collect_buckets_512::<WEIGH>(values, max, key, buckets, limit, work)
+            collect_bucket_512(values, max, key, bucket as u32, work)
         } else {
-            avx2::collect_buckets::<WEIGH>(values, max, key, buckets, limit, work)
+            avx2::collect_bucket(values, max, key, bucket as u32, work)
         }
     }
 }
 
 #[target_feature(enable = "avx512f,avx512dq")]
-fn collect_buckets_512<const WEIGH: bool>(
+fn collect_bucket_512(
     values: &[f32],
     max: f32,
     key: Key,
-    (first, last): (u32, u32),
-    limit: usize,
+    bucket: u32,
     work: &mut Work,
-) -> Option<Collected> {
-    let lanes = Lanes::new(max);
-    let (first_v, last_v) = (
-        _mm512_set1_epi32(first as i32),
-        _mm512_set1_epi32(last as i32),
-    );
+) -> (f32, f32) {
+    let max_v = _mm512_set1_ps(max);
+    let bucket_v = _mm512_set1_epi32(bucket as i32);
     let mut lo = _mm512_set1_ps(f32::INFINITY);
     let mut hi = _mm512_set1_ps(f32::NEG_INFINITY);
-    let mut totals = [_mm512_setzero_pd(); 2];
-    let mut above = [_mm512_setzero_pd(); 2];
-    let mut xs = [0f32; 16];
-    // Written through a pointer: a `push` that may reallocate would keep the sums in memory.
-    work.clear();
-    work.reserve(limit.min(values.len()));
-    let slots = work.as_mut_ptr();
-    let mut collected = 0;
-    // SAFETY: AVX-512 F and DQ are enabled here; `work` (empty) has room for `limit` entries, or
-    // for every value.
+    let mut lanes = [0f32; 16];
+    // SAFETY: AVX-512 F and DQ are enabled here.
     unsafe {
         for (x, real) in Vectors::new(values) {
-            let d = lanes.d(x);
+            let d = _mm512_sub_ps(x, max_v);
             let b = buckets(key, d);
             let ok = candidates(key, x, real);
-            let before = ok & _mm512_cmplt_epu32_mask(b, first_v);
+            let before = ok & _mm512_cmplt_epu32_mask(b, bucket_v);
             lo = _mm512_mask_min_ps(lo, before, lo, x);
             hi = _mm512_mask_max_ps(hi, before, hi, x);
-            if WEIGH {
-                let (t, heavy) = lanes.weights(d);
-                if heavy != 0 {
-                    add_exact(&mut totals, t);
-                    add_exact(&mut above, _mm512_maskz_mov_ps(before, t));
-                }
-            }
-            let mut inside = (ok
-                & _mm512_cmpge_epu32_mask(b, first_v)
-                & _mm512_cmple_epu32_mask(b, last_v)) as u32;
+            let mut inside = (ok & _mm512_cmpeq_epu32_mask(b, bucket_v)) as u32;
             if inside == 0 {
                 continue;
             }
-            if collected + inside.count_ones() as usize > limit {
-                return None;
-            }
-            _mm512_storeu_ps(xs.as_mut_ptr(), x);
+            _mm512_storeu_ps(lanes.as_mut_ptr(), x);
             while inside != 0 {
-                let v = xs[inside.trailing_zeros() as usize];
-                slots
-                    .add(collected)
-                    .write((candidate_key(key, v, max), 0, v));
-                collected += 1;
+                let i = inside.trailing_zeros() as usize;
+                let v = lanes[i];
+                let k = match key {
+                    Key::Value => order_key(v),
+                    Key::Typical { shift } => !order_key(((v - max) + shift).abs()),
+                };
+                work.push((k, 0, v));
                 inside &= inside - 1;
             }
         }
-        // Every slot below `collected` is written, and `collected <= limit`.
-        work.set_len(collected);
-        Some(Collected {
-            lo: _mm512_reduce_min_ps(lo),
-            hi: _mm512_reduce_max_ps(hi),
-            total: total(totals),
-            above: total(above),
-        })
+        (_mm512_reduce_min_ps(lo), _mm512_reduce_max_ps(hi))
     }
 }
-
-/// A candidate's key in the selection: its value's order key (top-p), or the bitwise-not of its
-/// score's (typical).
-#[inline(always)]
-pub(super) fn candidate_key(key: Key, v: f32, max: f32) -> u32 {
-    match key {
-        Key::Value => order_key(v),
-        Key::Typical { shift } => !order_key(((v - max) + shift).abs()),
-    }
-}
-
-/// The buckets of `key` where the running weight of the row's buckets likely reaches `share` of
-/// its total: from the histogram of every 16th vector of the row, the buckets where the sample's
-/// running share is within [`SAMPLED_MARGIN`] of `share`. `top`, when given, is every value
-/// within 4 of the maximum ([`top_values`]): they are counted exactly and left out of the
-/// sample, as a few large values can hold most of a row's weight and a sample would miss them.
-/// `None` for a row too short to sample.
-pub(crate) fn likely_buckets(
-    values: &[f32],
-    max: f32,
-    key: Key,
-    share: f64,
-    top: Option<&Work>,
-) -> Option<(usize, usize)> {
-    const VECTOR: usize = 16;
-    if values.len() < 64 * VECTOR * SAMPLE_EVERY {
-        return None;
-    }
-    let floor = if top.is_some() {
-        max - TOP
-    } else {
-        f32::INFINITY
-    };
-    let sample: Vec<f32> = values
-        .chunks(VECTOR * SAMPLE_EVERY)
-        .flat_map(|c| &c[..VECTOR.min(c.len())])
-        .map(|&x| if x >= floor { f32::NEG_INFINITY } else { x })
-        .collect();
-    let mut masses = [0u64; BUCKETS];
-    bucket_masses(&sample, max, key, &mut masses);
-    for mass in masses.iter_mut() {
-        *mass *= SAMPLE_EVERY as u64;
-    }
-    for &(_, weight, x) in top.into_iter().flatten() {
-        // The bucket `buckets` gives (only an estimate is needed here).
-        let scaled = match key {
-            Key::Value => (max - x) * 32.0,
-            Key::Typical { shift } => ((x - max) + shift).abs() * 16.0,
-        };
-        masses[(scaled as usize).min(BUCKETS - 1)] += weight;
-    }
-    let total = masses.iter().sum::<u64>() as f64;
-    let reaching = |share: f64| {
-        let mut running = 0u64;
-        masses.iter().position(|&m| {
-            running += m;
-            running as f64 >= share * total
-        })
-    };
-    let first = reaching(share - SAMPLED_MARGIN).unwrap_or(0);
-    let last = reaching(share + SAMPLED_MARGIN).unwrap_or(BUCKETS - 1);
-    Some((first, last))
-}
-
-/// How far below the maximum [`top_values`] reaches.
-const TOP: f32 = 4.0;
-
-/// Every value within [`TOP`] of the maximum, weighed, into `work` (key left 0), when there are
-/// at most 4,096 of them (a trained model's row): what [`likely_buckets`] counts exactly.
-pub(crate) fn top_values(values: &[f32], max: f32, work: &mut Work) -> bool {
-    if smallest_above_and_between(values, max - TOP, f32::INFINITY, 4096, work).is_none() {
-        return false;
-    }
-    fill_weights(work, max);
-    true
-}
-
-/// Weighs the candidates `work` collected ([`fill_weights`]) and says whether the running weight,
-/// `above` theirs, reaches `target` among them.
-pub(crate) fn reached_in(work: &mut Work, max: f32, above: u64, target: f64) -> bool {
-    fill_weights(work, max);
-    let inside: u64 = work.iter().map(|e| e.1).sum();
-    (above as f64) < target && (above + inside) as f64 >= target
-}
-
-/// One vector in how many is sampled by [`likely_buckets`].
-const SAMPLE_EVERY: usize = 16;
-
-/// How far from the target share [`likely_buckets`]' window reaches, in shares of the total:
-/// about two standard errors of the sample's share on a flat row of a vocab's size (1/16 of its
-/// 151,936 values), and a window that misses costs a second pass, never a wrong result.
-const SAMPLED_MARGIN: f64 = 0.008;
 
 /// Sets each entry's weight to `fixed(exp(value - max))`.
 pub(crate) fn fill_weights(work: &mut Work, max: f32) {
@@ -746,15 +613,7 @@ mod tests {
                     if mass == 0 && bucket % 97 != 0 {
                         continue;
                     }
-                    collect_buckets::<false>(
-                        &row,
-                        max,
-                        key,
-                        (bucket, bucket),
-                        usize::MAX,
-                        &mut work,
-                    )
-                    .unwrap();
+                    collect_bucket(&row, max, key, bucket, &mut work);
                     fill_weights(&mut work, max);
                     assert_eq!(
                         work.iter().map(|e| e.1).sum::<u64>(),

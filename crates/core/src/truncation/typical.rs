@@ -18,7 +18,7 @@ pub(crate) fn band(values: &[f32], mass: f32, min_keep: usize, work: &mut Work) 
     }
     #[cfg(target_arch = "x86_64")]
     if min_keep == 1 && simd::available() && values.len() < 1 << 21 {
-        return band_wide(values, max, mass, work, true);
+        return band_wide(values, max, mass, work);
     }
     by_sorting(values, &Softmax::of(values), mass, min_keep, work)
 }
@@ -27,7 +27,7 @@ pub(crate) fn band(values: &[f32], mass: f32, min_keep: usize, work: &mut Work) 
 /// the mass of each bucket of scores (1/16 wide) in another; the boundary is selected among the
 /// values of the bucket where the running mass, smallest scores first, reaches the target.
 #[cfg(target_arch = "x86_64")]
-fn band_wide(values: &[f32], max: f32, mass: f32, work: &mut Work, sample: bool) -> Band {
+fn band_wide(values: &[f32], max: f32, mass: f32, work: &mut Work) -> Band {
     let (sum, entropy_sum) = simd::sums(values, max, true);
     let softmax = Softmax {
         max,
@@ -38,38 +38,13 @@ fn band_wide(values: &[f32], max: f32, mass: f32, work: &mut Work, sample: bool)
         shift: softmax.shift(),
     };
     let target = softmax.target(mass);
-    // The buckets a sample of the row points to (when `sample`), weighed and collected in one
-    // pass; where they miss, the bucket the row's histogram finds.
-    let buckets = sample.then(|| {
-        let top = simd::top_values(values, max, work);
-        simd::likely_buckets(values, max, key, mass as f64, top.then_some(&*work))
-    });
-    let sampled = buckets.flatten().and_then(|buckets| {
-        let found =
-            simd::collect_buckets::<true>(values, max, key, buckets, values.len() / 4, work)?;
-        simd::reached_in(work, max, found.above, target).then_some(found)
-    });
-    let (lo, hi, above) = match sampled {
-        Some(found) => (found.lo, found.hi, found.above),
-        None => {
-            let mut masses = [0u64; simd::BUCKETS];
-            simd::bucket_masses(values, max, key, &mut masses);
-            let Some((bucket, above)) = reaching_bucket(&masses, target) else {
-                return Band::ALL;
-            };
-            let found = simd::collect_buckets::<false>(
-                values,
-                max,
-                key,
-                (bucket, bucket),
-                usize::MAX,
-                work,
-            )
-            .expect("no limit");
-            simd::fill_weights(work, max);
-            (found.lo, found.hi, above)
-        }
+    let mut masses = [0u64; simd::BUCKETS];
+    simd::bucket_masses(values, max, key, &mut masses);
+    let Some((bucket, above)) = reaching_bucket(&masses, target) else {
+        return Band::ALL;
     };
+    let (lo, hi) = simd::collect_bucket(values, max, key, bucket, work);
+    simd::fill_weights(work, max);
     // Keys are the bitwise-not of the scores' order keys: the largest key is the smallest score.
     let cut = weighted_select(work, above, target).0;
     let (lo, hi) = work
@@ -150,32 +125,4 @@ pub(super) fn by_sorting(
             (lo.min(e.2), hi.max(e.2))
         });
     Band { lo, hi }
-}
-
-#[cfg(all(test, target_arch = "x86_64"))]
-mod tests {
-    use super::*;
-
-    #[test]
-    fn the_sampled_window_gives_the_band_the_histogram_does() {
-        if !simd::available() {
-            eprintln!("skipped: no AVX2 and FMA on this CPU");
-            return;
-        }
-        let mut work = vec![];
-        for row in crate::truncation::top_p::tests::spread_rows() {
-            let max = largest(&row);
-            for mass in [0.01f32, 0.3, 0.5, 0.9, 0.95, 0.99, 0.999] {
-                let with_sample = band_wide(&row, max, mass, &mut work, true);
-                let histogram = band_wide(&row, max, mass, &mut work, false);
-                let bits = |b: Band| (b.lo.to_bits(), b.hi.to_bits());
-                assert_eq!(
-                    bits(with_sample),
-                    bits(histogram),
-                    "{} values, mass {mass}",
-                    row.len()
-                );
-            }
-        }
-    }
 }

@@ -9,8 +9,10 @@
 use std::arch::x86_64::*;
 
 use super::super::softmax::WEIGHTLESS;
-use super::super::{Work, EXP_LN2_HI, EXP_LN2_LO, EXP_LOG2_E, EXP_POLY, EXP_SHIFTER, FIXED_BITS};
-use super::{candidate_key, Collected, Key, BUCKETS};
+use super::super::{
+    order_key, Work, EXP_LN2_HI, EXP_LN2_LO, EXP_LOG2_E, EXP_POLY, EXP_SHIFTER, FIXED_BITS,
+};
+use super::{Key, BUCKETS};
 
 /// The weights of eight values under the row's maximum.
 struct Lanes {
@@ -233,10 +235,13 @@ pub(super) fn bucket_masses(
     key: Key,
     masses: &mut [u64; BUCKETS],
 ) -> u64 {
-    let mut histogram = super::Histogram::new();
+    // Four copies, lane by lane in turn, as in `simd.rs`.
+    let mut copies = [[0u64; BUCKETS + 16]; 4];
     let lanes = Lanes::new(max);
     let mut sums = [_mm256_setzero_pd(); 2];
-    // SAFETY: AVX2 and FMA are enabled here; the slots hold 8 entries.
+    let mut index = [0u32; 8];
+    let mut weight = [0u64; 8];
+    // SAFETY: AVX2 and FMA are enabled here; bucket indices are below BUCKETS.
     unsafe {
         for (x, _) in Vectors::new(values, f32::NEG_INFINITY) {
             let d = lanes.d(x);
@@ -248,92 +253,69 @@ pub(super) fn bucket_masses(
             let high = _mm256_cvtps_pd(_mm256_extractf128_ps::<1>(t));
             sums[0] = _mm256_add_pd(sums[0], low);
             sums[1] = _mm256_add_pd(sums[1], high);
-            // Every lane (weightless ones add 0).
-            let (index, weight) = histogram.slots(8);
-            _mm256_storeu_si256(index.cast(), buckets(key, d));
-            _mm256_storeu_si256(weight.cast(), to_u64(low));
-            _mm256_storeu_si256(weight.add(4).cast(), to_u64(high));
+            _mm256_storeu_si256(index.as_mut_ptr().cast(), buckets(key, d));
+            _mm256_storeu_si256(weight.as_mut_ptr().cast(), to_u64(low));
+            _mm256_storeu_si256(weight.as_mut_ptr().add(4).cast(), to_u64(high));
+            // Every lane (weightless ones add 0): no branch to mispredict.
+            for i in 0..8 {
+                *copies
+                    .get_unchecked_mut(i & 3)
+                    .get_unchecked_mut(*index.get_unchecked(i) as usize) +=
+                    *weight.get_unchecked(i);
+            }
         }
-        histogram.masses(masses);
+        for (b, mass) in masses.iter_mut().enumerate() {
+            *mass = copies.iter().map(|c| c[b]).sum();
+        }
         total(sums)
     }
 }
 
-/// `simd::collect_buckets`' pass.
+/// `simd::collect_bucket`'s pass (`work` already cleared).
 #[target_feature(enable = "avx2,fma")]
-pub(super) fn collect_buckets<const WEIGH: bool>(
+pub(super) fn collect_bucket(
     values: &[f32],
     max: f32,
     key: Key,
-    (first, last): (u32, u32),
-    limit: usize,
+    bucket: u32,
     work: &mut Work,
-) -> Option<Collected> {
-    let lanes = Lanes::new(max);
-    // Buckets are below 1024: the signed compares are the unsigned ones.
-    let before_first = _mm256_set1_epi32(first as i32);
-    let after_last = _mm256_set1_epi32(last as i32);
+) -> (f32, f32) {
+    let max_v = _mm256_set1_ps(max);
+    let bucket_v = _mm256_set1_epi32(bucket as i32);
     let mut lo = _mm256_set1_ps(f32::INFINITY);
     let mut hi = _mm256_set1_ps(f32::NEG_INFINITY);
-    let mut totals = [_mm256_setzero_pd(); 2];
-    let mut above = [_mm256_setzero_pd(); 2];
-    let mut xs = [0f32; 8];
-    // Written through a pointer, as in `simd.rs`.
-    work.clear();
-    work.reserve(limit.min(values.len()));
-    let slots = work.as_mut_ptr();
-    let mut collected = 0;
-    // SAFETY: AVX2 and FMA are enabled here; `work` (empty) has room for `limit` entries, or for
-    // every value.
+    let mut lanes = [0f32; 8];
+    // SAFETY: AVX2 and FMA are enabled here.
     unsafe {
         for (x, real) in Vectors::new(values, f32::NEG_INFINITY) {
-            let d = lanes.d(x);
+            let d = _mm256_sub_ps(x, max_v);
             let b = buckets(key, d);
             let ok = candidates(key, x, real);
-            let before = ok
-                & _mm256_movemask_ps(_mm256_castsi256_ps(_mm256_cmpgt_epi32(before_first, b)))
-                    as u32;
-            let before_v = lane_mask(before);
+            // Buckets are below 1024: the signed compares are the unsigned ones.
+            let before_v = _mm256_castsi256_ps(_mm256_cmpgt_epi32(bucket_v, b));
+            let before = ok & _mm256_movemask_ps(before_v) as u32;
             if before != 0 {
-                lo = _mm256_blendv_ps(lo, _mm256_min_ps(lo, x), before_v);
-                hi = _mm256_blendv_ps(hi, _mm256_max_ps(hi, x), before_v);
+                let mask = lane_mask(before);
+                lo = _mm256_blendv_ps(lo, _mm256_min_ps(lo, x), mask);
+                hi = _mm256_blendv_ps(hi, _mm256_max_ps(hi, x), mask);
             }
-            if WEIGH {
-                let (t, heavy) = lanes.weights(d);
-                if any(heavy) {
-                    add_exact(&mut totals, t);
-                    add_exact(&mut above, _mm256_and_ps(t, before_v));
-                }
-            }
-            let outside = _mm256_or_si256(
-                _mm256_cmpgt_epi32(before_first, b),
-                _mm256_cmpgt_epi32(b, after_last),
-            );
-            let mut inside = ok & !(_mm256_movemask_ps(_mm256_castsi256_ps(outside)) as u32);
+            let inside_v = _mm256_castsi256_ps(_mm256_cmpeq_epi32(b, bucket_v));
+            let mut inside = ok & _mm256_movemask_ps(inside_v) as u32;
             if inside == 0 {
                 continue;
             }
-            if collected + inside.count_ones() as usize > limit {
-                return None;
-            }
-            _mm256_storeu_ps(xs.as_mut_ptr(), x);
+            _mm256_storeu_ps(lanes.as_mut_ptr(), x);
             while inside != 0 {
-                let v = xs[inside.trailing_zeros() as usize];
-                slots
-                    .add(collected)
-                    .write((candidate_key(key, v, max), 0, v));
-                collected += 1;
+                let v = lanes[inside.trailing_zeros() as usize];
+                let k = match key {
+                    Key::Value => order_key(v),
+                    Key::Typical { shift } => !order_key(((v - max) + shift).abs()),
+                };
+                work.push((k, 0, v));
                 inside &= inside - 1;
             }
         }
-        // Every slot below `collected` is written, and `collected <= limit`.
-        work.set_len(collected);
-        Some(Collected {
-            lo: reduce_min(lo),
-            hi: reduce_max(hi),
-            total: total(totals),
-            above: total(above),
-        })
+        (reduce_min(lo), reduce_max(hi))
     }
 }
 
@@ -503,7 +485,7 @@ pub(super) fn finite_lane_sums(
 
 #[cfg(test)]
 mod tests {
-    use super::super::super::{largest, order_key, Softmax};
+    use super::super::super::{largest, Softmax};
     use super::*;
 
     /// Whether the CPU has this module's features (whatever `LOGITS_PROCESSING_CPU` says: the
@@ -640,22 +622,13 @@ mod tests {
                         assert_eq!(wide, expected, "{key:?}");
                     }
                     let mut work = vec![];
-                    let windows = (0..BUCKETS)
-                        .filter(|&b| expected[b] > 0 || b % 97 == 0)
-                        .flat_map(|b| [(b, b), (b, (b + 5).min(BUCKETS - 1))]);
-                    for (b, last) in windows {
+                    for b in (0..BUCKETS).filter(|&b| expected[b] > 0 || b % 97 == 0) {
                         work.clear();
-                        let window = (b as u32, last as u32);
-                        let found =
-                            collect_buckets::<true>(&row, max, key, window, usize::MAX, &mut work)
-                                .unwrap();
-                        let (lo, hi) = (found.lo, found.hi);
+                        let (lo, hi) = collect_bucket(&row, max, key, b as u32, &mut work);
                         let inside: Vec<f32> = row
                             .iter()
                             .copied()
-                            .filter(|&x| {
-                                is_candidate(key, x) && (b..=last).contains(&bucket(key, x, max))
-                            })
+                            .filter(|&x| is_candidate(key, x) && bucket(key, x, max) == b)
                             .collect();
                         let got: Vec<f32> = work.iter().map(|e| e.2).collect();
                         assert_eq!(
@@ -680,40 +653,12 @@ mod tests {
                         });
                         // Equal as floats: which zero a tie of `0.0` and `-0.0` gives is open.
                         assert_eq!((lo, hi), (elo, ehi), "{key:?} {b}");
-                        let above: u64 = expected[..b].iter().sum();
-                        assert_eq!((found.total, found.above), (sum, above), "{key:?} {b}");
-                        let unweighed = collect_buckets::<false>(
-                            &row,
-                            max,
-                            key,
-                            window,
-                            usize::MAX,
-                            &mut vec![],
-                        )
-                        .unwrap();
-                        assert_eq!((unweighed.lo, unweighed.hi), (lo, hi));
-                        if work.len() > 1 {
-                            let limited = collect_buckets::<true>(
-                                &row,
-                                max,
-                                key,
-                                window,
-                                work.len() - 1,
-                                &mut vec![],
-                            );
-                            assert_eq!(limited, None);
-                        }
                         if sixteen_present() {
                             let mut wide = vec![];
-                            let wide_found = super::super::collect_buckets_512::<true>(
-                                &row,
-                                max,
-                                key,
-                                window,
-                                usize::MAX,
-                                &mut wide,
+                            let bounds = super::super::collect_bucket_512(
+                                &row, max, key, b as u32, &mut wide,
                             );
-                            assert_eq!(wide_found, Some(found));
+                            assert_eq!(bounds, (lo, hi));
                             assert_eq!(wide, work);
                         }
                     }
