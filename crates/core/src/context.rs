@@ -124,6 +124,15 @@ impl EngineContext {
         }
     }
 
+    /// Whether the context has the engine's token texts (a `Vocab`), which
+    /// the kinds that read them need.
+    pub fn has_token_texts(&self) -> bool {
+        #[cfg(feature = "tokenizers")]
+        return self.vocab.is_some();
+        #[cfg(not(feature = "tokenizers"))]
+        return false;
+    }
+
     /// The engine's EOS id (the first of its EOS ids), for kinds that act on EOS by default.
     pub fn eos_token_id(&self) -> Option<u32> {
         self.eos_token_ids.first().copied()

@@ -139,17 +139,6 @@ impl DrySpec {
     }
 }
 
-/// Whether `context` has the token texts that text breakers are resolved with.
-fn has_token_texts(context: &EngineContext) -> bool {
-    #[cfg(feature = "tokenizers")]
-    return context.vocab.is_some();
-    #[cfg(not(feature = "tokenizers"))]
-    return {
-        let _ = context;
-        false
-    };
-}
-
 /// llama.cpp's breakers of `text` over the vocab (`get_overlapping_token_sequences`): each token
 /// whose text contains it, alone; each token whose text ends with a beginning of it, followed by
 /// the tokens of the rest (at most [`MAX_BREAKER_TAIL`]).
@@ -200,11 +189,11 @@ impl KindSpec for DrySpec {
 
     fn validate(&self, context: &EngineContext) -> Option<Result<()>> {
         // Without an engine, texts are the engine's to resolve.
-        (context.structure_only && !has_token_texts(context)).then(|| self.check())
+        (context.structure_only && !context.has_token_texts()).then(|| self.check())
     }
 
     fn resolve(&self, context: &EngineContext) -> Result<Option<serde_json::Value>> {
-        if self.texts()?.is_empty() || !has_token_texts(context) {
+        if self.texts()?.is_empty() || !context.has_token_texts() {
             return Ok(None);
         }
         let mut explicit = self.clone();

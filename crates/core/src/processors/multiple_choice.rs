@@ -131,12 +131,9 @@ impl KindSpec for MultipleChoiceSpec {
         let boost = self.boost_first_words != 0.0;
         let needs_text =
             self.choices.iter().any(TextOrId::is_text) || (boost && self.delimiter.is_text());
-        #[cfg(feature = "tokenizers")]
-        let has_texts = context.vocab.is_some();
-        #[cfg(not(feature = "tokenizers"))]
-        let has_texts = false;
         // Without the engine, what the engine supplies is not checked.
-        ((needs_text && context.encoder.is_none()) || (boost && !has_texts)).then_some(Ok(()))
+        ((needs_text && context.encoder.is_none()) || (boost && !context.has_token_texts()))
+            .then_some(Ok(()))
     }
 
     fn resolve(&self, context: &EngineContext) -> Result<Option<serde_json::Value>> {
