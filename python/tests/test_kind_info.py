@@ -49,7 +49,7 @@ def test_the_registry_says_which_kinds_mask_truncate_and_need_token_texts():
     assert not lp.needs_token_texts([])
     assert lp.kind_info("mirostat")["observes_pass"] and not lp.kind_info("dry")["observes_pass"]
     assert lp.observes_pass([{"kind": "temperature", "temperature": 0.5}, {"kind": "adaptive_p", "target": 0.5}])
-    assert lp.kind_info("xtc")["edits_on_host"] and not lp.kind_info("top_p")["edits_on_host"]
+    assert lp.kind_info("tail_free")["edits_on_host"] and not lp.kind_info("top_p")["edits_on_host"]
 
 
 def test_the_device_docs_name_the_kinds_edited_on_host():

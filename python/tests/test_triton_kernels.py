@@ -13,6 +13,7 @@ import os
 import random
 import subprocess
 import sys
+from pathlib import Path
 
 import pytest
 import torch
@@ -100,10 +101,9 @@ NEEDS_TOKENIZER = {"ban_strings", "grammar", "json_object", "lazy_grammar"}
 NEEDS_CONTEXT = {"bitmask", "thinking_budget", "hello_world"}
 # Kinds whose plans the kernels do not carry, on every step or on some (docs/cuda.md): the host
 # round trip carries those steps, so they need not launch the kernels.
-ROUND_TRIP = {"smoothing", "adaptive_p", "log_softmax", "inf_nan_remove", "synthid_watermark", "top_n_sigma", "top_a", "p_less", "top_h", "tail_free",
-              "mirostat",
-              "dynamic_temperature", "xtc", "force_last_phrase", "prevent_hallucination",
-              "trigger_phrase", "multiple_choice"}
+ROUND_TRIP = {"smoothing", "adaptive_p", "log_softmax", "synthid_watermark", "top_n_sigma", "p_less", "top_h",
+              "tail_free", "mirostat", "dynamic_temperature", "force_last_phrase", "prevent_hallucination",
+              "trigger_phrase"}
 
 
 @pytest.fixture
@@ -326,38 +326,59 @@ def test_the_interpreter_is_required():
     assert out.stdout.strip() == "refused", out.stderr
 
 
-COMPILE = """
-import json, sys
-from logits_processing.kernels import compile_kernels
-arch = int(sys.argv[1])
-facts = {}
-for dtype in ("float32", "float16", "bfloat16"):
-    for name, kernel in compile_kernels(arch, dtype).items():
-        ptx = kernel.asm["ptx"]
-        facts[f"{dtype}:{name}"] = {
-            "cubin": len(kernel.asm["cubin"]), "target": f".target sm_{arch}" in ptx,
-            "ieee_division": ptx.count("div.rn.f32"), "fma": ptx.count("fma.rn.f32"),
-            "approximate": sum(ptx.count(op) for op in ("div.approx", "div.full", "sqrt.approx", "rcp.approx")),
-        }
-print(json.dumps(facts))
-"""
+ROOT = Path(__file__).resolve().parents[2]
+IMAGES = ROOT / "crates" / "cuda" / "kernels" / "triton"
 
 
-@pytest.mark.parametrize("arch", [80, 90, 100])
-def test_the_kernels_compile_for_each_architecture(arch):
-    """Both kernels, each dtype, compiled ahead of time for the architecture (no GPU): a cubin
-    for it comes out, and the PTX divides and takes square roots with IEEE rounding, never
-    approximately, and fuses a multiply with an add only where the source asks (exp's fmas)."""
+@pytest.mark.slow
+def test_the_checked_in_images_are_what_the_source_compiles_to():
+    """What the CUDA crate loads (crates/cuda/kernels/triton/: cubins for sm_80, sm_90, sm_100 and
+    PTX for compute_75, each kernel and dtype) is apply.py compiled again now, byte for byte, by
+    the pinned Triton (python/tools/gen_kernels.py --check, without a GPU)."""
     env = {k: v for k, v in os.environ.items() if k != "TRITON_INTERPRET"}
-    out = subprocess.run([sys.executable, "-c", COMPILE, str(arch)], env=env, capture_output=True, text=True,
-                         timeout=600)
-    assert out.returncode == 0, out.stderr[-3000:]
-    compiled = json.loads(out.stdout.strip().splitlines()[-1])
-    assert len(compiled) == 6
-    for name, facts in compiled.items():
-        assert facts["cubin"] > 0 and facts["target"], name
-        assert facts["approximate"] == 0, f"{name}: an approximate division or square root"
-        assert facts["ieee_division"] > 0, f"{name}: no IEEE division (the temperature's)"
-    for dtype in ("float32", "float16", "bfloat16"):
-        assert compiled[f"{dtype}:lp_apply"]["fma"] == 0
-        assert compiled[f"{dtype}:lp_bands"]["fma"] > 0
+    out = subprocess.run([sys.executable, str(ROOT / "python" / "tools" / "gen_kernels.py"), "--check"],
+                         env=env, capture_output=True, text=True, timeout=1200)
+    assert out.returncode == 0, out.stdout[-3000:] + out.stderr[-3000:]
+
+
+@pytest.mark.parametrize("dtype", ["f32", "f16", "bf16"])
+def test_the_images_divide_with_ieee_rounding_and_fuse_only_in_exp(dtype):
+    """The PTX (which every image is assembled from, with ptxas contracting nothing) divides and
+    takes square roots with IEEE rounding, never approximately, and fuses a multiply with an add
+    only where the source asks (exp's fmas, in the band kernel); ISA 8.0, which every CUDA 12
+    driver reads."""
+    for kernel in ("lp_bands", "lp_apply"):
+        ptx = (IMAGES / "compute75" / f"{kernel}_{dtype}.ptx").read_text().rstrip("\0")
+        assert ".version 8.0\n" in ptx and ".target sm_75\n" in ptx
+        assert not any(op in ptx for op in ("div.approx", "div.full", "sqrt.approx", "rcp.approx")), kernel
+        assert "div.rn.f32" in ptx, f"{kernel}: no IEEE division (the temperature's)"
+        assert ("fma.rn.f32" in ptx) == (kernel == "lp_bands"), kernel
+
+
+# The CUDA crate's test cases (logits_processing_cuda::testing::kernel_case): random plans of every
+# edit the kernels carry (forces, sets after them, masks shorter and longer than the vocab, every
+# truncation rule, signed zeros, infinities, NaN, subnormals), rows that truncate with every rule,
+# the device's self-check plans, and three fixed cases; by (name, vocab, seeds).
+KERNEL_CASES = [("plans", 7, range(16)), ("plans", 300, range(12)), ("plans", 2100, range(4)),
+                ("truncations", 39, range(8)), ("truncations", 1025, range(8)),
+                ("self_check", 2053, [0]), ("one_token", 3000, [0]), ("sets_after_force", 3000, [0]),
+                ("forced_zero", 3, [0])]
+
+
+@pytest.mark.parametrize("dtype", DTYPES, ids=str)
+@pytest.mark.parametrize("name,vocab,seed", [(n, v, s) for n, v, seeds in KERNEL_CASES for s in seeds])
+def test_kernel_cases_equal_the_cpu_path(name, vocab, seed, dtype, small_tiles):
+    """The packed words of a case of the CUDA crate's tests, through both kernels under the
+    interpreter, against `RowPlan::apply` on the same block, bit for bit."""
+    dtype_name = str(dtype).removeprefix("torch.")
+    case = lp._lib._testing._kernel_case(name, seed, vocab, dtype_name)
+    block = torch.frombuffer(bytearray(case["input"]), dtype=dtype)
+    expected = torch.frombuffer(bytearray(case["expected"]), dtype=dtype)
+    if case["slots"]:
+        kernels.launch(case["words"], case["slots"], case["list_at"], case["truncating"], case["vocab"],
+                       case["row_stride"], case["rows"], dtype_name, block.data_ptr())
+    differs = torch.nonzero(bits(block) != bits(expected)).flatten()
+    if len(differs):
+        i = int(differs[0])
+        raise AssertionError(f"{name} seed {seed}: row {i // case['row_stride']}, token {i % case['row_stride']}: "
+                             f"kernels {float(block[i])!r}, CPU {float(expected[i])!r} ({len(differs)} differ)")

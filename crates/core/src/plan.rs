@@ -182,7 +182,7 @@ impl Edit {
     /// the row's element type. `allowed` says whether a mask allows `index`; `band` is a
     /// truncation's resolved band ([`Band::FIRED`] for an [`Edit::ForceIf`] whose condition
     /// held, and for a token an [`Edit::BiasLargest`] biases). The one definition of each edit's meaning: the fused pass,
-    /// the GPU kernel's host emulation and the tests all use it.
+    /// the device kernels (held to it bit for bit) and the tests all use it.
     #[inline]
     pub fn value(&self, index: usize, x: f32, allowed: impl Fn(MaskId) -> bool, band: Band) -> f32 {
         self.value_shaped(index, x, allowed, band, Shape::Identity)
@@ -543,15 +543,15 @@ impl RowPlan {
         })
     }
 
-    /// Whether the plan holds an edit only the CPU path carries out ([`Edit::Reshape`], or a
-    /// truncation rule the GPU kernel does not have: [`Truncation::on_cpu_only`]).
+    /// Whether the plan holds an edit only the CPU path carries out: an [`Edit::Reshape`], a
+    /// SynthID watermark's [`Edit::Whole`], an [`Edit::BiasLargest`], an [`Edit::ForceIf`], or a
+    /// truncation rule the device's band kernel does not have ([`Truncation::on_cpu_only`]).
     pub fn cpu_only(&self) -> bool {
         self.edits.iter().any(|e| match e {
             Edit::Reshape(_)
             | Edit::ForceIf { .. }
-            | Edit::AddScaledFrom { .. }
-            | Edit::Whole(_) => true,
-            Edit::BiasLargest { .. } => true,
+            | Edit::Whole(WholeRow::SynthId(_))
+            | Edit::BiasLargest { .. } => true,
             Edit::Truncate(rule) => rule.on_cpu_only(),
             _ => false,
         })

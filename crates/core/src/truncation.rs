@@ -181,17 +181,15 @@ impl Truncation {
         }
     }
 
-    /// Whether only the CPU path has this rule (the CUDA kernel has top-k, top-p, min-p,
-    /// typical, epsilon and eta).
+    /// Whether only the CPU path has this rule (the device's band kernel has top-k, top-p, min-p,
+    /// typical, epsilon, eta, top-a and XTC).
     pub fn on_cpu_only(&self) -> bool {
         matches!(
             self,
             Truncation::TopNSigma { .. }
-                | Truncation::TopA { .. }
                 | Truncation::PLess { .. }
                 | Truncation::TopH { .. }
                 | Truncation::TailFree { .. }
-                | Truncation::Xtc { .. }
                 | Truncation::MirostatV1 { .. }
                 | Truncation::MirostatV2 { .. }
         )

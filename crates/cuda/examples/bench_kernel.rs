@@ -147,7 +147,7 @@ fn main() -> Result<(), CudaError> {
     }
     let quick = std::env::args().any(|a| a == "--quick");
     let (calls, blocks) = if quick { (20, 5) } else { (100, 11) };
-    let mut applier = CudaBatchApplier::new(0)?;
+    let mut applier = CudaBatchApplier::new(0, VOCAB)?;
     let stream = Stream::new(0)?;
     println!(
         "kernels from {}; vocab {VOCAB}, f32; median us per step (CUDA events, {calls} back-to-back steps x {blocks})",

@@ -6,8 +6,8 @@ use std::sync::Arc;
 use cudarc::driver::sys::{self as cu, CUresult};
 use logits_processing::{Batch, BatchLayout, DType, RowPlan};
 
-use crate::driver::{self, check, CurrentContext, Kernels};
-use crate::packed::{level_externals, level_plans, levels, tiles_per_row, PackedPlans, THREADS};
+use crate::driver::{self, check, CurrentContext, Kernel, Kernels};
+use crate::packed::{level_externals, level_plans, levels, tiles_per_row, PackedPlans};
 use crate::CudaError;
 
 /// A staging area for one step's packed plans: pinned host memory, the device copy the kernel
@@ -61,15 +61,15 @@ impl std::fmt::Debug for CudaBatchApplier {
 
 impl CudaBatchApplier {
     /// An applier for GPU `device_ordinal`, loading the kernels there on first use in this process
-    /// (the driver JIT-compiles the embedded PTX, a few hundred ms once; later appliers reuse it)
-    /// and running the device's self-check once (a small batch covering every kind of edit, GPU
-    /// against CPU, bit for bit; [`CudaError::SelfCheck`] with the first difference if they
-    /// disagree, for this and every later applier on the device). A clear error, never a panic,
-    /// where there is no driver ([`CudaError::NoDriver`]) or no such device
-    /// ([`CudaError::NoDevice`]).
-    pub fn new(device_ordinal: usize) -> Result<Self, CudaError> {
+    /// (the embedded cubin for its architecture, or the PTX the driver compiles; later appliers
+    /// reuse them) and running the device's self-check once, at `vocab_size` (the engine's; at
+    /// least 2,053): 256 rows covering every kind of edit, GPU against CPU, bit for bit;
+    /// [`CudaError::SelfCheck`] with the first difference if they disagree, for this and every
+    /// later applier on the device. A clear error, never a panic, where there is no driver
+    /// ([`CudaError::NoDriver`]) or no such device ([`CudaError::NoDevice`]).
+    pub fn new(device_ordinal: usize, vocab_size: usize) -> Result<Self, CudaError> {
         let kernels = driver::kernels(device_ordinal)?;
-        crate::self_check::ensure(&kernels, device_ordinal)?;
+        crate::self_check::ensure(&kernels, device_ordinal, vocab_size)?;
         Ok(Self::with_kernels(kernels, device_ordinal))
     }
 
@@ -94,10 +94,10 @@ impl CudaBatchApplier {
         self.slots.len()
     }
 
-    /// Where the kernels came from: `"ptx"` (the embedded PTX, JIT-compiled by the driver) or
-    /// `"nvrtc"` (compiled for this GPU at first use).
-    pub fn kernel_origin(&self) -> &'static str {
-        self.kernels.origin
+    /// Which of the embedded images the device runs: `"sm_90 cubin"` (machine code for its
+    /// architecture) or `"compute_75 PTX"` (compiled by the driver at first use).
+    pub fn kernel_origin(&self) -> &str {
+        &self.kernels.origin
     }
 
     /// Applies one plan per listed row in one launch (two when some rows truncate: their bands
@@ -217,37 +217,42 @@ impl CudaBatchApplier {
             cu::cuMemcpyHtoDAsync_v2(slot.device, slot.host.cast(), bytes, stream),
             "cuMemcpyHtoDAsync",
         )?;
-        let (apply, bands) = match dtype {
-            DType::F32 => (self.kernels.f32, self.kernels.bands_f32),
-            DType::F16 => (self.kernels.f16, self.kernels.bands_f16),
-            DType::BF16 => (self.kernels.bf16, self.kernels.bands_bf16),
-        };
+        let (apply, bands) = self.kernels.for_dtype(dtype);
         let mut packed = slot.device;
         let mut vocab = vocab_size as u32;
         let mut row_stride = layout.row_stride as u64;
         let mut logits = logits;
+        // Triton's scratch pointers: the kernels need none (python/tools/gen_kernels.py checks).
+        let mut scratch: u64 = 0;
+        let mut profile: u64 = 0;
         let (list, truncating) = self.packed.truncating();
         if truncating > 0 {
-            // One block per truncating row; it writes the bands into the packed words.
             let mut list = list as u32;
-            let mut params: [*mut std::ffi::c_void; 5] = [
+            // lp_bands(P, list_at, vocab, row_stride, X, scratch, profile): a test holds every
+            // image to this list.
+            let mut params: [*mut std::ffi::c_void; 7] = [
                 (&mut packed as *mut u64).cast(),
                 (&mut list as *mut u32).cast(),
                 (&mut vocab as *mut u32).cast(),
                 (&mut row_stride as *mut u64).cast(),
                 (&mut logits as *mut u64).cast(),
+                (&mut scratch as *mut u64).cast(),
+                (&mut profile as *mut u64).cast(),
             ];
             launch(bands, truncating as u32, stream, &mut params)?;
         }
         let mut n_slots = slots as u32;
         let mut tiles_per_row = tiles as u32;
-        let mut params: [*mut std::ffi::c_void; 6] = [
+        // lp_apply(P, n_slots, tiles_per_row, vocab, row_stride, X, scratch, profile).
+        let mut params: [*mut std::ffi::c_void; 8] = [
             (&mut packed as *mut u64).cast(),
             (&mut n_slots as *mut u32).cast(),
             (&mut tiles_per_row as *mut u32).cast(),
             (&mut vocab as *mut u32).cast(),
             (&mut row_stride as *mut u64).cast(),
             (&mut logits as *mut u64).cast(),
+            (&mut scratch as *mut u64).cast(),
+            (&mut profile as *mut u64).cast(),
         ];
         launch(apply, blocks as u32, stream, &mut params)?;
         check(cu::cuEventRecord(slot.event, stream), "cuEventRecord")?;
@@ -297,22 +302,25 @@ impl CudaBatchApplier {
 ///
 /// # Safety
 /// A context is current, and `params` match the kernel's parameters.
+/// # Safety
+///
+/// `params` point to live values of the kernel's parameters, in order.
 unsafe fn launch(
-    function: cu::CUfunction,
+    kernel: Kernel,
     blocks: u32,
     stream: cu::CUstream,
     params: &mut [*mut std::ffi::c_void],
 ) -> Result<(), CudaError> {
     check(
         cu::cuLaunchKernel(
-            function,
+            kernel.function,
             blocks,
             1,
             1,
-            THREADS as u32,
+            kernel.threads,
             1,
             1,
-            0,
+            kernel.shared,
             stream,
             params.as_mut_ptr(),
             std::ptr::null_mut(),
@@ -379,6 +387,32 @@ impl Drop for CudaBatchApplier {
                 slot.free();
                 cu::cuEventDestroy_v2(slot.event);
             }
+        }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use crate::images::IMAGES;
+
+    /// What `apply_rows` passes to each kernel, in order, as the images' PTX declares it.
+    const BANDS_PARAMS: &[&str] = &["ptr", "u32", "u32", "u64", "ptr", "ptr", "ptr"];
+    const APPLY_PARAMS: &[&str] = &["ptr", "u32", "u32", "u32", "u64", "ptr", "ptr", "ptr"];
+
+    /// Every embedded image takes exactly the parameters the launches pass.
+    #[test]
+    fn launches_pass_what_every_image_declares() {
+        for image in IMAGES {
+            let expected = match image.kernel {
+                "lp_bands" => BANDS_PARAMS,
+                "lp_apply" => APPLY_PARAMS,
+                other => panic!("an image of an unknown kernel {other}"),
+            };
+            assert_eq!(
+                image.params, expected,
+                "{} {:?}",
+                image.kernel, image.target
+            );
         }
     }
 }

@@ -1,18 +1,17 @@
 //! The GPU against the CPU, bit for bit: random plans (every kind of edit), every dtype, the
-//! vocab sizes of `common::VOCABS`, ragged batches with external steps, many steps in flight, the self-check.
+//! vocab sizes of `testing::VOCABS`, ragged batches with external steps, many steps in flight, the self-check.
 //! They need a CUDA GPU, so they are ignored in a plain `cargo test` (where they would have
 //! nothing to run on); `scripts/gpu-check.sh` runs them (`--include-ignored`) on a GPU machine,
 //! with the embedded PTX and again with NVRTC, and there they fail, never skip, when the GPU
 //! cannot be used. `tests/no_cuda.rs` checks the machine without a driver.
 
-mod common;
-
-use common::{
+use logits_processing::{Batch, BatchLayout, Edit, Logit, Truncation};
+use logits_processing_cuda::device::{DeviceBuffer, Stream};
+use logits_processing_cuda::for_dtype;
+use logits_processing_cuda::testing::{
     cpu_apply, dtypes, external_edit, first_difference, lifecycle, plan_of, random_plans, Rng,
     VOCABS,
 };
-use logits_processing::{Batch, BatchLayout, Edit, Logit, Truncation};
-use logits_processing_cuda::device::{DeviceBuffer, Stream};
 use logits_processing_cuda::{
     cuda_available, cuda_unavailable_reason, CudaBatchApplier, CudaError,
 };
@@ -26,8 +25,8 @@ fn gpu() -> CudaBatchApplier {
         "{NEEDS_GPU}: {}",
         cuda_unavailable_reason().unwrap_or_default()
     );
-    let applier =
-        CudaBatchApplier::new(0).unwrap_or_else(|e| panic!("CudaBatchApplier::new(0): {e}"));
+    let applier = CudaBatchApplier::new(0, 151_936)
+        .unwrap_or_else(|e| panic!("CudaBatchApplier::new(0): {e}"));
     println!(
         "GPU tests run with the kernels from {}",
         applier.kernel_origin()
@@ -41,7 +40,7 @@ fn a_gpu_is_available_and_a_missing_ordinal_is_an_error() {
     assert!(cuda_available());
     assert_eq!(cuda_unavailable_reason(), None);
     assert!(matches!(
-        CudaBatchApplier::new(1 << 20),
+        CudaBatchApplier::new(1 << 20, 8),
         Err(CudaError::NoDevice(_))
     ));
     assert!(Stream::new(1 << 20).is_err());
@@ -54,7 +53,7 @@ fn the_self_check_passes() {
     let applier = gpu();
     // A second applier on the same device reuses the cached outcome.
     drop(applier);
-    CudaBatchApplier::new(0).unwrap();
+    CudaBatchApplier::new(0, 8).unwrap();
 }
 
 fn plans_case<T: Logit>(applier: &mut CudaBatchApplier, stream: &Stream, seed: u64, vocab: usize) {

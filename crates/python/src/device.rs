@@ -315,7 +315,10 @@ pub(crate) mod cuda {
                 Route::RoundTrip
             })),
             Device::Cuda(ordinal) => {
-                if setting()? == Setting::Host || !carries() || !kernels_usable(py, ordinal)? {
+                if setting()? == Setting::Host
+                    || !carries()
+                    || !kernels_usable(py, ordinal, block.vocab)?
+                {
                     Ok(Some(Route::RoundTrip))
                 } else {
                     Ok(Some(Route::Kernels(ordinal)))
@@ -341,10 +344,10 @@ pub(crate) mod cuda {
         })
     }
 
-    /// Whether the device's kernels may run: loaded and self-checked on first use. Kernels that
-    /// could not load or failed the self-check are refused for the process, with one warning
-    /// naming why; that device's steps then take the round trip.
-    fn kernels_usable(py: Python<'_>, ordinal: i32) -> PyResult<bool> {
+    /// Whether the device's kernels may run: loaded and self-checked on first use (at the block's
+    /// vocab). Kernels that could not load or failed the self-check are refused for the process,
+    /// with one warning naming why; that device's steps then take the round trip.
+    fn kernels_usable(py: Python<'_>, ordinal: i32, vocab: usize) -> PyResult<bool> {
         if !logits_processing_cuda::cuda_available() {
             return Err(unsupported(Device::Cuda(ordinal)));
         }
@@ -356,7 +359,7 @@ pub(crate) mod cuda {
             if let Some(entry) = kernels.get(&ordinal) {
                 return Ok(Ok(matches!(entry, Kernels::Ready(_))));
             }
-            match CudaBatchApplier::new(ordinal as usize) {
+            match CudaBatchApplier::new(ordinal as usize, vocab) {
                 Ok(applier) => {
                     kernels.insert(ordinal, Kernels::Ready(applier));
                     Ok(Ok(true))

@@ -292,6 +292,75 @@ fn _round_trip_waits() -> usize {
     device::cuda::ROUND_TRIP_WAITS.load(std::sync::atomic::Ordering::Relaxed)
 }
 
+/// A case of the CUDA crate's tests (`logits_processing_cuda::testing::kernel_case`), packed as
+/// the kernels read it: a dict of `words` (bytes of u32), `slots`, `list_at`, `truncating`, `rows`,
+/// `row_stride`, `vocab`, `input` and `expected` (the block's bytes before and after the CPU path,
+/// in `dtype`), for the Python suite to run the kernels on through Triton's interpreter.
+#[cfg(feature = "cuda")]
+#[pyfunction]
+fn _kernel_case<'py>(
+    py: Python<'py>,
+    name: &str,
+    seed: u64,
+    vocab: usize,
+    dtype: &str,
+) -> PyResult<Bound<'py, pyo3::types::PyDict>> {
+    use logits_processing::{bf16, f16, Logit};
+    use logits_processing_cuda::packed::PackedPlans;
+    use logits_processing_cuda::testing::{cpu_apply, kernel_case};
+    fn bytes_of<T: Logit>(xs: &[T]) -> Vec<u8> {
+        // SAFETY: f32, f16 and bf16 are plain bits, without padding.
+        unsafe { std::slice::from_raw_parts(xs.as_ptr().cast::<u8>(), std::mem::size_of_val(xs)) }
+            .to_vec()
+    }
+    fn case<T: Logit>(
+        name: &str,
+        seed: u64,
+        vocab: usize,
+    ) -> Result<
+        (
+            PackedPlans,
+            logits_processing::BatchLayout,
+            Vec<u8>,
+            Vec<u8>,
+        ),
+        String,
+    > {
+        let (layout, input, mut listed) = kernel_case::<T>(name, seed, vocab)?;
+        let expected = cpu_apply(&input, layout, vocab, &mut listed);
+        let mut packed = PackedPlans::new();
+        packed
+            .pack(|| listed.iter().map(|(r, p)| (*r, p)), layout.rows, vocab)
+            .map_err(|e| e.to_string())?;
+        Ok((packed, layout, bytes_of(&input), bytes_of(&expected)))
+    }
+    let made = match dtype {
+        "float32" => case::<f32>(name, seed, vocab),
+        "float16" => case::<f16>(name, seed, vocab),
+        "bfloat16" => case::<bf16>(name, seed, vocab),
+        other => Err(format!("no dtype {other:?}")),
+    };
+    let (packed, layout, input, expected) =
+        made.map_err(pyo3::exceptions::PyValueError::new_err)?;
+    let (list_at, truncating) = packed.truncating();
+    let words: Vec<u8> = packed
+        .words()
+        .iter()
+        .flat_map(|w| w.to_ne_bytes())
+        .collect();
+    let out = pyo3::types::PyDict::new(py);
+    out.set_item("words", pyo3::types::PyBytes::new(py, &words))?;
+    out.set_item("slots", packed.slots())?;
+    out.set_item("list_at", list_at)?;
+    out.set_item("truncating", truncating)?;
+    out.set_item("rows", layout.rows)?;
+    out.set_item("row_stride", layout.row_stride)?;
+    out.set_item("vocab", vocab)?;
+    out.set_item("input", pyo3::types::PyBytes::new(py, &input))?;
+    out.set_item("expected", pyo3::types::PyBytes::new(py, &expected))?;
+    Ok(out)
+}
+
 /// The packed layout's constants, op codes, rule codes and exp's coefficients, by name (ints and
 /// floats): what `logits_processing.kernels` (the Triton kernels) is written against, from their
 /// one definition in the CUDA crate.
@@ -377,6 +446,7 @@ fn _lib(m: &Bound<'_, PyModule>) -> PyResult<()> {
         {
             testing.add_function(wrap_pyfunction!(_round_trip_host_tensors, &testing)?)?;
             testing.add_function(wrap_pyfunction!(_round_trip_waits, &testing)?)?;
+            testing.add_function(wrap_pyfunction!(_kernel_case, &testing)?)?;
         }
         m.add_submodule(&testing)?;
     }

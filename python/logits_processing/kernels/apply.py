@@ -31,6 +31,7 @@ from .. import _lib
 _C = _lib._device_layout()
 
 DESC_WORDS: tl.constexpr = tl.constexpr(_C["DESC_WORDS"])
+BAND_WORDS: tl.constexpr = tl.constexpr(_C["BAND_WORDS"])
 DENSE_WORDS: tl.constexpr = tl.constexpr(_C["DENSE_WORDS"])
 SPARSE_WORDS: tl.constexpr = tl.constexpr(_C["SPARSE_WORDS"])
 OP_BITS: tl.constexpr = tl.constexpr(_C["OP_BITS"])
@@ -47,11 +48,21 @@ OP_MASK: tl.constexpr = tl.constexpr(_C["OP_MASK"])
 OP_TRUNCATE: tl.constexpr = tl.constexpr(_C["OP_TRUNCATE"])
 OP_RAISE: tl.constexpr = tl.constexpr(_C["OP_RAISE"])
 OP_SET: tl.constexpr = tl.constexpr(_C["OP_SET"])
+OP_FORCE_IF: tl.constexpr = tl.constexpr(_C["OP_FORCE_IF"])
+OP_VALUE_AT: tl.constexpr = tl.constexpr(_C["OP_VALUE_AT"])
+OP_INF_NAN: tl.constexpr = tl.constexpr(_C["OP_INF_NAN"])
+OP_ADD_FROM: tl.constexpr = tl.constexpr(_C["OP_ADD_FROM"])
+TRIGGER_ARGMAX: tl.constexpr = tl.constexpr(_C["TRIGGER_ARGMAX"])
+TRIGGER_MAX_PROB_BELOW: tl.constexpr = tl.constexpr(_C["TRIGGER_MAX_PROB_BELOW"])
 RULE_TOP_K: tl.constexpr = tl.constexpr(_C["RULE_TOP_K"])
 RULE_TOP_P: tl.constexpr = tl.constexpr(_C["RULE_TOP_P"])
 RULE_MIN_P: tl.constexpr = tl.constexpr(_C["RULE_MIN_P"])
 RULE_TYPICAL: tl.constexpr = tl.constexpr(_C["RULE_TYPICAL"])
 RULE_EPSILON: tl.constexpr = tl.constexpr(_C["RULE_EPSILON"])
+RULE_ETA: tl.constexpr = tl.constexpr(_C["RULE_ETA"])
+RULE_TOP_A: tl.constexpr = tl.constexpr(_C["RULE_TOP_A"])
+RULE_XTC: tl.constexpr = tl.constexpr(_C["RULE_XTC"])
+RULE_MIROSTAT_V2: tl.constexpr = tl.constexpr(_C["RULE_MIROSTAT_V2"])
 EXP_MIN: tl.constexpr = tl.constexpr(_C["EXP_MIN"])
 EXP_MAX: tl.constexpr = tl.constexpr(_C["EXP_MAX"])
 EXP_LOG2_E: tl.constexpr = tl.constexpr(_C["EXP_LOG2_E"])
@@ -87,6 +98,10 @@ TYPICAL_BY_MASS: tl.constexpr = tl.constexpr(3)
 NEG_INF_KEY: tl.constexpr = tl.constexpr(0x007FFFFF)
 POS_INF_KEY: tl.constexpr = tl.constexpr(0xFF800000)
 INF: tl.constexpr = tl.constexpr(float("inf"))
+# The largest finite value of each element type (`Logit::MAX`: inf/NaN removal's bounds).
+F32_MAX: tl.constexpr = tl.constexpr(3.4028234663852886e38)
+F16_MAX: tl.constexpr = tl.constexpr(65504.0)
+BF16_MAX: tl.constexpr = tl.constexpr(3.3895313892515355e38)
 # 2^FIXED_BITS (fixed's scale) and 2^-64 (exp's scale below the normal range), exact in f32.
 FIXED_SCALE: tl.constexpr = tl.constexpr(float(2 ** _C["FIXED_BITS"]))
 TWO_TO_MINUS_64: tl.constexpr = tl.constexpr(2.0 ** -64)
@@ -190,7 +205,8 @@ def _dense_op(P, op, i, v, DTYPE: tl.constexpr):
     elif code == OP_FORCE_KEEP:
         v = tl.where(i == a, _round(v + 0.0, DTYPE), -INF)
     elif code == OP_FORCE_SET:
-        value = _round(_as_f32(tl.load(P + op + 2)) + tl.zeros_like(v), DTYPE)
+        # The value's bits broadcast over the lanes (an f32 add of zeros would make -0.0 +0.0).
+        value = _round(_as_f32(tl.zeros_like(i) + tl.load(P + op + 2)), DTYPE)
         v = tl.where(i == a, value, -INF)
     elif code == OP_MASK:
         n_words = tl.load(P + op + 2)
@@ -204,31 +220,48 @@ def _dense_op(P, op, i, v, DTYPE: tl.constexpr):
         lo = _as_f32(tl.load(P + a))
         hi = _as_f32(tl.load(P + a + 1))
         v = tl.where((v < lo) | (v > hi), -INF, v)
+    elif code == OP_FORCE_IF:
+        # A force keeping its token's value, where the band kernel found the trigger fired.
+        if (tl.load(P + tl.load(P + op + 2) + 2) != 0) & (a != NO_TOKEN):
+            v = tl.where(i == a, _round(v + 0.0, DTYPE), -INF)
+    elif code == OP_INF_NAN:
+        if DTYPE == F32:
+            top = F32_MAX
+        elif DTYPE == F16:
+            top = F16_MAX
+        else:
+            top = BF16_MAX
+        v = tl.where(v != v, 0.0, tl.where(v == INF, top, tl.where(v == -INF, -top, v)))
     return v
 
 
 @triton.jit
-def _sparse_op(code, x, v, DTYPE: tl.constexpr):
-    """`Edit::value` of a touched token's own sparse op (Ban, Bias, Penalty, Raise, Set)."""
+def _sparse_op(P, code, word, active, v, DTYPE: tl.constexpr):
+    """`Edit::value` of a touched token's own sparse op (Ban, Bias, Penalty, Raise, Set, Add)."""
+    x = _as_f32(word)
     bias = _round(v + x, DTYPE)
     penalty = _round(tl.where(v < 0.0, v * x, tl.div_rn(v, x)), DTYPE)
     # x + |x| * factor on a finite logit, two roundings; a non-finite one stays.
     raised = tl.where(_is_finite(v), _round(v + tl.abs(v) * x, DTYPE), v)
+    # x + factor * value on a finite logit, `value` the source's as the band kernel read it.
+    adds = active & (code == OP_ADD_FROM)
+    source = _as_f32(tl.load(P + word, mask=adds, other=0))
+    factor = _as_f32(tl.load(P + word + 1, mask=adds, other=0))
+    added = tl.where(_is_finite(v), _round(v + factor * source, DTYPE), v)
     out = tl.where(code == OP_BAN, -INF, v)
     out = tl.where(code == OP_BIAS, bias, out)
     out = tl.where(code == OP_PENALTY, penalty, out)
     out = tl.where(code == OP_RAISE, raised, out)
+    out = tl.where(adds, added, out)
     return tl.where(code == OP_SET, _round(x, DTYPE), out)
 
 
 @triton.jit
-def _segment_end(P, op, i, v, set_after_force):
-    """As a truncation sees the row: a logit that a force since the previous truncation did not
-    name is -inf there, unless a Set after the force names it (apply.cu: segment_end)."""
-    code = tl.load(P + op)
-    force = tl.load(P + op + 2)
-    hidden = (code == OP_TRUNCATE) & (force != NO_TOKEN) & (force != i) & (~set_after_force)
-    return tl.where(hidden, -INF, v)
+def _fill(i, v, forced, set_after):
+    """Where a pass ends (a reduction, a whole-row edit, the plan's end): a logit that the pass's
+    last force did not name is -inf, unless a Set after that force names it (`RowPlan::run`
+    fills a forced pass)."""
+    return tl.where((forced != NO_TOKEN) & (i != forced) & (~set_after), -INF, v)
 
 
 @triton.jit
@@ -258,15 +291,18 @@ def _find(P, begin, n, i):
 @triton.jit
 def _eval(P, d, i, v, dense_end, SEGMENTS: tl.constexpr, DTYPE: tl.constexpr):
     """The logits at `i`, of values `v` before the plan, through dense ops [0, dense_end) and
-    each touched token's own sparse ops before dense op `dense_end`, merged in plan order; with
-    SEGMENTS, as the truncation at `dense_end` sees them (apply.cu: eval)."""
+    each touched token's own sparse ops before dense op `dense_end`, merged in plan order, each
+    pass filled as `RowPlan::run` fills a forced one. The passes end at whole-row edits and at the
+    end; with SEGMENTS (the row as the reduction at `dense_end` sees it) at every reduction too."""
     dense = tl.load(d + 2)
     program = _find(P, tl.load(d + 4), tl.load(d + 5), i)
     bounds = tl.load(d + 6)
     touched = program >= 0
     s = tl.load(P + bounds + program, mask=touched, other=0)
     end = tl.load(P + bounds + program + 1, mask=touched, other=0)
-    set_after_force = i < 0  # all false
+    # The pass's last force so far, and whether this lane's token was set after it.
+    forced = tl.full([], NO_TOKEN, tl.int32)
+    set_after = i < 0  # all false
     for j in range(0, dense_end + 1):
         # This lane's sparse ops that come before dense op j.
         active = s < end
@@ -274,24 +310,28 @@ def _eval(P, d, i, v, dense_end, SEGMENTS: tl.constexpr, DTYPE: tl.constexpr):
         active = active & ((head >> OP_BITS).to(tl.int32) <= j)
         while tl.max(active.to(tl.int32), 0) > 0:
             code = (head & OP_CODE_MASK).to(tl.int32)
-            x = _as_f32(tl.load(P + s + 1, mask=active, other=0))
-            v = tl.where(active, _sparse_op(code, x, v, DTYPE), v)
-            set_after_force = set_after_force | (active & (code == OP_SET))
+            word = tl.load(P + s + 1, mask=active, other=0)
+            v = tl.where(active, _sparse_op(P, code, word, active, v, DTYPE), v)
+            set_after = set_after | (active & (code == OP_SET))
             s = tl.where(active, s + SPARSE_WORDS, s)
             active = s < end
             head = tl.load(P + s, mask=active, other=0).to(tl.uint32, bitcast=True)
             active = active & ((head >> OP_BITS).to(tl.int32) <= j)
         if j < dense_end:
             op = dense + j * DENSE_WORDS
-            if SEGMENTS:
-                v = _segment_end(P, op, i, v, set_after_force)
             code = tl.load(P + op)
-            forces = (code == OP_FORCE_KEEP) | (code == OP_FORCE_SET)
-            set_after_force = set_after_force & (~forces)
+            a = tl.load(P + op + 1)
+            reduction = (code == OP_TRUNCATE) | (code == OP_FORCE_IF) | (code == OP_VALUE_AT)
+            if (code == OP_INF_NAN) | (SEGMENTS & reduction):
+                v = _fill(i, v, forced, set_after)
+                forced = tl.full([], NO_TOKEN, tl.int32)
             v = _dense_op(P, op, i, v, DTYPE)
-    if SEGMENTS:
-        v = _segment_end(P, dense + dense_end * DENSE_WORDS, i, v, set_after_force)
-    return v
+            forces = (code == OP_FORCE_KEEP) | (code == OP_FORCE_SET)
+            if code == OP_FORCE_IF:
+                forces = (a != NO_TOKEN) & (tl.load(P + tl.load(P + op + 2) + 2) != 0)
+            forced = tl.where(forces, a, forced)
+            set_after = set_after & (~forces)
+    return _fill(i, v, forced, set_after)
 
 
 # ------------------------------------------------------------------------------------------------
@@ -407,7 +447,7 @@ def _keyed(v, inside, mx, shift, BY: tl.constexpr):
     return key, w, valid
 
 
-@triton.jit
+@triton.jit(noinline=True)
 def _values(P, d, x, vocab, t, begin, DTYPE: tl.constexpr, BLOCK: tl.constexpr):
     """The tile at `begin` of the row as the truncation at dense op `t` sees it."""
     i = begin + tl.arange(0, BLOCK)
@@ -416,7 +456,7 @@ def _values(P, d, x, vocab, t, begin, DTYPE: tl.constexpr, BLOCK: tl.constexpr):
     return v, inside
 
 
-@triton.jit
+@triton.jit(noinline=True)
 def _select_key(P, d, x, vocab, t, mx, shift, target, BY: tl.constexpr, CLAMP: tl.constexpr,
                 DTYPE: tl.constexpr, BLOCK: tl.constexpr):
     """The largest key at which the weights of the keys at or above it reach `target` (f64
@@ -463,8 +503,9 @@ def _kth(P, d, x, vocab, t, k, DTYPE: tl.constexpr, BLOCK: tl.constexpr):
 
 
 @triton.jit
-def _resolve_band(P, d, x, vocab, t, rule, parameter, min_keep, DTYPE: tl.constexpr, BLOCK: tl.constexpr):
-    """The band of the truncation at dense op `t` (packed.rs: resolve_band)."""
+def _resolve_band(P, d, x, vocab, t, rule, parameter, min_keep, extra, DTYPE: tl.constexpr,
+                  BLOCK: tl.constexpr):
+    """The band of the truncation at dense op `t` (`Truncation::band`, truncation/*.rs)."""
     lo = tl.full([], -INF, tl.float32)
     hi = tl.full([], INF, tl.float32)
     min_keep = min_keep.to(tl.uint32, bitcast=True)
@@ -511,27 +552,91 @@ def _resolve_band(P, d, x, vocab, t, rule, parameter, min_keep, DTYPE: tl.conste
                             hi_key = tl.maximum(hi_key, tl.max(tl.where(keep, _order_key(v), NEG_INF_KEY), 0))
                         lo = _from_order_key(lo_key)
                         hi = _from_order_key(hi_key)
+            elif rule == RULE_TOP_P:
+                found, key = _select_key(P, d, x, vocab, t, mx, shift, target, BY_MASS, False, DTYPE, BLOCK)
+                kth = _kth(P, d, x, vocab, t, min_keep, DTYPE, BLOCK)
+                lo = _from_order_key(tl.minimum(tl.where(found, key, NEG_INF_KEY), kth))
             else:
+                # The smallest value but -inf whose q reaches the rule's threshold
+                # (select.rs: lowest_reaching).
+                scale = (total.to(tl.float64) / FIXED_SCALE).to(tl.float32)
+                threshold = p
+                if rule == RULE_EPSILON:
+                    threshold = p * scale
+                elif rule == RULE_ETA:
+                    threshold = tl.minimum(p * scale, tl.sqrt_rn(p) * _exp(-shift))
+                elif rule == RULE_TOP_A:
+                    threshold = tl.div_rn(p, scale)
+                elif rule == RULE_XTC:
+                    threshold = p * scale
+                elif rule == RULE_MIROSTAT_V2:
+                    # `2^-mu` in f64, its bits in `parameter` (low) and `extra` (high).
+                    bits = (extra.to(tl.uint32, bitcast=True).to(tl.uint64) << 32) | \
+                        parameter.to(tl.uint32, bitcast=True).to(tl.uint64)
+                    threshold = (scale.to(tl.float64) * bits.to(tl.float64, bitcast=True)).to(tl.float32)
                 lo_key = tl.full([], POS_INF_KEY, tl.uint32)
-                if rule == RULE_TOP_P:
-                    found, key = _select_key(P, d, x, vocab, t, mx, shift, target, BY_MASS, False, DTYPE,
-                                             BLOCK)
-                    lo_key = tl.where(found, key, NEG_INF_KEY)
-                else:
-                    # min-p, epsilon, eta: the smallest value whose q reaches the threshold.
-                    threshold = p
-                    if rule != RULE_MIN_P:
-                        scale = (total.to(tl.float64) / FIXED_SCALE).to(tl.float32)
-                        threshold = p * scale
-                        if rule != RULE_EPSILON:
-                            threshold = tl.minimum(threshold, tl.sqrt_rn(p) * _exp(-shift))
+                for begin in range(0, vocab, BLOCK):
+                    v, inside = _values(P, d, x, vocab, t, begin, DTYPE, BLOCK)
+                    keep = inside & (v == v) & (v != -INF) & (_exp(v - mx) >= threshold)
+                    lo_key = tl.minimum(lo_key, tl.min(tl.where(keep, _order_key(v), POS_INF_KEY), 0))
+                if rule == RULE_XTC:
+                    # Every value above the cut removed, when that removes any and leaves at
+                    # least `min_keep` finite values (truncation/xtc.rs).
+                    cut = _from_order_key(lo_key)
+                    removed = tl.zeros([], tl.int64)
+                    finite = tl.zeros([], tl.int64)
                     for begin in range(0, vocab, BLOCK):
                         v, inside = _values(P, d, x, vocab, t, begin, DTYPE, BLOCK)
-                        keep = inside & (v == v) & (_exp(v - mx) >= threshold)
-                        lo_key = tl.minimum(lo_key, tl.min(tl.where(keep, _order_key(v), POS_INF_KEY), 0))
-                kth = _kth(P, d, x, vocab, t, min_keep, DTYPE, BLOCK)
-                lo = _from_order_key(tl.minimum(lo_key, kth))
+                        removed += tl.sum(tl.where(inside & (v > cut), 1, 0).to(tl.int64), 0)
+                        finite += tl.sum(tl.where(inside & _is_finite(v), 1, 0).to(tl.int64), 0)
+                    enough = (min_keep <= 1) | (finite - removed >= min_keep.to(tl.int64))
+                    if (removed > 0) & enough:
+                        hi = cut
+                elif rule == RULE_MIROSTAT_V2:
+                    lo = _from_order_key(tl.minimum(lo_key, _order_key(mx)))
+                elif (rule != RULE_TOP_A) | (p > 0.0):
+                    kth = _kth(P, d, x, vocab, t, min_keep, DTYPE, BLOCK)
+                    lo = _from_order_key(tl.minimum(lo_key, kth))
     return lo, hi
+
+
+@triton.jit
+def _trigger(P, d, x, vocab, t, trigger, parameter, DTYPE: tl.constexpr, BLOCK: tl.constexpr):
+    """Whether the ForceIf at dense op `t` fires over the row as it stands there
+    (`Trigger::holds`)."""
+    max_key = tl.full([], NEG_INF_KEY, tl.uint32)
+    token_key = tl.full([], NEG_INF_KEY, tl.uint32)
+    for begin in range(0, vocab, BLOCK):
+        v, inside = _values(P, d, x, vocab, t, begin, DTYPE, BLOCK)
+        keys = tl.where(inside & (v == v), _order_key(v), NEG_INF_KEY)
+        max_key = tl.maximum(max_key, tl.max(keys, 0))
+        i = begin + tl.arange(0, BLOCK)
+        token_key = tl.maximum(token_key, tl.max(tl.where(i == parameter, keys, NEG_INF_KEY), 0))
+    mx = _from_order_key(max_key)
+    fired = max_key < 0  # false
+    if trigger == TRIGGER_ARGMAX:
+        # The token's value is the largest (a tie counts; NaN and -inf never do).
+        token = _from_order_key(token_key)
+        fired = (token > -INF) & (token >= mx)
+    elif (mx > -INF) & (mx < INF):
+        # The largest probability, 1 / S, below p.
+        total = tl.zeros([], tl.int64)
+        for begin in range(0, vocab, BLOCK):
+            v, inside = _values(P, d, x, vocab, t, begin, DTYPE, BLOCK)
+            w, _ = _weights(v, mx)
+            total += tl.sum(tl.where(inside, w, 0), 0)
+        scale = (total.to(tl.float64) / FIXED_SCALE).to(tl.float32)
+        fired = tl.div_rn(1.0, scale) < _as_f32(parameter)
+    return fired
+
+
+@triton.jit
+def _value_at(P, d, x, vocab, t, token, DTYPE: tl.constexpr, BLOCK: tl.constexpr):
+    """The bits of `token`'s value as the row stands at dense op `t`."""
+    begin = (token // BLOCK) * BLOCK
+    v, _ = _values(P, d, x, vocab, t, begin, DTYPE, BLOCK)
+    i = begin + tl.arange(0, BLOCK)
+    return tl.max(tl.where(i == token, _bits(v), 0), 0)
 
 
 @triton.jit
@@ -540,15 +645,25 @@ def lp_bands(P, list_at, vocab, row_stride, X, DTYPE: tl.constexpr, BLOCK: tl.co
     d = P + slot * DESC_WORDS
     x = X + tl.load(d).to(tl.int64) * row_stride
     dense = tl.load(d + 2)
+    # The row's reductions in order, each over the row as it stands there: a later one reads the
+    # records of those before it.
     for t in range(0, tl.load(d + 3)):
         op = dense + t * DENSE_WORDS
-        if tl.load(P + op) == OP_TRUNCATE:
+        code = tl.load(P + op)
+        if code == OP_TRUNCATE:
             record = tl.load(P + op + 1)
-            rule = tl.load(P + record + 2)
-            parameter = tl.load(P + record + 3)
-            min_keep = tl.load(P + record + 4)
-            lo, hi = _resolve_band(P, d, x, vocab, t, rule, parameter, min_keep, DTYPE, BLOCK)
+            lo, hi = _resolve_band(P, d, x, vocab, t, tl.load(P + record + 2), tl.load(P + record + 3),
+                                   tl.load(P + record + 4), tl.load(P + record + 5), DTYPE, BLOCK)
             tl.store(P + record, lo.to(tl.int32, bitcast=True))
             tl.store(P + record + 1, hi.to(tl.int32, bitcast=True))
-            # The row's later truncations read this band.
+            tl.debug_barrier()
+        elif code == OP_FORCE_IF:
+            record = tl.load(P + op + 2)
+            fired = _trigger(P, d, x, vocab, t, tl.load(P + record), tl.load(P + record + 1), DTYPE, BLOCK)
+            tl.store(P + record + 2, fired.to(tl.int32))
+            tl.debug_barrier()
+        elif code == OP_VALUE_AT:
+            record = tl.load(P + op + 2)
+            value = _value_at(P, d, x, vocab, t, tl.load(P + op + 1), DTYPE, BLOCK)
+            tl.store(P + record, value.to(tl.int32, bitcast=True))
             tl.debug_barrier()

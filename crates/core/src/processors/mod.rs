@@ -168,8 +168,7 @@ pub(crate) static KINDS: &[Kind] = &[
         .masking(),
     Kind::new::<MultipleChoiceSpec>("multiple_choice")
         .masking()
-        .with_token_texts()
-        .editing_on_host(),
+        .with_token_texts(),
     // Grammars and the caller's own bitmask: masks, like the allowed ids.
     #[cfg(feature = "grammar")]
     Kind::new::<GrammarSpec>("grammar")
@@ -188,9 +187,7 @@ pub(crate) static KINDS: &[Kind] = &[
     Kind::new::<ForcedEosSpec>("forced_eos"),
     // NaN and infinities made finite where transformers' `remove_invalid_values` runs them,
     // after its forced BOS and EOS: a banned token ends at the row type's smallest value.
-    Kind::new::<InfNanRemoveSpec>("inf_nan_remove")
-        .history_free()
-        .editing_on_host(),
+    Kind::new::<InfNanRemoveSpec>("inf_nan_remove").history_free(),
     Kind::new::<RepetitionDetectionSpec>("repetition_detection"),
     Kind::new::<ForcedSequenceSpec>("forced_sequence"),
     Kind::new::<HelloWorldSpec>("hello_world"),
@@ -234,10 +231,7 @@ pub(crate) static KINDS: &[Kind] = &[
         .history_free()
         .truncating()
         .editing_on_host(),
-    Kind::new::<TopASpec>("top_a")
-        .history_free()
-        .truncating()
-        .editing_on_host(),
+    Kind::new::<TopASpec>("top_a").history_free().truncating(),
     Kind::new::<PLessSpec>("p_less")
         .history_free()
         .truncating()
@@ -250,7 +244,7 @@ pub(crate) static KINDS: &[Kind] = &[
         .history_free()
         .truncating()
         .editing_on_host(),
-    Kind::new::<XtcSpec>("xtc").truncating().editing_on_host(),
+    Kind::new::<XtcSpec>("xtc").truncating(),
     // Mirostat last: it reads the row the others left and its next step reads what it kept.
     Kind::new::<MirostatSpec>("mirostat")
         .truncating()

@@ -1,9 +1,9 @@
-//! The arithmetic a truncation band is computed with, shared with the GPU: the CUDA crate's band
-//! kernel computes the same bits from the same definitions, and its header's constants are
-//! written from the ones here (`logits_processing_cuda::kernel_header`).
+//! The arithmetic a truncation band is computed with, shared with the GPU: the device's band kernel
+//! (`python/logits_processing/kernels/apply.py`) computes the same bits from the same definitions,
+//! with the constants here (through `logits_processing_cuda::packed::constants`).
 //!
 //! A band is a function of the row's values alone, computed with arithmetic that a GPU reproduces
-//! bit for bit (the CUDA crate's band kernel does), whatever order it visits the values in:
+//! bit for bit (the device's band kernel does), whatever order it visits the values in:
 //!
 //! - **Maximum** `m`: the largest non-NaN value under `f32::total_cmp` order ([`order_key`]).
 //! - **Unnormalized probability** `q(x) = exp(x - m)`, the subtraction in f32 and [`exp`] built
