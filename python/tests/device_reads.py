@@ -7,9 +7,18 @@ path's own code) are not the adapter's and are not listed."""
 
 from __future__ import annotations
 
+import os
 import sys
 
+import pytest
 import torch
+
+#: For the tests that send host tensors down the device path (``LOGITS_PROCESSING_DEVICE=interpret``).
+needs_interpreter = pytest.mark.skipif(
+    os.environ.get("TRITON_INTERPRET") != "1",
+    reason="the device path through the switch needs Triton's interpreter (TRITON_INTERPRET=1 before "
+    "triton is imported: python/tests/conftest.py sets it in the main venv)",
+)
 
 #: What adapters' code has read from :class:`OnDevice` tensors, in order: ``(the method's name,
 #: the number of values read)``.

@@ -1,7 +1,6 @@
 """HF transformers adapter: real generate() runs on the CPU with a tiny random-weight Llama built
 from a config (no download) and the real DeepSeek tokenizer."""
 
-import os
 import sys
 from pathlib import Path
 
@@ -326,11 +325,7 @@ def test_a_history_free_pipeline_never_reads_ids_on_a_device():
     assert device_reads.READS == [] and on_device.device_reads == 0
 
 
-@pytest.mark.skipif(
-    os.environ.get("TRITON_INTERPRET") != "1",
-    reason="the device path through the switch needs Triton's interpreter (TRITON_INTERPRET=1 before "
-    "triton is imported: python/tests/conftest.py sets it in the main venv)",
-)
+@device_reads.needs_interpreter
 @pytest.mark.parametrize("reads", [False, True])
 def test_generate_through_the_switch_reads_once_a_step_only_for_history_readers(monkeypatch, reads):
     """``generate()`` with ``LOGITS_PROCESSING_DEVICE=interpret``: the adapter's device branch on

@@ -12,7 +12,6 @@ examples give it:
 """
 
 import logging
-import os
 
 import pytest
 
@@ -467,11 +466,7 @@ def test_stale_ids_under_a_setting_that_claims_no_overlap_are_refused_not_late(c
     assert "disable_overlap_scheduler" in caplog.text and str(req["id"]) in caplog.text
 
 
-@pytest.mark.skipif(
-    os.environ.get("TRITON_INTERPRET") != "1",
-    reason="the device path through the switch needs Triton's interpreter (TRITON_INTERPRET=1 before "
-    "triton is imported: python/tests/conftest.py sets it in the main venv)",
-)
+@device_reads.needs_interpreter
 @pytest.mark.parametrize("batched", [False, True])
 def test_the_device_path_through_the_switch_gives_the_same_steps(monkeypatch, batched):
     """``LOGITS_PROCESSING_DEVICE=interpret``: the processors' host tensors take the device path

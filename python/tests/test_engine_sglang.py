@@ -355,13 +355,12 @@ def test_dynamo_custom_params_are_read():
 # SGLang's default scheduler samples step t+1 (Scheduler.run_batch -> ModelRunner.sample(
 # logits_output, forward_batch)) before step t's token reaches req.output_ids; that token waits in
 # the scheduler's result_queue, with its copy to the host queued (copy_done). ForwardBatch,
-# Scheduler and Result below carry the fields of SGLang's the adapter reads.
+# CopyDone and Scheduler below carry what the adapter reads of SGLang's.
 
 from collections import deque  # noqa: E402
 from types import SimpleNamespace  # noqa: E402
 
 import device_reads  # noqa: E402
-from sglang.srt.model_executor.forward_batch_info import ForwardMode  # noqa: E402
 
 
 class ForwardBatch:
@@ -369,9 +368,8 @@ class ForwardBatch:
     (``device_reads.OnDevice``: a read of them by the adapter is listed); SGLang keeps a host copy
     of the lengths, ``seq_lens_cpu``."""
 
-    def __init__(self, info, mode, input_ids, seq_lens):
+    def __init__(self, info, input_ids, seq_lens):
         self.sampling_info = info
-        self.forward_mode = mode
         self.input_ids = device_reads.on_device(torch.tensor(input_ids, dtype=torch.int64))
         self.seq_lens = device_reads.on_device(torch.tensor(seq_lens, dtype=torch.int64))
         self.seq_lens_cpu = torch.tensor(seq_lens, dtype=torch.int64)
@@ -423,14 +421,12 @@ def run_overlapped(reqs, steps, logits_for, reads=None):
         if t == 0:
             fb = ForwardBatch(
                 info,
-                ForwardMode.EXTEND,
                 [i for r in live for i in r.origin_input_ids],
                 [len(r.origin_input_ids) for r in live],
             )
         else:
             fb = ForwardBatch(
                 info,
-                ForwardMode.DECODE,
                 [pending[r.rid] for r in live],
                 [len(r.origin_input_ids) + len(r.output_ids) + 1 for r in live],
             )
@@ -498,7 +494,7 @@ def test_a_history_that_cannot_be_completed_finishes_its_request():
     """The forward pass says two ids are missing: nothing can fill them, so a request that reads
     its history finishes with an error instead of running on a wrong one."""
     reader = make_req("r", [1, 2], [{"kind": "no_repeat_ngram", "n": 2}])
-    fb = ForwardBatch(sampling_info([reader]), ForwardMode.DECODE, [9], [5])
+    fb = ForwardBatch(sampling_info([reader]), [9], [5])
     Scheduler().run_batch(fb, torch.randn(1, V))
     assert "could not be completed" in reader.to_finish.message
 

@@ -49,17 +49,6 @@ DYNAMO_UID_KEY = "dynamo_uid"
 #: instead of starting over. Set it to the prompt's length when the request is first sent.
 PROMPT_LEN_KEY = "logits_processing_prompt_len"
 
-def pipeline_reads_history(pipeline: Any) -> bool:
-    """Whether a pipeline (specs, or in-process entries: processor objects and callables) reads
-    the token history: the core decides for specs; a Python processor or callable is given the
-    ids, so it does."""
-    items = pipeline if isinstance(pipeline, (list, tuple)) else [pipeline]
-    data = [p for p in items if isinstance(p, (str, bytes, dict))]
-    if len(data) != len(items):
-        return True
-    return bool(_lib.reads_history(data))
-
-
 #: Serving roles that generate tokens, where processors run.
 GENERATION_ROLES = frozenset({"aggregated", "decode"})
 #: Every role we know. A prefill worker never runs processors.
@@ -147,6 +136,17 @@ def check_in_process_pipeline(pipeline: Any, name: str = "pipeline", *, engine: 
                 f"{type(entry).__name__}"
             )
     return no_caller_mask(pipeline, engine)
+
+
+def pipeline_reads_history(pipeline: Any) -> bool:
+    """Whether a pipeline (specs, or in-process entries: processor objects and callables) reads
+    the token history: the core decides for specs; a Python processor or callable is given the
+    ids, so it does."""
+    items = pipeline if isinstance(pipeline, (list, tuple)) else [pipeline]
+    data = [p for p in items if isinstance(p, (str, bytes, dict))]
+    if len(data) != len(items):
+        return True
+    return bool(_lib.reads_history(data))
 
 
 def _dynamo_entries(payload: Any) -> list:

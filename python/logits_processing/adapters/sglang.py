@@ -103,8 +103,8 @@ def requests_of(
     ``(sequence length, the scheduler's pending result)`` (see :func:`in_flight`). A request
     whose history is one id short of it has that id still in flight (overlap scheduling: the
     previous step's token is appended to ``output_ids`` after this step samples) and gets it
-    appended, read from the pending result. ``reqs``, when
-    given, receives each request id's ``Req``. ``history_lags`` says that ``output_ids`` may
+    appended, read from the pending result. ``reqs``, when given, receives each request id's
+    ``Req``. ``history_lags`` says that ``output_ids`` may
     miss the newest token and nothing tells which (no ``tails``): then every request whose specs
     read the history is finished with an error naming the settings that make it exact."""
     rows: List[Optional[tuple]] = []
@@ -338,10 +338,10 @@ def _tails(
 
 class _Pending:
     """The scheduler's latest result not yet processed (``(batch, result)`` of its
-    ``result_queue``): the tokens it sampled are read to the host once, at the first request
-    that needs one, waiting for their copy (``result.copy_done``, the event SGLang records after
-    queueing it): one wait, for the previous step, a step with a history reader whose token is
-    in flight (:attr:`SGLangLogitProcessor.device_reads` counts it); none otherwise."""
+    ``result_queue``). Its tokens are read at the first request that needs one, once: a wait on
+    ``result.copy_done`` (the event SGLang records after queueing their copy to the host), that
+    is for the previous step, never this one (:attr:`SGLangLogitProcessor.device_reads` counts
+    it). A step that needs none reads nothing."""
 
     def __init__(self, batch: Any, result: Any) -> None:
         self.batch, self.result = batch, result
