@@ -8,7 +8,10 @@ For each of two batches, every row history-free (temperature, top-p) and every r
 history (a repetition penalty before them), it checks every row against the same steps on the
 CPU path, bit for bit, and reports a step's cost beside a copy of the same logits on the device,
 how many steps read ids back from the device, and (on a GPU) whether ``apply`` returned while the
-device was still busy, i.e. did not wait for it.
+device was still busy, i.e. did not wait for it. On a GPU the device is kept busy (``_sleep``)
+when ``apply`` is called, and a step's cost is the device's time from the end of that sleep to the
+end of the processor's work (CUDA events: its kernels and any wait of it, not the sleep); the
+copy is timed the same way. On the CPU both are wall-clock times.
 
 Uses vLLM's own types where vLLM imports; elsewhere (the GPU machine has torch but no vLLM)
 stand-ins of the same names and layout.
@@ -215,6 +218,8 @@ def main() -> int:
         runs = {d: Runner(adapter, torch, d, args.rows, args.vocab, specs, 32, 32 + args.steps + 8)
                 for d in ({device, torch.device("cpu")})}
         mismatched, times, copies, returned_busy = 0, [], [], []
+        if gpu:
+            start, end = (torch.cuda.Event(enable_timing=True) for _ in range(2))
         for step in range(args.steps):
             host = torch.randn(args.rows, args.vocab, generator=generator) * 4
             order = list(range(args.rows))
@@ -222,18 +227,24 @@ def main() -> int:
             want = runs[torch.device("cpu")].step(host.clone(), order) if gpu else None
             logits = host.to(device)
             if gpu:
+                # V2 builds the step's context (its host-to-device copies) before the sampler.
+                context = runs[device].context_for(order)
                 torch.cuda.synchronize(device)
                 torch.cuda._sleep(20_000_000)  # the device is busy when apply is called
-                t0 = time.perf_counter()
-                got = runs[device].proc.apply(logits, runs[device].context_for(order))
+                # Timed on the device from the end of the sleep: the processor's own work, and
+                # any wait of it, on the stream after what came before it.
+                start.record()
+                got = runs[device].proc.apply(logits, context)
                 returned_busy.append(not torch.cuda.current_stream(device).query())
+                end.record()
                 runs[device].post_update(got, order)
                 torch.cuda.synchronize(device)
-                times.append(time.perf_counter() - t0)
-                t0 = time.perf_counter()
+                times.append(start.elapsed_time(end) / 1e3)
+                start.record()
                 logits.clone()
+                end.record()
                 torch.cuda.synchronize(device)
-                copies.append(time.perf_counter() - t0)
+                copies.append(start.elapsed_time(end) / 1e3)
                 mismatched += int(not torch.equal(got.cpu(), want))
             else:
                 t0 = time.perf_counter()

@@ -58,6 +58,23 @@ def test_forced_sequence_and_a_new_prompt_starts_over():
     assert int(step(proc, [1, 9, 9, 9, 9, 9]).argmax()) == 7
 
 
+@pytest.mark.parametrize(
+    "pipeline",
+    [
+        [{"kind": "temperature", "temperature": 0.5}, {"kind": "top_k", "k": 3}],
+        [{"kind": "repetition_penalty", "penalty": 1.5}, {"kind": "no_repeat_ngram", "n": 2}],
+    ],
+)
+def test_no_step_reads_a_device(pipeline):
+    """llama-cpp-python hands host arrays: ``device_reads`` stays 0 at every step, for
+    history-free specs and history readers alike."""
+    proc = LlamaCppLogitsProcessor(pipeline, llama=StandInLlama())
+    ids = [1, 5, 6]
+    for _ in range(3):
+        ids.append(int(step(proc, ids).argmax()))
+        assert proc.device_reads == 0
+
+
 def test_context_from_the_llama_object():
     context = context_from_llama(StandInLlama())
     assert context.vocab_size == VOCAB and context.eos_token_ids == [EOS]

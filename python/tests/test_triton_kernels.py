@@ -274,7 +274,7 @@ def test_hf_generate_takes_its_device_branch_through_the_switch(monkeypatch, lau
         monkeypatch.setenv("LOGITS_PROCESSING_DEVICE", mode)
         processor = HFLogitsProcessor(spec)
         results[mode] = (demo.generate(model, prompts, processor, max_new_tokens=3, sample_seed=3),
-                         processor.host_copies)
+                         processor.device_reads)
     assert results["interpret"][0] == results["auto"][0]
     assert results["auto"][1] == 0 and results["interpret"][1] == 3
     assert len(launches) == 3

@@ -193,6 +193,9 @@ class LlamaCppLogitsProcessor:
             isinstance(self._pipeline, (list, tuple)) and all(isinstance(p, dict) for p in self._pipeline)
         ):
             self.context.validate(self._pipeline)
+        #: Reads from the device (waits, see ``adapters._common``): none, llama-cpp-python
+        #: hands host arrays.
+        self.device_reads = 0
         self.reset()
 
     def reset(self) -> None:

@@ -341,6 +341,9 @@ class VLLMV1LogitsProcessor(_EngineSide, LogitsProcessor):
     def __init__(self, vllm_config: Any, device: torch.device, is_pin_memory: bool) -> None:
         self.device = device
         self._histories: dict[int, _History] = {}
+        #: Reads from the device (waits, see ``adapters._common``): none, the ids are vLLM's
+        #: host lists (its persistent batch's output lists).
+        self.device_reads = 0
         self._start(vllm_config, "v1")
         self.batch = self.context.batch() if self.context is not None else None
         # vLLM versions without needs_output_token_ids() keep real ids under async scheduling
