@@ -58,6 +58,17 @@ def test_forced_sequence_and_a_new_prompt_starts_over():
     assert int(step(proc, [1, 9, 9, 9, 9, 9]).argmax()) == 7
 
 
+def test_a_prompt_that_extends_the_last_output_starts_over():
+    proc = LlamaCppLogitsProcessor(
+        {"kind": "forced_sequence", "token_ids": [7, 8], "eos_token_id": EOS}, llama=StandInLlama()
+    )
+    assert int(step(proc, [1, 5]).argmax()) == 7
+    # The same generation's next call has one id more; a follow-up prompt (the output and more)
+    # has several, and is forced from the start.
+    assert int(step(proc, [1, 5, 7, 20, 21]).argmax()) == 7 and proc.prompt_len == 5
+    assert int(step(proc, [1, 5, 7, 20, 21, 7]).argmax()) == 8 and proc.prompt_len == 5
+
+
 def test_context_from_the_llama_object():
     context = context_from_llama(StandInLlama())
     assert context.vocab_size == VOCAB and context.eos_token_ids == [EOS]
