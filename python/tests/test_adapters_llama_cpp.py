@@ -104,6 +104,30 @@ def test_python_callables_run_in_the_pipeline():
     assert seen == [2] and np.all(row == 2.0)
 
 
+def test_an_error_ends_the_generation_and_is_kept():
+    """llama-cpp-python's callback would print and drop the exception and sample from the row
+    unprocessed: the processor keeps it and allows only EOS for the rest of that generation."""
+    calls = []
+
+    def fails_second(ids, row):
+        calls.append(len(ids))
+        if len(calls) == 2:
+            raise RuntimeError("boom")
+
+    proc = LlamaCppLogitsProcessor(
+        [fails_second, {"kind": "ban_tokens", "token_ids": [9]}], llama=StandInLlama()
+    )
+    row = step(proc, [1, 5])
+    assert proc.error is None and np.isneginf(row[9]) and np.isneginf(row).sum() == 1
+    for ids in ([1, 5, 7], [1, 5, 7, EOS]):
+        row = step(proc, ids)
+        assert int(row.argmax()) == EOS and np.isneginf(row).sum() == VOCAB - 1
+        assert "RuntimeError('boom')" in str(proc.error)  # the library's ProcessorError, naming it
+    assert calls == [2, 3]  # not called again once the generation has failed
+    step(proc, [1, 6])  # a new generation clears it
+    assert proc.error is None and calls == [2, 3, 2]
+
+
 def test_importing_the_adapter_imports_no_engine():
     code = (
         "import sys, logits_processing.adapters.llama_cpp\n"

@@ -300,6 +300,23 @@ def test_text_specs_are_encoded_by_llama_cpp_with_a_tokenizer_for_token_texts(ll
     assert context.vocab is not None and context.vocab.vocab_size == llm.n_vocab()
 
 
+def test_an_error_in_the_pipeline_ends_the_generation_and_is_kept(llm, context):
+    """llama-cpp-python would print and drop the exception and go on sampling unprocessed rows:
+    the generation ends at EOS instead, the error kept on the processor."""
+    prompt_len = len(llm.tokenize(PROMPT.encode()))
+
+    def fails_third(input_ids, row):
+        if len(input_ids) == prompt_len + 2:
+            raise RuntimeError("boom")
+
+    proc = LlamaCppLogitsProcessor(
+        [fails_third, {"kind": "temperature", "temperature": 0.5}], context=context
+    )
+    _, tokens, _, finish = generate(llm, [proc], via="completion")
+    assert finish == "stop" and len(tokens) == 3 and tokens[-1] == llm.token_eos()
+    assert "RuntimeError('boom')" in str(proc.error)
+
+
 def test_bad_spec_is_refused_before_generation(llm, context):
     from logits_processing import SpecError
 

@@ -165,6 +165,12 @@ class LlamaCppLogitsProcessor:
     call's ids and one more token reads as the same generation: :meth:`reset` starts over
     explicitly.
 
+    An exception raised while a row is processed (by a Python processor in the pipeline, say)
+    cannot reach the caller: llama-cpp-python's callback prints and drops it, and would sample
+    from the unprocessed row. The processor keeps it as :attr:`error` instead and makes every
+    later row of that generation allow only EOS, so the generation ends there; a new generation
+    clears it.
+
     Args:
         pipeline: a JSON text, a spec dict, or a list of spec dicts, processor objects and
             callables ``(input_ids, logits_row) -> None``.
@@ -214,6 +220,7 @@ class LlamaCppLogitsProcessor:
         self._last_ids: Optional[list] = None
         self.prompt_len: Optional[int] = None
         self._row = None
+        self.error: Optional[BaseException] = None
 
     def _continues(self, ids: Any) -> bool:
         """Whether ``ids`` are the previous call's and the one token sampled after them:
@@ -230,18 +237,31 @@ class LlamaCppLogitsProcessor:
         if not self._continues(ids):
             batch = self.context.batch(self.context.vocab_size or scores.shape[-1])
             batch.add(0, self._pipeline, prompt_len=len(ids))
-            self._batch, self.prompt_len = batch, len(ids)
+            self._batch, self.prompt_len, self.error = batch, len(ids), None
         # A copy: llama-cpp-python passes a view of its own buffer, which it writes on.
         self._last_ids = ids.copy()
         if scores.dtype == np.float32 and scores.flags.c_contiguous:
-            # A [1, vocab] view of the caller's row: edited in place, no copy.
-            self._batch.apply(scores.reshape(1, -1), [ids])
-            return scores
-        # llama-cpp-python (0.3) runs the processors as the first sampler of its chain, on the
-        # logit column of its candidate array (every id, in id order): a strided view, which it
-        # overwrites with what is returned. The row is copied into one buffer, reused each step.
-        if self._row is None or self._row.shape != scores.shape:
-            self._row = np.empty(scores.shape, dtype=np.float32)
-        np.copyto(self._row, scores)
-        self._batch.apply(self._row.reshape(1, -1), [ids])
-        return self._row
+            row = scores  # edited in place, no copy
+        else:
+            # llama-cpp-python (0.3) runs the processors as the first sampler of its chain, on
+            # the logit column of its candidate array (every id, in id order): a strided view,
+            # which it overwrites with what is returned. The row is copied into one buffer,
+            # reused each step.
+            if self._row is None or self._row.shape != scores.shape:
+                self._row = np.empty(scores.shape, dtype=np.float32)
+            np.copyto(self._row, scores)
+            row = self._row
+        if self.error is None:
+            try:
+                self._batch.apply(row.reshape(1, -1), [ids])
+                return row
+            except Exception as error:
+                # Raised here, it would reach llama-cpp-python's ctypes callback, which prints
+                # and drops it and samples from the row unprocessed: the generation ends instead.
+                self.error = error
+        eos = self.context.eos_token_ids
+        if not eos:
+            raise self.error
+        row[:] = -np.inf
+        row[eos[0]] = 0.0
+        return row
