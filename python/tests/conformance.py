@@ -829,9 +829,9 @@ def table(records: Dict[str, dict]) -> str:
         "",
         "llama.cpp runs the same weights written as an F32 GGUF (`conformance.write_gguf`: tensors",
         "and vocab as llama.cpp's `convert_hf_to_gguf.py` writes them), its KV cache in F32. At every",
-        "step of the requests without specs its raw logits must be transformers' within "
-        f"{LOGIT_BOUND:g}, and the",
-        "top two further apart than twice that, so greedy decoding cannot part on these prompts.",
+        f"step of the requests without specs its {TOP_LOGITS} highest raw logits must be transformers'",
+        f"within {LOGIT_BOUND:g} and the top two further apart than twice the gap, so greedy decoding",
+        "cannot part on these prompts (test_conformance.py).",
         "",
         "| engine | versions | how the specs travel |",
         "| --- | --- | --- |",

@@ -125,8 +125,8 @@ def test_every_engine_gives_what_the_specs_demand(records, tokenizer):
 def test_llamacpp_logits_are_transformers_within_a_bound_below_the_margins(records, tokenizer):
     """llama.cpp runs the same weights (an F32 GGUF): at every step of the requests without
     specs, its highest raw logits are transformers' (teacher-forced on llama.cpp's tokens) within
-    ``LOGIT_BOUND``, and the top two of every step lie further apart than twice that, so greedy
-    decoding cannot part on these prompts."""
+    ``LOGIT_BOUND``, and the top two of every step lie further apart than twice the largest gap
+    found, so greedy decoding cannot part on these prompts."""
     if "llamacpp" not in records:
         pytest.skip("no llama.cpp record (scripts/test-engines.sh llamacpp makes it)")
     import torch
