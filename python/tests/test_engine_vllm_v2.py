@@ -909,7 +909,7 @@ def test_speculative_rows_of_the_kinds_that_observe_the_pass_resume_from_the_acc
 
     for name, specs in kinds.items():
 
-        def make():
+        def make(name=name, specs=specs):
             return [Request(f"{name}.{i}", [1, 2 + i, 3], specs, max_tokens=24) for i in range(4)]
 
         reference, outputs, spec, _, plain = _compare(make, preempt=set())
@@ -918,6 +918,48 @@ def test_speculative_rows_of_the_kinds_that_observe_the_pass_resume_from_the_acc
         for key in same:
             assert torch.equal(spec.rows[key], plain.rows[key]), key
         assert len(same) >= 20 and spec.rejected >= 10, (name, len(same), spec.accepted, spec.rejected)
+
+
+def test_a_v2_call_reads_the_device_back_once_at_most(monkeypatch):
+    """Every way a V2 call can read a device tensor on the host (each one a wait for the device)
+    is counted while the processor runs: with drafts or without, chunked calls, prefill rows,
+    history-free and history-reading rows, a call reads back at most once, and ``device_reads``
+    counts exactly those reads (the draft ids, the local positions, ``total_len`` and the new
+    committed ids all come back together)."""
+    calls, reads, inside = [], [], [False]
+
+    def counting(name):
+        original = getattr(torch.Tensor, name)
+
+        def read(self, *args, **kwargs):
+            if inside[0]:
+                reads.append(name)
+            return original(self, *args, **kwargs)
+
+        return read
+
+    for name in ("tolist", "item", "numpy", "cpu", "__int__", "__float__", "__bool__", "__index__"):
+        monkeypatch.setattr(torch.Tensor, name, counting(name))
+    apply = adapter.VLLMV2LogitsProcessor.apply
+
+    def counted(self, logits, ctx):
+        counted, host = self.device_reads, len(reads)
+        inside[0] = True
+        try:
+            return apply(self, logits, ctx)
+        finally:
+            inside[0] = False
+            calls.append((len(reads) - host, self.device_reads - counted))
+
+    monkeypatch.setattr(adapter.VLLMV2LogitsProcessor, "apply", counted)
+    names = ["temperature", "top_p", "repetition_penalty", "mirostat", "no_repeat_ngram", "none"]
+
+    def make():
+        return [Request(name, [1, 2, 3], PIPELINES[name], max_tokens=10) for name in names]
+
+    _compare(make, prefill_chunks={"top_p", "mirostat"}, preempt={"no_repeat_ngram"})
+    assert all(host == counted <= 1 for host, counted in calls), calls
+    assert sum(counted for _, counted in calls) > 20, calls
 
 
 def test_speculative_grammars_and_tokenizer_kinds_equal_those_without():

@@ -70,7 +70,12 @@ impl Drafts {
 
     /// Before a plan of `ids`: resumes from the kept plan whose ids are `ids` but the last, when
     /// it is not the last plan.
-    pub fn before_plan(&mut self, ids: &dyn TokenHistory, steps: &mut [Step], stages: &mut [Stage]) {
+    pub fn before_plan(
+        &mut self,
+        ids: &dyn TokenHistory,
+        steps: &mut [Step],
+        stages: &mut [Stage],
+    ) {
         self.settle();
         let n = ids.token_count();
         let base = self

@@ -57,8 +57,8 @@ pub use plan::{
 };
 pub use processors::{
     canonical_order, check_order, check_prompt_len, get_thinking_token_config, hello_world,
-    process_row, register_thinking_token_config, BanTokens, Checkpoint, ForcedSequence,
-    LogitBias, LogitsProcessor, Position, Temperature, TextEncoder, ThinkingBudget, ThinkingTokenConfig,
+    process_row, register_thinking_token_config, BanTokens, Checkpoint, ForcedSequence, LogitBias,
+    LogitsProcessor, Position, Temperature, TextEncoder, ThinkingBudget, ThinkingTokenConfig,
 };
 pub use spec::{parse_pipeline, reads_history, EngineContext, Kind, KindSpec, ProcessorSpec};
 #[cfg(feature = "tokenizers")]

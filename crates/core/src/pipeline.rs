@@ -191,6 +191,26 @@ impl Pipeline {
     /// ([`LogitsProcessor::checkpoint`]) from what was kept after that plan and its pass (the
     /// last `speculative_tokens + 2` plans are kept), the others by reading the ids again. 0 (the
     /// default): nothing is kept. Given by [`EngineContext::speculative_tokens`].
+    ///
+    /// ```
+    /// use logits_processing::{EngineContext, Pipeline, ProcessorSpec};
+    /// let specs = [ProcessorSpec::parse(r#"{"kind": "mirostat", "tau": 1.0, "eta": 0.5}"#)?];
+    /// let drafting = EngineContext { speculative_tokens: 1, ..Default::default() };
+    /// let mut speculative = Pipeline::from_specs(&specs, &drafting, 0)?;
+    /// let mut plain = Pipeline::from_specs(&specs, &EngineContext::default(), 0)?;
+    /// let row = |one: f32| [0.0f32, one, 2.0, 0.5];
+    /// // The committed ids [7], and a row for the draft 1 after them.
+    /// speculative.process(&[7u32], &mut row(1.0))?;
+    /// speculative.process(&[7u32, 1], &mut row(2.0))?;
+    /// plain.process(&[7u32], &mut row(1.0))?;
+    /// // The engine rejects the draft and samples 2: mu is read from the pass of the first row.
+    /// let (mut a, mut b) = (row(3.0), row(3.0));
+    /// speculative.process(&[7u32, 2], &mut a)?;
+    /// plain.process(&[7u32, 2], &mut b)?;
+    /// assert_eq!(a, b);
+    /// assert_eq!(a.iter().filter(|x| x.is_finite()).count(), 2);
+    /// # Ok::<(), logits_processing::Error>(())
+    /// ```
     pub fn with_speculative_tokens(mut self, speculative_tokens: usize) -> Self {
         self.drafts = Drafts::new(speculative_tokens);
         self

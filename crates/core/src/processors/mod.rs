@@ -196,13 +196,10 @@ pub(crate) static KINDS: &[Kind] = &[
     Kind::new::<ForcedSequenceSpec>("forced_sequence"),
     Kind::new::<HelloWorldSpec>("hello_world"),
     // logits-processor-zoo's forcing kinds: their triggers read the row the kinds above left.
-    Kind::new::<ForceLastPhraseSpec>("force_last_phrase")
-        .editing_on_host(),
+    Kind::new::<ForceLastPhraseSpec>("force_last_phrase").editing_on_host(),
     Kind::new::<MaxTimeSpec>("max_time"),
-    Kind::new::<TriggerPhraseSpec>("trigger_phrase")
-        .editing_on_host(),
-    Kind::new::<PreventHallucinationSpec>("prevent_hallucination")
-        .editing_on_host(),
+    Kind::new::<TriggerPhraseSpec>("trigger_phrase").editing_on_host(),
+    Kind::new::<PreventHallucinationSpec>("prevent_hallucination").editing_on_host(),
     // (User processors go here: see `USER_STEPS_BEFORE`.)
     Kind::new::<ThinkingBudgetSpec>("thinking_budget"),
     // Value transforms that read the row: quadratic smoothing before any temperature, as
@@ -254,8 +251,7 @@ pub(crate) static KINDS: &[Kind] = &[
         .truncating()
         .editing_on_host(),
     // adaptive-p last too, as llama.cpp chains it: its next step reads the row its pass read.
-    Kind::new::<AdaptivePSpec>("adaptive_p")
-        .editing_on_host(),
+    Kind::new::<AdaptivePSpec>("adaptive_p").editing_on_host(),
     // The watermark after every warper, as transformers runs it: its bias is the last word on
     // the row the sampler reads, and the self-hash scheme reads the row they left.
     Kind::new::<WatermarkSpec>("watermark").editing_on_host(),

@@ -185,7 +185,11 @@ impl LogitsProcessor for PreventHallucination {
     }
 
     fn checkpoint(&self) -> Option<Checkpoint> {
-        Some(Checkpoint::new((self.runs.saved(), self.count, self.watching)))
+        Some(Checkpoint::new((
+            self.runs.saved(),
+            self.count,
+            self.watching,
+        )))
     }
 
     fn restore(&mut self, checkpoint: &Checkpoint) {

@@ -1178,7 +1178,7 @@ proptest! {
 }
 
 /// The kinds that keep a checkpoint need one: for some spec and rows, the second step depends
-/// on the first step's row.
+/// on the first step's row. docs/core.md's "Draft rows" names them.
 #[test]
 fn kinds_that_keep_a_checkpoint_depend_on_the_rows_before() {
     use proptest::strategy::ValueTree;
@@ -1191,6 +1191,13 @@ fn kinds_that_keep_a_checkpoint_depend_on_the_rows_before() {
         })
         .collect();
     assert!(keeping.contains(&"mirostat"), "{keeping:?}");
+    let page = include_str!("../../../../docs/core.md");
+    let mut named = kinds_listed(page, "which no id gives back:", "Their processors");
+    named.retain(|name| kind(name).is_some());
+    named.sort();
+    let mut sorted = keeping.clone();
+    sorted.sort();
+    assert_eq!(named, sorted, "docs/core.md's Draft rows");
     let rows =
         proptest::collection::vec(proptest::collection::vec(-8.0f32..8.0, VOCAB as usize), 3);
     for name in keeping {
@@ -1276,11 +1283,12 @@ proptest! {
             // Each row after the drafts before it; a draft is the row's pick, or a wrong one.
             let mut history = ids.clone();
             let mut rows = vec![];
+            let mut wrong = wrong.into_iter();
             for j in 0..=count {
                 let mut row = row_after(&history, seed);
                 drafting.process(&history, &mut row).unwrap();
                 if j < count {
-                    history.push(wrong[j].unwrap_or_else(|| argmax(&row)));
+                    history.push(wrong.next().flatten().unwrap_or_else(|| argmax(&row)));
                 }
                 rows.push(row);
             }
