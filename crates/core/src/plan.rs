@@ -591,6 +591,13 @@ impl RowPlan {
             })
     }
 
+    /// Swaps what the last pass observed (what [`RowPlan::observed`] and [`RowPlan::fired`] read)
+    /// with `kept`: a pipeline planning draft rows keeps each depth's and puts back the one the
+    /// engine's accepted tokens resume from.
+    pub(crate) fn swap_observations(&mut self, kept: &mut Observations) {
+        std::mem::swap(&mut self.observations, &mut kept.0);
+    }
+
     /// Keeps, for an observing truncation at `edit`, the probabilities of the tokens `band`
     /// keeps in `values` (`exp(x - max)` over their sum, in f64, rounded to f32).
     fn observe(&mut self, edit: usize, rule: Truncation, values: &[f32], band: Band) {
@@ -1040,6 +1047,10 @@ impl RowPlan {
 /// What an observing edit's pass left for its processor: the edit's index, the edit, and what it
 /// saw.
 type Observation = (usize, Edit, Observed);
+
+/// What one pass observed, out of its plan ([`RowPlan::swap_observations`]).
+#[derive(Default)]
+pub(crate) struct Observations(Vec<Observation>);
 
 enum Observed {
     /// A truncation's kept tokens, each with its probability among them, by token.

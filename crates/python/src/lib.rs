@@ -150,42 +150,11 @@ fn needs_token_texts(specs: &Bound<'_, PyAny>) -> PyResult<bool> {
     }))
 }
 
-/// Whether any of `specs` reads what its previous step's pass saw (mirostat's ``mu`` and
-/// adaptive-p's moving average take the sampled token's probability from it; ``trigger_phrase``,
-/// ``force_last_phrase`` and ``prevent_hallucination`` whether their trigger held): such state
-/// is not a function of the ids alone, so a row planned for a draft token the engine rejects
-/// cannot be taken back from the ids, and vLLM's Model Runner V2 refuses these specs under
-/// speculative decoding. The kind's registry entry answers (see :func:`kind_info`).
-///
-/// Args:
-///     specs: JSON text (one spec object or a list), a dict, or a list of dicts / JSON texts.
-///
-/// Raises:
-///     SpecError: for a spec that does not parse, naming the field.
-///
-/// Example:
-///     >>> from logits_processing import observes_pass
-///     >>> observes_pass([{"kind": "temperature", "temperature": 0.7}, {"kind": "top_k", "k": 5}])
-///     False
-///     >>> observes_pass({"kind": "mirostat", "tau": 5.0})
-///     True
-#[pyfunction]
-fn observes_pass(specs: &Bound<'_, PyAny>) -> PyResult<bool> {
-    let entries = specs::entries_any_order(specs, false)?;
-    Ok(entries.iter().any(|(_, entry)| match entry {
-        specs::Entry::Specs(specs) => specs
-            .iter()
-            .any(logits_processing::ProcessorSpec::observes_pass),
-        _ => false,
-    }))
-}
-
 /// What the registered kind `name` is, as its registry entry says: whether its specs read the
 /// request's ids (``reads_history``), whether it allows only some tokens whatever their logits
 /// (``masks``: listed before any truncation), whether it cuts a row by its values
 /// (``truncates``), whether its specs can need the engine's token texts
-/// (``needs_token_texts``), and whether its next step reads what its previous step's pass saw
-/// (``observes_pass``, see :func:`observes_pass`), and whether some of its steps hold an edit
+/// (``needs_token_texts``), and whether some of its steps hold an edit
 /// the device kernels do not carry out (``edits_on_host``: on a GPU those steps take the host
 /// round trip, docs/cuda.md). Whether a spec needs ``prompt_len`` depends on its fields: ask
 /// :func:`needs_prompt_len`.
@@ -194,7 +163,7 @@ fn observes_pass(specs: &Bound<'_, PyAny>) -> PyResult<bool> {
 ///     name (str): A kind, as :func:`kinds` lists them.
 ///
 /// Returns:
-///     dict[str, bool]: the six answers.
+///     dict[str, bool]: the five answers.
 ///
 /// Raises:
 ///     SpecError: for a name that is not a registered kind, listing them.
@@ -202,7 +171,7 @@ fn observes_pass(specs: &Bound<'_, PyAny>) -> PyResult<bool> {
 /// Example:
 ///     >>> from logits_processing import kind_info
 ///     >>> kind_info("top_p")
-///     {'reads_history': False, 'masks': False, 'truncates': True, 'needs_token_texts': False, 'observes_pass': False, 'edits_on_host': False}
+///     {'reads_history': False, 'masks': False, 'truncates': True, 'needs_token_texts': False, 'edits_on_host': False}
 ///     >>> kind_info("ban_strings")["needs_token_texts"]
 ///     True
 #[pyfunction]
@@ -219,7 +188,6 @@ fn kind_info<'py>(py: Python<'py>, name: &str) -> PyResult<Bound<'py, pyo3::type
     info.set_item("masks", kind.masks())?;
     info.set_item("truncates", kind.truncates())?;
     info.set_item("needs_token_texts", kind.needs_token_texts())?;
-    info.set_item("observes_pass", kind.observes_pass())?;
     info.set_item("edits_on_host", kind.edits_on_host())?;
     Ok(info)
 }
@@ -427,7 +395,6 @@ fn _lib(m: &Bound<'_, PyModule>) -> PyResult<()> {
     m.add_function(wrap_pyfunction!(specs::refuse_caller_mask_py, m)?)?;
     m.add_function(wrap_pyfunction!(needs_prompt_len, m)?)?;
     m.add_function(wrap_pyfunction!(needs_token_texts, m)?)?;
-    m.add_function(wrap_pyfunction!(observes_pass, m)?)?;
     m.add_function(wrap_pyfunction!(kind_info, m)?)?;
     m.add_function(wrap_pyfunction!(kinds, m)?)?;
     m.add_function(wrap_pyfunction!(canonical_order, m)?)?;
