@@ -53,8 +53,8 @@ pub use history::TokenHistory;
 pub use logit::{DType, Logit};
 pub use pipeline::{has_finite_logit, Pipeline, PipelineEntry, Stage, Step};
 pub use plan::{
-    Band, Bitmask, Edit, ForcedValue, MaskId, Reshape, RowPlan, Shape, Trigger, Truncation,
-    WholeRow,
+    Band, Bitmask, DevicePass, Edit, ForcedValue, MaskId, Reshape, RowPlan, Shape, Trigger,
+    Truncation, WholeRow,
 };
 pub use processors::{
     canonical_order, check_order, check_prompt_len, get_thinking_token_config, hello_world,

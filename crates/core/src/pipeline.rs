@@ -468,6 +468,15 @@ impl Pipeline {
         &self.stages
     }
 
+    /// The plan of stage `stage` as last planned (`None` for an external step), to record what a
+    /// pass carried out elsewhere resolved ([`RowPlan::record_device_pass`]).
+    pub fn plan_mut(&mut self, stage: usize) -> Option<&mut RowPlan> {
+        match self.stages.get_mut(stage)? {
+            Stage::Plan(plan) => Some(plan),
+            Stage::External(_) => None,
+        }
+    }
+
     /// Applies the last plan to `row`, calling `external` for each external step in its place.
     /// The plan must have been validated against the row's length
     /// ([`Pipeline::validate_plans`]).

@@ -544,14 +544,11 @@ impl RowPlan {
     }
 
     /// Whether the plan holds an edit only the CPU path carries out: an [`Edit::Reshape`], a
-    /// SynthID watermark's [`Edit::Whole`], an [`Edit::BiasLargest`], an [`Edit::ForceIf`], or a
-    /// truncation rule the device's band kernel does not have ([`Truncation::on_cpu_only`]).
+    /// SynthID watermark's [`Edit::Whole`], an [`Edit::BiasLargest`], or a truncation rule the
+    /// device's band kernel does not have ([`Truncation::on_cpu_only`]).
     pub fn cpu_only(&self) -> bool {
         self.edits.iter().any(|e| match e {
-            Edit::Reshape(_)
-            | Edit::ForceIf { .. }
-            | Edit::Whole(WholeRow::SynthId(_))
-            | Edit::BiasLargest { .. } => true,
+            Edit::Reshape(_) | Edit::Whole(WholeRow::SynthId(_)) | Edit::BiasLargest { .. } => true,
             Edit::Truncate(rule) => rule.on_cpu_only(),
             _ => false,
         })
@@ -589,6 +586,35 @@ impl RowPlan {
                 Observed::Fired(fired) if *at == edit && r == rule => Some(*fired),
                 _ => None,
             })
+    }
+
+    /// Forgets what the last pass resolved (its bands, shapes and observations), before a pass
+    /// carried out elsewhere (the device's) records its own ([`RowPlan::record_device_pass`]).
+    pub fn begin_device_pass(&mut self) {
+        self.bands.clear();
+        self.shapes.clear();
+        self.observations.clear();
+        self.largest.clear();
+    }
+
+    /// Records what a pass carried out elsewhere (the device's kernels, read back) resolved at
+    /// the observing edit `edit`, as [`RowPlan::resolve_truncations`] keeps it for the
+    /// processor's next step: whether an [`Edit::ForceIf`] fired, or an observing truncation's
+    /// band over `values`, the row as it stood there. Anything else is ignored.
+    pub fn record_device_pass(&mut self, edit: usize, pass: DevicePass<'_>) {
+        match (self.edits.get(edit).copied(), pass) {
+            (Some(rule @ Edit::ForceIf { .. }), DevicePass::Fired(fired)) => {
+                self.observations.push((edit, rule, Observed::Fired(fired)));
+                if fired {
+                    self.bands.push((edit, Band::FIRED));
+                }
+            }
+            (Some(Edit::Truncate(rule)), DevicePass::Band { values, band }) if rule.observes() => {
+                self.observe(edit, rule, values, band);
+                self.bands.push((edit, band));
+            }
+            _ => {}
+        }
     }
 
     /// Swaps what the last pass observed (what [`RowPlan::observed`] and [`RowPlan::fired`] read)
@@ -1047,6 +1073,16 @@ impl RowPlan {
 /// What an observing edit's pass left for its processor: the edit's index, the edit, and what it
 /// saw.
 type Observation = (usize, Edit, Observed);
+
+/// What a pass carried out elsewhere (the device's) resolved at an observing edit
+/// ([`RowPlan::record_device_pass`]).
+#[derive(Debug, Clone, Copy)]
+pub enum DevicePass<'a> {
+    /// Whether an [`Edit::ForceIf`]'s condition held.
+    Fired(bool),
+    /// An observing truncation's band, over the row as it stood there.
+    Band { values: &'a [f32], band: Band },
+}
 
 /// What one pass observed, out of its plan ([`RowPlan::swap_observations`]).
 #[derive(Default)]

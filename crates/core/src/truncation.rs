@@ -182,7 +182,7 @@ impl Truncation {
     }
 
     /// Whether only the CPU path has this rule (the device's band kernel has top-k, top-p, min-p,
-    /// typical, epsilon, eta, top-a and XTC).
+    /// typical, epsilon, eta, top-a, XTC and mirostat 2).
     pub fn on_cpu_only(&self) -> bool {
         matches!(
             self,
@@ -191,7 +191,6 @@ impl Truncation {
                 | Truncation::TopH { .. }
                 | Truncation::TailFree { .. }
                 | Truncation::MirostatV1 { .. }
-                | Truncation::MirostatV2 { .. }
         )
     }
 

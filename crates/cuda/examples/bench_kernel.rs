@@ -116,7 +116,9 @@ fn measure(
     // Warm-up: loads the kernels, grows the staging buffers.
     for _ in 0..3 {
         // SAFETY: `data` covers the layout; the stream is live.
-        unsafe { applier.apply_plans(&listed, ptr, DType::F32, layout, VOCAB, stream.raw())? };
+        unsafe {
+            applier.apply_plans(&listed, ptr, DType::F32, layout, VOCAB, stream.raw(), None)?
+        };
     }
     let ours_us = stream.time_us(
         calls,
@@ -124,7 +126,7 @@ fn measure(
         &mut || data.copy_from_async(&master, stream),
         // SAFETY: as above.
         &mut || unsafe {
-            applier.apply_plans(&listed, ptr, DType::F32, layout, VOCAB, stream.raw())
+            applier.apply_plans(&listed, ptr, DType::F32, layout, VOCAB, stream.raw(), None)
         },
     )?;
     let copy_us = stream.time_us(calls, blocks, &mut || Ok(()), &mut || {

@@ -8,7 +8,7 @@ use logits_processing::{Batch, BatchLayout, DType, RowPlan};
 
 use crate::driver::{self, check, CurrentContext, Kernel, Kernels};
 use crate::packed::{level_externals, level_plans, levels, tiles_per_row, PackedPlans};
-use crate::CudaError;
+use crate::{CudaError, Readback};
 
 /// A staging area for one step's packed plans: pinned host memory, the device copy the kernel
 /// reads, and an event recorded after the launch. Reused only once the event has completed, so a
@@ -107,6 +107,10 @@ impl CudaBatchApplier {
     /// Errors (nothing is queued): a null or misaligned pointer, a row outside `layout` or listed
     /// twice, a stride below the vocab, a plan naming a token outside the vocab, a driver error.
     ///
+    /// What the kernels resolve for the processors' next step (a conditional force's outcome,
+    /// mirostat's kept probabilities) is read back into `readback` when given (collect it before
+    /// the next plan: [`Readback::collect_batch`]), else not kept.
+    ///
     /// # Safety
     /// `logits` must be a live device allocation on this device, in its primary context (torch's),
     /// covering `layout` (`layout.required_len(vocab_size)` elements of `dtype`), and `stream` a
@@ -120,24 +124,36 @@ impl CudaBatchApplier {
         layout: BatchLayout,
         vocab_size: usize,
         stream: u64,
+        mut readback: Option<&mut Readback>,
     ) -> Result<(), CudaError> {
-        self.apply_rows(
-            || plans.iter().copied(),
-            logits,
-            dtype,
-            layout,
-            vocab_size,
-            stream,
-        )
+        uncollected(readback.as_deref())?;
+        let result = self
+            .apply_rows(
+                || plans.iter().copied(),
+                logits,
+                dtype,
+                layout,
+                vocab_size,
+                stream,
+                readback.as_deref_mut().map(|r| (r, 0)),
+            )
+            .and_then(|()| record(self.kernels.ctx, stream, readback.as_deref_mut()));
+        if let (Err(_), Some(readback)) = (&result, readback) {
+            readback.discard();
+        }
+        result
     }
 
     /// A planned batch (after [`Batch::plan`]): stage by stage, one launch per stage level (the
     /// k-th stage of every row whose k-th stage is a plan), and `external(row, key)` for each
     /// external step in its place, after the launch of its level (the callback edits that row on
-    /// the same stream). Levels with no plan launch nothing.
+    /// the same stream). Levels with no plan launch nothing. What the processors read at their
+    /// next step is read back into `readback`: collect it ([`Readback::collect_batch`]) before
+    /// the batch is planned again or its rows change; on an error, it holds nothing.
     ///
     /// # Safety
     /// As for [`CudaBatchApplier::apply_plans`], with the batch's vocab size.
+    #[allow(clippy::too_many_arguments)]
     pub unsafe fn apply_batch(
         &mut self,
         batch: &mut Batch,
@@ -146,23 +162,32 @@ impl CudaBatchApplier {
         layout: BatchLayout,
         stream: u64,
         external: &mut dyn FnMut(usize, u64) -> Result<(), CudaError>,
+        readback: &mut Readback,
     ) -> Result<(), CudaError> {
+        uncollected(Some(readback))?;
         let vocab = batch.vocab_size();
         batch.check_layout(layout.required_len(vocab), layout)?;
-        for level in 0..levels(batch) {
-            self.apply_rows(
-                || level_plans(batch, level),
-                logits,
-                dtype,
-                layout,
-                vocab,
-                stream,
-            )?;
-            for (row, key) in level_externals(batch, level) {
-                external(row, key)?;
+        let result = (|| {
+            for level in 0..levels(batch) {
+                self.apply_rows(
+                    || level_plans(batch, level),
+                    logits,
+                    dtype,
+                    layout,
+                    vocab,
+                    stream,
+                    Some((&mut *readback, level)),
+                )?;
+                for (row, key) in level_externals(batch, level) {
+                    external(row, key)?;
+                }
             }
+            record(self.kernels.ctx, stream, Some(&mut *readback))
+        })();
+        if result.is_err() {
+            readback.discard();
         }
-        Ok(())
+        result
     }
 
     #[allow(clippy::too_many_arguments)]
@@ -174,6 +199,7 @@ impl CudaBatchApplier {
         layout: BatchLayout,
         vocab_size: usize,
         stream: u64,
+        readback: Option<(&mut Readback, usize)>,
     ) -> Result<(), CudaError>
     where
         F: Fn() -> I,
@@ -206,10 +232,12 @@ impl CudaBatchApplier {
                 ))
             })?;
         let bytes = self.packed.words().len() * 4;
+        // The device buffer also holds the snapshots the band kernel writes after the words.
+        let capacity = bytes + self.packed.snapshot_words() * 4;
 
         let _current = CurrentContext::push(self.kernels.ctx)?;
         let stream = stream as cu::CUstream;
-        let slot = self.acquire(bytes)?;
+        let slot = self.acquire(capacity)?;
         let slot = &self.slots[slot];
         // The slot is idle: neither a copy nor a kernel reads it any more.
         std::ptr::copy_nonoverlapping(self.packed.words().as_ptr().cast::<u8>(), slot.host, bytes);
@@ -255,6 +283,9 @@ impl CudaBatchApplier {
             (&mut profile as *mut u64).cast(),
         ];
         launch(apply, blocks as u32, stream, &mut params)?;
+        if let Some((readback, level)) = readback {
+            readback.copy_from_device(level, &self.packed, vocab_size, slot.device, stream)?;
+        }
         check(cu::cuEventRecord(slot.event, stream), "cuEventRecord")?;
         Ok(())
     }
@@ -298,13 +329,38 @@ impl CudaBatchApplier {
     }
 }
 
-/// Queues `function` on `stream`: `blocks` blocks of [`THREADS`] threads.
+/// A readback holding a step nobody collected is refused: its outcomes would be lost.
+fn uncollected(readback: Option<&Readback>) -> Result<(), CudaError> {
+    match readback {
+        Some(r) if r.is_armed() => Err(CudaError::InvalidArgument(
+            "the previous step's readback was not collected (Readback::collect_batch)".into(),
+        )),
+        _ => Ok(()),
+    }
+}
+
+/// Records the readback's event after the step's copies.
 ///
 /// # Safety
-/// A context is current, and `params` match the kernel's parameters.
-/// # Safety
+/// `stream` is a live stream of `ctx` (or 0).
+unsafe fn record(
+    ctx: cu::CUcontext,
+    stream: u64,
+    readback: Option<&mut Readback>,
+) -> Result<(), CudaError> {
+    match readback {
+        Some(readback) => {
+            let _current = CurrentContext::push(ctx)?;
+            readback.record(ctx, stream as cu::CUstream)
+        }
+        None => Ok(()),
+    }
+}
+
+/// Queues `kernel` on `stream`: `blocks` programs of its threads.
 ///
-/// `params` point to live values of the kernel's parameters, in order.
+/// # Safety
+/// A context is current, and `params` point to live values of the kernel's parameters, in order.
 unsafe fn launch(
     kernel: Kernel,
     blocks: u32,

@@ -25,6 +25,7 @@ mod driver;
 mod error;
 mod images;
 pub mod packed;
+mod readback;
 pub mod round_trip;
 mod self_check;
 #[doc(hidden)]
@@ -32,6 +33,7 @@ pub mod testing;
 
 pub use applier::CudaBatchApplier;
 pub use error::CudaError;
+pub use readback::Readback;
 
 /// The kernels' images this build carries, for a person: `"sm_80, sm_90, sm_100 cubins and
 /// compute_75 PTX (Triton 3.9.0)"`.

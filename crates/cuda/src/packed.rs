@@ -42,8 +42,11 @@
 //! Records, which the band kernel (`lp_bands`, one program per row with a reduction) writes while
 //! it resolves the row's reductions in order, each over the row as it stands there, and the apply
 //! kernel (and the later reductions) read:
-//! - band ([`BAND_WORDS`]): `[lo, hi, rule, parameter, min_keep, extra]` (`extra`: the high word of
-//!   mirostat 2's f64 factor, whose low word is `parameter`);
+//! - band ([`BAND_WORDS`]): `[lo, hi, rule, parameter, min_keep, extra, snapshot]` (`extra`: the
+//!   high word of mirostat 2's f64 factor, whose low word is `parameter`; `snapshot`: for a rule
+//!   whose processor reads its pass at the next step (mirostat), the word offset where the band
+//!   kernel writes the row as it stood there, `vocab` f32 words past the packed words, else
+//!   [`NO_TOKEN`]);
 //! - trigger ([`TRIGGER_WORDS`]): `[trigger, parameter, fired]` ([`TRIGGER_ARGMAX`] with the token,
 //!   [`TRIGGER_MAX_PROB_BELOW`] with `p`'s bits; `fired` 0 or 1);
 //! - value ([`VALUE_WORDS`]): `[value bits, factor bits]`.
@@ -53,6 +56,10 @@
 //! packed (every touched token's when the row also truncates: the bands see them). Packing reuses
 //! its buffers: after the first steps it allocates nothing. Its cost is linear in the edits (one
 //! sort of the sparse edits by token) plus a copy of each mask's words.
+//!
+//! What a step's processors read back at their next step ([`PackedPlans::observing`]: a
+//! conditional force's `fired`, an observing truncation's band and snapshot) is in those words:
+//! [`crate::Readback`] copies them back.
 //!
 //! The op codes, the layout constants and the rules' codes are defined here once ([`constants`]);
 //! the kernels get them through the Python extension when Triton compiles or interprets them.
@@ -77,7 +84,7 @@ pub const DENSE_WORDS: usize = 4;
 /// Words per sparse op.
 pub const SPARSE_WORDS: usize = 2;
 /// Words per band record.
-pub const BAND_WORDS: usize = 6;
+pub const BAND_WORDS: usize = 7;
 /// Words per trigger record (an [`Edit::ForceIf`]'s).
 pub const TRIGGER_WORDS: usize = 3;
 /// Words per value record (an [`Edit::AddScaledFrom`]'s).
@@ -155,8 +162,7 @@ impl Op {
             Edit::Set { .. } => Op::Set,
             Edit::Mask(_) => Op::Mask,
             Edit::Truncate(_) => Op::Truncate,
-            // TEMPORARY until the pass's observations are read back.
-            Edit::ForceIf { .. } => return None,
+            Edit::ForceIf { .. } => Op::ForceIf,
             Edit::AddScaledFrom { .. } => Op::AddScaledFrom,
             Edit::Whole(WholeRow::InfNanRemove) => Op::InfNanRemove,
             Edit::Reshape(_) | Edit::Whole(WholeRow::SynthId(_)) | Edit::BiasLargest { .. } => {
@@ -237,8 +243,6 @@ impl Rule {
                 min_keep,
             } => (Rule::Xtc, threshold.to_bits(), min_keep, 0),
             // `2^-mu` in f64, as the CPU's band computes it (truncation/mirostat.rs).
-            // TEMPORARY until the pass's observations are read back.
-            Truncation::MirostatV2 { .. } if true => return None,
             Truncation::MirostatV2 { mu, .. } => {
                 let factor = (-(mu as f64)).exp2().to_bits();
                 (Rule::MirostatV2, factor as u32, 1, (factor >> 32) as u32)
@@ -339,6 +343,21 @@ pub struct PackedPlans {
     // A forced row's other survivors (sorted, distinct): the tokens a set after its last force names.
     survivors: Vec<u32>,
     truncating_slots: Vec<u32>,
+    observing: Vec<Observing>,
+    snapshot_words: usize,
+}
+
+/// An edit whose processor reads at its next step what the kernels resolved ([`RowPlan::fired`],
+/// [`RowPlan::observed`]): where in the packed words to find it.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct Observing {
+    /// The row, and the edit's index in its plan.
+    pub row: usize,
+    pub edit: usize,
+    /// The word offset of its record (a trigger's or a band's).
+    pub record: u32,
+    /// For a truncation, the word offset of the row as it stood there (`vocab` words).
+    pub snapshot: Option<u32>,
 }
 
 impl PackedPlans {
@@ -359,6 +378,17 @@ impl PackedPlans {
     /// The word offset and length of the list of slots that truncate (the band kernel's grid).
     pub fn truncating(&self) -> (usize, usize) {
         self.truncating
+    }
+
+    /// The edits whose outcome the kernels leave in the words for the processors' next step.
+    pub fn observing(&self) -> &[Observing] {
+        &self.observing
+    }
+
+    /// Words past [`PackedPlans::words`] where the band kernel writes the observing truncations'
+    /// rows (their snapshots): the device buffer holds both.
+    pub fn snapshot_words(&self) -> usize {
+        self.snapshot_words
     }
 
     /// Packs `plans` (row, plan) for a block of `rows` rows of `vocab_size` logits. Empty plans are
@@ -382,6 +412,8 @@ impl PackedPlans {
         self.slots = 0;
         self.truncating = (0, 0);
         self.truncating_slots.clear();
+        self.observing.clear();
+        self.snapshot_words = 0;
         if vocab_size > i32::MAX as usize - TILE {
             return Err(CudaError::InvalidArgument(format!(
                 "vocab size {vocab_size} is too large for the kernel's 32-bit indices"
@@ -416,6 +448,16 @@ impl PackedPlans {
         }
         self.truncating = (self.words.len(), self.truncating_slots.len());
         self.words.extend_from_slice(&self.truncating_slots);
+        // The snapshots, after the words (never copied to the device: only written there).
+        let mut next = self.words.len();
+        for observing in &mut self.observing {
+            if let Some(record) = observing.snapshot.as_mut() {
+                self.words[*record as usize + 6] = next as u32;
+                *record = next as u32;
+                next += vocab_size;
+            }
+        }
+        self.snapshot_words = next - self.words.len();
         if self.words.len() > u32::MAX as usize {
             self.words.clear();
             return Err(CudaError::InvalidArgument(
@@ -539,7 +581,18 @@ impl PackedPlans {
                         parameter,
                         min_keep,
                         extra,
+                        NO_TOKEN,
                     ]);
+                    if rule.observes() {
+                        // The snapshot's place is set once every row is packed (`pack`); until
+                        // then `snapshot` holds the record's.
+                        self.observing.push(Observing {
+                            row,
+                            edit: at,
+                            record,
+                            snapshot: Some(record),
+                        });
+                    }
                     reductions += 1;
                     [op as u32, record, 0, 0]
                 }
@@ -550,6 +603,12 @@ impl PackedPlans {
                     };
                     let record = self.words.len() as u32;
                     self.words.extend_from_slice(&[trigger, parameter, 0]);
+                    self.observing.push(Observing {
+                        row,
+                        edit: at,
+                        record,
+                        snapshot: None,
+                    });
                     reductions += 1;
                     [op as u32, token.unwrap_or(NO_TOKEN), record, 0]
                 }
@@ -733,8 +792,8 @@ mod tests {
             assert_eq!(packed.is_ok(), carries, "{rule:?}: {packed:?}");
             refused += usize::from(!carries);
         }
-        // top-n-sigma, tail-free and both mirostats.
-        assert_eq!(refused, 4);
+        // top-n-sigma, tail-free and mirostat 1.
+        assert_eq!(refused, 3);
     }
 
     #[test]

@@ -5,7 +5,9 @@
 
 use std::sync::Arc;
 
-use logits_processing::{bf16, f16, BatchLayout, Edit, ForcedValue, Logit, RowPlan, Truncation};
+use logits_processing::{
+    bf16, f16, BatchLayout, Edit, ForcedValue, Logit, RowPlan, Trigger, Truncation,
+};
 
 use crate::device::{DeviceBuffer, Stream};
 use crate::driver::Kernels;
@@ -15,9 +17,9 @@ use crate::{CudaBatchApplier, CudaError};
 /// is checked at this one.
 const MIN_VOCAB: usize = 2053;
 /// The check's rows: its plans over and over, every 16th row unlisted.
-const ROWS: usize = 260;
+const ROWS: usize = 276;
 /// Rows per copy of the plans.
-pub(crate) const GROUP: usize = 20;
+pub(crate) const GROUP: usize = 23;
 
 /// Runs the check on the device the first time, at `vocab` (later calls return its cached
 /// outcome, whatever their vocab).
@@ -325,6 +327,65 @@ pub(crate) fn plans(vocab: usize) -> Vec<(usize, RowPlan)> {
                 }),
             ]),
         ),
+        (
+            20,
+            // Conditional forces on the argmax: one whose token is not the largest (it does not
+            // fire), one whose token a set made the largest (it fires), a bias on its token after.
+            plan(&[
+                Edit::ForceIf {
+                    token: Some(12),
+                    when: Trigger::ArgmaxIs { token: last },
+                    key: 0,
+                },
+                Edit::Set {
+                    token: 9,
+                    value: 100.0,
+                },
+                Edit::ForceIf {
+                    token: Some(12),
+                    when: Trigger::ArgmaxIs { token: 9 },
+                    key: 1,
+                },
+                Edit::Bias {
+                    token: 12,
+                    bias: 1.0,
+                },
+            ]),
+        ),
+        (
+            21,
+            // On the largest probability: a watch that fires, a force that does not, one that
+            // does, and a set after it that survives.
+            plan(&[
+                Edit::Scale { temperature: 0.5 },
+                Edit::ForceIf {
+                    token: None,
+                    when: Trigger::MaxProbBelow { p: 0.5 },
+                    key: 0,
+                },
+                Edit::ForceIf {
+                    token: Some(last - 2),
+                    when: Trigger::MaxProbBelow { p: 1e-30 },
+                    key: 1,
+                },
+                Edit::ForceIf {
+                    token: Some(last),
+                    when: Trigger::MaxProbBelow { p: 0.9 },
+                    key: 2,
+                },
+                Edit::Set {
+                    token: 6,
+                    value: -1.5,
+                },
+            ]),
+        ),
+        (
+            22,
+            plan(&[
+                Edit::Scale { temperature: 0.05 },
+                Edit::Truncate(Truncation::MirostatV2 { mu: 12.0, key: 0 }),
+            ]),
+        ),
     ];
     // The same plans in every group of rows (each group's own logits).
     (0..ROWS / GROUP)
@@ -396,8 +457,18 @@ fn check<T: Logit>(
     let could_not = |e: CudaError| format!("could not run: {e}");
     let buffer = DeviceBuffer::from_host(ordinal, &input).map_err(could_not)?;
     // SAFETY: the buffer covers the layout; the stream is live.
-    unsafe { applier.apply_plans(&plans, buffer.ptr(), T::DTYPE, layout, vocab, stream.raw()) }
-        .map_err(could_not)?;
+    unsafe {
+        applier.apply_plans(
+            &plans,
+            buffer.ptr(),
+            T::DTYPE,
+            layout,
+            vocab,
+            stream.raw(),
+            None,
+        )
+    }
+    .map_err(could_not)?;
     stream.synchronize().map_err(could_not)?;
     let mut got = input.clone();
     buffer.to_host(&mut got).map_err(could_not)?;

@@ -7,7 +7,7 @@ use std::sync::{Arc, Mutex};
 
 use logits_processing::{
     Batch, BatchLayout, DType, Edit, ForcedValue, Logit, LogitsProcessor, Pipeline, RowPlan, Step,
-    TokenHistory, Truncation,
+    TokenHistory, Trigger, Truncation,
 };
 
 /// The vocab sizes every test runs: Qwen3's, DeepSeek's, an odd Llama-like one, a tiny one.
@@ -160,7 +160,7 @@ pub fn truncation(rng: &mut Rng, vocab: usize) -> Edit {
             rng.uniform(lo, hi)
         }
     };
-    Edit::Truncate(match rng.below(10) {
+    Edit::Truncate(match rng.below(11) {
         0 | 1 => Truncation::TopK {
             k: match rng.below(6) {
                 0 => vocab as u32 + rng.below(3) as u32,
@@ -194,15 +194,19 @@ pub fn truncation(rng: &mut Rng, vocab: usize) -> Edit {
             a: fraction(rng, &[0.0, 1.0, 1e-6], 0.0, 1.0),
             min_keep,
         },
-        _ => Truncation::Xtc {
+        9 => Truncation::Xtc {
             threshold: fraction(rng, &[0.0, 1.0, 1e-4], 0.0, 0.3),
             min_keep,
+        },
+        _ => Truncation::MirostatV2 {
+            mu: fraction(rng, &[0.0, 40.0, -3.0], 0.5, 12.0),
+            key: 0,
         },
     })
 }
 
 pub fn edit(rng: &mut Rng, vocab: usize) -> Item {
-    Item::Edit(match rng.below(19) {
+    Item::Edit(match rng.below(21) {
         0..=2 => Edit::Scale {
             temperature: temperature(rng),
         },
@@ -245,6 +249,19 @@ pub fn edit(rng: &mut Rng, vocab: usize) -> Item {
             factor: factor(rng),
         },
         18 => Edit::Whole(logits_processing::WholeRow::InfNanRemove),
+        19 | 20 => Edit::ForceIf {
+            token: (!rng.chance(4)).then(|| token(rng, vocab)),
+            when: if rng.chance(2) {
+                Trigger::ArgmaxIs {
+                    token: token(rng, vocab),
+                }
+            } else {
+                Trigger::MaxProbBelow {
+                    p: rng.pick(&[0.0, 1e-3, 0.05, 0.5, 0.99, 1.0]),
+                }
+            },
+            key: rng.below(3) as u32,
+        },
         _ => Edit::Force {
             token: token(rng, vocab),
             value: ForcedValue::Set(if rng.chance(5) {

@@ -13,7 +13,7 @@ use logits_processing_cuda::testing::{
     VOCABS,
 };
 use logits_processing_cuda::{
-    cuda_available, cuda_unavailable_reason, CudaBatchApplier, CudaError,
+    cuda_available, cuda_unavailable_reason, CudaBatchApplier, CudaError, Readback,
 };
 
 const NEEDS_GPU: &str = "needs a CUDA GPU; run scripts/gpu-check.sh";
@@ -63,8 +63,18 @@ fn plans_case<T: Logit>(applier: &mut CudaBatchApplier, stream: &Stream, seed: u
     let plans: Vec<(usize, &logits_processing::RowPlan)> =
         listed.iter().map(|(r, p)| (*r, p)).collect();
     // SAFETY: the buffer covers the layout; the stream is live.
-    unsafe { applier.apply_plans(&plans, buffer.ptr(), T::DTYPE, layout, vocab, stream.raw()) }
-        .unwrap();
+    unsafe {
+        applier.apply_plans(
+            &plans,
+            buffer.ptr(),
+            T::DTYPE,
+            layout,
+            vocab,
+            stream.raw(),
+            None,
+        )
+    }
+    .unwrap();
     stream.synchronize().unwrap();
     let mut got = input.clone();
     buffer.to_host(&mut got).unwrap();
@@ -100,6 +110,7 @@ fn lifecycle_case<T: Logit>(
     seed: u64,
     vocab: usize,
 ) {
+    let mut readback = Readback::new();
     let result = lifecycle::<T>(
         seed,
         vocab,
@@ -119,9 +130,18 @@ fn lifecycle_case<T: Logit>(
             };
             // SAFETY: the buffer covers the layout; the stream is live.
             unsafe {
-                applier.apply_batch(batch, ptr, T::DTYPE, layout, stream.raw(), &mut external)
+                applier.apply_batch(
+                    batch,
+                    ptr,
+                    T::DTYPE,
+                    layout,
+                    stream.raw(),
+                    &mut external,
+                    &mut readback,
+                )
             }
             .unwrap();
+            readback.collect_batch(batch, true).unwrap();
             stream.synchronize().unwrap();
             buffer.to_host(&mut host).unwrap();
             host
@@ -211,6 +231,7 @@ fn many_steps_in_flight_keep_their_own_plans() {
                 layout,
                 vocab,
                 stream.raw(),
+                None,
             )
         }
         .unwrap();
@@ -237,18 +258,34 @@ fn default_stream_and_bad_arguments() {
     let f32_ = logits_processing::DType::F32;
     unsafe {
         applier
-            .apply_plans(&[(1, &plan)], buffer.ptr(), f32_, layout, vocab, 0)
+            .apply_plans(&[(1, &plan)], buffer.ptr(), f32_, layout, vocab, 0, None)
             .unwrap();
-        let misaligned =
-            applier.apply_plans(&[(1, &plan)], buffer.ptr() + 2, f32_, layout, vocab, 0);
+        let misaligned = applier.apply_plans(
+            &[(1, &plan)],
+            buffer.ptr() + 2,
+            f32_,
+            layout,
+            vocab,
+            0,
+            None,
+        );
         assert!(matches!(misaligned, Err(CudaError::InvalidArgument(_))));
-        let null = applier.apply_plans(&[(1, &plan)], 0, f32_, layout, vocab, 0);
+        let null = applier.apply_plans(&[(1, &plan)], 0, f32_, layout, vocab, 0, None);
         assert!(matches!(null, Err(CudaError::InvalidArgument(_))));
-        let outside = applier.apply_plans(&[(2, &plan)], buffer.ptr(), f32_, layout, vocab, 0);
+        let outside =
+            applier.apply_plans(&[(2, &plan)], buffer.ptr(), f32_, layout, vocab, 0, None);
         assert!(matches!(outside, Err(CudaError::InvalidArgument(_))));
         let bad_token = plan_of(&[Edit::Ban { token: 7 }]);
         assert!(matches!(
-            applier.apply_plans(&[(0, &bad_token)], buffer.ptr(), f32_, layout, vocab, 0),
+            applier.apply_plans(
+                &[(0, &bad_token)],
+                buffer.ptr(),
+                f32_,
+                layout,
+                vocab,
+                0,
+                None
+            ),
             Err(CudaError::Core(_))
         ));
     }

@@ -104,7 +104,6 @@ fn plans_only_the_cpu_path_carries_out_are_refused_as_unsupported() {
             z: 0.9,
             min_keep: 1,
         }),
-        Edit::Truncate(Truncation::MirostatV2 { mu: 10.0, key: 0 }),
         Edit::Truncate(Truncation::MirostatV1 {
             mu: 10.0,
             m: 100,

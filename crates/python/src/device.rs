@@ -37,6 +37,56 @@ pub(crate) fn check_supported(device: Device) -> PyResult<()> {
     }
 }
 
+/// What a step on the device left for the processors' next step (the kernels' outcomes, read back:
+/// `logits_processing_cuda::Readback`), collected before they plan again; nothing without the
+/// `cuda` feature.
+#[derive(Default)]
+pub(crate) struct Pending {
+    #[cfg(feature = "cuda")]
+    readback: logits_processing_cuda::Readback,
+}
+
+impl Pending {
+    /// Records the last step's outcomes in the batch's plans (waiting for their copy, when one is
+    /// in flight): before the batch plans again, or its rows change.
+    pub(crate) fn collect_batch(&mut self, py: Python<'_>, batch: &mut Batch) -> PyResult<()> {
+        #[cfg(feature = "cuda")]
+        if self.readback.is_armed() {
+            let readback = &mut self.readback;
+            if let Err(error) = py.detach(|| readback.collect_batch(batch, true)) {
+                readback.discard();
+                return Err(new_err(ErrorClass::Device, error.to_string()));
+            }
+        }
+        let _ = (py, batch);
+        Ok(())
+    }
+
+    /// [`Pending::collect_batch`] for a single row's pipeline.
+    pub(crate) fn collect_pipeline(
+        &mut self,
+        py: Python<'_>,
+        pipeline: &mut Pipeline,
+    ) -> PyResult<()> {
+        #[cfg(feature = "cuda")]
+        if self.readback.is_armed() {
+            let readback = &mut self.readback;
+            if let Err(error) = py.detach(|| readback.collect_pipeline(pipeline, true)) {
+                readback.discard();
+                return Err(new_err(ErrorClass::Device, error.to_string()));
+            }
+        }
+        let _ = (py, pipeline);
+        Ok(())
+    }
+
+    /// Forgets the last step's outcomes (the processors start over).
+    pub(crate) fn discard(&mut self) {
+        #[cfg(feature = "cuda")]
+        self.readback.discard();
+    }
+}
+
 /// Applies a validated plan to the one row of `block`.
 pub(crate) fn apply_row(py: Python<'_>, plan: &mut RowPlan, block: Block) -> PyResult<()> {
     if plan.is_empty() {
@@ -47,9 +97,11 @@ pub(crate) fn apply_row(py: Python<'_>, plan: &mut RowPlan, block: Block) -> PyR
         logits_processing_cuda::packed::kernel_carries(plan)
     })? {
         return match route {
-            cuda::Route::Kernels(ordinal) => cuda::apply_plans(py, ordinal, &[(0, &*plan)], block),
+            cuda::Route::Kernels(ordinal) => {
+                cuda::apply_plans(py, ordinal, &[(0, &*plan)], block, None)
+            }
             cuda::Route::Interpret => {
-                cuda::interpret_plans(py, || std::iter::once((0, &*plan)), block)
+                cuda::interpret_plans(py, || std::iter::once((0, &*plan)), block, None, 0)
             }
             cuda::Route::RoundTrip => {
                 cuda::on_host_copy(py, block, |host| edit_row(plan, host).py())
@@ -78,31 +130,29 @@ pub(crate) fn apply_pipeline_row(
     py: Python<'_>,
     pipeline: &mut Pipeline,
     block: Block,
+    pending: &mut Pending,
 ) -> PyResult<()> {
     #[cfg(feature = "cuda")]
     if let Some(route) = cuda::route(py, block, || cuda::carries_pipeline(pipeline))? {
+        // Without external steps, the pipeline's plan is its one stage.
+        let plan = match pipeline.stages().first() {
+            Some(logits_processing::Stage::Plan(plan)) => plan,
+            _ => return Ok(()),
+        };
+        let readback = Some(&mut pending.readback);
         return match route {
             cuda::Route::Kernels(ordinal) => {
-                for stage in pipeline.stages() {
-                    if let logits_processing::Stage::Plan(plan) = stage {
-                        cuda::apply_plans(py, ordinal, &[(0, plan)], block)?;
-                    }
-                }
-                Ok(())
+                cuda::apply_plans(py, ordinal, &[(0, plan)], block, readback)
             }
             cuda::Route::Interpret => {
-                for stage in pipeline.stages() {
-                    if let logits_processing::Stage::Plan(plan) = stage {
-                        cuda::interpret_plans(py, || std::iter::once((0, plan)), block)?;
-                    }
-                }
-                Ok(())
+                cuda::interpret_plans(py, || std::iter::once((0, plan)), block, readback, 0)
             }
             cuda::Route::RoundTrip => {
                 cuda::on_host_copy(py, block, |host| edit_pipeline_row(pipeline, host).py())
             }
         };
     }
+    let _ = pending;
     match block.device {
         Device::Cpu => py.detach(|| edit_pipeline_row(pipeline, block)).py(),
         other => Err(unsupported(other)),
@@ -134,11 +184,13 @@ pub(crate) fn apply_batch(
     batch: &mut Batch,
     block: Block,
     external: &mut (dyn FnMut(usize, u64) -> CoreResult<()> + Send),
+    pending: &mut Pending,
 ) -> PyResult<()> {
     #[cfg(feature = "cuda")]
     if cuda::takes(block) {
-        return cuda::apply_batch(py, batch, block, external);
+        return cuda::apply_batch(py, batch, block, external, &mut pending.readback);
     }
+    let _ = pending;
     match block.device {
         Device::Cpu => apply_batch_host(py, batch, block, external),
         other => Err(unsupported(other)),
@@ -227,7 +279,7 @@ pub(crate) mod cuda {
     use logits_processing_cuda::round_trip::{
         self, CopiedMemory, DeviceStaging, HostMemory, HostRows,
     };
-    use logits_processing_cuda::{CudaBatchApplier, CudaError};
+    use logits_processing_cuda::{CudaBatchApplier, CudaError, Readback};
     use pyo3::prelude::*;
 
     use super::unsupported;
@@ -237,7 +289,7 @@ pub(crate) mod cuda {
     /// A device's kernels: ready, or refused (they could not load, or failed the self-check; the
     /// warning said why), in which case its steps take the host round trip.
     enum Kernels {
-        Ready(CudaBatchApplier),
+        Ready(Box<CudaBatchApplier>),
         Refused,
     }
 
@@ -361,7 +413,7 @@ pub(crate) mod cuda {
             }
             match CudaBatchApplier::new(ordinal as usize, vocab) {
                 Ok(applier) => {
-                    kernels.insert(ordinal, Kernels::Ready(applier));
+                    kernels.insert(ordinal, Kernels::Ready(Box::new(applier)));
                     Ok(Ok(true))
                 }
                 Err(error @ (CudaError::SelfCheck(_) | CudaError::Compile(_))) => {
@@ -476,12 +528,14 @@ pub(crate) mod cuda {
         })
     }
 
-    /// One launch for the listed rows' plans, on the producer's current stream.
+    /// One launch for the listed rows' plans, on the producer's current stream; what their
+    /// processors read at the next step read back into `readback` when given.
     pub(crate) fn apply_plans(
         py: Python<'_>,
         ordinal: i32,
         plans: &[(usize, &RowPlan)],
         block: Block,
+        readback: Option<&mut Readback>,
     ) -> PyResult<()> {
         let stream = block.stream.unwrap_or(0);
         py.detach(|| {
@@ -495,6 +549,7 @@ pub(crate) mod cuda {
                         block.layout(),
                         block.vocab,
                         stream,
+                        readback,
                     )
                 }
                 .map_err(|e| device_error(ordinal, e))
@@ -504,8 +559,15 @@ pub(crate) mod cuda {
 
     /// One launch of the Triton kernels, under Triton's interpreter, for the listed rows' plans
     /// on the host block: the plans packed as for a device (`PackedPlans`), then
-    /// `logits_processing.kernels.launch` runs the band and apply kernels on them.
-    pub(crate) fn interpret_plans<'a, F, I>(py: Python<'_>, plans: F, block: Block) -> PyResult<()>
+    /// `logits_processing.kernels.launch` runs the band and apply kernels on them; what the
+    /// processors read at their next step is kept in `readback` (for stage `level`) when given.
+    pub(crate) fn interpret_plans<'a, F, I>(
+        py: Python<'_>,
+        plans: F,
+        block: Block,
+        readback: Option<&mut Readback>,
+        level: usize,
+    ) -> PyResult<()>
     where
         F: Fn() -> I,
         I: Iterator<Item = (usize, &'a RowPlan)>,
@@ -524,10 +586,11 @@ pub(crate) mod cuda {
             .iter()
             .flat_map(|w| w.to_ne_bytes())
             .collect();
-        py.import("logits_processing.kernels")?.call_method1(
+        let left = py.import("logits_processing.kernels")?.call_method1(
             "launch",
             (
                 pyo3::types::PyBytes::new(py, &words),
+                packed.snapshot_words(),
                 packed.slots(),
                 list,
                 truncating,
@@ -538,6 +601,14 @@ pub(crate) mod cuda {
                 block.data as usize,
             ),
         )?;
+        if let Some(readback) = readback {
+            let bytes = left.cast::<pyo3::types::PyBytes>()?.as_bytes();
+            let words = bytes
+                .chunks_exact(4)
+                .map(|w| u32::from_ne_bytes([w[0], w[1], w[2], w[3]]))
+                .collect();
+            readback.store(level, &packed, block.vocab, words);
+        }
         Ok(())
     }
 
@@ -549,10 +620,17 @@ pub(crate) mod cuda {
         batch: &mut Batch,
         block: Block,
         external: &mut (dyn FnMut(usize, u64) -> logits_processing::Result<()> + Send),
+        readback: &mut Readback,
     ) -> PyResult<()> {
         batch.check_layout(block.len(), block.layout()).py()?;
         for level in 0..levels(batch) {
-            interpret_plans(py, || level_plans(batch, level), block)?;
+            interpret_plans(
+                py,
+                || level_plans(batch, level),
+                block,
+                Some(&mut *readback),
+                level,
+            )?;
             for (row, key) in level_externals(batch, level).collect::<Vec<_>>() {
                 external(row, key).py()?;
             }
@@ -594,6 +672,7 @@ pub(crate) mod cuda {
         batch: &mut Batch,
         block: Block,
         external: &mut (dyn FnMut(usize, u64) -> logits_processing::Result<()> + Send),
+        readback: &mut Readback,
     ) -> PyResult<()> {
         let route = match route(py, block, || !needs_host(batch)) {
             Ok(Some(route)) => route,
@@ -605,7 +684,7 @@ pub(crate) mod cuda {
         };
         let result = match route {
             Route::Interpret => saving_rows(block, batch, |batch| {
-                interpret_batch(py, batch, block, &mut *external)
+                interpret_batch(py, batch, block, &mut *external, &mut *readback)
             }),
             Route::RoundTrip => {
                 return py.detach(|| {
@@ -635,6 +714,7 @@ pub(crate) mod cuda {
                                     block.layout(),
                                     stream,
                                     &mut |row, key| external(row, key).map_err(CudaError::from),
+                                    &mut *readback,
                                 )
                             }
                             .map_err(|e| device_error(ordinal, e))
@@ -645,6 +725,7 @@ pub(crate) mod cuda {
         };
         if result.is_err() {
             batch.undo_plan();
+            readback.discard();
         }
         result
     }

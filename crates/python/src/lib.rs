@@ -318,6 +318,7 @@ fn _kernel_case<'py>(
         .collect();
     let out = pyo3::types::PyDict::new(py);
     out.set_item("words", pyo3::types::PyBytes::new(py, &words))?;
+    out.set_item("snapshot_words", packed.snapshot_words())?;
     out.set_item("slots", packed.slots())?;
     out.set_item("list_at", list_at)?;
     out.set_item("truncating", truncating)?;

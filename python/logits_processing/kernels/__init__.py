@@ -48,11 +48,13 @@ def _interpreted(kernels: Any) -> bool:
     return isinstance(kernels.lp_apply, InterpretedFunction) and isinstance(tl.zeros, InterpretedFunction)
 
 
-def launch(words: bytes, slots: int, list_at: int, truncating: int, vocab: int, row_stride: int,
-           rows: int, dtype: str, address: int) -> None:
-    """Runs the band kernel (when `truncating` rows truncate) and the apply kernel on packed
+def launch(words: bytes, snapshot_words: int, slots: int, list_at: int, truncating: int, vocab: int,
+           row_stride: int, rows: int, dtype: str, address: int) -> bytes:
+    """Runs the band kernel (when `truncating` rows have a reduction) and the apply kernel on packed
     plans, in place on the host block at `address` (`rows` rows of `row_stride` elements of
-    `dtype`), through Triton's interpreter. Called by the extension."""
+    `dtype`), through Triton's interpreter. Returns the words as the kernels left them (the
+    reductions' records written), with the `snapshot_words` after them that the band kernel
+    writes. Called by the extension."""
     kernels = _kernels()
     if not _interpreted(kernels):
         raise DeviceError(
@@ -63,7 +65,8 @@ def launch(words: bytes, slots: int, list_at: int, truncating: int, vocab: int, 
     code, element, _ = DTYPES[dtype]
     length = (rows - 1) * row_stride + vocab
     logits = torch.from_numpy(np.ctypeslib.as_array((element * length).from_address(address)))
-    packed = torch.from_numpy(np.frombuffer(words, dtype=np.int32).copy())
+    packed = torch.from_numpy(np.concatenate([np.frombuffer(words, dtype=np.int32),
+                                              np.zeros(snapshot_words, dtype=np.int32)]))
     block = INTERPRET_BLOCK
     # The interpreter computes with numpy: a division by zero or an overflow to infinity is IEEE
     # arithmetic here, not a warning.
@@ -74,6 +77,7 @@ def launch(words: bytes, slots: int, list_at: int, truncating: int, vocab: int, 
         tiles = -(-vocab // block)
         kernels.lp_apply[(slots * tiles,)](packed, slots, tiles, vocab, row_stride, logits, DTYPE=code,
                                            BLOCK=block)
+    return packed.numpy().tobytes()
 
 
 # The images the CUDA crate ships (`crates/cuda/kernels/triton/`, written by

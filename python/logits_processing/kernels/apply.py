@@ -4,9 +4,11 @@ They read the words that `crates/cuda/src/packed.rs` packs (its module docs give
 do what `crates/cuda/kernels/apply.cu` does, operation for operation, so that the CPU path's
 answers come out bit for bit:
 
-- `lp_bands`: one program per row that truncates; resolves each of the row's truncations, in
-  order, to a band over the row as it stands there (the values computed on the fly from the
-  original row) and writes the band into the packed words;
+- `lp_bands`: one program per row with a reduction; resolves each of the row's reductions, in
+  order, over the row as it stands there (the values computed on the fly from the original row):
+  a truncation to a band, a conditional force to whether it fires, a value read to the value; and
+  writes each into the packed words (with the row itself where the processor reads it at its next
+  step);
 - `lp_apply`: one program per (row, tile of BLOCK logits): every logit read and written at most
   once; a forced row reads only its survivors; a row of sparse edits alone touches only its tokens.
 
@@ -652,6 +654,13 @@ def lp_bands(P, list_at, vocab, row_stride, X, DTYPE: tl.constexpr, BLOCK: tl.co
         code = tl.load(P + op)
         if code == OP_TRUNCATE:
             record = tl.load(P + op + 1)
+            snapshot = tl.load(P + record + 6)
+            if snapshot != NO_TOKEN:
+                # The row as the rule reads it, for its processor's next step (mirostat's).
+                for begin in range(0, vocab, BLOCK):
+                    v, inside = _values(P, d, x, vocab, t, begin, DTYPE, BLOCK)
+                    i = begin + tl.arange(0, BLOCK)
+                    tl.store(P + snapshot + i, _bits(v).to(tl.int32, bitcast=True), mask=inside)
             lo, hi = _resolve_band(P, d, x, vocab, t, tl.load(P + record + 2), tl.load(P + record + 3),
                                    tl.load(P + record + 4), tl.load(P + record + 5), DTYPE, BLOCK)
             tl.store(P + record, lo.to(tl.int32, bitcast=True))

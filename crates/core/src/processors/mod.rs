@@ -193,10 +193,10 @@ pub(crate) static KINDS: &[Kind] = &[
     Kind::new::<ForcedSequenceSpec>("forced_sequence"),
     Kind::new::<HelloWorldSpec>("hello_world"),
     // logits-processor-zoo's forcing kinds: their triggers read the row the kinds above left.
-    Kind::new::<ForceLastPhraseSpec>("force_last_phrase").editing_on_host(),
+    Kind::new::<ForceLastPhraseSpec>("force_last_phrase"),
     Kind::new::<MaxTimeSpec>("max_time"),
-    Kind::new::<TriggerPhraseSpec>("trigger_phrase").editing_on_host(),
-    Kind::new::<PreventHallucinationSpec>("prevent_hallucination").editing_on_host(),
+    Kind::new::<TriggerPhraseSpec>("trigger_phrase"),
+    Kind::new::<PreventHallucinationSpec>("prevent_hallucination"),
     // (User processors go here: see `USER_STEPS_BEFORE`.)
     Kind::new::<ThinkingBudgetSpec>("thinking_budget"),
     // Value transforms that read the row: quadratic smoothing before any temperature, as
