@@ -633,8 +633,8 @@ def build_info() -> dict[str, Any]:
 
     Returns:
         dict: ``version``, ``cpu_path``, ``cpu_features`` (detected), ``cuda_support``,
-        ``cuda`` (``None`` when a GPU can be used, else why not), ``nvrtc`` (its version, or why
-        not).
+        ``cuda`` (``None`` when a GPU can be used, else why not), ``kernels`` (the device
+        kernels' images this build carries).
     """
 
 def canonical_order(specs: Union[Spec, Sequence[Spec]]) -> list[dict]:
