@@ -1,7 +1,8 @@
 #!/usr/bin/env bash
-# The CUDA path's check on a GPU machine, in under 5 minutes on an H200: the GPU tests (ignored in
+# The CUDA path's check on a GPU machine, in under 8 minutes on an H200: the GPU tests (ignored in
 # a plain `cargo test`; GPU vs CPU bit for bit, the self-check) with the embedded Triton images,
-# compute-sanitizer's memcheck on the many-steps-in-flight test, then python/benchmarks/bench_cuda.py
+# every kind GPU vs host at B = 1, 16, 64, 256 with the waits a step counted, the fallback of a
+# failed self-check, transformers' generate() on the GPU, compute-sanitizer's memcheck on the many-steps-in-flight test, then python/benchmarks/bench_cuda.py
 # and python/benchmarks/bench_vllm_v2.py (vLLM's Model Runner V2 processor on CUDA tensors laid out
 # as V2's); it ends with a short table.
 #
@@ -141,6 +142,22 @@ if [ -n "$pypath" ]; then
   else
     record "every kind, GPU vs host (check_device_kinds.py)" FAIL "$(($(date +%s) - t0))"
   fi
+  # The fallback: a device whose self-check fails warns once and takes the host round trip.
+  t0=$(date +%s)
+  if LOGITS_PROCESSING_TEST_SELF_CHECK=fail PYTHONPATH="$pypath" timeout 120 "$python" \
+    python/benchmarks/check_device_kinds.py --expect-fallback --rows 1 --steps 2 | tail -2; then
+    record "failed self-check: warned, round trip, exact" PASS "$(($(date +%s) - t0))"
+  else
+    record "failed self-check: warned, round trip, exact" FAIL "$(($(date +%s) - t0))"
+  fi
+  # transformers' generate() with ids and logits on the GPU (skipped without transformers).
+  t0=$(date +%s)
+  PYTHONPATH="$pypath" timeout 120 "$python" python/benchmarks/check_hf_gpu.py | tee "$out/hf_gpu.txt"
+  case "${PIPESTATUS[0]}" in
+    0) record "HF generate() on the GPU (check_hf_gpu.py)" PASS "$(($(date +%s) - t0))" ;;
+    2) record "HF generate() on the GPU (no transformers)" SKIP "$(($(date +%s) - t0))" ;;
+    *) record "HF generate() on the GPU (check_hf_gpu.py)" FAIL "$(($(date +%s) - t0))" ;;
+  esac
   t0=$(date +%s)
   if PYTHONPATH="$pypath" timeout 240 "$python" python/benchmarks/bench_cuda.py --require-gpu \
     --json "$out/bench.json" "${quick[@]}" | tee "$out/bench.txt"; then

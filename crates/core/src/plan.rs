@@ -543,12 +543,13 @@ impl RowPlan {
         })
     }
 
-    /// Whether the plan holds an edit only the CPU path carries out: an [`Edit::Reshape`], a
-    /// SynthID watermark's [`Edit::Whole`], an [`Edit::BiasLargest`], or a truncation rule the
-    /// device's band kernel does not have ([`Truncation::on_cpu_only`]).
+    /// Whether the plan holds an edit only the CPU path carries out: a SynthID watermark's
+    /// [`Edit::Whole`], an [`Edit::BiasLargest`], or a truncation rule or reshape the device's
+    /// band kernel does not have ([`Truncation::on_cpu_only`], [`Reshape::on_cpu_only`]).
     pub fn cpu_only(&self) -> bool {
         self.edits.iter().any(|e| match e {
-            Edit::Reshape(_) | Edit::Whole(WholeRow::SynthId(_)) | Edit::BiasLargest { .. } => true,
+            Edit::Reshape(rule) => rule.on_cpu_only(),
+            Edit::Whole(WholeRow::SynthId(_)) | Edit::BiasLargest { .. } => true,
             Edit::Truncate(rule) => rule.on_cpu_only(),
             _ => false,
         })

@@ -117,7 +117,16 @@ fn measure(
     for _ in 0..3 {
         // SAFETY: `data` covers the layout; the stream is live.
         unsafe {
-            applier.apply_plans(&listed, ptr, DType::F32, layout, VOCAB, stream.raw(), None)?
+            applier.apply_plans(
+                &listed,
+                ptr,
+                DType::F32,
+                layout,
+                VOCAB,
+                stream.raw(),
+                &|_| &[],
+                None,
+            )?
         };
     }
     let ours_us = stream.time_us(
@@ -126,7 +135,16 @@ fn measure(
         &mut || data.copy_from_async(&master, stream),
         // SAFETY: as above.
         &mut || unsafe {
-            applier.apply_plans(&listed, ptr, DType::F32, layout, VOCAB, stream.raw(), None)
+            applier.apply_plans(
+                &listed,
+                ptr,
+                DType::F32,
+                layout,
+                VOCAB,
+                stream.raw(),
+                &|_| &[],
+                None,
+            )
         },
     )?;
     let copy_us = stream.time_us(calls, blocks, &mut || Ok(()), &mut || {

@@ -7,7 +7,10 @@ use cudarc::driver::sys::{self as cu, CUresult};
 use logits_processing::{Batch, BatchLayout, DType, RowPlan};
 
 use crate::driver::{self, check, CurrentContext, Kernel, Kernels};
-use crate::packed::{level_externals, level_plans, levels, tiles_per_row, PackedPlans};
+use crate::packed::{
+    level_externals, level_net, level_plans, levels, rows_ending_outside, tiles_per_row,
+    PackedPlans,
+};
 use crate::{CudaError, Readback};
 
 /// A staging area for one step's packed plans: pinned host memory, the device copy the kernel
@@ -109,14 +112,16 @@ impl CudaBatchApplier {
     ///
     /// What the kernels resolve for the processors' next step (a conditional force's outcome,
     /// mirostat's kept probabilities) is read back into `readback` when given (collect it before
-    /// the next plan: [`Readback::collect_batch`]), else not kept.
+    /// the next plan: [`Readback::collect_batch`]), else not kept. A row `nets` gives EOS ids to
+    /// gets them, every other logit `-inf`, where its plan leaves it no finite logit (the
+    /// pipeline's safety net; `&|_| &[]` for none).
     ///
     /// # Safety
     /// `logits` must be a live device allocation on this device, in its primary context (torch's),
     /// covering `layout` (`layout.required_len(vocab_size)` elements of `dtype`), and `stream` a
     /// live stream of that context (or 0); nothing else may write those rows until the work is done.
     #[allow(clippy::too_many_arguments)]
-    pub unsafe fn apply_plans(
+    pub unsafe fn apply_plans<'e>(
         &mut self,
         plans: &[(usize, &RowPlan)],
         logits: u64,
@@ -124,12 +129,14 @@ impl CudaBatchApplier {
         layout: BatchLayout,
         vocab_size: usize,
         stream: u64,
+        nets: &dyn Fn(usize) -> &'e [u32],
         mut readback: Option<&mut Readback>,
     ) -> Result<(), CudaError> {
         uncollected(readback.as_deref())?;
         let result = self
             .apply_rows(
                 || plans.iter().copied(),
+                nets,
                 logits,
                 dtype,
                 layout,
@@ -171,6 +178,7 @@ impl CudaBatchApplier {
             for level in 0..levels(batch) {
                 self.apply_rows(
                     || level_plans(batch, level),
+                    &|row| level_net(batch, level, row),
                     logits,
                     dtype,
                     layout,
@@ -182,6 +190,18 @@ impl CudaBatchApplier {
                     external(row, key)?;
                 }
             }
+            // The safety net of the rows whose step ends with an external step.
+            let empty = RowPlan::new();
+            self.apply_rows(
+                || rows_ending_outside(batch).map(|row| (row, &empty)),
+                &|row| batch.get(row).map_or(&[], |p| p.eos_token_ids()),
+                logits,
+                dtype,
+                layout,
+                vocab,
+                stream,
+                None,
+            )?;
             record(self.kernels.ctx, stream, Some(&mut *readback))
         })();
         if result.is_err() {
@@ -191,9 +211,10 @@ impl CudaBatchApplier {
     }
 
     #[allow(clippy::too_many_arguments)]
-    unsafe fn apply_rows<'a, F, I>(
+    unsafe fn apply_rows<'a, 'e, F, I>(
         &mut self,
         plans: F,
+        nets: &dyn Fn(usize) -> &'e [u32],
         logits: u64,
         dtype: DType,
         layout: BatchLayout,
@@ -211,7 +232,8 @@ impl CudaBatchApplier {
                 layout.row_stride
             )));
         }
-        self.packed.pack(plans, layout.rows, vocab_size)?;
+        self.packed
+            .pack_with_nets(plans, layout.rows, vocab_size, nets)?;
         let slots = self.packed.slots();
         if slots == 0 || vocab_size == 0 {
             return Ok(());
@@ -314,6 +336,7 @@ impl CudaBatchApplier {
             }
             None => {
                 let i = self.next % n;
+                crate::count_wait();
                 check(
                     cu::cuEventSynchronize(self.slots[i].event),
                     "cuEventSynchronize",
@@ -388,14 +411,7 @@ unsafe fn launch(
 impl Slot {
     /// An empty slot whose event reads as completed. Call with the context current.
     unsafe fn new() -> Result<Self, CudaError> {
-        let mut event = std::ptr::null_mut();
-        check(
-            cu::cuEventCreate(
-                &mut event,
-                cu::CUevent_flags::CU_EVENT_DISABLE_TIMING as u32,
-            ),
-            "cuEventCreate",
-        )?;
+        let event = driver::new_event()?;
         Ok(Self {
             host: std::ptr::null_mut(),
             device: 0,

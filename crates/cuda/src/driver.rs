@@ -66,6 +66,22 @@ pub(crate) fn device_count() -> Result<usize, CudaError> {
     Ok(count.max(0) as usize)
 }
 
+/// A new event without timing (what the staging slots, the round trip and the readback record).
+///
+/// # Safety
+/// A context is current.
+pub(crate) unsafe fn new_event() -> Result<cu::CUevent, CudaError> {
+    let mut event = std::ptr::null_mut();
+    check(
+        cu::cuEventCreate(
+            &mut event,
+            cu::CUevent_flags::CU_EVENT_DISABLE_TIMING as u32,
+        ),
+        "cuEventCreate",
+    )?;
+    Ok(event)
+}
+
 /// Makes a context current on this thread until dropped.
 pub(crate) struct CurrentContext(());
 

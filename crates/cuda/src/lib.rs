@@ -35,6 +35,22 @@ pub use applier::CudaBatchApplier;
 pub use error::CudaError;
 pub use readback::Readback;
 
+/// How many times this process's device path has waited for the device (a stream or an event
+/// synchronized: the host round trip's read, a step's saved rows, a readback of outcomes for the
+/// next step, back-pressure on the staging slots); over host memory (the tests' switches), the
+/// waits a device would make. A step whose rows neither read their pass nor take the round trip
+/// makes none.
+pub fn device_waits() -> usize {
+    WAITS.load(std::sync::atomic::Ordering::Relaxed)
+}
+
+static WAITS: std::sync::atomic::AtomicUsize = std::sync::atomic::AtomicUsize::new(0);
+
+/// Counts one wait ([`device_waits`]).
+pub(crate) fn count_wait() {
+    WAITS.fetch_add(1, std::sync::atomic::Ordering::Relaxed);
+}
+
 /// The kernels' images this build carries, for a person: `"sm_80, sm_90, sm_100 cubins and
 /// compute_75 PTX (Triton 3.9.0)"`.
 pub fn kernel_images() -> String {

@@ -20,6 +20,8 @@
 //! | 6 | word offset of the programs' bounds: touched count + 1 word offsets into the sparse ops |
 //! | 7 | how many reductions (truncations, conditional forces, values read) the band kernel resolves |
 //! | 8, 9 | word offset and count of a forced row's other survivors (sorted, distinct) |
+//! | 10, 11 | word offset and count of the EOS ids a row the step leaves with no finite logit gets (the safety net, run by the row's last launch of the step; none: no net) |
+//! | 12, 13 | zero, for the apply kernel: whether a tile kept a finite logit, how many tiles are done |
 //!
 //! A forced row's other survivors are the tokens an [`Edit::Set`] after its last force names
 //! ([`RowPlan::set_after_force`]), the forced token left out: usually none.
@@ -30,7 +32,8 @@
 //! offset of its band record; [`Op::ForceIf`] `a` = token (or [`NO_TOKEN`]: the edit only
 //! watches), `b` = word offset of its trigger record; [`Op::ValueAt`] (where an
 //! [`Edit::AddScaledFrom`] stands, no edit itself) `a` = the token whose value it reads, `b` = word
-//! offset of its value record; [`Op::InfNanRemove`] (a whole-row edit, but one logit at a time).
+//! offset of its value record; [`Op::InfNanRemove`] (a whole-row edit, but one logit at a time);
+//! [`Op::Reshape`] `a` = word offset of its shape record.
 //! As a reduction sees the row, a logit that a force since the previous reduction did not name is
 //! `-inf`, unless an [`Edit::Set`] after the force names it (the kernels track the forces).
 //!
@@ -49,7 +52,9 @@
 //!   [`NO_TOKEN`]);
 //! - trigger ([`TRIGGER_WORDS`]): `[trigger, parameter, fired]` ([`TRIGGER_ARGMAX`] with the token,
 //!   [`TRIGGER_MAX_PROB_BELOW`] with `p`'s bits; `fired` 0 or 1);
-//! - value ([`VALUE_WORDS`]): `[value bits, factor bits]`.
+//! - value ([`VALUE_WORDS`]): `[value bits, factor bits]`;
+//! - shape ([`SHAPE_WORDS`]): `[transform, k bits, s bits, max bits, resolved]` (smoothing's
+//!   quadratic; `resolved` 0 where the row's largest value is not finite: the row stays).
 //!
 //! A forced row writes `-inf` everywhere but its survivors (the forced token and the tokens an
 //! [`Edit::Set`] after the last force names), unread; only the survivors' programs are
@@ -67,7 +72,7 @@
 use logits_processing::truncation;
 pub use logits_processing::truncation::{from_order_key, order_key};
 use logits_processing::{
-    Band, Batch, Edit, ForcedValue, RowPlan, Stage, Trigger, Truncation, WholeRow,
+    Band, Batch, Edit, ForcedValue, Reshape, RowPlan, Stage, Trigger, Truncation, WholeRow,
 };
 
 use crate::CudaError;
@@ -78,7 +83,7 @@ pub const THREADS: usize = 256;
 /// into `ceil(vocab / TILE)` tiles.
 pub const TILE: usize = 1024;
 /// Words per slot descriptor.
-pub const DESC_WORDS: usize = 10;
+pub const DESC_WORDS: usize = 14;
 /// Words per dense op.
 pub const DENSE_WORDS: usize = 4;
 /// Words per sparse op.
@@ -89,6 +94,10 @@ pub const BAND_WORDS: usize = 7;
 pub const TRIGGER_WORDS: usize = 3;
 /// Words per value record (an [`Edit::AddScaledFrom`]'s).
 pub const VALUE_WORDS: usize = 2;
+/// Words per shape record (an [`Edit::Reshape`]'s).
+pub const SHAPE_WORDS: usize = 5;
+/// A shape record's transform: smoothing's quadratic around the row's largest value.
+pub const SHAPE_QUADRATIC: u32 = 0;
 /// A trigger record's condition: the token's value is the row's largest.
 pub const TRIGGER_ARGMAX: u32 = 0;
 /// A trigger record's condition: the row's largest probability is below `p`.
@@ -120,10 +129,11 @@ pub enum Op {
     ValueAt = 11,
     InfNanRemove = 12,
     AddScaledFrom = 13,
+    Reshape = 14,
 }
 
 impl Op {
-    pub const ALL: [Op; 14] = [
+    pub const ALL: [Op; 15] = [
         Op::Scale,
         Op::ForceKeep,
         Op::ForceSet,
@@ -138,6 +148,7 @@ impl Op {
         Op::ValueAt,
         Op::InfNanRemove,
         Op::AddScaledFrom,
+        Op::Reshape,
     ];
 
     /// The op that carries out `edit`; `None` for an edit the kernels do not have (an
@@ -165,6 +176,7 @@ impl Op {
             Edit::ForceIf { .. } => Op::ForceIf,
             Edit::AddScaledFrom { .. } => Op::AddScaledFrom,
             Edit::Whole(WholeRow::InfNanRemove) => Op::InfNanRemove,
+            Edit::Reshape(Reshape::Smoothing { .. }) => Op::Reshape,
             Edit::Reshape(_) | Edit::Whole(WholeRow::SynthId(_)) | Edit::BiasLargest { .. } => {
                 return None
             }
@@ -188,6 +200,7 @@ impl Op {
             Op::ValueAt => "OP_VALUE_AT",
             Op::InfNanRemove => "OP_INF_NAN",
             Op::AddScaledFrom => "OP_ADD_FROM",
+            Op::Reshape => "OP_RESHAPE",
         }
     }
 
@@ -291,6 +304,8 @@ pub fn constants() -> Vec<(String, Constant)> {
         ("BAND_WORDS", Int(BAND_WORDS as u32)),
         ("TRIGGER_WORDS", Int(TRIGGER_WORDS as u32)),
         ("VALUE_WORDS", Int(VALUE_WORDS as u32)),
+        ("SHAPE_WORDS", Int(SHAPE_WORDS as u32)),
+        ("SHAPE_QUADRATIC", Int(SHAPE_QUADRATIC)),
         ("TRIGGER_ARGMAX", Int(TRIGGER_ARGMAX)),
         ("TRIGGER_MAX_PROB_BELOW", Int(TRIGGER_MAX_PROB_BELOW)),
         ("NO_TOKEN", Int(NO_TOKEN)),
@@ -370,7 +385,8 @@ impl PackedPlans {
         &self.words
     }
 
-    /// How many rows the apply kernel will edit (listed rows with a non-empty plan).
+    /// How many rows the apply kernel will edit (listed rows with a non-empty plan, or a safety
+    /// net).
     pub fn slots(&self) -> usize {
         self.slots
     }
@@ -408,6 +424,24 @@ impl PackedPlans {
         F: Fn() -> I,
         I: Iterator<Item = (usize, &'a RowPlan)>,
     {
+        self.pack_with_nets(plans, rows, vocab_size, &|_| &[])
+    }
+
+    /// [`PackedPlans::pack`], with the safety net (a row left with no finite logit gets its EOS
+    /// ids at 0.0, every other logit `-inf`: [`logits_processing::Pipeline`]'s) for the rows
+    /// `nets` gives EOS ids: those whose step ends with this launch. Such a row is packed even
+    /// with an empty plan.
+    pub fn pack_with_nets<'a, 'e, F, I>(
+        &mut self,
+        plans: F,
+        rows: usize,
+        vocab_size: usize,
+        nets: &dyn Fn(usize) -> &'e [u32],
+    ) -> Result<(), CudaError>
+    where
+        F: Fn() -> I,
+        I: Iterator<Item = (usize, &'a RowPlan)>,
+    {
         self.words.clear();
         self.slots = 0;
         self.truncating = (0, 0);
@@ -434,13 +468,24 @@ impl PackedPlans {
                 )));
             }
             plan.validate(vocab_size)?;
-            if !plan.is_empty() {
+            let eos = nets(row);
+            if let Some(&token) = eos.iter().find(|&&t| t as usize >= vocab_size) {
+                return Err(CudaError::InvalidArgument(format!(
+                    "row {row}'s EOS id {token} is outside the vocab of {vocab_size}"
+                )));
+            }
+            if !plan.is_empty() || !eos.is_empty() {
                 slots += 1;
             }
         }
         self.words.resize(slots * DESC_WORDS, 0);
-        for (slot, (row, plan)) in plans().filter(|(_, p)| !p.is_empty()).enumerate() {
-            let desc = self.pack_row(row, plan, vocab_size)?;
+        let listed = plans().filter(|(row, p)| !p.is_empty() || !nets(*row).is_empty());
+        for (slot, (row, plan)) in listed.enumerate() {
+            let mut desc = self.pack_row(row, plan, vocab_size)?;
+            let eos = nets(row);
+            desc[10] = self.words.len() as u32;
+            desc[11] = eos.len() as u32;
+            self.words.extend_from_slice(eos);
             if desc[7] > 0 {
                 self.truncating_slots.push(slot as u32);
             }
@@ -613,6 +658,18 @@ impl PackedPlans {
                     [op as u32, token.unwrap_or(NO_TOKEN), record, 0]
                 }
                 Edit::Whole(WholeRow::InfNanRemove) => [op as u32, 0, 0, 0],
+                Edit::Reshape(Reshape::Smoothing { k, s }) => {
+                    let record = self.words.len() as u32;
+                    self.words.extend_from_slice(&[
+                        SHAPE_QUADRATIC,
+                        k.to_bits(),
+                        s.to_bits(),
+                        0,
+                        0,
+                    ]);
+                    reductions += 1;
+                    [op as u32, record, 0, 0]
+                }
                 Edit::Ban { .. }
                 | Edit::Bias { .. }
                 | Edit::Penalty { .. }
@@ -718,6 +775,31 @@ pub fn level_plans(batch: &Batch, level: usize) -> impl Iterator<Item = (usize, 
             Some(Stage::Plan(plan)) => Some((row, plan)),
             _ => None,
         })
+}
+
+/// The EOS ids the launch of `level` gives `row` where the step leaves it no finite logit (the
+/// safety net): the row's, when its step ends with that launch (its last stage is the plan
+/// there); else none.
+pub fn level_net(batch: &Batch, level: usize, row: usize) -> &[u32] {
+    match batch.get(row) {
+        Some(pipeline)
+            if pipeline.stages().len() == level + 1
+                && matches!(pipeline.stages()[level], Stage::Plan(_)) =>
+        {
+            pipeline.eos_token_ids()
+        }
+        _ => &[],
+    }
+}
+
+/// The rows whose step does not end with a launch (their last stage is an external step): their
+/// safety net takes a launch of its own, after the step's last level ([`level_net`] for the
+/// others).
+pub fn rows_ending_outside(batch: &Batch) -> impl Iterator<Item = usize> + '_ {
+    batch.iter().filter_map(|(row, pipeline)| {
+        let ends_outside = !matches!(pipeline.stages().last(), Some(Stage::Plan(_)));
+        (ends_outside && !pipeline.eos_token_ids().is_empty()).then_some(row)
+    })
 }
 
 /// The rows whose `level`-th stage is an external step, with its key.

@@ -32,6 +32,8 @@ pub struct Readback {
     pending: Option<(cu::CUcontext, cu::CUevent)>,
     // The event, kept between steps (with its context).
     event: Option<(cu::CUcontext, cu::CUevent)>,
+    // Outcomes stored from the host (Triton's interpreter) wait to be collected.
+    host_stored: bool,
 }
 
 // SAFETY: the raw pointers are driver handles and pinned host memory owned by this value.
@@ -63,6 +65,7 @@ impl Readback {
     pub fn discard(&mut self) {
         self.used = 0;
         self.pending = None;
+        self.host_stored = false;
     }
 
     fn next_segment(&mut self, level: usize, packed: &PackedPlans, vocab: usize) -> &mut Segment {
@@ -79,10 +82,12 @@ impl Readback {
     }
 
     /// Keeps the outcomes of a launch run on the host (Triton's interpreter): `words`, the packed
-    /// words as the kernels left them, with the snapshots after them.
+    /// words as the kernels left them, with the snapshots after them. Collecting them counts the
+    /// wait a device's copy would take ([`crate::device_waits`]).
     pub fn store(&mut self, level: usize, packed: &PackedPlans, vocab: usize, words: Vec<u32>) {
         if !packed.observing().is_empty() {
             self.next_segment(level, packed, vocab).words = words;
+            self.host_stored = true;
         }
     }
 
@@ -142,14 +147,7 @@ impl Readback {
             Some((owner, event)) if owner == ctx => event,
             _ => {
                 self.destroy_event();
-                let mut event = std::ptr::null_mut();
-                check(
-                    cu::cuEventCreate(
-                        &mut event,
-                        cu::CUevent_flags::CU_EVENT_DISABLE_TIMING as u32,
-                    ),
-                    "cuEventCreate",
-                )?;
+                let event = crate::driver::new_event()?;
                 self.event = Some((ctx, event));
                 event
             }
@@ -162,11 +160,15 @@ impl Readback {
     /// Whether the outcomes are on the host (waiting for the copies when `wait`); copies them
     /// out of pinned memory.
     fn ready(&mut self, wait: bool) -> Result<bool, CudaError> {
+        if std::mem::take(&mut self.host_stored) {
+            crate::count_wait();
+        }
         if let Some((ctx, event)) = self.pending {
             let _current = CurrentContext::push(ctx)?;
             // SAFETY: our own event, recorded in `ctx`.
             unsafe {
                 if wait {
+                    crate::count_wait();
                     check(cu::cuEventSynchronize(event), "cuEventSynchronize")?;
                 } else {
                     match cu::cuEventQuery(event) {

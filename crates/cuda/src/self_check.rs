@@ -17,9 +17,9 @@ use crate::{CudaBatchApplier, CudaError};
 /// is checked at this one.
 const MIN_VOCAB: usize = 2053;
 /// The check's rows: its plans over and over, every 16th row unlisted.
-const ROWS: usize = 276;
+const ROWS: usize = 288;
 /// Rows per copy of the plans.
-pub(crate) const GROUP: usize = 23;
+pub(crate) const GROUP: usize = 24;
 
 /// Runs the check on the device the first time, at `vocab` (later calls return its cached
 /// outcome, whatever their vocab).
@@ -36,6 +36,11 @@ pub(crate) fn ensure(
 }
 
 fn run(kernels: &Arc<Kernels>, ordinal: usize, vocab: usize) -> Result<(), String> {
+    // The switch `scripts/gpu-check.sh` checks the fallback with (the device then takes the host
+    // round trip, with one warning).
+    if std::env::var_os("LOGITS_PROCESSING_TEST_SELF_CHECK").is_some_and(|v| v == "fail") {
+        return Err("failed on purpose (LOGITS_PROCESSING_TEST_SELF_CHECK=fail)".into());
+    }
     let mut applier = CudaBatchApplier::with_kernels(kernels.clone(), ordinal);
     let stream = Stream::new(ordinal).map_err(|e| format!("could not run: {e}"))?;
     check::<f32>(&mut applier, &stream, vocab)?;
@@ -386,6 +391,19 @@ pub(crate) fn plans(vocab: usize) -> Vec<(usize, RowPlan)> {
                 Edit::Truncate(Truncation::MirostatV2 { mu: 12.0, key: 0 }),
             ]),
         ),
+        (
+            23,
+            // Smoothing's quadratic around the row's largest value, after a bias that makes it,
+            // with a cubic term; then a top-k over the reshaped row.
+            plan(&[
+                Edit::Bias {
+                    token: 30,
+                    bias: 20.0,
+                },
+                Edit::Reshape(logits_processing::Reshape::Smoothing { k: 0.4, s: 0.05 }),
+                top_k(20),
+            ]),
+        ),
     ];
     // The same plans in every group of rows (each group's own logits).
     (0..ROWS / GROUP)
@@ -465,6 +483,7 @@ fn check<T: Logit>(
             layout,
             vocab,
             stream.raw(),
+            &|_| &[],
             None,
         )
     }

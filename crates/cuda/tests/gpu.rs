@@ -71,6 +71,7 @@ fn plans_case<T: Logit>(applier: &mut CudaBatchApplier, stream: &Stream, seed: u
             layout,
             vocab,
             stream.raw(),
+            &|_| &[],
             None,
         )
     }
@@ -231,6 +232,7 @@ fn many_steps_in_flight_keep_their_own_plans() {
                 layout,
                 vocab,
                 stream.raw(),
+                &|_| &[],
                 None,
             )
         }
@@ -258,7 +260,16 @@ fn default_stream_and_bad_arguments() {
     let f32_ = logits_processing::DType::F32;
     unsafe {
         applier
-            .apply_plans(&[(1, &plan)], buffer.ptr(), f32_, layout, vocab, 0, None)
+            .apply_plans(
+                &[(1, &plan)],
+                buffer.ptr(),
+                f32_,
+                layout,
+                vocab,
+                0,
+                &|_| &[],
+                None,
+            )
             .unwrap();
         let misaligned = applier.apply_plans(
             &[(1, &plan)],
@@ -267,13 +278,22 @@ fn default_stream_and_bad_arguments() {
             layout,
             vocab,
             0,
+            &|_| &[],
             None,
         );
         assert!(matches!(misaligned, Err(CudaError::InvalidArgument(_))));
-        let null = applier.apply_plans(&[(1, &plan)], 0, f32_, layout, vocab, 0, None);
+        let null = applier.apply_plans(&[(1, &plan)], 0, f32_, layout, vocab, 0, &|_| &[], None);
         assert!(matches!(null, Err(CudaError::InvalidArgument(_))));
-        let outside =
-            applier.apply_plans(&[(2, &plan)], buffer.ptr(), f32_, layout, vocab, 0, None);
+        let outside = applier.apply_plans(
+            &[(2, &plan)],
+            buffer.ptr(),
+            f32_,
+            layout,
+            vocab,
+            0,
+            &|_| &[],
+            None,
+        );
         assert!(matches!(outside, Err(CudaError::InvalidArgument(_))));
         let bad_token = plan_of(&[Edit::Ban { token: 7 }]);
         assert!(matches!(
@@ -284,6 +304,7 @@ fn default_stream_and_bad_arguments() {
                 layout,
                 vocab,
                 0,
+                &|_| &[],
                 None
             ),
             Err(CudaError::Core(_))

@@ -93,7 +93,6 @@ fn plans_only_the_cpu_path_carries_out_are_refused_as_unsupported() {
     use logits_processing::{Edit, Reshape, Truncation};
     let mut packed = PackedPlans::new();
     let edits = [
-        Edit::Reshape(Reshape::Smoothing { k: 1.0, s: 0.0 }),
         Edit::Reshape(Reshape::DynamicTemperature {
             temperature: 1.0,
             range: 0.5,

@@ -51,15 +51,12 @@ impl Pending {
     /// in flight): before the batch plans again, or its rows change.
     pub(crate) fn collect_batch(&mut self, py: Python<'_>, batch: &mut Batch) -> PyResult<()> {
         #[cfg(feature = "cuda")]
-        if self.readback.is_armed() {
-            let readback = &mut self.readback;
-            if let Err(error) = py.detach(|| readback.collect_batch(batch, true)) {
-                readback.discard();
-                return Err(new_err(ErrorClass::Device, error.to_string()));
-            }
+        return self.collect(py, |readback| readback.collect_batch(batch, true));
+        #[cfg(not(feature = "cuda"))]
+        {
+            let _ = (py, batch);
+            Ok(())
         }
-        let _ = (py, batch);
-        Ok(())
     }
 
     /// [`Pending::collect_batch`] for a single row's pipeline.
@@ -69,14 +66,32 @@ impl Pending {
         pipeline: &mut Pipeline,
     ) -> PyResult<()> {
         #[cfg(feature = "cuda")]
-        if self.readback.is_armed() {
-            let readback = &mut self.readback;
-            if let Err(error) = py.detach(|| readback.collect_pipeline(pipeline, true)) {
-                readback.discard();
-                return Err(new_err(ErrorClass::Device, error.to_string()));
-            }
+        return self.collect(py, |readback| readback.collect_pipeline(pipeline, true));
+        #[cfg(not(feature = "cuda"))]
+        {
+            let _ = (py, pipeline);
+            Ok(())
         }
-        let _ = (py, pipeline);
+    }
+
+    /// Runs `collect` when outcomes wait, without the GIL; on an error they are dropped.
+    #[cfg(feature = "cuda")]
+    fn collect(
+        &mut self,
+        py: Python<'_>,
+        collect: impl FnOnce(
+                &mut logits_processing_cuda::Readback,
+            ) -> Result<bool, logits_processing_cuda::CudaError>
+            + Send,
+    ) -> PyResult<()> {
+        if !self.readback.is_armed() {
+            return Ok(());
+        }
+        let readback = &mut self.readback;
+        if let Err(error) = py.detach(|| collect(readback)) {
+            readback.discard();
+            return Err(new_err(ErrorClass::Device, error.to_string()));
+        }
         Ok(())
     }
 
@@ -98,11 +113,16 @@ pub(crate) fn apply_row(py: Python<'_>, plan: &mut RowPlan, block: Block) -> PyR
     })? {
         return match route {
             cuda::Route::Kernels(ordinal) => {
-                cuda::apply_plans(py, ordinal, &[(0, &*plan)], block, None)
+                cuda::apply_plans(py, ordinal, &[(0, &*plan)], &|_| &[], block, None)
             }
-            cuda::Route::Interpret => {
-                cuda::interpret_plans(py, || std::iter::once((0, &*plan)), block, None, 0)
-            }
+            cuda::Route::Interpret => cuda::interpret_plans(
+                py,
+                || std::iter::once((0, &*plan)),
+                &|_| &[],
+                block,
+                None,
+                0,
+            ),
             cuda::Route::RoundTrip => {
                 cuda::on_host_copy(py, block, |host| edit_row(plan, host).py())
             }
@@ -140,13 +160,19 @@ pub(crate) fn apply_pipeline_row(
             _ => return Ok(()),
         };
         let readback = Some(&mut pending.readback);
+        let eos = pipeline.eos_token_ids();
         return match route {
             cuda::Route::Kernels(ordinal) => {
-                cuda::apply_plans(py, ordinal, &[(0, plan)], block, readback)
+                cuda::apply_plans(py, ordinal, &[(0, plan)], &|_| eos, block, readback)
             }
-            cuda::Route::Interpret => {
-                cuda::interpret_plans(py, || std::iter::once((0, plan)), block, readback, 0)
-            }
+            cuda::Route::Interpret => cuda::interpret_plans(
+                py,
+                || std::iter::once((0, plan)),
+                &|_| eos,
+                block,
+                readback,
+                0,
+            ),
             cuda::Route::RoundTrip => {
                 cuda::on_host_copy(py, block, |host| edit_pipeline_row(pipeline, host).py())
             }
@@ -274,7 +300,8 @@ pub(crate) mod cuda {
 
     use logits_processing::{Batch, BatchLayout, Pipeline, RowPlan, Stage};
     use logits_processing_cuda::packed::{
-        kernel_carries, level_externals, level_plans, levels, needs_host, PackedPlans,
+        kernel_carries, level_externals, level_net, level_plans, levels, needs_host,
+        rows_ending_outside, PackedPlans,
     };
     use logits_processing_cuda::round_trip::{
         self, CopiedMemory, DeviceStaging, HostMemory, HostRows,
@@ -528,12 +555,14 @@ pub(crate) mod cuda {
         })
     }
 
-    /// One launch for the listed rows' plans, on the producer's current stream; what their
-    /// processors read at the next step read back into `readback` when given.
-    pub(crate) fn apply_plans(
+    /// One launch for the listed rows' plans, on the producer's current stream, with the safety
+    /// net of the rows `nets` gives EOS ids; what their processors read at the next step read
+    /// back into `readback` when given.
+    pub(crate) fn apply_plans<'e>(
         py: Python<'_>,
         ordinal: i32,
         plans: &[(usize, &RowPlan)],
+        nets: &(dyn Fn(usize) -> &'e [u32] + Sync),
         block: Block,
         readback: Option<&mut Readback>,
     ) -> PyResult<()> {
@@ -549,6 +578,7 @@ pub(crate) mod cuda {
                         block.layout(),
                         block.vocab,
                         stream,
+                        nets,
                         readback,
                     )
                 }
@@ -561,9 +591,10 @@ pub(crate) mod cuda {
     /// on the host block: the plans packed as for a device (`PackedPlans`), then
     /// `logits_processing.kernels.launch` runs the band and apply kernels on them; what the
     /// processors read at their next step is kept in `readback` (for stage `level`) when given.
-    pub(crate) fn interpret_plans<'a, F, I>(
+    pub(crate) fn interpret_plans<'a, 'e, F, I>(
         py: Python<'_>,
         plans: F,
+        nets: &dyn Fn(usize) -> &'e [u32],
         block: Block,
         readback: Option<&mut Readback>,
         level: usize,
@@ -575,7 +606,7 @@ pub(crate) mod cuda {
         let host_error = |e: CudaError| new_err(ErrorClass::Device, e.to_string());
         let mut packed = PackedPlans::new();
         packed
-            .pack(plans, block.rows, block.vocab)
+            .pack_with_nets(plans, block.rows, block.vocab, nets)
             .map_err(host_error)?;
         if packed.slots() == 0 || block.vocab == 0 {
             return Ok(());
@@ -627,6 +658,7 @@ pub(crate) mod cuda {
             interpret_plans(
                 py,
                 || level_plans(batch, level),
+                &|row| level_net(batch, level, row),
                 block,
                 Some(&mut *readback),
                 level,
@@ -635,7 +667,16 @@ pub(crate) mod cuda {
                 external(row, key).py()?;
             }
         }
-        Ok(())
+        // The safety net of the rows whose step ends with an external step.
+        let empty = RowPlan::new();
+        interpret_plans(
+            py,
+            || rows_ending_outside(batch).map(|row| (row, &empty)),
+            &|row| batch.get(row).map_or(&[], |p| p.eos_token_ids()),
+            block,
+            None,
+            0,
+        )
     }
 
     /// Runs `step` on the batch. A step of several stages (a user's processor between built-ins)

@@ -260,6 +260,14 @@ fn _round_trip_waits() -> usize {
     device::cuda::ROUND_TRIP_WAITS.load(std::sync::atomic::Ordering::Relaxed)
 }
 
+/// How many times the device path has waited for the device in this process
+/// (`logits_processing_cuda::device_waits`).
+#[cfg(feature = "cuda")]
+#[pyfunction]
+fn _device_waits() -> usize {
+    logits_processing_cuda::device_waits()
+}
+
 /// A case of the CUDA crate's tests (`logits_processing_cuda::testing::kernel_case`), packed as
 /// the kernels read it: a dict of `words` (bytes of u32), `slots`, `list_at`, `truncating`, `rows`,
 /// `row_stride`, `vocab`, `input` and `expected` (the block's bytes before and after the CPU path,
@@ -415,6 +423,7 @@ fn _lib(m: &Bound<'_, PyModule>) -> PyResult<()> {
             testing.add_function(wrap_pyfunction!(_round_trip_host_tensors, &testing)?)?;
             testing.add_function(wrap_pyfunction!(_round_trip_waits, &testing)?)?;
             testing.add_function(wrap_pyfunction!(_kernel_case, &testing)?)?;
+            testing.add_function(wrap_pyfunction!(_device_waits, &testing)?)?;
         }
         m.add_submodule(&testing)?;
     }

@@ -54,6 +54,7 @@ OP_FORCE_IF: tl.constexpr = tl.constexpr(_C["OP_FORCE_IF"])
 OP_VALUE_AT: tl.constexpr = tl.constexpr(_C["OP_VALUE_AT"])
 OP_INF_NAN: tl.constexpr = tl.constexpr(_C["OP_INF_NAN"])
 OP_ADD_FROM: tl.constexpr = tl.constexpr(_C["OP_ADD_FROM"])
+OP_RESHAPE: tl.constexpr = tl.constexpr(_C["OP_RESHAPE"])
 TRIGGER_ARGMAX: tl.constexpr = tl.constexpr(_C["TRIGGER_ARGMAX"])
 TRIGGER_MAX_PROB_BELOW: tl.constexpr = tl.constexpr(_C["TRIGGER_MAX_PROB_BELOW"])
 RULE_TOP_K: tl.constexpr = tl.constexpr(_C["RULE_TOP_K"])
@@ -226,6 +227,21 @@ def _dense_op(P, op, i, v, DTYPE: tl.constexpr):
         # A force keeping its token's value, where the band kernel found the trigger fired.
         if (tl.load(P + tl.load(P + op + 2) + 2) != 0) & (a != NO_TOKEN):
             v = tl.where(i == a, _round(v + 0.0, DTYPE), -INF)
+    elif code == OP_RESHAPE:
+        # Smoothing's quadratic around the row's largest value (`Shape::Quadratic`), where the
+        # band kernel found one.
+        if tl.load(P + a + 4) != 0:
+            mx = _as_f32(tl.load(P + a + 3))
+            k = _as_f32(tl.load(P + a + 1))
+            s = _as_f32(tl.load(P + a + 2))
+            d = v - mx
+            y = (-(k * (d * d)) + s * (d * d * d)) + mx
+            # An overflow of a finite logit: in f64, saturated at the f32 extremes.
+            d64 = v.to(tl.float64) - mx.to(tl.float64)
+            wide = (-(k.to(tl.float64) * d64 * d64) + s.to(tl.float64) * d64 * d64 * d64) + mx.to(tl.float64)
+            saturated = tl.minimum(tl.maximum(wide, -F32_MAX), F32_MAX).to(tl.float32)
+            y = tl.where(_is_finite(y) | ~_is_finite(v), y, saturated)
+            v = _round(tl.where(v == -INF, v, y), DTYPE)
     elif code == OP_INF_NAN:
         if DTYPE == F32:
             top = F32_MAX
@@ -323,7 +339,8 @@ def _eval(P, d, i, v, dense_end, SEGMENTS: tl.constexpr, DTYPE: tl.constexpr):
             op = dense + j * DENSE_WORDS
             code = tl.load(P + op)
             a = tl.load(P + op + 1)
-            reduction = (code == OP_TRUNCATE) | (code == OP_FORCE_IF) | (code == OP_VALUE_AT)
+            reduction = (code == OP_TRUNCATE) | (code == OP_FORCE_IF) | (code == OP_VALUE_AT) | \
+                (code == OP_RESHAPE)
             if (code == OP_INF_NAN) | (SEGMENTS & reduction):
                 v = _fill(i, v, forced, set_after)
                 forced = tl.full([], NO_TOKEN, tl.int32)
@@ -349,6 +366,7 @@ def lp_apply(P, n_slots, tiles_per_row, vocab, row_stride, X, DTYPE: tl.constexp
     row = tl.load(d).to(tl.int64)
     forced = tl.load(d + 1)
     n_dense = tl.load(d + 3)
+    n_eos = tl.load(d + 11)
     x = X + row * row_stride
     i = tile * BLOCK + tl.arange(0, BLOCK)
     inside = i < vocab
@@ -358,12 +376,51 @@ def lp_apply(P, n_slots, tiles_per_row, vocab, row_stride, X, DTYPE: tl.constexp
         survives = inside & ((i == forced) | (_find(P, tl.load(d + 8), tl.load(d + 9), i) >= 0))
         v = _eval(P, d, i, _load(x, i, survives, DTYPE), n_dense, False, DTYPE)
         _store(x, i, tl.where(survives, v, -INF), inside, DTYPE)
+        finite = survives & _is_finite(v)
     else:
+        read = inside
         if n_dense == 0:
-            # Sparse edits alone: the touched tokens read and written, nothing else.
-            inside = inside & (_find(P, tl.load(d + 4), tl.load(d + 5), i) >= 0)
-        v = _eval(P, d, i, _load(x, i, inside, DTYPE), n_dense, False, DTYPE)
-        _store(x, i, v, inside, DTYPE)
+            # Sparse edits alone: the touched tokens read and written, nothing else (but the
+            # first tile's whole read, where the safety net below looks for a finite logit).
+            written = inside & (_find(P, tl.load(d + 4), tl.load(d + 5), i) >= 0)
+            if (n_eos == 0) | (tile != 0):
+                read = written
+        else:
+            written = inside
+        v = _eval(P, d, i, _load(x, i, read, DTYPE), n_dense, False, DTYPE)
+        _store(x, i, v, written, DTYPE)
+        finite = read & _is_finite(v)
+    if n_eos > 0:
+        _safety_net(P, d, x, vocab, tiles_per_row, finite, (forced == NO_TOKEN) & (n_dense == 0), DTYPE,
+                    BLOCK)
+
+
+@triton.jit
+def _safety_net(P, d, x, vocab, tiles_per_row, finite, sparse, DTYPE: tl.constexpr, BLOCK: tl.constexpr):
+    """A row the step leaves with no finite logit allows only its EOS ids, at 0.0 (`Pipeline`'s
+    safety net): each program says whether its tile kept one; the row's last program decides (for
+    a row of sparse edits, whose untouched tiles no program read but the first, by reading the
+    row itself)."""
+    tl.atomic_or(d + 12, tl.max(finite.to(tl.int32), 0), sem="relaxed")
+    done = tl.atomic_add(d + 13, 1, sem="acq_rel")
+    if done == tiles_per_row - 1:
+        kept = tl.atomic_or(d + 12, 0, sem="acquire") != 0
+        if (~kept) & sparse:
+            for begin in range(0, vocab, BLOCK):
+                i = begin + tl.arange(0, BLOCK)
+                inside = i < vocab
+                kept = kept | (tl.max((inside & _is_finite(_load(x, i, inside, DTYPE))).to(tl.int32), 0) != 0)
+        if ~kept:
+            for begin in range(0, vocab, BLOCK):
+                i = begin + tl.arange(0, BLOCK)
+                _store(x, i, tl.full([BLOCK], -INF, tl.float32), i < vocab, DTYPE)
+            eos = tl.load(d + 10)
+            n_eos = tl.load(d + 11)
+            for first in range(0, n_eos, BLOCK):
+                k = first + tl.arange(0, BLOCK)
+                listed = k < n_eos
+                token = tl.load(P + eos + k, mask=listed, other=0)
+                _store(x, token, tl.zeros([BLOCK], tl.float32), listed, DTYPE)
 
 
 # ------------------------------------------------------------------------------------------------
@@ -505,6 +562,18 @@ def _kth(P, d, x, vocab, t, k, DTYPE: tl.constexpr, BLOCK: tl.constexpr):
 
 
 @triton.jit
+def _largest(P, d, x, vocab, t, DTYPE: tl.constexpr, BLOCK: tl.constexpr):
+    """The row's largest value but NaN as it stands at dense op `t`, by `f32::total_cmp` (-inf for
+    none): `truncation::largest`."""
+    max_key = tl.full([], NEG_INF_KEY, tl.uint32)
+    for begin in range(0, vocab, BLOCK):
+        v, inside = _values(P, d, x, vocab, t, begin, DTYPE, BLOCK)
+        keys = tl.where(inside & (v == v), _order_key(v), NEG_INF_KEY)
+        max_key = tl.maximum(max_key, tl.max(keys, 0))
+    return _from_order_key(max_key)
+
+
+@triton.jit
 def _resolve_band(P, d, x, vocab, t, rule, parameter, min_keep, extra, DTYPE: tl.constexpr,
                   BLOCK: tl.constexpr):
     """The band of the truncation at dense op `t` (`Truncation::band`, truncation/*.rs)."""
@@ -515,13 +584,7 @@ def _resolve_band(P, d, x, vocab, t, rule, parameter, min_keep, extra, DTYPE: tl
         k = tl.maximum(parameter.to(tl.uint32, bitcast=True), min_keep)
         lo = _from_order_key(_kth(P, d, x, vocab, t, k, DTYPE, BLOCK))
     else:
-        # The maximum.
-        max_key = tl.full([], NEG_INF_KEY, tl.uint32)
-        for begin in range(0, vocab, BLOCK):
-            v, inside = _values(P, d, x, vocab, t, begin, DTYPE, BLOCK)
-            keys = tl.where(inside & (v == v), _order_key(v), NEG_INF_KEY)
-            max_key = tl.maximum(max_key, tl.max(keys, 0))
-        mx = _from_order_key(max_key)
+        mx = _largest(P, d, x, vocab, t, DTYPE, BLOCK)
         if (mx > -INF) & (mx < INF):
             # The fixed-point sums.
             total = tl.zeros([], tl.int64)
@@ -675,4 +738,11 @@ def lp_bands(P, list_at, vocab, row_stride, X, DTYPE: tl.constexpr, BLOCK: tl.co
             record = tl.load(P + op + 2)
             value = _value_at(P, d, x, vocab, t, tl.load(P + op + 1), DTYPE, BLOCK)
             tl.store(P + record, value.to(tl.int32, bitcast=True))
+            tl.debug_barrier()
+        elif code == OP_RESHAPE:
+            # The row's largest value (smoothing's quadratic is centred on it).
+            record = tl.load(P + op + 1)
+            mx = _largest(P, d, x, vocab, t, DTYPE, BLOCK)
+            tl.store(P + record + 3, mx.to(tl.int32, bitcast=True))
+            tl.store(P + record + 4, ((mx > -INF) & (mx < INF)).to(tl.int32))
             tl.debug_barrier()

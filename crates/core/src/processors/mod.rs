@@ -201,9 +201,7 @@ pub(crate) static KINDS: &[Kind] = &[
     Kind::new::<ThinkingBudgetSpec>("thinking_budget"),
     // Value transforms that read the row: quadratic smoothing before any temperature, as
     // text-generation-webui runs it; llama.cpp's dynamic temperature in the temperature's place.
-    Kind::new::<SmoothingSpec>("smoothing")
-        .history_free()
-        .editing_on_host(),
+    Kind::new::<SmoothingSpec>("smoothing").history_free(),
     Kind::new::<TemperatureSpec>("temperature").history_free(),
     Kind::new::<DynamicTemperatureSpec>("dynamic_temperature")
         .history_free()
