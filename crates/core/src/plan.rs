@@ -600,8 +600,9 @@ impl RowPlan {
 
     /// Records what a pass carried out elsewhere (the device's kernels, read back) resolved at
     /// the observing edit `edit`, as [`RowPlan::resolve_truncations`] keeps it for the
-    /// processor's next step: whether an [`Edit::ForceIf`] fired, or an observing truncation's
-    /// band over `values`, the row as it stood there. Anything else is ignored.
+    /// processor's next step: whether an [`Edit::ForceIf`] fired, an observing truncation's band
+    /// over the row as it stood there, or the row an observing reshape read. Anything else is
+    /// ignored.
     pub fn record_device_pass(&mut self, edit: usize, pass: DevicePass<'_>) {
         match (self.edits.get(edit).copied(), pass) {
             (Some(rule @ Edit::ForceIf { .. }), DevicePass::Fired(fired)) => {
@@ -613,6 +614,18 @@ impl RowPlan {
             (Some(Edit::Truncate(rule)), DevicePass::Band { values, band }) if rule.observes() => {
                 self.observe(edit, rule, values, band);
                 self.bands.push((edit, band));
+            }
+            (Some(Edit::Reshape(rule)), DevicePass::Row { values }) if rule.observes() => {
+                let shape = rule.shape(values);
+                if let Shape::AdaptiveP { max, scale, .. } = shape {
+                    let values = values.to_vec();
+                    self.observations.push((
+                        edit,
+                        Edit::Reshape(rule),
+                        Observed::Row { values, max, scale },
+                    ));
+                }
+                self.shapes.push((edit, shape));
             }
             _ => {}
         }
@@ -1083,6 +1096,8 @@ pub enum DevicePass<'a> {
     Fired(bool),
     /// An observing truncation's band, over the row as it stood there.
     Band { values: &'a [f32], band: Band },
+    /// The row an observing reshape read (adaptive-p's).
+    Row { values: &'a [f32] },
 }
 
 /// What one pass observed, out of its plan ([`RowPlan::swap_observations`]).

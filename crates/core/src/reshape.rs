@@ -39,9 +39,10 @@ pub enum Reshape {
 }
 
 impl Reshape {
-    /// Whether only the CPU path has this rule (the device's band kernel has smoothing).
+    /// Whether only the CPU path has this rule (the device's band kernel has smoothing and
+    /// adaptive-p).
     pub fn on_cpu_only(&self) -> bool {
-        !matches!(self, Reshape::Smoothing { .. })
+        !matches!(self, Reshape::Smoothing { .. } | Reshape::AdaptiveP { .. })
     }
 
     /// Whether the rule's pass keeps what it read for its processor's next step

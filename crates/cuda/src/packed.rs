@@ -53,8 +53,10 @@
 //! - trigger ([`TRIGGER_WORDS`]): `[trigger, parameter, fired]` ([`TRIGGER_ARGMAX`] with the token,
 //!   [`TRIGGER_MAX_PROB_BELOW`] with `p`'s bits; `fired` 0 or 1);
 //! - value ([`VALUE_WORDS`]): `[value bits, factor bits]`;
-//! - shape ([`SHAPE_WORDS`]): `[transform, k bits, s bits, max bits, resolved]` (smoothing's
-//!   quadratic; `resolved` 0 where the row's largest value is not finite: the row stays).
+//! - shape ([`SHAPE_WORDS`]): `[transform, first parameter, second parameter, max bits, resolved,
+//!   scale bits, snapshot]` (smoothing's quadratic with `k` and `s`, adaptive-p's transform with
+//!   its target; `resolved` 0 where the row's largest value is not finite: the row stays; the
+//!   snapshot, for adaptive-p, as a band record's).
 //!
 //! A forced row writes `-inf` everywhere but its survivors (the forced token and the tokens an
 //! [`Edit::Set`] after the last force names), unread; only the survivors' programs are
@@ -95,9 +97,11 @@ pub const TRIGGER_WORDS: usize = 3;
 /// Words per value record (an [`Edit::AddScaledFrom`]'s).
 pub const VALUE_WORDS: usize = 2;
 /// Words per shape record (an [`Edit::Reshape`]'s).
-pub const SHAPE_WORDS: usize = 5;
+pub const SHAPE_WORDS: usize = 7;
 /// A shape record's transform: smoothing's quadratic around the row's largest value.
 pub const SHAPE_QUADRATIC: u32 = 0;
+/// A shape record's transform: adaptive-p's, toward its target probability.
+pub const SHAPE_ADAPTIVE_P: u32 = 1;
 /// A trigger record's condition: the token's value is the row's largest.
 pub const TRIGGER_ARGMAX: u32 = 0;
 /// A trigger record's condition: the row's largest probability is below `p`.
@@ -176,7 +180,7 @@ impl Op {
             Edit::ForceIf { .. } => Op::ForceIf,
             Edit::AddScaledFrom { .. } => Op::AddScaledFrom,
             Edit::Whole(WholeRow::InfNanRemove) => Op::InfNanRemove,
-            Edit::Reshape(Reshape::Smoothing { .. }) => Op::Reshape,
+            Edit::Reshape(Reshape::Smoothing { .. } | Reshape::AdaptiveP { .. }) => Op::Reshape,
             Edit::Reshape(_) | Edit::Whole(WholeRow::SynthId(_)) | Edit::BiasLargest { .. } => {
                 return None
             }
@@ -306,6 +310,7 @@ pub fn constants() -> Vec<(String, Constant)> {
         ("VALUE_WORDS", Int(VALUE_WORDS as u32)),
         ("SHAPE_WORDS", Int(SHAPE_WORDS as u32)),
         ("SHAPE_QUADRATIC", Int(SHAPE_QUADRATIC)),
+        ("SHAPE_ADAPTIVE_P", Int(SHAPE_ADAPTIVE_P)),
         ("TRIGGER_ARGMAX", Int(TRIGGER_ARGMAX)),
         ("TRIGGER_MAX_PROB_BELOW", Int(TRIGGER_MAX_PROB_BELOW)),
         ("NO_TOKEN", Int(NO_TOKEN)),
@@ -371,8 +376,12 @@ pub struct Observing {
     pub edit: usize,
     /// The word offset of its record (a trigger's or a band's).
     pub record: u32,
-    /// For a truncation, the word offset of the row as it stood there (`vocab` words).
+    /// For a truncation or a reshape, the word offset of the row as it stood there (`vocab`
+    /// words).
     pub snapshot: Option<u32>,
+    /// Whether the edit is a reshape (its record a shape's), else a truncation or a conditional
+    /// force.
+    pub reshape: bool,
 }
 
 impl PackedPlans {
@@ -636,6 +645,7 @@ impl PackedPlans {
                             edit: at,
                             record,
                             snapshot: Some(record),
+                            reshape: false,
                         });
                     }
                     reductions += 1;
@@ -653,20 +663,37 @@ impl PackedPlans {
                         edit: at,
                         record,
                         snapshot: None,
+                        reshape: false,
                     });
                     reductions += 1;
                     [op as u32, token.unwrap_or(NO_TOKEN), record, 0]
                 }
                 Edit::Whole(WholeRow::InfNanRemove) => [op as u32, 0, 0, 0],
-                Edit::Reshape(Reshape::Smoothing { k, s }) => {
+                Edit::Reshape(rule @ (Reshape::Smoothing { .. } | Reshape::AdaptiveP { .. })) => {
+                    let (transform, first, second) = match rule {
+                        Reshape::Smoothing { k, s } => (SHAPE_QUADRATIC, k, s),
+                        Reshape::AdaptiveP { target, .. } => (SHAPE_ADAPTIVE_P, target, 0.0),
+                        _ => unreachable!(),
+                    };
                     let record = self.words.len() as u32;
                     self.words.extend_from_slice(&[
-                        SHAPE_QUADRATIC,
-                        k.to_bits(),
-                        s.to_bits(),
+                        transform,
+                        first.to_bits(),
+                        second.to_bits(),
                         0,
                         0,
+                        0,
+                        NO_TOKEN,
                     ]);
+                    if rule.observes() {
+                        self.observing.push(Observing {
+                            row,
+                            edit: at,
+                            record,
+                            snapshot: Some(record),
+                            reshape: true,
+                        });
+                    }
                     reductions += 1;
                     [op as u32, record, 0, 0]
                 }

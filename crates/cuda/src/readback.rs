@@ -279,14 +279,18 @@ impl Segment {
             None => DevicePass::Fired(self.words[record + 2] != 0),
             Some(snapshot) => {
                 let snapshot = &self.words[snapshot as usize..snapshot as usize + self.vocab];
-                DevicePass::Band {
-                    // SAFETY: u32 and f32 have the same size and alignment.
-                    values: unsafe {
-                        std::slice::from_raw_parts(snapshot.as_ptr().cast::<f32>(), snapshot.len())
-                    },
-                    band: Band {
-                        lo: f32::from_bits(self.words[record]),
-                        hi: f32::from_bits(self.words[record + 1]),
+                // SAFETY: u32 and f32 have the same size and alignment.
+                let values = unsafe {
+                    std::slice::from_raw_parts(snapshot.as_ptr().cast::<f32>(), snapshot.len())
+                };
+                match entry.reshape {
+                    true => DevicePass::Row { values },
+                    false => DevicePass::Band {
+                        values,
+                        band: Band {
+                            lo: f32::from_bits(self.words[record]),
+                            hi: f32::from_bits(self.words[record + 1]),
+                        },
                     },
                 }
             }

@@ -17,9 +17,9 @@ use crate::{CudaBatchApplier, CudaError};
 /// is checked at this one.
 const MIN_VOCAB: usize = 2053;
 /// The check's rows: its plans over and over, every 16th row unlisted.
-const ROWS: usize = 288;
+const ROWS: usize = 300;
 /// Rows per copy of the plans.
-pub(crate) const GROUP: usize = 24;
+pub(crate) const GROUP: usize = 25;
 
 /// Runs the check on the device the first time, at `vocab` (later calls return its cached
 /// outcome, whatever their vocab).
@@ -402,6 +402,17 @@ pub(crate) fn plans(vocab: usize) -> Vec<(usize, RowPlan)> {
                 },
                 Edit::Reshape(logits_processing::Reshape::Smoothing { k: 0.4, s: 0.05 }),
                 top_k(20),
+            ]),
+        ),
+        (
+            24,
+            // adaptive-p's transform toward its target probability, after a temperature.
+            plan(&[
+                Edit::Scale { temperature: 0.2 },
+                Edit::Reshape(logits_processing::Reshape::AdaptiveP {
+                    target: 0.3,
+                    key: 0,
+                }),
             ]),
         ),
     ];

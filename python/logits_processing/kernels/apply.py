@@ -25,6 +25,7 @@ extension (`_lib._device_layout()`), so the two cannot disagree.
 
 from __future__ import annotations
 
+import numpy as np
 import triton
 import triton.language as tl
 
@@ -55,6 +56,10 @@ OP_VALUE_AT: tl.constexpr = tl.constexpr(_C["OP_VALUE_AT"])
 OP_INF_NAN: tl.constexpr = tl.constexpr(_C["OP_INF_NAN"])
 OP_ADD_FROM: tl.constexpr = tl.constexpr(_C["OP_ADD_FROM"])
 OP_RESHAPE: tl.constexpr = tl.constexpr(_C["OP_RESHAPE"])
+SHAPE_QUADRATIC: tl.constexpr = tl.constexpr(_C["SHAPE_QUADRATIC"])
+SHAPE_ADAPTIVE_P: tl.constexpr = tl.constexpr(_C["SHAPE_ADAPTIVE_P"])
+# adaptive-p's 1 / 0.3, rounded to f32 as the host's constant (`1.0 / 0.3f32`).
+ADAPTIVE_P_SCALE: tl.constexpr = tl.constexpr(float(np.float32(1.0) / np.float32(0.3)))
 TRIGGER_ARGMAX: tl.constexpr = tl.constexpr(_C["TRIGGER_ARGMAX"])
 TRIGGER_MAX_PROB_BELOW: tl.constexpr = tl.constexpr(_C["TRIGGER_MAX_PROB_BELOW"])
 RULE_TOP_K: tl.constexpr = tl.constexpr(_C["RULE_TOP_K"])
@@ -228,19 +233,27 @@ def _dense_op(P, op, i, v, DTYPE: tl.constexpr):
         if (tl.load(P + tl.load(P + op + 2) + 2) != 0) & (a != NO_TOKEN):
             v = tl.where(i == a, _round(v + 0.0, DTYPE), -INF)
     elif code == OP_RESHAPE:
-        # Smoothing's quadratic around the row's largest value (`Shape::Quadratic`), where the
-        # band kernel found one.
+        # `Shape::apply`, around the row's largest value the band kernel found (none: the row
+        # stays).
         if tl.load(P + a + 4) != 0:
             mx = _as_f32(tl.load(P + a + 3))
-            k = _as_f32(tl.load(P + a + 1))
-            s = _as_f32(tl.load(P + a + 2))
-            d = v - mx
-            y = (-(k * (d * d)) + s * (d * d * d)) + mx
-            # An overflow of a finite logit: in f64, saturated at the f32 extremes.
-            d64 = v.to(tl.float64) - mx.to(tl.float64)
-            wide = (-(k.to(tl.float64) * d64 * d64) + s.to(tl.float64) * d64 * d64 * d64) + mx.to(tl.float64)
-            saturated = tl.minimum(tl.maximum(wide, -F32_MAX), F32_MAX).to(tl.float32)
-            y = tl.where(_is_finite(y) | ~_is_finite(v), y, saturated)
+            first = _as_f32(tl.load(P + a + 1))
+            if tl.load(P + a) == SHAPE_QUADRATIC:
+                # Smoothing: -k d^2 + s d^3 + max, d = x - max.
+                s = _as_f32(tl.load(P + a + 2))
+                d = v - mx
+                y = (-(first * (d * d)) + s * (d * d * d)) + mx
+                # An overflow of a finite logit: in f64, saturated at the f32 extremes.
+                d64 = v.to(tl.float64) - mx.to(tl.float64)
+                wide = (-(first.to(tl.float64) * d64 * d64) + s.to(tl.float64) * d64 * d64 * d64) + \
+                    mx.to(tl.float64)
+                saturated = tl.minimum(tl.maximum(wide, -F32_MAX), F32_MAX).to(tl.float32)
+                y = tl.where(_is_finite(y) | ~_is_finite(v), y, saturated)
+            else:
+                # adaptive-p: 5 - 10 d^2 / (1 + d), d = |p - target| / 0.3, p = exp(x - max) / S.
+                p = tl.div_rn(_exp(v - mx), _as_f32(tl.load(P + a + 5)))
+                d = tl.abs((p - first) * ADAPTIVE_P_SCALE)
+                y = 5.0 - tl.div_rn((10.0 * d) * d, 1.0 + d)
             v = _round(tl.where(v == -INF, v, y), DTYPE)
     elif code == OP_INF_NAN:
         if DTYPE == F32:
@@ -696,6 +709,17 @@ def _trigger(P, d, x, vocab, t, trigger, parameter, DTYPE: tl.constexpr, BLOCK: 
 
 
 @triton.jit
+def _snapshot(P, d, x, vocab, t, snapshot, DTYPE: tl.constexpr, BLOCK: tl.constexpr):
+    """The row as the reduction at dense op `t` reads it, written at word `snapshot` of P (none:
+    NO_TOKEN), for its processor's next step (mirostat's, adaptive-p's)."""
+    if snapshot != NO_TOKEN:
+        for begin in range(0, vocab, BLOCK):
+            v, inside = _values(P, d, x, vocab, t, begin, DTYPE, BLOCK)
+            i = begin + tl.arange(0, BLOCK)
+            tl.store(P + snapshot + i, _bits(v).to(tl.int32, bitcast=True), mask=inside)
+
+
+@triton.jit
 def _value_at(P, d, x, vocab, t, token, DTYPE: tl.constexpr, BLOCK: tl.constexpr):
     """The bits of `token`'s value as the row stands at dense op `t`."""
     begin = (token // BLOCK) * BLOCK
@@ -717,13 +741,7 @@ def lp_bands(P, list_at, vocab, row_stride, X, DTYPE: tl.constexpr, BLOCK: tl.co
         code = tl.load(P + op)
         if code == OP_TRUNCATE:
             record = tl.load(P + op + 1)
-            snapshot = tl.load(P + record + 6)
-            if snapshot != NO_TOKEN:
-                # The row as the rule reads it, for its processor's next step (mirostat's).
-                for begin in range(0, vocab, BLOCK):
-                    v, inside = _values(P, d, x, vocab, t, begin, DTYPE, BLOCK)
-                    i = begin + tl.arange(0, BLOCK)
-                    tl.store(P + snapshot + i, _bits(v).to(tl.int32, bitcast=True), mask=inside)
+            _snapshot(P, d, x, vocab, t, tl.load(P + record + 6), DTYPE, BLOCK)
             lo, hi = _resolve_band(P, d, x, vocab, t, tl.load(P + record + 2), tl.load(P + record + 3),
                                    tl.load(P + record + 4), tl.load(P + record + 5), DTYPE, BLOCK)
             tl.store(P + record, lo.to(tl.int32, bitcast=True))
@@ -740,9 +758,19 @@ def lp_bands(P, list_at, vocab, row_stride, X, DTYPE: tl.constexpr, BLOCK: tl.co
             tl.store(P + record, value.to(tl.int32, bitcast=True))
             tl.debug_barrier()
         elif code == OP_RESHAPE:
-            # The row's largest value (smoothing's quadratic is centred on it).
+            # The row's largest value and (adaptive-p) its softmax's sum: `Reshape::shape`.
             record = tl.load(P + op + 1)
+            _snapshot(P, d, x, vocab, t, tl.load(P + record + 6), DTYPE, BLOCK)
             mx = _largest(P, d, x, vocab, t, DTYPE, BLOCK)
+            resolved = (mx > -INF) & (mx < INF)
             tl.store(P + record + 3, mx.to(tl.int32, bitcast=True))
-            tl.store(P + record + 4, ((mx > -INF) & (mx < INF)).to(tl.int32))
+            tl.store(P + record + 4, resolved.to(tl.int32))
+            if resolved & (tl.load(P + record) == SHAPE_ADAPTIVE_P):
+                total = tl.zeros([], tl.int64)
+                for begin in range(0, vocab, BLOCK):
+                    v, inside = _values(P, d, x, vocab, t, begin, DTYPE, BLOCK)
+                    w, _ = _weights(v, mx)
+                    total += tl.sum(tl.where(inside, w, 0), 0)
+                scale = (total.to(tl.float64) / FIXED_SCALE).to(tl.float32)
+                tl.store(P + record + 5, scale.to(tl.int32, bitcast=True))
             tl.debug_barrier()

@@ -243,7 +243,7 @@ pub(crate) static KINDS: &[Kind] = &[
         .truncating()
         .editing_on_host(),
     // adaptive-p last too, as llama.cpp chains it: its next step reads the row its pass read.
-    Kind::new::<AdaptivePSpec>("adaptive_p").editing_on_host(),
+    Kind::new::<AdaptivePSpec>("adaptive_p"),
     // The watermark after every warper, as transformers runs it: its bias is the last word on
     // the row the sampler reads, and the self-hash scheme reads the row they left.
     Kind::new::<WatermarkSpec>("watermark").editing_on_host(),
