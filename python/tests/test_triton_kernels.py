@@ -100,7 +100,7 @@ NEEDS_TOKENIZER = {"ban_strings", "grammar", "json_object", "lazy_grammar"}
 NEEDS_CONTEXT = {"bitmask", "thinking_budget", "hello_world"}
 # Kinds whose plans the kernels do not carry, on every step or on some (docs/cuda.md): the host
 # round trip carries those steps, so they need not launch the kernels.
-ROUND_TRIP = {"log_softmax", "synthid_watermark", "top_n_sigma", "p_less", "top_h",
+ROUND_TRIP = { "synthid_watermark", "top_n_sigma", "p_less", "top_h",
               "tail_free", "dynamic_temperature"}
 
 

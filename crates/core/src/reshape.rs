@@ -39,10 +39,10 @@ pub enum Reshape {
 }
 
 impl Reshape {
-    /// Whether only the CPU path has this rule (the device's band kernel has smoothing and
-    /// adaptive-p).
+    /// Whether only the CPU path has this rule (the device's band kernel has all but dynamic
+    /// temperature).
     pub fn on_cpu_only(&self) -> bool {
-        !matches!(self, Reshape::Smoothing { .. } | Reshape::AdaptiveP { .. })
+        matches!(self, Reshape::DynamicTemperature { .. })
     }
 
     /// Whether the rule's pass keeps what it read for its processor's next step

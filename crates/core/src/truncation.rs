@@ -72,8 +72,8 @@ mod xtc;
 
 pub use band::{Band, Work};
 pub use gpu_shared::{
-    exp, fixed, from_order_key, order_key, EXP_LN2_HI, EXP_LN2_LO, EXP_LOG2_E, EXP_MAX, EXP_MIN,
-    EXP_POLY, EXP_SHIFTER, FIXED_BITS,
+    exp, fixed, from_order_key, ln, order_key, EXP_LN2_HI, EXP_LN2_LO, EXP_LOG2_E, EXP_MAX,
+    EXP_MIN, EXP_POLY, EXP_SHIFTER, FIXED_BITS, LN_LN2_HI, LN_LN2_LO, LN_POLY,
 };
 pub(crate) use select::{collect_from, kth_largest, largest_first};
 pub(crate) use softmax::largest;

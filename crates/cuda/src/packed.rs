@@ -55,8 +55,9 @@
 //! - value ([`VALUE_WORDS`]): `[value bits, factor bits]`;
 //! - shape ([`SHAPE_WORDS`]): `[transform, first parameter, second parameter, max bits, resolved,
 //!   scale bits, snapshot]` (smoothing's quadratic with `k` and `s`, adaptive-p's transform with
-//!   its target; `resolved` 0 where the row's largest value is not finite: the row stays; the
-//!   snapshot, for adaptive-p, as a band record's).
+//!   its target, log-softmax's; `resolved` 0 where the row's largest value is not finite: the row
+//!   stays; `scale`: adaptive-p's softmax sum, log-softmax's log of it; the snapshot, for
+//!   adaptive-p, as a band record's).
 //!
 //! A forced row writes `-inf` everywhere but its survivors (the forced token and the tokens an
 //! [`Edit::Set`] after the last force names), unread; only the survivors' programs are
@@ -102,6 +103,8 @@ pub const SHAPE_WORDS: usize = 7;
 pub const SHAPE_QUADRATIC: u32 = 0;
 /// A shape record's transform: adaptive-p's, toward its target probability.
 pub const SHAPE_ADAPTIVE_P: u32 = 1;
+/// A shape record's transform: log-softmax's, less the log of the softmax sum.
+pub const SHAPE_LOG_SOFTMAX: u32 = 2;
 /// A trigger record's condition: the token's value is the row's largest.
 pub const TRIGGER_ARGMAX: u32 = 0;
 /// A trigger record's condition: the row's largest probability is below `p`.
@@ -180,7 +183,9 @@ impl Op {
             Edit::ForceIf { .. } => Op::ForceIf,
             Edit::AddScaledFrom { .. } => Op::AddScaledFrom,
             Edit::Whole(WholeRow::InfNanRemove) => Op::InfNanRemove,
-            Edit::Reshape(Reshape::Smoothing { .. } | Reshape::AdaptiveP { .. }) => Op::Reshape,
+            Edit::Reshape(
+                Reshape::Smoothing { .. } | Reshape::AdaptiveP { .. } | Reshape::LogSoftmax,
+            ) => Op::Reshape,
             Edit::Reshape(_) | Edit::Whole(WholeRow::SynthId(_)) | Edit::BiasLargest { .. } => {
                 return None
             }
@@ -292,13 +297,14 @@ impl Rule {
 pub enum Constant {
     Int(u32),
     Float(f32),
+    Double(f64),
 }
 
 /// Every constant of the packed layout, every op code and rule code, and exp's coefficients, by
 /// name: their one definition, which the CUDA source ([`kernel_header`]) and the Triton kernels
 /// (through the Python extension) are both given.
 pub fn constants() -> Vec<(String, Constant)> {
-    use Constant::{Float, Int};
+    use Constant::{Double, Float, Int};
     let mut all: Vec<(String, Constant)> = [
         ("THREADS", Int(THREADS as u32)),
         ("TILE", Int(TILE as u32)),
@@ -311,6 +317,9 @@ pub fn constants() -> Vec<(String, Constant)> {
         ("SHAPE_WORDS", Int(SHAPE_WORDS as u32)),
         ("SHAPE_QUADRATIC", Int(SHAPE_QUADRATIC)),
         ("SHAPE_ADAPTIVE_P", Int(SHAPE_ADAPTIVE_P)),
+        ("SHAPE_LOG_SOFTMAX", Int(SHAPE_LOG_SOFTMAX)),
+        ("LN_LN2_HI", Double(truncation::LN_LN2_HI)),
+        ("LN_LN2_LO", Double(truncation::LN_LN2_LO)),
         ("TRIGGER_ARGMAX", Int(TRIGGER_ARGMAX)),
         ("TRIGGER_MAX_PROB_BELOW", Int(TRIGGER_MAX_PROB_BELOW)),
         ("NO_TOKEN", Int(NO_TOKEN)),
@@ -333,6 +342,9 @@ pub fn constants() -> Vec<(String, Constant)> {
         "EXP_POLY_LEN".into(),
         Int(truncation::EXP_POLY.len() as u32),
     ));
+    for (i, c) in truncation::LN_POLY.iter().enumerate() {
+        all.push((format!("LN_POLY_{i}"), Double(*c)));
+    }
     for op in Op::ALL {
         all.push((op.name().to_string(), Int(op as u32)));
     }
@@ -669,10 +681,15 @@ impl PackedPlans {
                     [op as u32, token.unwrap_or(NO_TOKEN), record, 0]
                 }
                 Edit::Whole(WholeRow::InfNanRemove) => [op as u32, 0, 0, 0],
-                Edit::Reshape(rule @ (Reshape::Smoothing { .. } | Reshape::AdaptiveP { .. })) => {
+                Edit::Reshape(
+                    rule @ (Reshape::Smoothing { .. }
+                    | Reshape::AdaptiveP { .. }
+                    | Reshape::LogSoftmax),
+                ) => {
                     let (transform, first, second) = match rule {
                         Reshape::Smoothing { k, s } => (SHAPE_QUADRATIC, k, s),
                         Reshape::AdaptiveP { target, .. } => (SHAPE_ADAPTIVE_P, target, 0.0),
+                        Reshape::LogSoftmax => (SHAPE_LOG_SOFTMAX, 0.0, 0.0),
                         _ => unreachable!(),
                     };
                     let record = self.words.len() as u32;

@@ -17,9 +17,9 @@ use crate::{CudaBatchApplier, CudaError};
 /// is checked at this one.
 const MIN_VOCAB: usize = 2053;
 /// The check's rows: its plans over and over, every 16th row unlisted.
-const ROWS: usize = 300;
+const ROWS: usize = 312;
 /// Rows per copy of the plans.
-pub(crate) const GROUP: usize = 25;
+pub(crate) const GROUP: usize = 26;
 
 /// Runs the check on the device the first time, at `vocab` (later calls return its cached
 /// outcome, whatever their vocab).
@@ -413,6 +413,17 @@ pub(crate) fn plans(vocab: usize) -> Vec<(usize, RowPlan)> {
                     target: 0.3,
                     key: 0,
                 }),
+            ]),
+        ),
+        (
+            25,
+            // Log-probabilities after a top-p (its removed tokens stay -inf).
+            plan(&[
+                Edit::Truncate(Truncation::TopP {
+                    p: 0.9,
+                    min_keep: 1,
+                }),
+                Edit::Reshape(logits_processing::Reshape::LogSoftmax),
             ]),
         ),
     ];

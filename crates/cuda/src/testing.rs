@@ -206,7 +206,7 @@ pub fn truncation(rng: &mut Rng, vocab: usize) -> Edit {
 }
 
 pub fn edit(rng: &mut Rng, vocab: usize) -> Item {
-    Item::Edit(match rng.below(23) {
+    Item::Edit(match rng.below(24) {
         0..=2 => Edit::Scale {
             temperature: temperature(rng),
         },
@@ -249,6 +249,7 @@ pub fn edit(rng: &mut Rng, vocab: usize) -> Item {
             factor: factor(rng),
         },
         18 => Edit::Whole(logits_processing::WholeRow::InfNanRemove),
+        23 => Edit::Reshape(logits_processing::Reshape::LogSoftmax),
         22 => Edit::Reshape(logits_processing::Reshape::AdaptiveP {
             target: rng.pick(&[0.0, 0.1, 0.5, 1.0]),
             key: 0,

@@ -350,6 +350,7 @@ fn _device_layout(py: Python<'_>) -> PyResult<Bound<'_, pyo3::types::PyDict>> {
         match value {
             Constant::Int(v) => layout.set_item(name, v)?,
             Constant::Float(x) => layout.set_item(name, x as f64)?,
+            Constant::Double(x) => layout.set_item(name, x)?,
         }
     }
     Ok(layout)

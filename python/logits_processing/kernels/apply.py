@@ -58,6 +58,16 @@ OP_ADD_FROM: tl.constexpr = tl.constexpr(_C["OP_ADD_FROM"])
 OP_RESHAPE: tl.constexpr = tl.constexpr(_C["OP_RESHAPE"])
 SHAPE_QUADRATIC: tl.constexpr = tl.constexpr(_C["SHAPE_QUADRATIC"])
 SHAPE_ADAPTIVE_P: tl.constexpr = tl.constexpr(_C["SHAPE_ADAPTIVE_P"])
+SHAPE_LOG_SOFTMAX: tl.constexpr = tl.constexpr(_C["SHAPE_LOG_SOFTMAX"])
+LN_LN2_HI: tl.constexpr = tl.constexpr(_C["LN_LN2_HI"])
+LN_LN2_LO: tl.constexpr = tl.constexpr(_C["LN_LN2_LO"])
+LN_POLY_0: tl.constexpr = tl.constexpr(_C["LN_POLY_0"])
+LN_POLY_1: tl.constexpr = tl.constexpr(_C["LN_POLY_1"])
+LN_POLY_2: tl.constexpr = tl.constexpr(_C["LN_POLY_2"])
+LN_POLY_3: tl.constexpr = tl.constexpr(_C["LN_POLY_3"])
+LN_POLY_4: tl.constexpr = tl.constexpr(_C["LN_POLY_4"])
+LN_POLY_5: tl.constexpr = tl.constexpr(_C["LN_POLY_5"])
+LN_POLY_6: tl.constexpr = tl.constexpr(_C["LN_POLY_6"])
 # adaptive-p's 1 / 0.3, rounded to f32 as the host's constant (`1.0 / 0.3f32`).
 ADAPTIVE_P_SCALE: tl.constexpr = tl.constexpr(float(np.float32(1.0) / np.float32(0.3)))
 TRIGGER_ARGMAX: tl.constexpr = tl.constexpr(_C["TRIGGER_ARGMAX"])
@@ -249,11 +259,14 @@ def _dense_op(P, op, i, v, DTYPE: tl.constexpr):
                     mx.to(tl.float64)
                 saturated = tl.minimum(tl.maximum(wide, -F32_MAX), F32_MAX).to(tl.float32)
                 y = tl.where(_is_finite(y) | ~_is_finite(v), y, saturated)
-            else:
+            elif tl.load(P + a) == SHAPE_ADAPTIVE_P:
                 # adaptive-p: 5 - 10 d^2 / (1 + d), d = |p - target| / 0.3, p = exp(x - max) / S.
                 p = tl.div_rn(_exp(v - mx), _as_f32(tl.load(P + a + 5)))
                 d = tl.abs((p - first) * ADAPTIVE_P_SCALE)
                 y = 5.0 - tl.div_rn((10.0 * d) * d, 1.0 + d)
+            else:
+                # log-softmax: (x - max) - ln S.
+                y = (v - mx) - _as_f32(tl.load(P + a + 5))
             v = _round(tl.where(v == -INF, v, y), DTYPE)
     elif code == OP_INF_NAN:
         if DTYPE == F32:
@@ -479,6 +492,35 @@ def _exp(x):
     out = tl.where(x < EXP_MIN, 0.0, out)
     out = tl.where(x > EXP_MAX, INF, out)
     return tl.where(x != x, x, out)
+
+
+@triton.jit
+def _ln(x):
+    """truncation/gpu_shared.rs's ln of an f64 at least 1, operation for operation (fdlibm's)."""
+    bits = x.to(tl.int64, bitcast=True)
+    high = (bits >> 32).to(tl.int32)
+    low = bits & 0xFFFFFFFF
+    k = (high >> 20) - 1023
+    high = high & 0x000FFFFF
+    i = (high + 0x95F64) & 0x00100000
+    x = (((high | (i ^ 0x3FF00000)).to(tl.int64) << 32) | low).to(tl.float64, bitcast=True)
+    k += i >> 20
+    f = x - 1.0
+    dk = k.to(tl.float64)
+    # |f| < 2^-20.
+    r_small = f * f * (0.5 - (1.0 / 3.0) * f)
+    small = tl.where(f == 0.0, dk * LN_LN2_HI + dk * LN_LN2_LO, dk * LN_LN2_HI - ((r_small - dk * LN_LN2_LO) - f))
+    s = f / (2.0 + f)
+    z = s * s
+    w = z * z
+    t1 = w * (LN_POLY_1 + w * (LN_POLY_3 + w * LN_POLY_5))
+    t2 = z * (LN_POLY_0 + w * (LN_POLY_2 + w * (LN_POLY_4 + w * LN_POLY_6)))
+    r = t2 + t1
+    hfsq = 0.5 * f * f
+    wide = dk * LN_LN2_HI - ((hfsq - (s * (hfsq + r) + dk * LN_LN2_LO)) - f)
+    narrow = dk * LN_LN2_HI - ((s * (f - r) - dk * LN_LN2_LO) - f)
+    out = tl.where(((high - 0x6147A) | (0x6B851 - high)) > 0, wide, narrow)
+    return tl.where((0x000FFFFF & (2 + high)) < 3, small, out)
 
 
 @triton.jit
@@ -765,12 +807,17 @@ def lp_bands(P, list_at, vocab, row_stride, X, DTYPE: tl.constexpr, BLOCK: tl.co
             resolved = (mx > -INF) & (mx < INF)
             tl.store(P + record + 3, mx.to(tl.int32, bitcast=True))
             tl.store(P + record + 4, resolved.to(tl.int32))
-            if resolved & (tl.load(P + record) == SHAPE_ADAPTIVE_P):
+            transform = tl.load(P + record)
+            if resolved & (transform != SHAPE_QUADRATIC):
                 total = tl.zeros([], tl.int64)
                 for begin in range(0, vocab, BLOCK):
                     v, inside = _values(P, d, x, vocab, t, begin, DTYPE, BLOCK)
                     w, _ = _weights(v, mx)
                     total += tl.sum(tl.where(inside, w, 0), 0)
-                scale = (total.to(tl.float64) / FIXED_SCALE).to(tl.float32)
+                # adaptive-p's S in f32, log-softmax's ln S.
+                sum = total.to(tl.float64) / FIXED_SCALE
+                scale = sum.to(tl.float32)
+                if transform == SHAPE_LOG_SOFTMAX:
+                    scale = _ln(sum).to(tl.float32)
                 tl.store(P + record + 5, scale.to(tl.int32, bitcast=True))
             tl.debug_barrier()

@@ -251,7 +251,5 @@ pub(crate) static KINDS: &[Kind] = &[
     // normalization): the watermark reads the distribution the sampler would.
     Kind::new::<SynthIdWatermarkSpec>("synthid_watermark").editing_on_host(),
     // The row as log-probabilities, after everything, as transformers runs its normalization.
-    Kind::new::<LogSoftmaxSpec>("log_softmax")
-        .history_free()
-        .editing_on_host(),
+    Kind::new::<LogSoftmaxSpec>("log_softmax").history_free(),
 ];
