@@ -72,8 +72,8 @@ mod xtc;
 
 pub use band::{Band, Work};
 pub use gpu_shared::{
-    exp, fixed, from_order_key, ln, order_key, EXP_LN2_HI, EXP_LN2_LO, EXP_LOG2_E, EXP_MAX,
-    EXP_MIN, EXP_POLY, EXP_SHIFTER, FIXED_BITS, LN_LN2_HI, LN_LN2_LO, LN_POLY,
+    exp, fixed, fixed_square, from_order_key, ln, order_key, EXP_LN2_HI, EXP_LN2_LO, EXP_LOG2_E,
+    EXP_MAX, EXP_MIN, EXP_POLY, EXP_SHIFTER, FIXED_BITS, LN_LN2_HI, LN_LN2_LO, LN_POLY,
 };
 pub(crate) use select::{collect_from, kth_largest, largest_first};
 pub(crate) use softmax::largest;
@@ -182,12 +182,11 @@ impl Truncation {
     }
 
     /// Whether only the CPU path has this rule (the device's band kernel has top-k, top-p, min-p,
-    /// typical, epsilon, eta, top-a, XTC and mirostat 2).
+    /// typical, epsilon, eta, top-a, XTC, mirostat 2 and p-less).
     pub fn on_cpu_only(&self) -> bool {
         matches!(
             self,
             Truncation::TopNSigma { .. }
-                | Truncation::PLess { .. }
                 | Truncation::TopH { .. }
                 | Truncation::TailFree { .. }
                 | Truncation::MirostatV1 { .. }

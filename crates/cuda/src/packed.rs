@@ -232,10 +232,11 @@ pub enum Rule {
     TopA = 6,
     Xtc = 7,
     MirostatV2 = 8,
+    PLess = 9,
 }
 
 impl Rule {
-    pub const ALL: [Rule; 9] = [
+    pub const ALL: [Rule; 10] = [
         Rule::TopK,
         Rule::TopP,
         Rule::MinP,
@@ -245,6 +246,7 @@ impl Rule {
         Rule::TopA,
         Rule::Xtc,
         Rule::MirostatV2,
+        Rule::PLess,
     ];
 
     /// The rule's code, parameter, `min_keep` and extra word, as a band record holds them; `None`
@@ -269,8 +271,11 @@ impl Rule {
                 let factor = (-(mu as f64)).exp2().to_bits();
                 (Rule::MirostatV2, factor as u32, 1, (factor >> 32) as u32)
             }
+            Truncation::PLess {
+                min_keep,
+                normalized,
+            } => (Rule::PLess, normalized as u32, min_keep, 0),
             Truncation::TopNSigma { .. }
-            | Truncation::PLess { .. }
             | Truncation::TopH { .. }
             | Truncation::TailFree { .. }
             | Truncation::MirostatV1 { .. } => return None,
@@ -288,6 +293,7 @@ impl Rule {
             Rule::TopA => "RULE_TOP_A",
             Rule::Xtc => "RULE_XTC",
             Rule::MirostatV2 => "RULE_MIROSTAT_V2",
+            Rule::PLess => "RULE_P_LESS",
         }
     }
 }

@@ -17,9 +17,9 @@ use crate::{CudaBatchApplier, CudaError};
 /// is checked at this one.
 const MIN_VOCAB: usize = 2053;
 /// The check's rows: its plans over and over, every 16th row unlisted.
-const ROWS: usize = 312;
+const ROWS: usize = 324;
 /// Rows per copy of the plans.
-pub(crate) const GROUP: usize = 26;
+pub(crate) const GROUP: usize = 27;
 
 /// Runs the check on the device the first time, at `vocab` (later calls return its cached
 /// outcome, whatever their vocab).
@@ -424,6 +424,21 @@ pub(crate) fn plans(vocab: usize) -> Vec<(usize, RowPlan)> {
                     min_keep: 1,
                 }),
                 Edit::Reshape(logits_processing::Reshape::LogSoftmax),
+            ]),
+        ),
+        (
+            26,
+            // p-less and p-less-norm after a temperature.
+            plan(&[
+                Edit::Scale { temperature: 0.3 },
+                Edit::Truncate(Truncation::PLess {
+                    min_keep: 2,
+                    normalized: true,
+                }),
+                Edit::Truncate(Truncation::PLess {
+                    min_keep: 1,
+                    normalized: false,
+                }),
             ]),
         ),
     ];

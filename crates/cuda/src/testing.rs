@@ -160,7 +160,7 @@ pub fn truncation(rng: &mut Rng, vocab: usize) -> Edit {
             rng.uniform(lo, hi)
         }
     };
-    Edit::Truncate(match rng.below(11) {
+    Edit::Truncate(match rng.below(12) {
         0 | 1 => Truncation::TopK {
             k: match rng.below(6) {
                 0 => vocab as u32 + rng.below(3) as u32,
@@ -197,6 +197,10 @@ pub fn truncation(rng: &mut Rng, vocab: usize) -> Edit {
         9 => Truncation::Xtc {
             threshold: fraction(rng, &[0.0, 1.0, 1e-4], 0.0, 0.3),
             min_keep,
+        },
+        11 => Truncation::PLess {
+            min_keep,
+            normalized: rng.chance(2),
         },
         _ => Truncation::MirostatV2 {
             mu: fraction(rng, &[0.0, 40.0, -3.0], 0.5, 12.0),

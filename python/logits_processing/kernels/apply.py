@@ -81,6 +81,7 @@ RULE_ETA: tl.constexpr = tl.constexpr(_C["RULE_ETA"])
 RULE_TOP_A: tl.constexpr = tl.constexpr(_C["RULE_TOP_A"])
 RULE_XTC: tl.constexpr = tl.constexpr(_C["RULE_XTC"])
 RULE_MIROSTAT_V2: tl.constexpr = tl.constexpr(_C["RULE_MIROSTAT_V2"])
+RULE_P_LESS: tl.constexpr = tl.constexpr(_C["RULE_P_LESS"])
 EXP_MIN: tl.constexpr = tl.constexpr(_C["EXP_MIN"])
 EXP_MAX: tl.constexpr = tl.constexpr(_C["EXP_MAX"])
 EXP_LOG2_E: tl.constexpr = tl.constexpr(_C["EXP_LOG2_E"])
@@ -524,6 +525,13 @@ def _ln(x):
 
 
 @triton.jit
+def _round_even(x):
+    """A non-negative f64 below 2^63 rounded to an integer, to nearest even (`round_ties_even`):
+    below 2^52 an f64 addition of 2^52 rounds to an integer; above, x is one."""
+    return tl.where(x < 4503599627370496.0, (x + 4503599627370496.0) - 4503599627370496.0, x)
+
+
+@triton.jit
 def _fixed(v):
     """round(v * 2^FIXED_BITS) to nearest even, v non-negative (truncation/gpu_shared.rs: fixed)."""
     x = v * FIXED_SCALE
@@ -689,6 +697,24 @@ def _resolve_band(P, d, x, vocab, t, rule, parameter, min_keep, extra, DTYPE: tl
                     threshold = tl.div_rn(p, scale)
                 elif rule == RULE_XTC:
                     threshold = p * scale
+                elif rule == RULE_P_LESS:
+                    # The collision probability sum p^2 = sum q^2 / S (fixed point, exact), or
+                    # p-less-norm's (n sum p^2 - 1) / (n - 1) over the n candidates, in q units.
+                    squares = tl.zeros([], tl.int64)
+                    n = tl.zeros([], tl.int64)
+                    for begin in range(0, vocab, BLOCK):
+                        v, inside = _values(P, d, x, vocab, t, begin, DTYPE, BLOCK)
+                        candidate = inside & (v == v) & (v != -INF)
+                        q = _exp(v - mx).to(tl.float64)
+                        squared = _round_even(q * q * FIXED_SCALE).to(tl.int64)
+                        squares += tl.sum(tl.where(candidate, squared, 0), 0)
+                        n += tl.sum(candidate.to(tl.int64), 0)
+                    sum = scale.to(tl.float64)
+                    collision = squares.to(tl.float64) / FIXED_SCALE / sum
+                    if parameter != 0:
+                        normalized = (n.to(tl.float64) * collision - sum) / (n.to(tl.float64) - 1.0)
+                        collision = tl.where(n <= 1, 0.0, tl.maximum(normalized, 0.0))
+                    threshold = tl.minimum(collision.to(tl.float32), 1.0)
                 elif rule == RULE_MIROSTAT_V2:
                     # `2^-mu` in f64, its bits in `parameter` (low) and `extra` (high).
                     bits = (extra.to(tl.uint32, bitcast=True).to(tl.uint64) << 32) | \

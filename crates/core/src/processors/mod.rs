@@ -225,10 +225,7 @@ pub(crate) static KINDS: &[Kind] = &[
         .truncating()
         .editing_on_host(),
     Kind::new::<TopASpec>("top_a").history_free().truncating(),
-    Kind::new::<PLessSpec>("p_less")
-        .history_free()
-        .truncating()
-        .editing_on_host(),
+    Kind::new::<PLessSpec>("p_less").history_free().truncating(),
     Kind::new::<TopHSpec>("top_h")
         .history_free()
         .truncating()

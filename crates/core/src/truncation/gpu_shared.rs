@@ -42,6 +42,15 @@ pub fn fixed(v: f32) -> u64 {
     (v * (1u64 << FIXED_BITS) as f32).round_ties_even() as u64
 }
 
+/// `q^2` (q a probability's `exp`, at most 1) as an integer multiple of `2^-FIXED_BITS`, rounded to
+/// nearest even: the square is exact in f64, so this is one correct rounding, and a sum of them
+/// (p-less's collision sum) is exact in any order.
+#[inline(always)]
+pub fn fixed_square(q: f32) -> u64 {
+    let q = q as f64;
+    (q * q * (1u64 << FIXED_BITS) as f64).round_ties_even() as u64
+}
+
 /// `e^x` from IEEE f32 basic operations and fused multiply-adds only, so that any machine with
 /// IEEE arithmetic (a GPU's `fmaf` included) computes the same bits: Cody-Waite reduction by
 /// `ln 2` (`x = n ln 2 + r`, `|r| <= ln 2 / 2`), Cephes' degree-7 polynomial for `e^r`, and a
