@@ -245,6 +245,20 @@ impl Truncation {
         self.band_portable(values, work)
     }
 
+    /// The band this rule keeps of a row whose values other than `-inf` are `values`, at the
+    /// ascending indices `at` (every other value `-inf`): among `values`, it keeps what the
+    /// rule's band over the whole row keeps. Every rule weighs only the values that are not
+    /// `-inf` (`-inf` weighs nothing in the fixed-point sums, and is never counted or kept), and
+    /// the float sums some rules take (p-less's) run over them in index order; top-n-sigma's
+    /// partial sums take each value by its index ([`top_n_sigma::band_at`]). The observing rules
+    /// (mirostat) keep probabilities by token: not for this.
+    pub(crate) fn band_at(&self, values: &[f32], at: &[u32], work: &mut Work) -> Band {
+        match *self {
+            Truncation::TopNSigma { n } => top_n_sigma::band_at(values, at, n),
+            _ => self.band(values, work),
+        }
+    }
+
     #[cfg(target_arch = "x86_64")]
     #[target_feature(enable = "avx2,fma")]
     fn band_fma(&self, values: &[f32], work: &mut Work) -> Band {
