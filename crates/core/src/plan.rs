@@ -1451,16 +1451,16 @@ mod tests {
         }
     }
 
-    /// Rows long enough for the survivors' path (`survivors.rs`), with ties (values on a grid of
-    /// quarters, and with a long tail for one row in two), and a few NaN, `-inf` or `+inf` (or
-    /// every twelfth value one of them).
+    /// Rows long enough for the survivors' path (`survivors.rs`), some past top-k's sampled floor
+    /// (8,192), with ties (values on a grid of quarters, and with a long tail for one row in
+    /// two), and a few NaN, `-inf` or `+inf` (or every twelfth value one of them).
     fn long_row() -> impl Strategy<Value = Vec<f32>> {
         let grid = |low: i32| (low..120).prop_map(|q| q as f32 / 4.0);
         let special = prop_oneof![Just(f32::NAN), Just(f32::INFINITY), Just(f32::NEG_INFINITY)];
         (
             prop_oneof![
-                proptest::collection::vec(grid(-120), 4096..6000),
-                proptest::collection::vec(grid(-1200), 4096..6000),
+                proptest::collection::vec(grid(-120), 4096..10_000),
+                proptest::collection::vec(grid(-1200), 4096..10_000),
             ],
             proptest::collection::vec((any::<prop::sample::Index>(), special.clone()), 0..4),
             prop_oneof![9 => Just(None), 1 => special.prop_map(Some)],
@@ -1521,13 +1521,13 @@ mod tests {
                 truncate(Truncation::MirostatV1 {
                     mu,
                     m,
-                    n_vocab: 6000,
+                    n_vocab: 10_000,
                     key: 2,
                 })
             }),
             any::<u32>().prop_map(|seed| Edit::Mask(MaskId(seed / 7 * 7 + 6))),
             (
-                0u32..6000,
+                0u32..10_000,
                 prop_oneof![
                     Just(ForcedValue::Keep),
                     (-3.0f32..3.0).prop_map(ForcedValue::Set)
@@ -1541,7 +1541,7 @@ mod tests {
     /// truncation rules `edit_strategy` lacks, and log-softmax.
     fn after_cut_strategy() -> impl Strategy<Value = Edit> {
         prop_oneof![
-            4 => edit_strategy(6000),
+            4 => edit_strategy(10_000),
             1 => cut_strategy().prop_filter("not an observing rule", |e| {
                 !matches!(e, Edit::Truncate(rule) if rule.observes())
             }),
@@ -1558,7 +1558,7 @@ mod tests {
         #[test]
         fn a_cut_then_any_edits_equal_step_by_step(
             row in long_row(),
-            before in proptest::collection::vec(edit_strategy(6000), 0..3),
+            before in proptest::collection::vec(edit_strategy(10_000), 0..3),
             cut in cut_strategy(),
             after in proptest::collection::vec(after_cut_strategy(), 1..7),
         ) {

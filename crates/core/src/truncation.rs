@@ -75,8 +75,8 @@ pub use gpu_shared::{
     exp, fixed, from_order_key, order_key, EXP_LN2_HI, EXP_LN2_LO, EXP_LOG2_E, EXP_MAX, EXP_MIN,
     EXP_POLY, EXP_SHIFTER, FIXED_BITS,
 };
-pub(crate) use select::{collect_from, kth_largest, largest_first};
-pub(crate) use softmax::largest;
+pub(crate) use select::{collect_from, kth_largest, kth_of, largest_first, sampled_floor};
+pub(crate) use softmax::{heavy, largest, lowest_reaching_heavy, HEAVY_BELOW, HEAVY_LIMIT};
 pub use softmax::{weight_sum, Softmax};
 
 use crate::error::{Error, Result};
@@ -590,6 +590,93 @@ mod tests {
             let b = rule.band(&other, &mut vec![]);
             let kept = |band: Band| row.iter().map(|&x| !band.removes(x)).collect::<Vec<_>>();
             prop_assert_eq!(kept(a), kept(b), "{:?}", rule);
+        }
+    }
+
+    /// Long rows whose mass sits near the maximum (as a model's does): a normal tail or a Zipf
+    /// shape, on a grid (ties) or not, with NaN, `-inf` and offsets, where [`heavy`]'s pass holds
+    /// every value that weighs anything.
+    fn model_row() -> impl Strategy<Value = Vec<f32>> {
+        (8_000usize..20_000, 0u8..4, any::<u64>(), -50.0f32..50.0).prop_map(
+            |(len, shape, seed, offset)| {
+                let mut state = seed | 1;
+                let mut uniform = move || {
+                    state ^= state << 13;
+                    state ^= state >> 7;
+                    state ^= state << 17;
+                    (state >> 40) as f32 / (1u64 << 24) as f32
+                };
+                (0..len)
+                    .map(|i| {
+                        let normal = (0..4).map(|_| uniform()).sum::<f32>() * 1.732 - 3.464;
+                        let x = match shape {
+                            0 => normal * 16.0,
+                            1 => (normal * 16.0 * 4.0).round() / 4.0,
+                            2 => 3.0 * (-1.1 * ((i + 1) as f32).ln() + 0.5 * normal),
+                            _ => normal * 4.0 - 30.0 + if i % 997 == 0 { 40.0 } else { 0.0 },
+                        };
+                        match (uniform() * 400.0) as u32 {
+                            0 => f32::NAN,
+                            1 => f32::NEG_INFINITY,
+                            _ => x + offset,
+                        }
+                    })
+                    .collect()
+            },
+        )
+    }
+
+    proptest! {
+        #![proptest_config(ProptestConfig::with_cases(64))]
+        /// Where [`heavy`] holds every value that weighs anything, the rules that select from it
+        /// keep what their definitions keep over the whole row (the same bits for top-p's value).
+        #[test]
+        fn bands_from_the_heavy_values_are_the_whole_rows(
+            row in model_row(),
+            p in 0.01f32..1.0,
+            mass in 0.01f32..0.99,
+            epsilon in 1e-6f32..0.1,
+            a in 0.001f32..1.0,
+            threshold in 0.001f32..0.5,
+            mu in 0.5f32..12.0,
+        ) {
+            let mut work = vec![];
+            prop_assert!(heavy(&row, true, HEAVY_LIMIT, &mut work).is_some());
+            let softmax = Softmax::of(&row);
+            let kept = |band: Band| row.iter().map(|&x| !band.removes(x)).collect::<Vec<_>>();
+            // The smallest value (not `-inf`) whose `q` reaches `t`, over the whole row.
+            let lowest = |t: f32| {
+                row.iter()
+                    .filter(|&&x| x != f32::NEG_INFINITY && softmax.q(x) >= t)
+                    .fold(f32::INFINITY, |m, &x| m.min(x))
+            };
+            let upward = |lo: f32| Band { lo: lo.min(softmax.max), hi: f32::INFINITY };
+            for rule in [
+                Truncation::TopP { p, min_keep: 1 },
+                Truncation::Typical { mass, min_keep: 1 },
+                Truncation::Typical { mass, min_keep: 3 },
+                Truncation::Epsilon { epsilon, min_keep: 1 },
+                Truncation::Eta { epsilon, min_keep: 1 },
+            ] {
+                let (fast, slow) = (rule.band(&row, &mut work), band_by_definition(&rule, &row));
+                prop_assert_eq!(kept(fast), kept(slow), "{:?}", rule);
+                if let Truncation::TopP { .. } = rule {
+                    prop_assert_eq!(fast.lo.to_bits(), slow.lo.to_bits());
+                }
+            }
+            let top_a = Truncation::TopA { a, min_keep: 1 };
+            let by_definition = upward(lowest(a / softmax.scale()));
+            prop_assert_eq!(kept(top_a.band(&row, &mut work)), kept(by_definition), "{:?}", top_a);
+            let mirostat = Truncation::MirostatV2 { mu, key: 0 };
+            let t = (softmax.scale() as f64 * (-(mu as f64)).exp2()) as f32;
+            prop_assert_eq!(kept(mirostat.band(&row, &mut work)), kept(upward(lowest(t))), "{:?}", mirostat);
+            let xtc = Truncation::Xtc { threshold, min_keep: 1 };
+            let v = lowest(threshold * softmax.scale());
+            let by_definition = match row.iter().any(|&x| x > v) {
+                true => Band { lo: f32::NEG_INFINITY, hi: v },
+                false => Band::ALL,
+            };
+            prop_assert_eq!(kept(xtc.band(&row, &mut work)), kept(by_definition), "{:?}", xtc);
         }
     }
 

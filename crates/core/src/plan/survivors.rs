@@ -25,7 +25,7 @@
 use super::{in_halves, Band, Bitmask, Edit, Fill, RowPlan};
 use crate::kernels;
 use crate::logit::Logit;
-use crate::truncation::Truncation;
+use crate::truncation::{kth_of, order_key, sampled_floor, Truncation, Work};
 
 /// Rows shorter than this take the full passes.
 const MIN_LEN: usize = 4096;
@@ -143,8 +143,24 @@ impl RowPlan {
                 &converted
             }
         };
-        let band = rule.band(read, &mut self.selection);
-        let kept = collect_kept(read, band, most, &mut self.survivors, values);
+        let (kept, band) = match rule {
+            Truncation::TopK { k, min_keep } => top_k_kept(
+                read,
+                k.max(min_keep) as usize,
+                most,
+                &mut self.selection,
+                &mut self.survivors,
+                values,
+            ),
+            _ => None,
+        }
+        .unwrap_or_else(|| {
+            let band = rule.band(read, &mut self.selection);
+            (
+                collect_kept(read, band, most, &mut self.survivors, values),
+                band,
+            )
+        });
         if kept {
             if rule.observes() {
                 self.observe(cut, rule, read, band);
@@ -294,6 +310,52 @@ impl RowPlan {
             len / 16
         }
     }
+}
+
+/// Top-k's band over a long row and its survivors in one pass (where [`collect_kept`] would make
+/// a second): every value (and NaN) at or above a floor under the `k` largest
+/// ([`sampled_floor`]) collected with its index, the k-th largest selected among them, the
+/// others dropped. Whether there are at most `most` survivors, and the band, as
+/// [`Truncation::band`] and [`collect_kept`] give them; `None` (nothing decided) when the floor
+/// leaves fewer than `k` values.
+fn top_k_kept(
+    read: &[f32],
+    k: usize,
+    most: usize,
+    work: &mut Work,
+    kept: &mut Vec<u32>,
+    values: &mut Vec<f32>,
+) -> Option<(bool, Band)> {
+    let floor = sampled_floor(read, k, work)?;
+    let at_least = Band {
+        lo: floor,
+        hi: f32::INFINITY,
+    };
+    collect_kept(read, at_least, usize::MAX, kept, values);
+    work.clear();
+    work.extend(
+        values
+            .iter()
+            .filter(|x| !x.is_nan())
+            .map(|&x| (order_key(x), 0, x)),
+    );
+    if work.len() < k {
+        return None;
+    }
+    let band = Band {
+        lo: kth_of(work, k),
+        hi: f32::INFINITY,
+    };
+    let mut at = 0;
+    for i in 0..kept.len() {
+        if !band.removes(values[i]) {
+            (kept[at], values[at]) = (kept[i], values[i]);
+            at += 1;
+        }
+    }
+    kept.truncate(at);
+    values.truncate(at);
+    Some((at <= most, band))
 }
 
 /// The mask's words that cover a row of `len`, the last one cut to the row.

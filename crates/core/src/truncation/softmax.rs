@@ -1,9 +1,10 @@
 //! The softmax in fixed point: the row's maximum, the weights of its values and their sums
 //! (vectorized where the CPU allows, the same bits everywhere).
 
+use crate::truncation::select::max_and_near;
 #[cfg(target_arch = "x86_64")]
 use crate::truncation::simd;
-use crate::truncation::{exp, fixed, from_order_key, order_key, Truncation, FIXED_BITS};
+use crate::truncation::{exp, fixed, from_order_key, order_key, Truncation, Work, FIXED_BITS};
 #[cfg(target_arch = "x86_64")]
 use crate::truncation::{EXP_LN2_HI, EXP_LN2_LO, EXP_LOG2_E, EXP_POLY, EXP_SHIFTER};
 
@@ -162,6 +163,75 @@ pub(super) fn weight_sum_avx2(values: &[f32], max: f32) -> u64 {
 /// Values more than this below the maximum have weight 0: `exp(d) < 2^-33`, which rounds to 0
 /// in fixed point (a test checks every f32 from `-104` to here).
 pub(super) const WEIGHTLESS: f32 = 23.0;
+
+/// How far below the maximum [`heavy`] collects: one more than [`WEIGHTLESS`], so that the
+/// rounding of `max - HEAVY_BELOW` (at most `2^-7` for a maximum below `1e5`) cannot leave out a
+/// value that weighs anything.
+pub(crate) const HEAVY_BELOW: f32 = WEIGHTLESS + 1.0;
+
+/// The softmax of `values` from the values that weigh anything, when they are few (a model's
+/// row: its mass sits within a few units of its maximum): one pass for the maximum and the values
+/// near it ([`max_and_near`]), then `exp` for those alone. `work` then holds every value from
+/// `max - HEAVY_BELOW` up (an upper set of the row, NaN and `-inf` aside), each with its order
+/// key and weight; the values below it weigh 0, so the sums are the whole row's (`E` when
+/// `entropy`, else 0). `None` (nothing decided) without AVX2, for a row whose maximum is not
+/// finite or is `1e5` or more in magnitude, or with more than `limit` values collected.
+#[inline(always)]
+pub(crate) fn heavy(
+    values: &[f32],
+    entropy: bool,
+    limit: usize,
+    work: &mut Work,
+) -> Option<Softmax> {
+    let max = max_and_near(values, -HEAVY_BELOW, limit, work)?;
+    if !(max.is_finite() && max.abs() < 1e5) {
+        return None;
+    }
+    let edge = max - HEAVY_BELOW;
+    work.retain(|e| e.2 >= edge);
+    // The sign of a zero maximum, as `largest` decides it: every zero of the row is collected.
+    let max = match max {
+        0.0 if work.iter().any(|e| e.2.to_bits() == 0) => 0.0,
+        0.0 => -0.0,
+        max => max,
+    };
+    let mut softmax = Softmax {
+        max,
+        sum: 0,
+        entropy_sum: 0,
+    };
+    for e in work.iter_mut() {
+        let (weight, entropy_weight) = softmax.weights(e.2);
+        *e = (order_key(e.2), weight, e.2);
+        softmax.sum += weight;
+        if entropy {
+            softmax.entropy_sum += entropy_weight;
+        }
+    }
+    Some(softmax)
+}
+
+/// The smallest value whose `q` reaches `threshold` (`+inf` when none does), as
+/// [`lowest_reaching`](super::select::lowest_reaching) finds it over the whole row, from the
+/// values [`heavy`] left in `work`: a value below them has `q < 4e-11` (its `x - max` is at most
+/// `-23.99`), so for a threshold of `1e-10` or more none of them reaches it. `None` for a smaller
+/// threshold (or NaN).
+#[inline(always)]
+pub(crate) fn lowest_reaching_heavy(work: &Work, max: f32, threshold: f32) -> Option<f32> {
+    if threshold.is_nan() || threshold < 1e-10 {
+        return None;
+    }
+    Some(
+        work.iter()
+            .map(|e| e.2)
+            .filter(|&x| exp(x - max) >= threshold)
+            .fold(f32::INFINITY, f32::min),
+    )
+}
+
+/// The values most rows keep [`heavy`]'s pass to: beyond them the rules take their passes over the
+/// whole row. Few enough that the `exp` of each costs a small part of a pass over the row.
+pub(crate) const HEAVY_LIMIT: usize = 4096;
 
 /// A row's softmax in the fixed-point form the module docs describe: the maximum, the sum `W`
 /// of the probabilities' fixed-point weights and the entropy sum `E`.

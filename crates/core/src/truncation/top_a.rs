@@ -2,16 +2,25 @@
 //! largest.
 
 use crate::truncation::select::{lowest_reaching, with_min_keep};
-use crate::truncation::{largest, Band, Softmax, Work};
+use crate::truncation::{heavy, largest, lowest_reaching_heavy, Band, Softmax, Work, HEAVY_LIMIT};
 
 /// The band top-a keeps. With `q = exp(x - max)` and `S` the sum of the `q`s (the fixed-point sum
 /// of the truncation module), `p = q / S` and `p_max = 1 / S`, so the rule is `q >= a / S`: one
 /// vectorized pass for `S`, then one pass of compares, `q` computed only for the values within a
-/// margin of `max + ln(a / S)` ([`lowest_reaching`]).
+/// margin of `max + ln(a / S)` ([`lowest_reaching`]); or from the values that weigh anything when
+/// they are few ([`heavy`]: one pass).
 #[inline(always)]
 pub(crate) fn band(values: &[f32], a: f32, min_keep: usize, work: &mut Work) -> Band {
+    if a <= 0.0 {
+        return Band::ALL;
+    }
+    if let Some(softmax) = heavy(values, false, HEAVY_LIMIT, work) {
+        if let Some(lo) = lowest_reaching_heavy(work, softmax.max, a / softmax.scale()) {
+            return with_min_keep(values, lo, softmax.max, min_keep, work);
+        }
+    }
     let max = largest(values);
-    if !max.is_finite() || a <= 0.0 {
+    if !max.is_finite() {
         return Band::ALL;
     }
     let softmax = Softmax::weights_only(values, max);

@@ -3,14 +3,21 @@
 #[cfg(target_arch = "x86_64")]
 use crate::truncation::select::reaching_bucket;
 use crate::truncation::select::{collect_from, weighted_select, with_min_keep};
-use crate::truncation::{largest, Band, Softmax, Work};
+use crate::truncation::{heavy, largest, Band, Softmax, Work, HEAVY_LIMIT};
 #[cfg(target_arch = "x86_64")]
 use crate::truncation::{order_key, simd};
 
-/// The band top-p keeps: from the lowest value its mass needs ([`lowest`]), at least `min_keep`
-/// values; everything when the row has no distribution or its mass never reaches `p`.
+/// The band top-p keeps: from the lowest value its mass needs, at least `min_keep` values;
+/// everything when the row has no distribution or its mass never reaches `p`. The boundary is
+/// selected among the values that weigh anything when they are few ([`heavy`]: one pass), else
+/// as [`lowest`] selects it.
 #[inline(always)]
 pub(crate) fn band(values: &[f32], p: f32, min_keep: usize, work: &mut Work) -> Band {
+    if let Some(softmax) = heavy(values, false, HEAVY_LIMIT, work) {
+        // Every value that weighs anything is in `work`: their mass is the row's.
+        let lo = weighted_select(work, 0, softmax.target(p)).2;
+        return with_min_keep(values, lo, softmax.max, min_keep, work);
+    }
     let max = largest(values);
     if !max.is_finite() {
         // No distribution (as `Softmax::is_defined`).

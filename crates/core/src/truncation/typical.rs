@@ -5,12 +5,16 @@
 use crate::truncation::select::{reaching_bucket, weighted_select};
 #[cfg(target_arch = "x86_64")]
 use crate::truncation::simd;
-use crate::truncation::{largest, order_key, Band, Softmax, Work};
+use crate::truncation::{heavy, largest, order_key, Band, Softmax, Work, HEAVY_BELOW, HEAVY_LIMIT};
 
-/// The band typical keeps: with the passes of `truncation/simd.rs` for `min_keep` 1 where the
-/// CPU has them ([`band_wide`]), otherwise by partial sorts of the scores ([`by_sorting`]).
+/// The band typical keeps: from the values that weigh anything when they are few
+/// ([`from_heavy`]), else with the passes of `truncation/simd.rs` for `min_keep` 1 where the CPU
+/// has them ([`band_wide`]), otherwise by partial sorts of the scores ([`by_sorting`]).
 #[inline(always)]
 pub(crate) fn band(values: &[f32], mass: f32, min_keep: usize, work: &mut Work) -> Band {
+    if let Some(band) = from_heavy(values, mass, min_keep, work) {
+        return band;
+    }
     let max = largest(values);
     if !max.is_finite() {
         // No distribution (as `Softmax::is_defined`).
@@ -21,6 +25,28 @@ pub(crate) fn band(values: &[f32], mass: f32, min_keep: usize, work: &mut Work) 
         return band_wide(values, max, mass, work);
     }
     by_sorting(values, &Softmax::of(values), mass, min_keep, work)
+}
+
+/// Typical's band from the values that weigh anything, when they are few ([`heavy`]: one pass)
+/// and no value below them can have a score within the band's: the selection is
+/// [`by_sorting`]'s over them (their mass is the row's). A value below them has `x - max` at most
+/// the edge's, so while the edge's `d + E / W` is negative its score is at least the edge's;
+/// the band's largest score is at one of its ends (the score is convex in the value). With at
+/// most [`HEAVY_LIMIT`] values near the maximum, `E / W` stays below about 6 and the check
+/// always holds: it guards the argument, not a case seen.
+fn from_heavy(values: &[f32], mass: f32, min_keep: usize, work: &mut Work) -> Option<Band> {
+    let softmax = heavy(values, true, HEAVY_LIMIT, work)?;
+    let near: Vec<f32> = work.iter().map(|e| e.2).collect();
+    if min_keep > near.len() {
+        return None;
+    }
+    let band = by_sorting(&near, &softmax, mass, min_keep, work);
+    let shift = softmax.shift();
+    let score = |x: f32| softmax.typical_score(x, shift);
+    let edge = softmax.max - HEAVY_BELOW;
+    let below_edge = (edge - softmax.max) + shift < 0.0;
+    (band != Band::ALL && below_edge && score(edge) > score(band.lo).max(score(band.hi)))
+        .then_some(band)
 }
 
 /// Typical's band with the passes of `truncation/simd.rs` (`min_keep` 1): the sums `W` and `E` in one pass, then

@@ -2,13 +2,29 @@
 //! probability reaches the threshold.
 
 use crate::truncation::select::lowest_reaching;
-use crate::truncation::{largest, Band, Softmax, Work};
+use crate::truncation::{heavy, largest, lowest_reaching_heavy, Band, Softmax, Work, HEAVY_LIMIT};
 
 /// The band XTC's cut keeps: `v` the smallest value whose probability reaches `threshold`
 /// (`q >= threshold * S`), every value above `v` removed, when there is one and at least
-/// `min_keep` finite values stay; otherwise everything.
+/// `min_keep` finite values stay; otherwise everything. For `min_keep` 1, from the values that
+/// weigh anything when they are few ([`heavy`]: one pass).
 #[inline(always)]
 pub(crate) fn band(values: &[f32], threshold: f32, min_keep: usize, work: &mut Work) -> Band {
+    if min_keep == 1 {
+        if let Some(softmax) = heavy(values, false, HEAVY_LIMIT, work) {
+            let reaching = threshold * softmax.scale();
+            if let Some(v) = lowest_reaching_heavy(work, softmax.max, reaching) {
+                // The values above `v` are among those `heavy` collected.
+                return match work.iter().any(|e| e.2 > v) {
+                    true => Band {
+                        lo: f32::NEG_INFINITY,
+                        hi: v,
+                    },
+                    false => Band::ALL,
+                };
+            }
+        }
+    }
     let max = largest(values);
     if !max.is_finite() {
         return Band::ALL;
