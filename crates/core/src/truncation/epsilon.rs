@@ -2,9 +2,7 @@
 //! least `min(epsilon, sqrt(epsilon) * exp(-entropy))`).
 
 use crate::truncation::select::with_min_keep;
-use crate::truncation::{
-    heavy, largest, lowest_reaching_heavy, Band, Softmax, Truncation, Work, HEAVY_LIMIT,
-};
+use crate::truncation::{heavy, largest, lowest_reaching_near, Band, Softmax, Truncation, Work};
 #[cfg(target_arch = "x86_64")]
 use crate::truncation::{select::lowest_reaching, simd};
 
@@ -14,12 +12,14 @@ use crate::truncation::{select::lowest_reaching, simd};
 #[inline(always)]
 pub(crate) fn band(values: &[f32], rule: &Truncation, min_keep: usize, work: &mut Work) -> Band {
     let eta = matches!(rule, Truncation::Eta { .. });
-    if let Some(softmax) = heavy(values, eta, HEAVY_LIMIT, work) {
-        if let Some(lo) = lowest_reaching_heavy(work, softmax.max, softmax.threshold(rule)) {
-            return with_min_keep(values, lo, softmax.max, min_keep, work);
-        }
-    }
-    let max = largest(values);
+    let near = heavy(values, eta, work, |near, softmax, work| {
+        let lo = lowest_reaching_near(near, softmax.max, softmax.threshold(rule), work)?;
+        Some((lo, softmax.max))
+    });
+    let max = match near {
+        Ok((lo, max)) => return with_min_keep(values, lo, max, min_keep, work),
+        Err(max) => max.unwrap_or_else(|| largest(values)),
+    };
     if !max.is_finite() {
         // No distribution (as `Softmax::is_defined`).
         return Band::ALL;

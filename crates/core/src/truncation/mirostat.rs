@@ -2,8 +2,7 @@
 
 use crate::truncation::select::lowest_reaching;
 use crate::truncation::{
-    collect_from, exp, heavy, kth_largest, largest, lowest_reaching_heavy, Band, Softmax, Work,
-    HEAVY_LIMIT,
+    collect_from, exp, heavy, kth_largest, largest, lowest_reaching_near, Band, Softmax, Work,
 };
 
 /// Mirostat 2's band: the values whose probability is at least `2^-mu` (`q >= S 2^-mu`), at
@@ -12,15 +11,17 @@ use crate::truncation::{
 #[inline(always)]
 pub(crate) fn band_v2(values: &[f32], mu: f32, work: &mut Work) -> Band {
     let threshold = |softmax: &Softmax| (softmax.scale() as f64 * (-(mu as f64)).exp2()) as f32;
-    if let Some(softmax) = heavy(values, false, HEAVY_LIMIT, work) {
-        if let Some(lo) = lowest_reaching_heavy(work, softmax.max, threshold(&softmax)) {
-            return Band {
-                lo: lo.min(softmax.max),
-                hi: f32::INFINITY,
-            };
-        }
-    }
-    let max = largest(values);
+    let near = heavy(values, false, work, |near, softmax, work| {
+        let lo = lowest_reaching_near(near, softmax.max, threshold(&softmax), work)?;
+        Some(Band {
+            lo: lo.min(softmax.max),
+            hi: f32::INFINITY,
+        })
+    });
+    let max = match near {
+        Ok(band) => return band,
+        Err(max) => max.unwrap_or_else(|| largest(values)),
+    };
     if !max.is_finite() {
         return Band::ALL;
     }

@@ -11,7 +11,7 @@ use std::arch::x86_64::*;
 
 mod avx2;
 
-use super::softmax::WEIGHTLESS;
+use super::softmax::{ENTROPY_WEIGHTLESS, WEIGHTLESS};
 use super::{
     order_key, Work, EXP_LN2_HI, EXP_LN2_LO, EXP_LOG2_E, EXP_POLY, EXP_SHIFTER, FIXED_BITS,
 };
@@ -98,7 +98,7 @@ impl Lanes {
     /// rounding of a normal product.
     #[inline(always)]
     unsafe fn weights_and_entropy(&self, d: __m512) -> (__m512, __m512, __mmask16) {
-        let live = _mm512_cmp_ps_mask::<_CMP_GE_OQ>(d, _mm512_set1_ps(-32.0));
+        let live = _mm512_cmp_ps_mask::<_CMP_GE_OQ>(d, _mm512_set1_ps(-ENTROPY_WEIGHTLESS));
         let scaled = self.scaled_exp(d);
         let minus_d = _mm512_sub_ps(_mm512_setzero_ps(), d);
         let entropy = round(live, _mm512_mul_ps(scaled, minus_d));

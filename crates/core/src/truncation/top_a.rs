@@ -2,7 +2,7 @@
 //! largest.
 
 use crate::truncation::select::{lowest_reaching, with_min_keep};
-use crate::truncation::{heavy, largest, lowest_reaching_heavy, Band, Softmax, Work, HEAVY_LIMIT};
+use crate::truncation::{heavy, largest, lowest_reaching_near, Band, Softmax, Work};
 
 /// The band top-a keeps. With `q = exp(x - max)` and `S` the sum of the `q`s (the fixed-point sum
 /// of the truncation module), `p = q / S` and `p_max = 1 / S`, so the rule is `q >= a / S`: one
@@ -14,12 +14,14 @@ pub(crate) fn band(values: &[f32], a: f32, min_keep: usize, work: &mut Work) -> 
     if a <= 0.0 {
         return Band::ALL;
     }
-    if let Some(softmax) = heavy(values, false, HEAVY_LIMIT, work) {
-        if let Some(lo) = lowest_reaching_heavy(work, softmax.max, a / softmax.scale()) {
-            return with_min_keep(values, lo, softmax.max, min_keep, work);
-        }
-    }
-    let max = largest(values);
+    let near = heavy(values, false, work, |near, softmax, work| {
+        let lo = lowest_reaching_near(near, softmax.max, a / softmax.scale(), work)?;
+        Some((lo, softmax.max))
+    });
+    let max = match near {
+        Ok((lo, max)) => return with_min_keep(values, lo, max, min_keep, work),
+        Err(max) => max.unwrap_or_else(|| largest(values)),
+    };
     if !max.is_finite() {
         return Band::ALL;
     }

@@ -8,7 +8,7 @@
 
 use std::arch::x86_64::*;
 
-use super::super::softmax::WEIGHTLESS;
+use super::super::softmax::{ENTROPY_WEIGHTLESS, WEIGHTLESS};
 use super::super::{
     order_key, Work, EXP_LN2_HI, EXP_LN2_LO, EXP_LOG2_E, EXP_POLY, EXP_SHIFTER, FIXED_BITS,
 };
@@ -68,7 +68,7 @@ impl Lanes {
     /// or NaN (as `simd.rs`); and the mask of the other lanes.
     #[inline(always)]
     unsafe fn weights_and_entropy(&self, d: __m256) -> (__m256, __m256, __m256) {
-        let live = _mm256_cmp_ps::<_CMP_GE_OQ>(d, _mm256_set1_ps(-32.0));
+        let live = _mm256_cmp_ps::<_CMP_GE_OQ>(d, _mm256_set1_ps(-ENTROPY_WEIGHTLESS));
         let scaled = self.scaled_exp(d);
         let minus_d = _mm256_sub_ps(_mm256_setzero_ps(), d);
         let entropy = round(live, _mm256_mul_ps(scaled, minus_d));
@@ -168,8 +168,8 @@ pub(super) fn sums_with_entropy(values: &[f32], max: f32) -> (u64, u64) {
             let a = lanes.d(_mm256_loadu_ps(block.as_ptr()));
             let b = lanes.d(_mm256_loadu_ps(block.as_ptr().add(8)));
             let live = _mm256_or_ps(
-                _mm256_cmp_ps::<_CMP_GE_OQ>(a, _mm256_set1_ps(-32.0)),
-                _mm256_cmp_ps::<_CMP_GE_OQ>(b, _mm256_set1_ps(-32.0)),
+                _mm256_cmp_ps::<_CMP_GE_OQ>(a, _mm256_set1_ps(-ENTROPY_WEIGHTLESS)),
+                _mm256_cmp_ps::<_CMP_GE_OQ>(b, _mm256_set1_ps(-ENTROPY_WEIGHTLESS)),
             );
             if !any(live) {
                 continue;
