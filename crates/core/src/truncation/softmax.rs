@@ -165,8 +165,8 @@ pub(super) fn weight_sum_avx2(values: &[f32], max: f32) -> u64 {
 pub(super) const WEIGHTLESS: f32 = 23.0;
 
 /// Values more than this below the maximum have entropy weight 0: `fixed(q * -d)` with
-/// `e^-32 * 32 * 2^32 < 0.002` (a test checks every f32 from `-104` to here).
-pub(super) const ENTROPY_WEIGHTLESS: f32 = 32.0;
+/// `e^-27 * 27 * 2^32 < 0.22` (a test checks every f32 from `-104` to here).
+pub(super) const ENTROPY_WEIGHTLESS: f32 = 27.0;
 
 /// How far below the maximum [`heavy`] collects: one more than [`WEIGHTLESS`] (for the entropy
 /// sum too, [`ENTROPY_WEIGHTLESS`]), so that the rounding of `max - below` (at most `2^-7` for a
@@ -196,14 +196,19 @@ pub(crate) fn heavy<R>(
     then: impl FnOnce(&[f32], Softmax, &mut Work) -> Option<R>,
 ) -> Result<R, Option<f32>> {
     let below = heavy_below(entropy);
-    let max = near_max(values, -below, values.len() / 4, work)?;
-    if !(max.is_finite() && max.abs() < 1e5) {
-        return Err(Some(max));
-    }
-    let edge = max - below;
     let mut near = NEAR.take();
-    near.clear();
-    near.extend(work.iter().map(|e| e.2).filter(|&x| x >= edge));
+    let found = near_max(values, -below, values.len() / 4, work, &mut near);
+    let usable = |max: f32| match max.is_finite() && max.abs() < 1e5 {
+        true => Ok(max),
+        false => Err(Some(max)),
+    };
+    let max = match found.and_then(usable) {
+        Ok(max) => max,
+        Err(max) => {
+            NEAR.set(near);
+            return Err(max);
+        }
+    };
     let (sum, entropy_sum) = sums(&near, max, entropy);
     let made = then(
         &near,
@@ -244,28 +249,35 @@ fn sums(values: &[f32], max: f32, entropy: bool) -> (u64, u64) {
 }
 
 /// The row's maximum (NaN never wins; as [`largest`] decides it), with every value but `-inf`
-/// from `maximum + below` up collected into `work` (and perhaps some below it): one pass for both
-/// ([`max_and_near`]) where the values near the running maximum are at most 4,096 (a row whose
-/// values near its maximum are spread through it), else a pass for the maximum and one for the
-/// values near it (a model's row: its maximum stands far above most of it, and the running
-/// maximum of its first values far below the last). `Err` with the maximum past `limit` values,
-/// or `None` without AVX2 (and FMA for the second way). For a maximum that is not finite or is
-/// `1e5` or more in magnitude, `work` is left unspecified (the caller's to refuse).
+/// from `maximum + below` up in `near` (an upper set of the row): one pass for both
+/// ([`max_and_near`], `work` its scratch space) where the values near the running maximum are at
+/// most 4,096 (a row whose values near its maximum are spread through it), else a pass for the
+/// maximum and one for the values near it (a model's row: its maximum stands far above most of
+/// it, and the running maximum of its first values far below the last). `Err` with the maximum
+/// past `limit` values, or `None` without AVX2 (and FMA for the second way). For a maximum that
+/// is not finite or is `1e5` or more in magnitude, `near` is left unspecified (the caller's to
+/// refuse).
 #[inline(always)]
 pub(crate) fn near_max(
     values: &[f32],
     below: f32,
     limit: usize,
     work: &mut Work,
+    near: &mut Vec<f32>,
 ) -> Result<f32, Option<f32>> {
+    near.clear();
     let max = match max_and_near(values, below, limit.min(4096), work) {
-        Some(max) => max,
+        Some(max) => {
+            let floor = max + below;
+            near.extend(work.iter().map(|e| e.2).filter(|&x| x >= floor));
+            max
+        }
         #[cfg(target_arch = "x86_64")]
         None if simd::available() => {
             let max = largest(values);
-            if max.is_finite() && max.abs() < 1e5 {
-                simd::smallest_above_and_between(values, max + below, f32::INFINITY, limit, work)
-                    .ok_or(Some(max))?;
+            let usable = max.is_finite() && max.abs() < 1e5;
+            if usable && !simd::values_at_least(values, max + below, limit, near) {
+                return Err(Some(max));
             }
             return Ok(max);
         }

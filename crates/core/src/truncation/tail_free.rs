@@ -20,6 +20,7 @@ pub(crate) fn band(values: &[f32], z: f32, min_keep: usize, work: &mut Work) -> 
         mut keys,
         mut other,
         mut p,
+        near,
     } = SCRATCH.take();
     // `!order_key`: ascending keys are descending values.
     keys.clear();
@@ -63,7 +64,12 @@ pub(crate) fn band(values: &[f32], z: f32, min_keep: usize, work: &mut Work) -> 
         }
         Some((from_order_key(!keys[kept.min(n) - 1]), max))
     };
-    SCRATCH.set(Scratch { keys, other, p });
+    SCRATCH.set(Scratch {
+        keys,
+        other,
+        p,
+        near,
+    });
     match cut {
         Some((lo, max)) => with_min_keep(values, lo, max, min_keep, work),
         None => Band::ALL,
@@ -84,29 +90,33 @@ const TOP_BELOW: f32 = 40.0;
 /// are more than a third of it ([`near_max`]), or with fewer than two values just below them.
 #[inline(always)]
 fn from_the_top(values: &[f32], z: f32, min_keep: usize, work: &mut Work) -> Option<Band> {
-    let max = near_max(values, -(TOP_BELOW + 1.0), values.len() / 3, work).ok()?;
-    if max == f32::INFINITY {
-        return Some(Band::ALL);
-    }
-    if !(max.is_finite() && max.abs() < 1e5) {
-        return None;
-    }
-    // Every value from `max - 41` up (an upper set of the row), then the two below `edge`.
-    let (edge, floor) = (max - TOP_BELOW, max - (TOP_BELOW + 1.0));
     let Scratch {
         mut keys,
         mut other,
         mut p,
+        mut near,
     } = SCRATCH.take();
+    let found = near_max(
+        values,
+        -(TOP_BELOW + 1.0),
+        values.len() / 3,
+        work,
+        &mut near,
+    );
+    // Every value from `max - 41` up (an upper set of the row), then the two below `edge`.
     keys.clear();
-    for e in work.iter() {
-        if e.2 >= floor {
-            keys.push(!order_key(e.2));
+    let max = match found {
+        Ok(max) if max.is_finite() && max.abs() < 1e5 => {
+            let floor = max - (TOP_BELOW + 1.0);
+            keys.extend(near.iter().filter(|&&x| x >= floor).map(|&x| !order_key(x)));
+            max
         }
-    }
+        _ => f32::NAN,
+    };
+    let edge = max - TOP_BELOW;
     radix_sort(&mut keys, &mut other);
     let top = keys.partition_point(|&key| from_order_key(!key) >= edge);
-    let band = (keys.len() >= top + 2).then(|| {
+    let band = (!max.is_nan() && keys.len() >= top + 2).then(|| {
         let max = from_order_key(!keys[0]);
         p.clear();
         for &key in &keys[..top + 2] {
@@ -143,8 +153,16 @@ fn from_the_top(values: &[f32], z: f32, min_keep: usize, work: &mut Work) -> Opt
         // The walk goes on past the values sorted here.
         None
     });
-    SCRATCH.set(Scratch { keys, other, p });
-    band.flatten()
+    SCRATCH.set(Scratch {
+        keys,
+        other,
+        p,
+        near,
+    });
+    match found {
+        Ok(f32::INFINITY) => Some(Band::ALL),
+        _ => band.flatten(),
+    }
 }
 
 /// The sort's keys and its other buffer, and the probabilities, kept between the calls of a
@@ -155,6 +173,7 @@ struct Scratch {
     keys: Vec<u32>,
     other: Vec<u32>,
     p: Vec<f64>,
+    near: Vec<f32>,
 }
 
 thread_local! {

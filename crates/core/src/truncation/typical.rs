@@ -22,14 +22,20 @@ pub(crate) fn band(values: &[f32], mass: f32, min_keep: usize, work: &mut Work) 
     }
     #[cfg(target_arch = "x86_64")]
     if min_keep == 1 && simd::available() && values.len() < 1 << 21 {
-        return band_wide(values, max, mass, work);
+        let (sum, entropy_sum) = simd::sums(values, max, true);
+        let softmax = Softmax {
+            max,
+            sum,
+            entropy_sum,
+        };
+        return band_wide(values, softmax, mass, work);
     }
     by_sorting(values, &Softmax::of(values), mass, min_keep, work)
 }
 
-/// Typical's band from the values that weigh anything, when they are few ([`heavy`]: one pass)
-/// and no value below them can have a score within the band's: the selection is
-/// [`by_sorting`]'s over them (their mass is the row's). A value below them has `x - max` at most
+/// Typical's band from the values that weigh anything, when they are few ([`heavy`]) and no value
+/// below them can have a score within the band's: the selection is [`band_wide`]'s (or
+/// [`by_sorting`]'s) over them (their mass is the row's). A value below them has `x - max` at most
 /// the edge's, so while the edge's `d + E / W` is negative its score is at least the edge's;
 /// the band's largest score is at one of its ends (the score is convex in the value). As `E / W`
 /// is a mean of `-d` over the values that weigh anything, nearly all within 33 of the maximum and
@@ -45,6 +51,13 @@ fn from_heavy(
         if min_keep > near.len() {
             return None;
         }
+        #[cfg(target_arch = "x86_64")]
+        let band = if min_keep == 1 && simd::available() {
+            band_wide(near, softmax, mass, work)
+        } else {
+            by_sorting(near, &softmax, mass, min_keep, work)
+        };
+        #[cfg(not(target_arch = "x86_64"))]
         let band = by_sorting(near, &softmax, mass, min_keep, work);
         let shift = softmax.shift();
         let score = |x: f32| softmax.typical_score(x, shift);
@@ -59,13 +72,8 @@ fn from_heavy(
 /// the mass of each bucket of scores (1/16 wide) in another; the boundary is selected among the
 /// values of the bucket where the running mass, smallest scores first, reaches the target.
 #[cfg(target_arch = "x86_64")]
-fn band_wide(values: &[f32], max: f32, mass: f32, work: &mut Work) -> Band {
-    let (sum, entropy_sum) = simd::sums(values, max, true);
-    let softmax = Softmax {
-        max,
-        sum,
-        entropy_sum,
-    };
+fn band_wide(values: &[f32], softmax: Softmax, mass: f32, work: &mut Work) -> Band {
+    let max = softmax.max;
     let key = simd::Key::Typical {
         shift: softmax.shift(),
     };
