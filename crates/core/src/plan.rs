@@ -661,12 +661,12 @@ impl RowPlan {
     /// reads the row with the edits before it applied, in one copy of the row (a truncation with
     /// no edit before it reads an f32 row in place). Nothing to do without one.
     pub fn resolve_truncations<T: Logit>(&mut self, row: &[T]) {
-        self.resolve_reductions(row, None)
+        self.resolve_reductions(row, Vec::new())
     }
 
-    /// [`RowPlan::resolve_truncations`], taking `known`'s band for the (non-observing) truncation
-    /// at its index instead of resolving it again.
-    fn resolve_reductions<T: Logit>(&mut self, row: &[T], known: Option<(usize, Band)>) {
+    /// [`RowPlan::resolve_truncations`], taking the bands `known` (by index, of non-observing
+    /// truncations) instead of resolving them again.
+    fn resolve_reductions<T: Logit>(&mut self, row: &[T], known: Vec<(usize, Band)>) {
         self.bands.clear();
         self.shapes.clear();
         self.observations.clear();
@@ -682,8 +682,9 @@ impl RowPlan {
                 Edit::BiasLargest { count, .. } => Reduction::Largest(count),
                 _ => continue,
             };
+            let known = known.iter().find(|&&(cut, _)| cut == at);
             let resolved = match (at, T::as_f32(row), known) {
-                (_, _, Some((cut, band))) if cut == at => Resolved::Band(band),
+                (_, _, Some(&(_, band))) => Resolved::Band(band),
                 (0, Some(values), _) => rule.resolve(values, &mut self.selection),
                 _ => {
                     let scratch = scratch.get_or_insert_with(|| {
@@ -1639,16 +1640,35 @@ mod tests {
             assert_eq!(bits(&fused), bits(&expected), "{edits:?}");
             assert!(fused.iter().filter(|x| x.is_finite()).count() <= 300);
         }
-        // A cut that keeps too many: the full passes, given the band resolved for it.
+        // A truncation that keeps too many: the next one cuts, from the row with the first's
+        // band applied; when none does, the full passes take both bands resolved.
         let wide = Edit::Truncate(Truncation::MinP {
-            p: 1e-6,
+            p: 1e-8,
             min_keep: 1,
         });
-        let mut plan = plan_of(&[wide, top_p], vocab);
-        let mut fused = row.clone();
-        let taken = plan.apply_on_survivors(None, &mut fused, Fill::Cached);
-        assert!(matches!(taken, Survivors::Declined(Some((0, _)))));
-        assert_eq!(bits(&fused), bits(&row), "nothing written");
+        let wider = Edit::Truncate(Truncation::MinP {
+            p: 1e-9,
+            min_keep: 1,
+        });
+        for (edits, taken) in [
+            (vec![wide, top_k, top_p, temperature], true),
+            (vec![wide, wider, temperature], false),
+        ] {
+            let mut plan = plan_of(&edits, vocab);
+            let (mut fused, mut expected) = (row.clone(), row.clone());
+            match plan.apply_on_survivors(None, &mut fused, Fill::Cached) {
+                Survivors::Done => assert!(taken, "{edits:?}"),
+                Survivors::Declined(known) => {
+                    assert!(!taken, "{edits:?}");
+                    assert_eq!(known.iter().map(|k| k.0).collect::<Vec<_>>(), [0, 1]);
+                    assert_eq!(bits(&fused), bits(&row), "nothing written");
+                    plan.resolve_reductions(&fused, known);
+                    plan.run(0..edits.len(), &mut fused, Fill::Cached);
+                }
+            }
+            plan.apply_edit_by_edit(&mut expected).unwrap();
+            assert_eq!(bits(&fused), bits(&expected), "{edits:?}");
+        }
     }
 
     #[test]

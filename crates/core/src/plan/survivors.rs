@@ -18,9 +18,11 @@
 //!
 //! Plans with an edit that reads the row in another way (a forced-if, a scaled copy of another
 //! logit, a whole-row rule, a bias of the largest) before the cut or after it take the full
-//! passes, as do rows shorter than 4,096 and cuts that keep more than an eighth of the row (a
-//! sixteenth when nothing after the cut reads the row): then the cut's band, resolved here, is
-//! handed to them ([`Survivors::Declined`]), so that no band is resolved twice.
+//! passes, as do rows shorter than 4,096. A truncation that keeps more than a quarter of the row
+//! (a sixteenth when nothing after it reads the row) is no cut: the next truncation, mask or force
+//! may be, its band resolved from the row with the first's applied; when none is, the bands
+//! resolved here are handed to the full passes ([`Survivors::Declined`]), so that no band is
+//! resolved twice.
 
 use super::{in_halves, Band, Bitmask, Edit, Fill, RowPlan};
 use crate::kernels;
@@ -34,9 +36,9 @@ const MIN_LEN: usize = 4096;
 pub(super) enum Survivors {
     /// The plan is carried out.
     Done,
-    /// Nothing was written: the full passes carry the plan out, with the band of the truncation
-    /// at the given index when it was resolved here (from the values the full passes would read).
-    Declined(Option<(usize, Band)>),
+    /// Nothing was written: the full passes carry the plan out, with the bands of the truncations
+    /// resolved here, by index (from the values the full passes would read).
+    Declined(Vec<(usize, Band)>),
 }
 
 impl RowPlan {
@@ -49,42 +51,51 @@ impl RowPlan {
         fill: Fill,
     ) -> Survivors {
         let len = row.len();
-        let Some(cut) = self.survivor_cut(len) else {
-            return Survivors::Declined(None);
-        };
-        let most = self.most_survivors(cut, len);
         self.bands.clear();
         self.shapes.clear();
         self.observations.clear();
         self.largest.clear();
+        let Some(mut cut) = self.survivor_cut(len) else {
+            return Survivors::Declined(Vec::new());
+        };
         let input: &[T] = src.unwrap_or(row);
-        let mut known = None;
         let mut values = std::mem::take(&mut self.survivor_values);
         values.clear();
-        let kept = match self.edits[cut] {
-            Edit::Truncate(rule) => {
-                let (kept, band) = self.cut_by_band(cut, rule, input, most, &mut values);
-                known = (!rule.observes()).then_some((cut, band));
-                kept
+        loop {
+            let most = self.most_survivors(cut, len);
+            let kept = match self.edits[cut] {
+                Edit::Truncate(rule) => {
+                    let (kept, band) = self.cut_by_band(cut, rule, input, most, &mut values);
+                    if !kept && !rule.observes() {
+                        // Resolved for the next cut, or for the full passes.
+                        self.bands.push((cut, band));
+                        if let Some(next) = self.next_cut(cut + 1, len) {
+                            values.clear();
+                            cut = next;
+                            continue;
+                        }
+                    }
+                    kept
+                }
+                Edit::Mask(id) => {
+                    let mut tokens = std::mem::take(&mut self.survivors);
+                    let kept = allowed_tokens(self.bitmask(id), len, most, &mut tokens);
+                    self.survivors = tokens;
+                    kept
+                }
+                Edit::Force { token, .. } => {
+                    self.survivors.clear();
+                    self.survivors.push(token);
+                    true
+                }
+                _ => unreachable!("a cut is a truncation, a mask or a force"),
+            };
+            if !kept {
+                return self.decline(cut, values);
             }
-            Edit::Mask(id) => {
-                let mut tokens = std::mem::take(&mut self.survivors);
-                let kept = allowed_tokens(self.bitmask(id), len, most, &mut tokens);
-                self.survivors = tokens;
-                kept
-            }
-            Edit::Force { token, .. } => {
-                self.survivors.clear();
-                self.survivors.push(token);
-                true
-            }
-            _ => unreachable!("survivor_cut names a truncation, a mask or a force"),
-        };
-        if !kept {
-            self.survivor_values = values;
-            return Survivors::Declined(known);
+            break;
         }
-        if values.is_empty() {
+        if !matches!(self.edits[cut], Edit::Truncate(_)) {
             // A mask's or a force's survivors: their values through the cut.
             values.extend(self.survivors.iter().map(|&i| {
                 self.fold(0..cut + 1, i as usize, input[i as usize])
@@ -94,8 +105,7 @@ impl RowPlan {
         self.join_named_tokens(cut, input, &mut values);
         for at in cut + 1..self.edits.len() {
             if !self.step_survivors::<T>(at, &mut values) {
-                self.survivor_values = values;
-                return Survivors::Declined(known);
+                return self.decline(cut, values);
             }
         }
         match fill {
@@ -109,6 +119,17 @@ impl RowPlan {
         }
         self.survivor_values = values;
         Survivors::Done
+    }
+
+    /// Hands the plan to the full passes with the bands resolved here from the rows they read
+    /// themselves (those up to `cut`; not an observing rule's, whose pass must observe).
+    fn decline(&mut self, cut: usize, values: Vec<f32>) -> Survivors {
+        self.survivor_values = values;
+        let edits = &self.edits;
+        self.bands.retain(|&(at, _)| {
+            at <= cut && matches!(edits[at], Edit::Truncate(rule) if !rule.observes())
+        });
+        Survivors::Declined(std::mem::take(&mut self.bands))
     }
 
     /// The truncation `rule` at `cut` resolved over `input` with the edits before it applied
@@ -247,15 +268,21 @@ impl RowPlan {
     }
 
     /// The index of the plan's cut when the survivors' path can take the plan on a row of `len`
-    /// logits: its first truncation, mask allowing at most an eighth of the row, or force; before
+    /// logits: its first truncation, mask allowing at most a quarter of the row, or force; before
     /// it only edits of one logit at a time, after it at least one edit and only edits that keep
     /// a removed logit `-inf` (or name their token), truncations and reshapes that do not observe.
     pub(super) fn survivor_cut(&self, len: usize) -> Option<usize> {
+        self.next_cut(0, len)
+    }
+
+    /// [`RowPlan::survivor_cut`] from the edit at `from` on, the edits before it allowed (edits of
+    /// one logit at a time, and truncations whose bands are resolved).
+    fn next_cut(&self, from: usize, len: usize) -> Option<usize> {
         if len < MIN_LEN {
             return None;
         }
         let mut cut = None;
-        for (at, edit) in self.edits.iter().enumerate() {
+        for (at, edit) in self.edits.iter().enumerate().skip(from) {
             match *edit {
                 Edit::Scale { .. }
                 | Edit::Ban { .. }
@@ -263,7 +290,7 @@ impl RowPlan {
                 | Edit::Penalty { .. }
                 | Edit::AddScaledAbs { .. }
                 | Edit::Set { .. } => {}
-                Edit::Mask(id) if allowed_count(self.bitmask(id), len) > len / 8 => {}
+                Edit::Mask(id) if allowed_count(self.bitmask(id), len) > len / 4 => {}
                 Edit::Mask(_) | Edit::Force { .. } | Edit::Truncate(_) => {
                     cut = Some(at);
                     break;
@@ -297,15 +324,16 @@ impl RowPlan {
         (!after.is_empty() && allowed).then_some(cut)
     }
 
-    /// How many survivors the cut at `cut` may keep on a row of `len`: an eighth of the row when a
-    /// later edit reads the survivors (a truncation or reshape, whose pass over the row they
-    /// save), else a sixteenth (the survivors then save only the later edits' pass).
+    /// How many survivors the cut at `cut` may keep on a row of `len`: a quarter of the row when
+    /// a later edit reads the survivors (a truncation or reshape, whose passes over the row they
+    /// save: a copy of the row, and the rule's reads of it), else a sixteenth (the survivors then
+    /// save only the later edits' pass).
     fn most_survivors(&self, cut: usize, len: usize) -> usize {
         let reads = self.edits[cut + 1..]
             .iter()
             .any(|e| matches!(e, Edit::Truncate(_) | Edit::Reshape(_)));
         if reads {
-            len / 8
+            len / 4
         } else {
             len / 16
         }
