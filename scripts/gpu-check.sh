@@ -1,8 +1,8 @@
 #!/usr/bin/env bash
-# The CUDA path's check on a GPU machine, in under 5 minutes on an H200: the GPU tests (ignored in
-# a plain `cargo test`; GPU vs CPU bit for bit, the self-check) with the embedded PTX and again
-# with NVRTC, the kernel's compile check,
-# compute-sanitizer's memcheck on the many-steps-in-flight test, then python/benchmarks/bench_cuda.py
+# The CUDA path's check on a GPU machine, in under 8 minutes on an H200: the GPU tests (ignored in
+# a plain `cargo test`; GPU vs CPU bit for bit, the self-check) with the embedded Triton images,
+# every kind GPU vs host at B = 1, 16, 64, 256 with the waits a step counted, the fallback of a
+# failed self-check, transformers' generate() on the GPU, compute-sanitizer's memcheck on the many-steps-in-flight test, then python/benchmarks/bench_cuda.py
 # and python/benchmarks/bench_vllm_v2.py (vLLM's Model Runner V2 processor on CUDA tensors laid out
 # as V2's); it ends with a short table.
 #
@@ -95,23 +95,9 @@ else
   record "build: no cargo and no target/gpu-check/bin" FAIL 0
 fi
 
-# libnvrtc for the NVRTC runs: the toolkit's, else a wheel's in the image's Python.
-nvrtc=""
-for candidate in /usr/local/cuda/lib64/libnvrtc.so.13 \
-  $("$python" -c 'import site, glob; print(" ".join(p for d in site.getsitepackages() for p in glob.glob(d + "/nvidia/cu13/lib/libnvrtc.so.13")))' 2>/dev/null); do
-  if [ -f "$candidate" ]; then nvrtc="$candidate"; break; fi
-done
-echo "libnvrtc: ${nvrtc:-not found}"
-
 if [ -n "${bin[gpu]:-}" ]; then
   # The GPU tests are #[ignore]d where there is no GPU; here they run, and fail if it is unusable.
-  run_step "GPU tests, embedded PTX" 150 "${bin[gpu]}" --include-ignored --test-threads 1 --nocapture
-  if [ -n "$nvrtc" ]; then
-    run_step "GPU tests, NVRTC at first use" 150 env LOGITS_PROCESSING_CUDA_NVRTC=1 \
-      LOGITS_PROCESSING_NVRTC="$nvrtc" "${bin[gpu]}" --include-ignored --test-threads 1
-  else
-    record "GPU tests, NVRTC at first use (no libnvrtc)" SKIP 0
-  fi
+  run_step "GPU tests, embedded Triton images" 150 "${bin[gpu]}" --include-ignored --test-threads 1 --nocapture
   sanitizer="$(command -v compute-sanitizer || ls /usr/local/cuda/bin/compute-sanitizer 2>/dev/null || true)"
   if [ -n "$sanitizer" ]; then
     run_step "compute-sanitizer memcheck (steps in flight)" 120 "$sanitizer" --tool memcheck \
@@ -120,14 +106,6 @@ if [ -n "${bin[gpu]:-}" ]; then
     record "compute-sanitizer (not found)" SKIP 0
   fi
 fi
-if [ -n "${bin[nvrtc]:-}" ]; then
-  run_step "kernel compiles with NVRTC (sm_75..sm_100)" 60 env ${nvrtc:+LOGITS_PROCESSING_NVRTC=$nvrtc} \
-    "${bin[nvrtc]}" --include-ignored --skip checked_in_ptx_is_nvrtc_13_0_output --nocapture
-fi
-if [ -n "${bin[packing]:-}" ]; then
-  run_step "packing + host emulation vs CPU (20x cases)" 120 env LOGITS_PROCESSING_CASES_X=20 "${bin[packing]}"
-fi
-
 # The kernel alone, from Rust (no Python on the path): the mixed batch and an all-temperature one.
 if [ -n "${bin[bench_kernel]:-}" ]; then
   kq=()
@@ -164,6 +142,22 @@ if [ -n "$pypath" ]; then
   else
     record "every kind, GPU vs host (check_device_kinds.py)" FAIL "$(($(date +%s) - t0))"
   fi
+  # The fallback: a device whose self-check fails warns once and takes the host round trip.
+  t0=$(date +%s)
+  if LOGITS_PROCESSING_TEST_SELF_CHECK=fail PYTHONPATH="$pypath" timeout 120 "$python" \
+    python/benchmarks/check_device_kinds.py --expect-fallback --rows 1 --steps 2 | tail -2; then
+    record "failed self-check: warned, round trip, exact" PASS "$(($(date +%s) - t0))"
+  else
+    record "failed self-check: warned, round trip, exact" FAIL "$(($(date +%s) - t0))"
+  fi
+  # transformers' generate() with ids and logits on the GPU (skipped without transformers).
+  t0=$(date +%s)
+  PYTHONPATH="$pypath" timeout 120 "$python" python/benchmarks/check_hf_gpu.py | tee "$out/hf_gpu.txt"
+  case "${PIPESTATUS[0]}" in
+    0) record "HF generate() on the GPU (check_hf_gpu.py)" PASS "$(($(date +%s) - t0))" ;;
+    2) record "HF generate() on the GPU (no transformers)" SKIP "$(($(date +%s) - t0))" ;;
+    *) record "HF generate() on the GPU (check_hf_gpu.py)" FAIL "$(($(date +%s) - t0))" ;;
+  esac
   t0=$(date +%s)
   if PYTHONPATH="$pypath" timeout 240 "$python" python/benchmarks/bench_cuda.py --require-gpu \
     --json "$out/bench.json" "${quick[@]}" | tee "$out/bench.txt"; then

@@ -4,8 +4,9 @@
 # smallest CMake configuration that serves `Llama` on the CPU: no server, tools, examples, tests or
 # multimodal library, GGML_NATIVE off (the wheel runs on any x86_64 here), OpenMP off; the built
 # wheel is kept in ~/.cache/logits-processing/llamacpp-python-wheels and reused, so only the first
-# run on a machine compiles. `gguf` (to write the test's tiny model) and numpy come from PyPI; this
-# checkout's package is installed as a release wheel, as scripts/engine-venv.sh does for vLLM.
+# run on a machine compiles. The rest comes from PyPI (python/requirements-llamacpp.txt: gguf to write
+# the tests' GGUF models, transformers' tokenizer and safetensors to read the test command's tiny
+# model); this checkout's package is installed as a release wheel, as scripts/engine-venv.sh does.
 # Beside the wheel it keeps the sdist's Qwen2 vocab (vendor/llama.cpp/models/ggml-vocab-qwen2.gguf,
 # no weights), over which python/tests/test_engine_llama_cpp.py writes its tiny model.
 #
@@ -61,11 +62,12 @@ if [ -z "$wheel" ] || [ ! -f "$vocab" ]; then
 fi
 
 stamp="$venv/.llamacpp-python.stamp"
-want="$(basename "$wheel") gguf numpy"
+requirements="$root/python/requirements-llamacpp.txt"
+want="$(basename "$wheel") $(sha256sum "$requirements" | cut -d' ' -f1)"
 if [ "$(cat "$stamp" 2>/dev/null)" != "$want" ]; then
   rm -rf "$venv"
   "$uv" venv -q -p "$python" "$venv" >&2
-  "$uv" pip install -q -p "$venv/bin/python" "$wheel" gguf numpy pytest >&2
+  "$uv" pip install -q -p "$venv/bin/python" "$wheel" -r "$requirements" >&2
   echo "$want" > "$stamp"
 fi
 

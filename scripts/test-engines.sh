@@ -33,7 +33,8 @@
 # (loading the model and 30 generate() calls).
 # llama-cpp-python (scripts/llamacpp-python.sh): its venv once (the compile: see
 # docs/engines/llama_cpp.md), then test_engine_llama_cpp.py, a tiny GGUF written over a real vocab
-# generating through Llama.__call__ and create_completion with specs.
+# generating through Llama.__call__ and create_completion with specs, and the conformance requests
+# on the one model above, its weights written as a GGUF (about a minute in all).
 # The adapters' engine-free tests (HF, TRT-LLM fake loop, shared logic) run in the main venv with
 # the rest of python/tests.
 #
@@ -98,15 +99,16 @@ for engine in "${engines[@]}"; do
 done
 
 # transformers' generate() in the vLLM venv (one venv always, so the versions the page shows
-# do not depend on the engines' order), else in the first engine's venv.
-# llama-cpp-python's run has no conformance records (its model is a GGUF of its own).
+# do not depend on the engines' order), else in the first engine's venv; with llama-cpp-python
+# alone, in the main venv (its package built there: scripts/test.sh does; the page is then not
+# checked, as it is made from every engine's records).
 case " ${engines[*]} " in
-  *" vllm "*) hf_engine=vllm ;;
-  *" sglang "*) hf_engine=sglang ;;
-  *" dynamo "*) hf_engine=dynamo ;;
+  *" vllm "*) hf_venv="$("$root/scripts/engine-venv.sh" vllm)" ;;
+  *" sglang "*) hf_venv="$("$root/scripts/engine-venv.sh" sglang)" ;;
+  *" dynamo "*) hf_venv="$("$root/scripts/engine-venv.sh" dynamo)" ;;
+  *" llamacpp "*) hf_venv="$("$root/scripts/venv.sh")" ;;
   *) if [ -n "${fresh:-}" ]; then rm -rf "$results"; fi; exit $status ;;
 esac
-hf_venv="$("$root/scripts/engine-venv.sh" "$hf_engine")"
 echo "== conformance across engines ($results)" >&2
 conformance=0
 (cd "$root/python/tests" && "$hf_venv/bin/python" -m pytest -q -p no:cacheprovider --noconftest \

@@ -7,8 +7,8 @@
 #
 # scripts/test.sh --quick: the fast tier for an edit: fmt, clippy, the Rust workspace's tests (the
 # DeepSeek-tokenizer ones included; once, not again under each capped CPU level), the package
-# built into the venv and its Python suite without the tests marked slow (the churn run), one
-# process per core (pytest-xdist); no fuzz run, no NVRTC checks, no llama.cpp build (its
+# built into the venv and its Python suite without the tests marked slow (the churn run, the
+# device kernels compiled again), one process per core (pytest-xdist); no fuzz run, no llama.cpp build (its
 # differential tests run only if the library is already built, else they skip saying so), no
 # wheel, no engine venvs (the engine tests skip in the main venv, saying so).
 set -euo pipefail
@@ -53,10 +53,6 @@ done
 
 echo "== fuzz: a short run of each target (scripts/fuzz.sh; FUZZ_SECONDS, default 20)"
 scripts/fuzz.sh
-echo "== NVRTC: the kernels compile (sm_75..sm_100); the checked-in PTX is NVRTC 13.0's"
-cargo test -p logits-processing-cuda --test nvrtc -- --ignored kernel_source_compiles_with_nvrtc
-LOGITS_PROCESSING_NVRTC="$(nvrtc_13_0)" \
-  cargo test -p logits-processing-cuda --test nvrtc -- --ignored checked_in_ptx_is_nvrtc_13_0_output
 
 echo "== llama.cpp's library, the samplers' reference (scripts/llamacpp.sh: built once, 2.5 min on 2 cores)"
 LLAMACPP_LIB="$(JOBS="${JOBS:-2}" scripts/llamacpp.sh)"

@@ -7,8 +7,13 @@ history on the device, as V2's ``post_update`` does.
 For each of two batches, every row history-free (temperature, top-p) and every row reading
 history (a repetition penalty before them), it checks every row against the same steps on the
 CPU path, bit for bit, and reports a step's cost beside a copy of the same logits on the device,
-how many steps read ids back from the device, and (on a GPU) whether ``apply`` returned while the
-device was still busy, i.e. did not wait for it.
+how many steps read ids back from the device, and (on a GPU) how many times a step waited for the
+device (PyTorch's synchronizing calls, counted by ``torch.cuda.set_sync_debug_mode``; at most one
+a step, none for history-free rows) and whether ``apply`` returned while the device was still
+busy. On a GPU the steps alternate: one called while the device is busy (the waits), the next
+timed on an idle device with CUDA events, from before ``apply`` to the end of its work on the
+stream (V2's own step context, its host-to-device copies, is built before the window); the copy
+is timed the same way. On the CPU both are wall-clock times.
 
 Uses vLLM's own types where vLLM imports; elsewhere (the GPU machine has torch but no vLLM)
 stand-ins of the same names and layout.
@@ -21,6 +26,7 @@ from __future__ import annotations
 
 import abc
 import argparse
+import contextlib
 import dataclasses
 import enum
 import json
@@ -28,6 +34,7 @@ import statistics
 import sys
 import time
 import types
+import warnings
 from types import SimpleNamespace
 
 
@@ -181,6 +188,19 @@ class Runner:
         return out
 
 
+@contextlib.contextmanager
+def synchronizing_calls(torch):
+    """The calls that wait for the device inside the block, as PyTorch's sync debug mode warns of
+    them (a read back, a copy from pageable memory)."""
+    with warnings.catch_warnings(record=True) as caught:
+        warnings.simplefilter("always")
+        torch.cuda.set_sync_debug_mode("warn")
+        try:
+            yield caught
+        finally:
+            torch.cuda.set_sync_debug_mode("default")
+
+
 def main() -> int:
     parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     parser.add_argument("--device", default=None, help="cuda or cpu (default: cuda if available)")
@@ -214,26 +234,41 @@ def main() -> int:
     for name, specs in batches.items():
         runs = {d: Runner(adapter, torch, d, args.rows, args.vocab, specs, 32, 32 + args.steps + 8)
                 for d in ({device, torch.device("cpu")})}
-        mismatched, times, copies, returned_busy = 0, [], [], []
+        mismatched, times, copies, returned_busy, waits = 0, [], [], [], []
+        if gpu:
+            start, end = (torch.cuda.Event(enable_timing=True) for _ in range(2))
         for step in range(args.steps):
             host = torch.randn(args.rows, args.vocab, generator=generator) * 4
             order = list(range(args.rows))
             order = order[step % args.rows:] + order[: step % args.rows]
             want = runs[torch.device("cpu")].step(host.clone(), order) if gpu else None
             logits = host.to(device)
-            if gpu:
+            if gpu and step % 2 == 0:
+                # V2 builds the step's context (its host-to-device copies) before the sampler.
+                context = runs[device].context_for(order)
                 torch.cuda.synchronize(device)
                 torch.cuda._sleep(20_000_000)  # the device is busy when apply is called
-                t0 = time.perf_counter()
-                got = runs[device].proc.apply(logits, runs[device].context_for(order))
+                with synchronizing_calls(torch) as synced:
+                    got = runs[device].proc.apply(logits, context)
+                waits.append(sum("synchroniz" in str(w.message) for w in synced))
                 returned_busy.append(not torch.cuda.current_stream(device).query())
                 runs[device].post_update(got, order)
                 torch.cuda.synchronize(device)
-                times.append(time.perf_counter() - t0)
-                t0 = time.perf_counter()
-                logits.clone()
+                mismatched += int(not torch.equal(got.cpu(), want))
+            elif gpu:
+                context = runs[device].context_for(order)
                 torch.cuda.synchronize(device)
-                copies.append(time.perf_counter() - t0)
+                start.record()
+                got = runs[device].proc.apply(logits, context)
+                end.record()
+                runs[device].post_update(got, order)
+                torch.cuda.synchronize(device)
+                times.append(start.elapsed_time(end) / 1e3)
+                start.record()
+                logits.clone()
+                end.record()
+                torch.cuda.synchronize(device)
+                copies.append(start.elapsed_time(end) / 1e3)
                 mismatched += int(not torch.equal(got.cpu(), want))
             else:
                 t0 = time.perf_counter()
@@ -250,14 +285,17 @@ def main() -> int:
             "device_reads": runs[device].proc.device_reads,
             "rows_differing_from_cpu": mismatched if gpu else None,
             "apply_returned_while_device_busy": (sum(returned_busy) == len(returned_busy)) if gpu else None,
+            "most_waits_in_a_step": max(waits) if gpu else None,
         }
         results[name] = result
         print(f"{name}: step {step_ms:.3f} ms, copy of the logits {copy_ms:.3f} ms "
               f"({result['ratio_to_copy']}x); steps that read ids back: {result['device_reads']}/{args.steps}"
               + (f"; steps differing from the CPU path: {mismatched}; apply returned while the device "
-                 f"was busy: {sum(returned_busy)}/{len(returned_busy)}" if gpu else ""))
+                 f"was busy: {sum(returned_busy)}/{len(returned_busy)}; most waits in a step: "
+                 f"{max(waits)}" if gpu else ""))
         history_free = "history-free" in name
         failed |= bool(mismatched) or (history_free and result["device_reads"] != 0)
+        failed |= gpu and max(waits) > (0 if history_free else 1)
         failed |= (not history_free) and result["device_reads"] != args.steps
     if args.json:
         with open(args.json, "w") as f:

@@ -36,6 +36,9 @@ SPECS = {
         {"kind": "top_k", "k": 50},
     ],
     "history-free": [{"kind": "temperature", "temperature": 0.7}, {"kind": "top_p", "p": 0.9}],
+    # Their next step reads what the last pass saw: each draft row's pass is kept.
+    "mirostat": [{"kind": "temperature", "temperature": 0.7}, {"kind": "mirostat", "tau": 5.0}],
+    "adaptive-p": [{"kind": "adaptive_p", "target": 0.3}],
 }
 
 
@@ -53,7 +56,7 @@ def run(specs, *, k, mode, requests, steps, prompt, vocab, seed=0):
     config = SimpleNamespace(
         model_config=model_config,
         kv_transfer_config=None,
-        speculative_config=SimpleNamespace(method="ngram"),
+        speculative_config=SimpleNamespace(method="ngram", num_speculative_tokens=max(k, 1)),
         use_v2_model_runner=True,
     )
     proc = adapter.VLLMV2LogitsProcessor(config, LogitsProcRequestState.from_request_state(state))

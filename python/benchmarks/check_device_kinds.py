@@ -10,7 +10,14 @@ logits (float32, and float16 / bfloat16 at the smallest B) go through both, the 
 compared with the host's bit for bit, and every row's next id is the host row's greedy pick. Each
 (kind, B) runs twice: with `LOGITS_PROCESSING_DEVICE` unset (the kernels where they carry the step,
 the host round trip where they do not) and `=host` (the round trip for every step). Then a step
-whose user processor raises must leave the device's logits as they were.
+whose user processor raises must leave the device's logits as they were. On a GPU it also counts the
+device path's waits a step (`_testing._device_waits`): none for a kind that reads no history and
+that the kernels carry, at most one for the others (a readback of what the next step reads, or the
+host round trip).
+
+`--expect-fallback` (run with `LOGITS_PROCESSING_TEST_SELF_CHECK=fail`): the device's self-check
+fails on purpose, and the package must warn once, naming it, then edit every step by the host
+round trip, still equal to the host path.
 
 `--device cpu` sends host tensors through the same device code with the package's test hook (the
 round trip over host memory): what the test suite runs without a GPU. Kinds that need a tokenizer's
@@ -65,28 +72,31 @@ def first_difference(got, want):
     return f"row {row}, token {token}: device {float(got[row, token])!r}, host {float(want[row, token])!r}"
 
 
-def run_case(lp, torch, device, spec, rows, dtype, steps, base):
-    """None when every step is equal, else what differed or failed. Step `s`'s logits are `base`'s
-    first rows rolled by `7 s` (random logits are drawn once: drawing 39M a step would cost more
-    than the check)."""
+def run_case(lp, torch, device, spec, rows, dtype, steps, base, waits):
+    """(None when every step is equal, else what differed or failed; the most waits a step made).
+    Step `s`'s logits are `base`'s first rows rolled by `7 s` (random logits are drawn once: drawing
+    39M a step would cost more than the check)."""
     vocab = base.shape[1]
     host, on_device = lp.Batch(vocab), lp.Batch(vocab)
     for row in range(rows):
         host.add(row, [spec], prompt_len=3)
         on_device.add(row, [spec], prompt_len=3)
     ids = [[1 + row, 7, 2] for row in range(rows)]
+    most = 0
     for step in range(steps):
         logits = base[:rows].roll(7 * step, dims=1).to(dtype)
         want = logits.clone()
         host.apply(want, ids)
         got = logits.to(device)
+        before = waits()
         on_device.apply(got, ids)
+        most = max(most, waits() - before)
         difference = first_difference(got.cpu(), want)
         if difference:
-            return f"step {step}: {difference}"
+            return f"step {step}: {difference}", most
         for row in range(rows):
             ids[row].append(int(torch.argmax(want[row].float())))
-    return None
+    return None, most
 
 
 def failed_step_leaves_logits(lp, torch, device, vocab):
@@ -115,9 +125,11 @@ def main(argv=None) -> int:
     parser.add_argument("--rows", default="1,16,64,256")
     parser.add_argument("--steps", type=int, default=3)
     parser.add_argument("--json")
+    parser.add_argument("--expect-fallback", action="store_true")
     args = parser.parse_args(argv)
-    if args.device == "cpu":
-        os.environ.setdefault("LOGITS_PROCESSING_TEST_HOOKS", "1")
+    os.environ.setdefault("LOGITS_PROCESSING_TEST_HOOKS", "1")
+    import warnings
+
     import torch
 
     import logits_processing as lp
@@ -132,6 +144,19 @@ def main(argv=None) -> int:
             print("check_device_kinds: --device cpu needs a build with the cuda feature", file=sys.stderr)
             return 1
         hook(True)
+    waits = lp._lib._testing._device_waits
+    fallback_warnings = []
+    if args.expect_fallback:
+        with warnings.catch_warnings(record=True) as caught:
+            warnings.simplefilter("always")
+            probe = lp.Batch(args.vocab)
+            probe.add(0, [{"kind": "temperature", "temperature": 0.5}])
+            probe.apply(torch.zeros(1, args.vocab, device=args.device), [[1]])
+        fallback_warnings = [str(w.message) for w in caught if "self-check" in str(w.message)]
+        if len(fallback_warnings) != 1:
+            print(f"check_device_kinds: expected one warning of the failed self-check, got {fallback_warnings}")
+            return 1
+        print(f"check_device_kinds: {fallback_warnings[0]}")
     sizes = [int(n) for n in args.rows.split(",")]
     generator = torch.Generator().manual_seed(0)
     base = torch.randn(max(sizes), args.vocab, generator=generator) * 3
@@ -148,10 +173,19 @@ def main(argv=None) -> int:
                 for rows in sizes:
                     dtypes = [torch.float32] + ([torch.float16, torch.bfloat16] if rows == sizes[0] else [])
                     for dtype in dtypes:
+                        most = None
                         try:
-                            outcome = run_case(lp, torch, args.device, spec, rows, dtype, args.steps, base)
+                            outcome, most = run_case(lp, torch, args.device, spec, rows, dtype, args.steps, base,
+                                                     waits)
                         except Exception as error:  # noqa: BLE001 - reported, and counted as a failure
                             outcome = f"{type(error).__name__}: {error}"
+                        # On a GPU with the kernels: no wait for a kind that reads no history and
+                        # that they carry; one at most for the others.
+                        info = lp.kind_info(kind)
+                        allowed = 0 if not (info["reads_history"] or info["edits_on_host"]) else 1
+                        if (outcome is None and args.device == "cuda" and mode == "auto"
+                                and not args.expect_fallback and most > allowed):
+                            outcome = f"{most} waits in a step (at most {allowed})"
                         bad += outcome is not None
                         results.append(
                             {
@@ -160,6 +194,7 @@ def main(argv=None) -> int:
                                 "rows": rows,
                                 "dtype": str(dtype).removeprefix("torch."),
                                 "outcome": outcome or "equal",
+                                "most_waits_in_a_step": most,
                             }
                         )
                         if outcome:
@@ -178,7 +213,8 @@ def main(argv=None) -> int:
     skipped = sorted(r["kind"] for r in results if r["outcome"].startswith("skipped"))
     print(
         f"check_device_kinds ({args.device}, vocab {args.vocab}, B {args.rows}, {args.steps} steps): "
-        f"{len(checked) - bad} of {len(checked)} cases equal the host path bit for bit; "
+        f"{len(checked) - bad} of {len(checked)} cases equal the host path bit for bit"
+        f"{' (every step by the round trip: the self-check failed on purpose)' if args.expect_fallback else ''}; "
         f"failed step: {results[-1]['outcome']}; skipped: {', '.join(skipped) or 'none'}"
     )
     if args.json:

@@ -253,6 +253,12 @@ class EngineContext:
             context made from one tokenizer shares its ``Vocab``.
         hello_world (tuple[list[int], int] | None), thinking_tokens (ThinkingTokenConfig |
             None): Keyword only. Explicit values, where the tokenizer's are not wanted.
+        speculative_tokens (int): Keyword only. Under speculative decoding, the most drafts the
+            engine verifies for a request in one step (vLLM's ``num_speculative_tokens``), where
+            it hands one row per draft, each after the drafts before it: every pipeline then keeps
+            what it needs to resume from any of them when the engine rejects the rest (for the
+            kinds whose next step reads what the previous step's pass saw: mirostat,
+            ``adaptive_p``, the phrase kinds' triggers; the others read the ids again). Default 0.
 
     Raises:
         TokenizerError: a tokenizer path that cannot be read, an ``encode`` that fails, or a
@@ -292,6 +298,7 @@ class EngineContext:
         vocab: Optional[Union["Vocab", bool]] = None,
         hello_world: Optional[Tuple[Sequence[int], int]] = None,
         thinking_tokens: Optional[Any] = None,
+        speculative_tokens: Optional[int] = None,
     ) -> None: ...
     def batch(self, vocab_size: Optional[int] = None) -> "Batch":
         """A new :class:`Batch` with this context. `vocab_size` defaults to the context's."""
@@ -316,6 +323,9 @@ class EngineContext:
         """The model's name, or None."""
     def resolve_specs(self, specs: Union[Spec, Sequence[Spec]]) -> list[dict]:
         """:func:`resolve_specs` with this context."""
+    @property
+    def speculative_tokens(self) -> int:
+        """The most drafts a step verifies for a request (0: no speculative decoding)."""
     @staticmethod
     def structure_only() -> "EngineContext":
         """The context of a caller that does not know the engine yet (a frontend, a client):
@@ -623,8 +633,8 @@ def build_info() -> dict[str, Any]:
 
     Returns:
         dict: ``version``, ``cpu_path``, ``cpu_features`` (detected), ``cuda_support``,
-        ``cuda`` (``None`` when a GPU can be used, else why not), ``nvrtc`` (its version, or why
-        not).
+        ``cuda`` (``None`` when a GPU can be used, else why not), ``kernels`` (the device
+        kernels' images this build carries).
     """
 
 def canonical_order(specs: Union[Spec, Sequence[Spec]]) -> list[dict]:
@@ -699,8 +709,7 @@ def kind_info(name: str) -> dict[str, bool]:
     request's ids (``reads_history``), whether it allows only some tokens whatever their logits
     (``masks``: listed before any truncation), whether it cuts a row by its values
     (``truncates``), whether its specs can need the engine's token texts
-    (``needs_token_texts``), and whether its next step reads what its previous step's pass saw
-    (``observes_pass``, see :func:`observes_pass`), and whether some of its steps hold an edit
+    (``needs_token_texts``), and whether some of its steps hold an edit
     the device kernels do not carry out (``edits_on_host``: on a GPU those steps take the host
     round trip, docs/cuda.md). Whether a spec needs ``prompt_len`` depends on its fields: ask
     :func:`needs_prompt_len`.
@@ -709,7 +718,7 @@ def kind_info(name: str) -> dict[str, bool]:
         name (str): A kind, as :func:`kinds` lists them.
 
     Returns:
-        dict[str, bool]: the six answers.
+        dict[str, bool]: the five answers.
 
     Raises:
         SpecError: for a name that is not a registered kind, listing them.
@@ -717,7 +726,7 @@ def kind_info(name: str) -> dict[str, bool]:
     Example:
         >>> from logits_processing import kind_info
         >>> kind_info("top_p")
-        {'reads_history': False, 'masks': False, 'truncates': True, 'needs_token_texts': False, 'observes_pass': False, 'edits_on_host': False}
+        {'reads_history': False, 'masks': False, 'truncates': True, 'needs_token_texts': False, 'edits_on_host': False}
         >>> kind_info("ban_strings")["needs_token_texts"]
         True
     """
@@ -772,28 +781,6 @@ def needs_token_texts(specs: Union[Spec, Sequence[Spec]]) -> bool:
         >>> needs_token_texts([{"kind": "temperature", "temperature": 0.7}])
         False
         >>> needs_token_texts({"kind": "ban_strings", "strings": ["as an AI"]})
-        True
-    """
-
-def observes_pass(specs: Union[Spec, Sequence[Spec]]) -> bool:
-    """Whether any of `specs` reads what its previous step's pass saw (mirostat's ``mu`` and
-    adaptive-p's moving average take the sampled token's probability from it; ``trigger_phrase``,
-    ``force_last_phrase`` and ``prevent_hallucination`` whether their trigger held): such state
-    is not a function of the ids alone, so a row planned for a draft token the engine rejects
-    cannot be taken back from the ids, and vLLM's Model Runner V2 refuses these specs under
-    speculative decoding. The kind's registry entry answers (see :func:`kind_info`).
-
-    Args:
-        specs: JSON text (one spec object or a list), a dict, or a list of dicts / JSON texts.
-
-    Raises:
-        SpecError: for a spec that does not parse, naming the field.
-
-    Example:
-        >>> from logits_processing import observes_pass
-        >>> observes_pass([{"kind": "temperature", "temperature": 0.7}, {"kind": "top_k", "k": 5}])
-        False
-        >>> observes_pass({"kind": "mirostat", "tau": 5.0})
         True
     """
 

@@ -428,7 +428,7 @@ def _info(args: argparse.Namespace) -> int:
           " LOGITS_PROCESSING_CPU=avx2 or portable caps it)")
     print(f"  CUDA:      {'compiled in' if data['cuda_support'] else 'not compiled in'}; "
           f"{'a GPU can be used' if data['cuda'] is None else data['cuda']}")
-    print(f"  NVRTC:     {data['nvrtc']}")
+    print(f"  kernels:   {data['kernels']}")
     print("  packages:  " + ", ".join(f"{name} {version or '-'}" for name, version in data["packages"].items()))
     for name, verdict in data["adapters"].items():
         print(f"  adapter {name}: {verdict}")

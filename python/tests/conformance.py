@@ -30,8 +30,14 @@ SPEC_KEY = "logits_processing"
 DYNAMO_SPEC_KEY = "dynamo_logits"
 RESULTS_ENV = "LOGITS_PROCESSING_CONFORMANCE_DIR"
 MODEL_ENV = "LOGITS_PROCESSING_TINY_MODEL"
-ENGINES = ("hf", "vllm", "sglang", "dynamo")
-ENGINE_NAMES = {"hf": "HF generate()", "vllm": "vLLM", "sglang": "SGLang", "dynamo": "Dynamo"}
+ENGINES = ("hf", "vllm", "sglang", "dynamo", "llamacpp")
+ENGINE_NAMES = {
+    "hf": "HF generate()",
+    "vllm": "vLLM",
+    "sglang": "SGLang",
+    "dynamo": "Dynamo",
+    "llamacpp": "llama.cpp",
+}
 
 
 @dataclass(frozen=True)
@@ -374,6 +380,68 @@ def requests(tok) -> Dict[str, Request]:
     }
 
 
+def demands(tok) -> Dict[str, Callable[[List[int]], bool]]:
+    """name -> what the request's specs demand of its tokens whatever the model's scores are, as
+    a predicate on the generated ids (EOS included where it ended them). The requests whose
+    tokens only the model decides (and ``bitmask``, refused) have none."""
+    i = _ids(tok)
+    eos, nl, think_end, forced = i["eos"], i["nl"], i["think_end"], i["forced"]
+
+    def text(tokens):
+        return tok.decode([t for t in tokens if t != eos])
+
+    def pairs(tokens):
+        return list(zip(tokens, tokens[1:]))
+
+    def contains(tokens, part):
+        return any(tokens[k : k + len(part)] == part for k in range(len(tokens)))
+
+    def json_finished(tokens):
+        if tokens[-1:] != [eos]:
+            return True  # cut by the length: a prefix of a document, not checked here
+        try:
+            value = json.loads(text(tokens))
+        except ValueError:
+            return False
+        return set(value) == {"b", "c"} and isinstance(value["b"], bool) and value["c"] in ("x", "y")
+
+    return {
+        "forced_calls": lambda t: t == forced + [eos],
+        "forced_tokens": lambda t: t == forced[:2] + [eos],
+        "forced_dynamo_key": lambda t: t == forced[:2] + [eos],
+        "hello_world": lambda t: t == tok.encode("Hello world!", add_special_tokens=False) + [eos],
+        "bias_ban": lambda t: 4242 not in t,
+        "allowed_ids": lambda t: set(t) <= {500, 600, 700},
+        "bad_words": lambda t: (77, 77) not in pairs(t),
+        "sequence_bias": lambda t: all(b == 78 for a, b in pairs(t) if a == 77),
+        "repetition_ngram": lambda t: len(set(pairs(t))) == len(pairs(t)),
+        "min_new_tokens": lambda t: eos not in t[:5],
+        "min_length": lambda t: eos not in t[:3],
+        "forced_eos": lambda t: len(t) == 4 and t[-1] == eos,
+        "suppress_at_begin": lambda t: t[:1] != [77],
+        "thinking_budget_hard": lambda t: nl not in t and think_end in t[:7],
+        "thinking_budget_newline": lambda t: think_end in t,
+        "xtc": lambda t: 77 not in t,
+        "force_last_phrase": lambda t: t[-len(forced) - 1 :] == forced + [eos],
+        "max_time": lambda t: t == [eos],
+        "trigger_phrase": lambda t: contains(t, forced),
+        "ban_strings": lambda t: "world" not in text(t),
+        "grammar_json_schema": json_finished,
+        "json_object": lambda t: text(t).lstrip().startswith("{"),
+    }
+
+
+def unmet_demands(tok, rows: Dict[str, dict]) -> Dict[str, list]:
+    """The served requests of one record whose tokens break what their specs demand
+    (:func:`demands`), with their tokens."""
+    served = {name: row["tokens"] for name, row in rows.items() if "tokens" in row}
+    return {
+        name: served[name]
+        for name, check in demands(tok).items()
+        if name in served and not check(served[name])
+    }
+
+
 def _order(specs) -> Callable[[str], int]:
     first = {}
     for i, spec in enumerate(specs or []):
@@ -432,7 +500,14 @@ def record(
         "route": route,
         "routes": routes or {},
         "requests": {
-            name: {"kinds": r.kinds, "decided": r.decided, "baseline": r.baseline, "note": r.note}
+            name: {
+                "kinds": r.kinds,
+                "decided": r.decided,
+                "baseline": r.baseline,
+                "note": r.note,
+                # Each engine's venv tokenizes the requests' text itself: the ids must agree.
+                "prompt": r.prompt,
+            }
             for name, r in reqs.items()
         },
         "rows": {name: rows[name] for name in reqs},
@@ -487,6 +562,197 @@ def run_hf(model_dir: str) -> dict:
             rows[name] = {"error": short_error(e)}
     route = "`model.generate(..., logits_processor=[HFLogitsProcessor(specs, context=...)])`, one request at a time"
     return record("hf", model_dir, reqs, rows, versions=versions("transformers", "torch"), route=route)
+
+
+# --- llama.cpp: the same weights as a GGUF -----------------------------------------------------
+
+# gguf.TokenType, as convert_hf_to_gguf.py's get_vocab_base assigns them.
+_NORMAL, _CONTROL, _USER_DEFINED, _UNUSED = 1, 3, 4, 5
+
+
+def _looks_special(token: str) -> bool:
+    """convert_hf_to_gguf.py's does_token_look_special, for the DeepSeek and ChatML forms."""
+    return (token.startswith("<|") and token.endswith("|>")) or (
+        token.startswith("<｜") and token.endswith("｜>")
+    )
+
+
+def write_gguf(model_dir: str, path: str) -> str:
+    """The model in ``model_dir`` (``model.safetensors``, ``config.json``, ``tokenizer.json``) as an
+    F32 GGUF of llama.cpp's ``llama`` architecture, written with the ``gguf`` package the way
+    llama.cpp's ``convert_hf_to_gguf.py`` writes a Llama: the same tensors, the rows of ``q_proj``
+    and ``k_proj`` permuted from transformers' rotate-half RoPE layout to llama.cpp's, the same
+    hyperparameters, and the vocab (every id's token; special added tokens and those that look
+    special are control tokens, other added ones user-defined, ids the tokenizer lacks
+    ``[PAD<id>]``; the merges; BOS and EOS). Its pre-tokenizer is llama.cpp's ``deepseek-v3``
+    (the converter's hash names this tokenizer ``joyai-llm``, whose split rules llama.cpp shares
+    with ``deepseek-v3``). Needs gguf, numpy and safetensors, not torch. Returns ``path``."""
+    import gguf
+    import numpy as np
+    from safetensors.numpy import load_file
+
+    d = Path(model_dir)
+    config = json.loads((d / "config.json").read_text())
+    tokenizer = json.loads((d / "tokenizer.json").read_text(encoding="utf-8"))
+    tok_config = json.loads((d / "tokenizer_config.json").read_text(encoding="utf-8"))
+    n_vocab, n_head = config["vocab_size"], config["num_attention_heads"]
+    n_kv = config.get("num_key_value_heads") or n_head
+    head_dim = config.get("head_dim") or config["hidden_size"] // n_head
+    rope = config.get("rope_parameters") or {}
+    if rope.get("rope_type", "default") != "default" or config.get("rope_scaling"):
+        raise ValueError(f"{model_dir}: only plain RoPE is written, not {rope or config['rope_scaling']}")
+
+    w = gguf.GGUFWriter(path, "llama")
+    w.add_type("model")
+    w.add_name(d.name)
+    w.add_block_count(config["num_hidden_layers"])
+    w.add_context_length(config["max_position_embeddings"])
+    w.add_embedding_length(config["hidden_size"])
+    w.add_feed_forward_length(config["intermediate_size"])
+    w.add_head_count(n_head)
+    w.add_head_count_kv(n_kv)
+    w.add_rope_freq_base(rope.get("rope_theta", config.get("rope_theta", 10000.0)))
+    w.add_layer_norm_rms_eps(config["rms_norm_eps"])
+    w.add_key_length(head_dim)
+    w.add_value_length(head_dim)
+    w.add_file_type(gguf.LlamaFileType.ALL_F32)
+    w.add_vocab_size(n_vocab)
+    w.add_rope_dimension_count(head_dim)
+
+    by_id = {i: t for t, i in tokenizer["model"]["vocab"].items()}
+    added = {a["id"]: a for a in tokenizer["added_tokens"]}
+    by_id.update((i, a["content"]) for i, a in added.items())
+    tokens, types = [], []
+    for i in range(n_vocab):
+        token = by_id.get(i)
+        if token is None:
+            token, kind = f"[PAD{i}]", _UNUSED
+        elif i in added:
+            kind = _CONTROL if added[i]["special"] or _looks_special(token) else _USER_DEFINED
+            if kind == _USER_DEFINED:
+                token = token.replace("\u2581", " ")
+        else:
+            kind = _NORMAL
+        tokens.append(token)
+        types.append(kind)
+    merges = [m if isinstance(m, str) else " ".join(m) for m in tokenizer["model"]["merges"]]
+
+    w.add_tokenizer_model("gpt2")
+    w.add_tokenizer_pre("deepseek-v3")
+    w.add_token_list(tokens)
+    w.add_token_types(types)
+    w.add_token_merges(merges)
+    w.add_bos_token_id(config["bos_token_id"])
+    w.add_eos_token_id(config["eos_token_id"])
+    w.add_add_bos_token(bool(tok_config.get("add_bos_token", False)))
+    w.add_add_eos_token(bool(tok_config.get("add_eos_token", False)))
+
+    def permute(weights, heads):
+        return (
+            weights.reshape(heads, 2, weights.shape[0] // heads // 2, -1)
+            .swapaxes(1, 2)
+            .reshape(weights.shape)
+        )
+
+    hf = load_file(str(d / "model.safetensors"))
+    names = {"embed_tokens": "token_embd", "norm": "output_norm"}
+    layer = {
+        "input_layernorm": "attn_norm",
+        "post_attention_layernorm": "ffn_norm",
+        "self_attn.q_proj": "attn_q",
+        "self_attn.k_proj": "attn_k",
+        "self_attn.v_proj": "attn_v",
+        "self_attn.o_proj": "attn_output",
+        "mlp.gate_proj": "ffn_gate",
+        "mlp.up_proj": "ffn_up",
+        "mlp.down_proj": "ffn_down",
+    }
+    for name, value in hf.items():
+        value = value.astype(np.float32)
+        parts = name.removesuffix(".weight").split(".")
+        if name == "lm_head.weight":
+            out = "output"
+        elif parts[1] == "layers":
+            inner = ".".join(parts[3:])
+            out = f"blk.{parts[2]}.{layer[inner]}"
+            if inner == "self_attn.q_proj":
+                value = permute(value, n_head)
+            elif inner == "self_attn.k_proj":
+                value = permute(value, n_kv)
+        else:
+            out = names[parts[1]]
+        w.add_tensor(f"{out}.weight", value)
+    w.write_header_to_file()
+    w.write_kv_data_to_file()
+    w.write_tensors_to_file()
+    w.close()
+    return path
+
+
+# Raw logits kept per step of the requests without specs, for comparing llama.cpp's arithmetic
+# with transformers' (test_conformance.py), and how far apart they may be.
+TOP_LOGITS = 8
+LOGIT_BOUND = 1e-4
+
+
+def run_llamacpp(model_dir: str, gguf_path: str) -> dict:
+    """Every request through llama-cpp-python, one at a time, on the model of ``model_dir``
+    written as a GGUF (:func:`write_gguf`): the specs in a ``LlamaCppLogitsProcessor`` over
+    ``context_from_llama`` (token texts from the GGUF's vocab), generated by ``Llama.generate``
+    (the token loop under ``__call__`` and ``create_completion``) with ``temp=0`` (greedy) and
+    stopped at EOS or the request's length as ``generate()`` is. The KV cache is kept in F32, and
+    each request evaluates its whole prompt (no cached prefix), so no request's tokens depend
+    on the ones before it. The requests without specs also record each step's ``TOP_LOGITS``
+    highest raw logits (``top``)."""
+    import llama_cpp
+    import numpy as np
+    from transformers import AutoTokenizer
+
+    from logits_processing.adapters.llama_cpp import (
+        LlamaCppLogitsProcessor,
+        context_from_llama,
+        tokenizer_json_from_gguf,
+    )
+
+    tok = AutoTokenizer.from_pretrained(model_dir)
+    write_gguf(model_dir, gguf_path)
+    f32 = llama_cpp.GGML_TYPE_F32
+    llm = llama_cpp.Llama(
+        gguf_path, n_ctx=256, n_batch=64, n_threads=2, type_k=f32, type_v=f32, seed=0, verbose=False
+    )
+    context = context_from_llama(llm, tokenizer=tokenizer_json_from_gguf(gguf_path))
+    eos = llm.token_eos()
+
+    def top(input_ids, scores):
+        ids = np.argsort(-scores, kind="stable")[:TOP_LOGITS]
+        steps.append([[int(i), float(scores[i])] for i in ids])
+        return scores
+
+    rows, reqs = {}, requests(tok)
+    for name, r in reqs.items():
+        steps: list = []
+        try:
+            procs = [LlamaCppLogitsProcessor(r.specs, context=context)] if r.specs is not None else [top]
+        except Exception as e:  # noqa: BLE001 - the refusal is the result
+            rows[name] = {"error": short_error(e)}
+            continue
+        llm.reset()
+        out = []
+        for token in llm.generate(
+            r.prompt, temp=0.0, repeat_penalty=1.0, logits_processor=llama_cpp.LogitsProcessorList(procs)
+        ):
+            out.append(int(token))
+            if token == eos or len(out) == r.max_new:
+                break
+        rows[name] = {"tokens": out, **({"top": steps} if r.specs is None else {})}
+    route = (
+        "`Llama.generate(prompt_ids, temp=0, logits_processor=LogitsProcessorList([LlamaCppLogitsProcessor(specs, "
+        "context=...)]))` (the loop under `__call__` and `create_completion`), one request at a time, on the same "
+        "weights written as an F32 GGUF"
+    )
+    return record(
+        "llamacpp", model_dir, reqs, rows, versions=versions("llama_cpp_python", "gguf"), route=route
+    )
 
 
 # --- comparing the records and rendering the table -------------------------------------------
@@ -557,7 +823,15 @@ def table(records: Dict[str, dict]) -> str:
         "a spec list each, rows without specs among them) sent through every engine that",
         "`scripts/test-engines.sh` runs, on one model (the tiny random-weight Llama over the DeepSeek",
         "tokenizer; the records carry its weights' sha256 and must agree). Each engine's tokens are",
-        "compared with those of transformers' `generate()` running our HF adapter.",
+        "compared with those of transformers' `generate()` running our HF adapter, and checked",
+        "against what their specs demand whatever the model's scores (`conformance.demands`: forced",
+        "ids, bans, allowed sets, lengths, a JSON document's keys ...).",
+        "",
+        "llama.cpp runs the same weights written as an F32 GGUF (`conformance.write_gguf`: tensors",
+        "and vocab as llama.cpp's `convert_hf_to_gguf.py` writes them), its KV cache in F32. At every",
+        f"step of the requests without specs its {TOP_LOGITS} highest raw logits must be transformers'",
+        f"within {LOGIT_BOUND:g} and the top two further apart than twice the gap, so greedy decoding",
+        "cannot part on these prompts (test_conformance.py).",
         "",
         "| engine | versions | how the specs travel |",
         "| --- | --- | --- |",

@@ -35,8 +35,38 @@ import launch_log
 
 VOCAB = 129280
 MAX_NEW = 12
+#: The file each call of our processor in the scheduler appends ``rows reads`` to (:func:`log_reads`).
+READS_LOG = "LOGITS_PROCESSING_READS_LOG"
+
+
+def log_reads() -> None:
+    """In the scheduler process, where SGLang runs our processor: each call appends a line to the
+    file ``$LOGITS_PROCESSING_READS_LOG`` names, its rows and the reads from the device it made
+    (``SGLangLogitProcessor.device_reads`` before and after the call)."""
+    path = os.environ.get(READS_LOG)
+    if not path:
+        return
+    from logits_processing.adapters.sglang import SGLangLogitProcessor as processor
+
+    call = processor.__call__
+    if getattr(call, "logged", False):
+        return
+
+    def logged(self, logits, params=None):
+        before = processor.device_reads
+        try:
+            return call(self, logits, params)
+        finally:
+            with open(path, "a") as log:
+                log.write(f"{len(params or ())} {processor.device_reads - before}\n")
+
+    logged.logged = True
+    processor.__call__ = logged
+
+
 # In every process that imports this file (the scheduler does, as SGLang spawns it).
 launch_log.install()
+log_reads()
 
 
 def _phase(name: str, t0: list) -> None:
@@ -307,6 +337,29 @@ def conformance_rows(llm, tok, model: str, context, max_new: int = 0) -> dict:
     return conformance.record("sglang", model, reqs, rows, versions=versions, route=route)["rows"]
 
 
+def waits(llm, tok, context, max_new: int) -> dict:
+    """Each call of the processor in the scheduler, ``[rows, reads from the device]``, for two
+    rows sent together, every row running ``max_new`` steps: both history-free, then a history
+    reader beside a history-free row."""
+    from logits_processing.adapters.sglang import activate
+
+    prompts = [tok.encode(text, add_special_tokens=False) for text in ("<｜User｜>Hi", "<｜User｜>Count to ten")]
+    free = [{"kind": "temperature", "temperature": 0.5}, {"kind": "ban_tokens", "token_ids": [4242]}]
+    batches = {
+        "history_free": [free, [{"kind": "logit_bias", "bias": {"77": 2.0}}]],
+        "reads_history": [[{"kind": "repetition_penalty", "penalty": 1.5}] + free, free],
+    }
+    out = {}
+    for name, specs in batches.items():
+        params = [{"temperature": 0.0, "max_new_tokens": max_new, "ignore_eos": True} for _ in specs]
+        processors = [activate(p, s, context=context)["custom_logit_processor"] for p, s in zip(params, specs)]
+        open(os.environ[READS_LOG], "w").close()
+        llm.generate(input_ids=prompts, sampling_params=params, custom_logit_processor=processors)
+        with open(os.environ[READS_LOG]) as log:
+            out[name] = [[int(n) for n in line.split()] for line in log]
+    return out
+
+
 def main_interpret(model: str) -> dict:
     import conformance
     import sglang as sgl
@@ -324,6 +377,8 @@ def main_interpret(model: str) -> dict:
         "conformance": conformance_rows(llm, tok, model, context, max_new=conformance.DEVICE_PATH_TOKENS),
     }
     _phase("conformance requests through the device path", t0)
+    out["waits"] = waits(llm, tok, context, conformance.DEVICE_PATH_TOKENS)
+    _phase("waits through the device path", t0)
     llm.shutdown()
     out["launches"] = launch_log.count()
     return out
@@ -390,6 +445,8 @@ def main(model: str, stress: bool) -> dict:
     _phase("one batch with every pipeline", t0)
     out["conformance"] = conformance_rows(llm, tok, model, context)
     _phase("conformance requests", t0)
+    out["waits"] = waits(llm, tok, context, MAX_NEW)
+    _phase("waits", t0)
 
     # The same requests again, joining one by one while the others run (async, staggered).
     async def staggered():
@@ -468,8 +525,13 @@ if __name__ == "__main__":
             key, _, value = assignment.partition("=")
             os.environ[key] = value
     launch_log.install()  # with the log named above (a forked scheduler inherits it)
-    if "interpret" in sys.argv[2:]:
-        result = main_interpret(sys.argv[1])
-    else:
-        result = main(sys.argv[1], stress)
+    import shutil
+    import tempfile
+
+    reads_dir = tempfile.mkdtemp(prefix="sglang-reads-")
+    os.environ[READS_LOG] = os.path.join(reads_dir, "reads")  # the scheduler, spawned later, inherits it
+    try:
+        result = main_interpret(sys.argv[1]) if "interpret" in sys.argv[2:] else main(sys.argv[1], stress)
+    finally:
+        shutil.rmtree(reads_dir, ignore_errors=True)
     print("\n" + json.dumps(result))

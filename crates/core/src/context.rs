@@ -74,6 +74,11 @@ pub struct EngineContext {
     /// No engine is known yet (a frontend, a client): what a kind would take from the engine is
     /// not checked, only what does not depend on it ([`EngineContext::structure_only`]).
     pub structure_only: bool,
+    /// Under speculative decoding, the most drafts the engine verifies for a request in one step
+    /// (vLLM's `num_speculative_tokens`), when it hands a row per draft: each pipeline then keeps
+    /// what it needs to resume from any of them ([`crate::Pipeline::with_speculative_tokens`]).
+    /// 0: none.
+    pub speculative_tokens: usize,
 }
 
 impl EngineContext {

@@ -23,6 +23,7 @@ mod batch;
 mod budget;
 pub mod context;
 pub mod cpu;
+mod drafts;
 mod error;
 #[cfg(feature = "grammar")]
 pub mod grammar;
@@ -52,11 +53,12 @@ pub use history::TokenHistory;
 pub use logit::{DType, Logit};
 pub use pipeline::{has_finite_logit, Pipeline, PipelineEntry, Stage, Step};
 pub use plan::{
-    Band, Bitmask, Edit, ForcedValue, MaskId, Reshape, RowPlan, Shape, Trigger, Truncation,
+    Band, Bitmask, DevicePass, Edit, ForcedValue, MaskId, Reshape, RowPlan, Shape, Trigger,
+    Truncation, WholeRow,
 };
 pub use processors::{
     canonical_order, check_order, check_prompt_len, get_thinking_token_config, hello_world,
-    process_row, register_thinking_token_config, BanTokens, ForcedSequence, LogitBias,
+    process_row, register_thinking_token_config, BanTokens, Checkpoint, ForcedSequence, LogitBias,
     LogitsProcessor, Position, Temperature, TextEncoder, ThinkingBudget, ThinkingTokenConfig,
 };
 pub use spec::{parse_pipeline, reads_history, EngineContext, Kind, KindSpec, ProcessorSpec};

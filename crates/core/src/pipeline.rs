@@ -1,5 +1,6 @@
 //! A request's ordered processors.
 
+use crate::drafts::Drafts;
 use crate::error::{check_token, Error, Result};
 use crate::history::TokenHistory;
 use crate::logit::Logit;
@@ -72,7 +73,8 @@ impl Built {
         }
         Ok(Pipeline::new(self.steps)
             .with_labels(self.labels)
-            .with_eos_token_ids(context.eos_token_ids.clone()))
+            .with_eos_token_ids(context.eos_token_ids.clone())
+            .with_speculative_tokens(context.speculative_tokens))
     }
 }
 
@@ -127,6 +129,8 @@ pub struct Pipeline {
     no_token: Option<String>,
     // `no_token` before the last plan, for `undo`.
     no_token_before: Option<Option<String>>,
+    // What it keeps to resume from a draft row ([`Pipeline::with_speculative_tokens`]).
+    drafts: Drafts,
 }
 
 /// Whether some logit of `row` is finite, so that a sampler can draw from it. It reads the row in
@@ -176,6 +180,39 @@ impl Pipeline {
     /// vocab by [`Pipeline::validate`].
     pub fn with_eos_token_ids(mut self, eos_token_ids: Vec<u32>) -> Self {
         self.eos_token_ids = eos_token_ids;
+        self
+    }
+
+    /// Plans draft rows exactly, for an engine verifying up to `speculative_tokens` drafts a
+    /// request a step (one row each, planned after the one before: the drafts' ids extend the
+    /// committed ones). When a plan's ids part from those planned after a draft the engine
+    /// rejected, every processor resumes from the plan of the ids they share: the processors
+    /// whose next step reads what the previous step's pass observed
+    /// ([`LogitsProcessor::checkpoint`]) from what was kept after that plan and its pass (the
+    /// last `speculative_tokens + 2` plans are kept), the others by reading the ids again. 0 (the
+    /// default): nothing is kept. Given by [`EngineContext::speculative_tokens`].
+    ///
+    /// ```
+    /// use logits_processing::{EngineContext, Pipeline, ProcessorSpec};
+    /// let specs = [ProcessorSpec::parse(r#"{"kind": "mirostat", "tau": 1.0, "eta": 0.5}"#)?];
+    /// let drafting = EngineContext { speculative_tokens: 1, ..Default::default() };
+    /// let mut speculative = Pipeline::from_specs(&specs, &drafting, 0)?;
+    /// let mut plain = Pipeline::from_specs(&specs, &EngineContext::default(), 0)?;
+    /// let row = |one: f32| [0.0f32, one, 2.0, 0.5];
+    /// // The committed ids [7], and a row for the draft 1 after them.
+    /// speculative.process(&[7u32], &mut row(1.0))?;
+    /// speculative.process(&[7u32, 1], &mut row(2.0))?;
+    /// plain.process(&[7u32], &mut row(1.0))?;
+    /// // The engine rejects the draft and samples 2: mu is read from the pass of the first row.
+    /// let (mut a, mut b) = (row(3.0), row(3.0));
+    /// speculative.process(&[7u32, 2], &mut a)?;
+    /// plain.process(&[7u32, 2], &mut b)?;
+    /// assert_eq!(a, b);
+    /// assert_eq!(a.iter().filter(|x| x.is_finite()).count(), 2);
+    /// # Ok::<(), logits_processing::Error>(())
+    /// ```
+    pub fn with_speculative_tokens(mut self, speculative_tokens: usize) -> Self {
+        self.drafts = Drafts::new(speculative_tokens);
         self
     }
 
@@ -294,6 +331,7 @@ impl Pipeline {
         }
         self.no_token = None;
         self.no_token_before = None;
+        self.drafts.clear();
     }
 
     /// Decides this step's edits from the ids, into [`Pipeline::stages`]: [`Pipeline::plan_ids`]
@@ -371,6 +409,8 @@ impl Pipeline {
     /// The first phase of [`Pipeline::plan`]: every processor reads its new ids and plans, costly
     /// work left to [`Pipeline::finish`]. On error every processor's state is as it was.
     pub fn plan_ids(&mut self, ids: &dyn TokenHistory) -> Result<()> {
+        self.drafts
+            .before_plan(ids, &mut self.steps, &mut self.stages);
         for stage in &mut self.stages {
             if let Stage::Plan(plan) = stage {
                 plan.clear();
@@ -385,10 +425,12 @@ impl Pipeline {
             let start = plan.edits().len();
             if let Err(error) = processor.plan(ids, plan) {
                 self.undo_steps(j);
+                self.drafts.abandon(&mut self.steps, &mut self.stages);
                 return Err(error);
             }
             self.edits_of[j] = start..plan.edits().len();
         }
+        self.drafts.after_plan(ids, &self.steps, &mut self.stages);
         self.planned_ids = ids.token_count();
         self.no_token_before = Some(self.no_token.clone());
         Ok(())
@@ -398,6 +440,7 @@ impl Pipeline {
     /// it was before it, and so is the failure its apply may have recorded.
     pub fn undo(&mut self) {
         self.undo_steps(self.steps.len());
+        self.drafts.undo(&mut self.steps, &mut self.stages);
         if let Some(before) = self.no_token_before.take() {
             self.no_token = before;
         }
@@ -423,6 +466,15 @@ impl Pipeline {
     /// The stages as last planned.
     pub fn stages(&self) -> &[Stage] {
         &self.stages
+    }
+
+    /// The plan of stage `stage` as last planned (`None` for an external step), to record what a
+    /// pass carried out elsewhere resolved ([`RowPlan::record_device_pass`]).
+    pub fn plan_mut(&mut self, stage: usize) -> Option<&mut RowPlan> {
+        match self.stages.get_mut(stage)? {
+            Stage::Plan(plan) => Some(plan),
+            Stage::External(_) => None,
+        }
     }
 
     /// Applies the last plan to `row`, calling `external` for each external step in its place.

@@ -183,7 +183,7 @@ impl Edit {
     /// the row's element type. `allowed` says whether a mask allows `index`; `band` is a
     /// truncation's resolved band ([`Band::FIRED`] for an [`Edit::ForceIf`] whose condition
     /// held, and for a token an [`Edit::BiasLargest`] biases). The one definition of each edit's meaning: the fused pass,
-    /// the GPU kernel's host emulation and the tests all use it.
+    /// the device kernels (held to it bit for bit) and the tests all use it.
     #[inline]
     pub fn value(&self, index: usize, x: f32, allowed: impl Fn(MaskId) -> bool, band: Band) -> f32 {
         self.value_shaped(index, x, allowed, band, Shape::Identity)
@@ -545,15 +545,13 @@ impl RowPlan {
         })
     }
 
-    /// Whether the plan holds an edit only the CPU path carries out ([`Edit::Reshape`], or a
-    /// truncation rule the GPU kernel does not have: [`Truncation::on_cpu_only`]).
+    /// Whether the plan holds an edit only the CPU path carries out: a SynthID watermark's
+    /// [`Edit::Whole`], an [`Edit::BiasLargest`], or a truncation rule or reshape the device's
+    /// band kernel does not have ([`Truncation::on_cpu_only`], [`Reshape::on_cpu_only`]).
     pub fn cpu_only(&self) -> bool {
         self.edits.iter().any(|e| match e {
-            Edit::Reshape(_)
-            | Edit::ForceIf { .. }
-            | Edit::AddScaledFrom { .. }
-            | Edit::Whole(_) => true,
-            Edit::BiasLargest { .. } => true,
+            Edit::Reshape(rule) => rule.on_cpu_only(),
+            Edit::Whole(WholeRow::SynthId(_)) | Edit::BiasLargest { .. } => true,
             Edit::Truncate(rule) => rule.on_cpu_only(),
             _ => false,
         })
@@ -591,6 +589,55 @@ impl RowPlan {
                 Observed::Fired(fired) if *at == edit && r == rule => Some(*fired),
                 _ => None,
             })
+    }
+
+    /// Forgets what the last pass resolved (its bands, shapes and observations), before a pass
+    /// carried out elsewhere (the device's) records its own ([`RowPlan::record_device_pass`]).
+    pub fn begin_device_pass(&mut self) {
+        self.bands.clear();
+        self.shapes.clear();
+        self.observations.clear();
+        self.largest.clear();
+    }
+
+    /// Records what a pass carried out elsewhere (the device's kernels, read back) resolved at
+    /// the observing edit `edit`, as [`RowPlan::resolve_truncations`] keeps it for the
+    /// processor's next step: whether an [`Edit::ForceIf`] fired, an observing truncation's band
+    /// over the row as it stood there, or the row an observing reshape read. Anything else is
+    /// ignored.
+    pub fn record_device_pass(&mut self, edit: usize, pass: DevicePass<'_>) {
+        match (self.edits.get(edit).copied(), pass) {
+            (Some(rule @ Edit::ForceIf { .. }), DevicePass::Fired(fired)) => {
+                self.observations.push((edit, rule, Observed::Fired(fired)));
+                if fired {
+                    self.bands.push((edit, Band::FIRED));
+                }
+            }
+            (Some(Edit::Truncate(rule)), DevicePass::Band { values, band }) if rule.observes() => {
+                self.observe(edit, rule, values, band);
+                self.bands.push((edit, band));
+            }
+            (Some(Edit::Reshape(rule)), DevicePass::Row { values }) if rule.observes() => {
+                let shape = rule.shape(values);
+                if let Shape::AdaptiveP { max, scale, .. } = shape {
+                    let values = values.to_vec();
+                    self.observations.push((
+                        edit,
+                        Edit::Reshape(rule),
+                        Observed::Row { values, max, scale },
+                    ));
+                }
+                self.shapes.push((edit, shape));
+            }
+            _ => {}
+        }
+    }
+
+    /// Swaps what the last pass observed (what [`RowPlan::observed`] and [`RowPlan::fired`] read)
+    /// with `kept`: a pipeline planning draft rows keeps each depth's and puts back the one the
+    /// engine's accepted tokens resume from.
+    pub(crate) fn swap_observations(&mut self, kept: &mut Observations) {
+        std::mem::swap(&mut self.observations, &mut kept.0);
     }
 
     /// Keeps, for an observing truncation at `edit`, the probabilities of the tokens `band`
@@ -1055,6 +1102,22 @@ impl RowPlan {
 /// What an observing edit's pass left for its processor: the edit's index, the edit, and what it
 /// saw.
 type Observation = (usize, Edit, Observed);
+
+/// What a pass carried out elsewhere (the device's) resolved at an observing edit
+/// ([`RowPlan::record_device_pass`]).
+#[derive(Debug, Clone, Copy)]
+pub enum DevicePass<'a> {
+    /// Whether an [`Edit::ForceIf`]'s condition held.
+    Fired(bool),
+    /// An observing truncation's band, over the row as it stood there.
+    Band { values: &'a [f32], band: Band },
+    /// The row an observing reshape read (adaptive-p's).
+    Row { values: &'a [f32] },
+}
+
+/// What one pass observed, out of its plan ([`RowPlan::swap_observations`]).
+#[derive(Default)]
+pub(crate) struct Observations(Vec<Observation>);
 
 enum Observed {
     /// A truncation's kept tokens, each with its probability among them, by token.

@@ -105,6 +105,42 @@ pub trait LogitsProcessor: Send + std::fmt::Debug {
 
     /// Back to the state of a new request.
     fn reset(&mut self) {}
+
+    /// The part of its state that its ids cannot give back, where it has one: what the passes
+    /// it read left in it (mirostat's `mu`, whether a phrase trigger held), for a kind whose
+    /// next step reads what the previous step's pass observed ([`RowPlan::observed`],
+    /// [`RowPlan::fired`]). A pipeline that plans draft rows
+    /// ([`crate::EngineContext::speculative_tokens`]) keeps it after each plan, with that plan's
+    /// pass's observations, and gives it back ([`LogitsProcessor::restore`]) when later ids part
+    /// from the drafts planned. `None` (the default): the state is a function of the ids, read
+    /// again when they roll back.
+    fn checkpoint(&self) -> Option<Checkpoint> {
+        None
+    }
+
+    /// Back to the state a [`LogitsProcessor::checkpoint`] of this processor returned.
+    fn restore(&mut self, _checkpoint: &Checkpoint) {}
+}
+
+/// A processor's state as [`LogitsProcessor::checkpoint`] returns it, for its own
+/// [`LogitsProcessor::restore`]: a few numbers, never the processor itself.
+pub struct Checkpoint(Box<dyn std::any::Any + Send>);
+
+impl Checkpoint {
+    pub fn new<T: std::any::Any + Send>(state: T) -> Self {
+        Self(Box::new(state))
+    }
+
+    /// The state, when it is a `T`.
+    pub fn get<T: std::any::Any>(&self) -> Option<&T> {
+        self.0.downcast_ref()
+    }
+}
+
+impl std::fmt::Debug for Checkpoint {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.write_str("Checkpoint(..)")
+    }
 }
 
 /// Runs one processor on one row: plan, then apply. On error the row and the processor's state are

@@ -39,6 +39,12 @@ pub enum Reshape {
 }
 
 impl Reshape {
+    /// Whether only the CPU path has this rule (the device's band kernel has all but dynamic
+    /// temperature).
+    pub fn on_cpu_only(&self) -> bool {
+        matches!(self, Reshape::DynamicTemperature { .. })
+    }
+
     /// Whether the rule's pass keeps what it read for its processor's next step
     /// ([`crate::RowPlan::observed`]): adaptive-p's.
     pub fn observes(&self) -> bool {

@@ -48,7 +48,7 @@ type ParseResult =
 /// One registered kind: its name, how its spec is read, its JSON Schema (derived from the same
 /// struct, see [`crate::spec_schema`]), and what the kind is: the questions asked of a kind
 /// ([`Kind::reads_history`], [`Kind::masks`], [`Kind::truncates`], [`Kind::needs_token_texts`],
-/// [`Kind::observes_pass`], [`Kind::edits_on_host`]) are answered here, on its registry line,
+/// [`Kind::edits_on_host`]) are answered here, on its registry line,
 /// and a test over every registered kind holds each answer to the kind's behaviour
 /// (processors/tests.rs).
 pub struct Kind {
@@ -59,7 +59,6 @@ pub struct Kind {
     masks: bool,
     truncates: bool,
     token_texts: bool,
-    observes_pass: bool,
     edited_on_host: bool,
 }
 
@@ -77,7 +76,6 @@ impl Kind {
             masks: false,
             truncates: false,
             token_texts: false,
-            observes_pass: false,
             edited_on_host: false,
         }
     }
@@ -118,17 +116,6 @@ impl Kind {
         }
     }
 
-    /// The kind's next step reads what its previous step's pass saw (mirostat's and adaptive-p's
-    /// sampled-token probability, whether a phrase kind's trigger held on the row): its state is
-    /// not a function of the ids alone, so a row planned for a draft that the engine rejects
-    /// cannot be taken back from the ids.
-    pub const fn observing_the_pass(self) -> Self {
-        Self {
-            observes_pass: true,
-            ..self
-        }
-    }
-
     /// Some plans of the kind hold an edit the device kernels do not carry out
     /// ([`crate::RowPlan::cpu_only`]: a reshape, a whole-row edit, a truncation rule the band
     /// kernel lacks, ...): on a GPU those steps take the host round trip (docs/cuda.md).
@@ -157,12 +144,6 @@ impl Kind {
     /// Whether specs of the kind can need the engine's token texts.
     pub const fn needs_token_texts(&self) -> bool {
         self.token_texts
-    }
-
-    /// Whether the kind's next step reads what its previous step's pass saw (see
-    /// [`Kind::observing_the_pass`]).
-    pub const fn observes_pass(&self) -> bool {
-        self.observes_pass
     }
 
     /// Whether some plans of the kind are edited on the host only (see
@@ -452,12 +433,6 @@ impl ProcessorSpec {
     /// [`Kind::needs_token_texts`]).
     pub fn needs_token_texts(&self) -> bool {
         self.kind.token_texts
-    }
-
-    /// Whether the spec's kind reads what its previous step's pass saw (see
-    /// [`Kind::observes_pass`]).
-    pub fn observes_pass(&self) -> bool {
-        self.kind.observes_pass
     }
 
     /// Where the spec stood in the pipeline it was read from (`"[1]"`), or `""`.

@@ -72,8 +72,8 @@ mod xtc;
 
 pub use band::{Band, Work};
 pub use gpu_shared::{
-    exp, fixed, from_order_key, order_key, EXP_LN2_HI, EXP_LN2_LO, EXP_LOG2_E, EXP_MAX, EXP_MIN,
-    EXP_POLY, EXP_SHIFTER, FIXED_BITS,
+    exp, fixed, fixed_square, from_order_key, ln, order_key, EXP_LN2_HI, EXP_LN2_LO, EXP_LOG2_E,
+    EXP_MAX, EXP_MIN, EXP_POLY, EXP_SHIFTER, FIXED_BITS, LN_LN2_HI, LN_LN2_LO, LN_POLY,
 };
 pub(crate) use select::{collect_from, kth_largest, kth_of, largest_first, sampled_floor};
 pub(crate) use softmax::{heavy, heavy_below, largest, lowest_reaching_near, near_max, weigh};
@@ -181,19 +181,15 @@ impl Truncation {
         }
     }
 
-    /// Whether only the CPU path has this rule (the CUDA kernel has top-k, top-p, min-p,
-    /// typical, epsilon and eta).
+    /// Whether only the CPU path has this rule (the device's band kernel has top-k, top-p, min-p,
+    /// typical, epsilon, eta, top-a, XTC, mirostat 2 and p-less).
     pub fn on_cpu_only(&self) -> bool {
         matches!(
             self,
             Truncation::TopNSigma { .. }
-                | Truncation::TopA { .. }
-                | Truncation::PLess { .. }
                 | Truncation::TopH { .. }
                 | Truncation::TailFree { .. }
-                | Truncation::Xtc { .. }
                 | Truncation::MirostatV1 { .. }
-                | Truncation::MirostatV2 { .. }
         )
     }
 

@@ -116,7 +116,18 @@ fn measure(
     // Warm-up: loads the kernels, grows the staging buffers.
     for _ in 0..3 {
         // SAFETY: `data` covers the layout; the stream is live.
-        unsafe { applier.apply_plans(&listed, ptr, DType::F32, layout, VOCAB, stream.raw())? };
+        unsafe {
+            applier.apply_plans(
+                &listed,
+                ptr,
+                DType::F32,
+                layout,
+                VOCAB,
+                stream.raw(),
+                &|_| &[],
+                None,
+            )?
+        };
     }
     let ours_us = stream.time_us(
         calls,
@@ -124,7 +135,16 @@ fn measure(
         &mut || data.copy_from_async(&master, stream),
         // SAFETY: as above.
         &mut || unsafe {
-            applier.apply_plans(&listed, ptr, DType::F32, layout, VOCAB, stream.raw())
+            applier.apply_plans(
+                &listed,
+                ptr,
+                DType::F32,
+                layout,
+                VOCAB,
+                stream.raw(),
+                &|_| &[],
+                None,
+            )
         },
     )?;
     let copy_us = stream.time_us(calls, blocks, &mut || Ok(()), &mut || {
@@ -147,7 +167,7 @@ fn main() -> Result<(), CudaError> {
     }
     let quick = std::env::args().any(|a| a == "--quick");
     let (calls, blocks) = if quick { (20, 5) } else { (100, 11) };
-    let mut applier = CudaBatchApplier::new(0)?;
+    let mut applier = CudaBatchApplier::new(0, VOCAB)?;
     let stream = Stream::new(0)?;
     println!(
         "kernels from {}; vocab {VOCAB}, f32; median us per step (CUDA events, {calls} back-to-back steps x {blocks})",

@@ -6,9 +6,12 @@ use std::sync::Arc;
 use cudarc::driver::sys::{self as cu, CUresult};
 use logits_processing::{Batch, BatchLayout, DType, RowPlan};
 
-use crate::driver::{self, check, CurrentContext, Kernels};
-use crate::packed::{level_externals, level_plans, levels, tiles_per_row, PackedPlans, THREADS};
-use crate::CudaError;
+use crate::driver::{self, check, CurrentContext, Kernel, Kernels};
+use crate::packed::{
+    level_externals, level_net, level_plans, levels, rows_ending_outside, tiles_per_row,
+    PackedPlans,
+};
+use crate::{CudaError, Readback};
 
 /// A staging area for one step's packed plans: pinned host memory, the device copy the kernel
 /// reads, and an event recorded after the launch. Reused only once the event has completed, so a
@@ -61,15 +64,15 @@ impl std::fmt::Debug for CudaBatchApplier {
 
 impl CudaBatchApplier {
     /// An applier for GPU `device_ordinal`, loading the kernels there on first use in this process
-    /// (the driver JIT-compiles the embedded PTX, a few hundred ms once; later appliers reuse it)
-    /// and running the device's self-check once (a small batch covering every kind of edit, GPU
-    /// against CPU, bit for bit; [`CudaError::SelfCheck`] with the first difference if they
-    /// disagree, for this and every later applier on the device). A clear error, never a panic,
-    /// where there is no driver ([`CudaError::NoDriver`]) or no such device
-    /// ([`CudaError::NoDevice`]).
-    pub fn new(device_ordinal: usize) -> Result<Self, CudaError> {
+    /// (the embedded cubin for its architecture, or the PTX the driver compiles; later appliers
+    /// reuse them) and running the device's self-check once, at `vocab_size` (the engine's; at
+    /// least 2,053): 256 rows covering every kind of edit, GPU against CPU, bit for bit;
+    /// [`CudaError::SelfCheck`] with the first difference if they disagree, for this and every
+    /// later applier on the device. A clear error, never a panic, where there is no driver
+    /// ([`CudaError::NoDriver`]) or no such device ([`CudaError::NoDevice`]).
+    pub fn new(device_ordinal: usize, vocab_size: usize) -> Result<Self, CudaError> {
         let kernels = driver::kernels(device_ordinal)?;
-        crate::self_check::ensure(&kernels, device_ordinal)?;
+        crate::self_check::ensure(&kernels, device_ordinal, vocab_size)?;
         Ok(Self::with_kernels(kernels, device_ordinal))
     }
 
@@ -94,10 +97,10 @@ impl CudaBatchApplier {
         self.slots.len()
     }
 
-    /// Where the kernels came from: `"ptx"` (the embedded PTX, JIT-compiled by the driver) or
-    /// `"nvrtc"` (compiled for this GPU at first use).
-    pub fn kernel_origin(&self) -> &'static str {
-        self.kernels.origin
+    /// Which of the embedded images the device runs: `"sm_90 cubin"` (machine code for its
+    /// architecture) or `"compute_75 PTX"` (compiled by the driver at first use).
+    pub fn kernel_origin(&self) -> &str {
+        &self.kernels.origin
     }
 
     /// Applies one plan per listed row in one launch (two when some rows truncate: their bands
@@ -107,12 +110,18 @@ impl CudaBatchApplier {
     /// Errors (nothing is queued): a null or misaligned pointer, a row outside `layout` or listed
     /// twice, a stride below the vocab, a plan naming a token outside the vocab, a driver error.
     ///
+    /// What the kernels resolve for the processors' next step (a conditional force's outcome,
+    /// mirostat's kept probabilities) is read back into `readback` when given (collect it before
+    /// the next plan: [`Readback::collect_batch`]), else not kept. A row `nets` gives EOS ids to
+    /// gets them, every other logit `-inf`, where its plan leaves it no finite logit (the
+    /// pipeline's safety net; `&|_| &[]` for none).
+    ///
     /// # Safety
     /// `logits` must be a live device allocation on this device, in its primary context (torch's),
     /// covering `layout` (`layout.required_len(vocab_size)` elements of `dtype`), and `stream` a
     /// live stream of that context (or 0); nothing else may write those rows until the work is done.
     #[allow(clippy::too_many_arguments)]
-    pub unsafe fn apply_plans(
+    pub unsafe fn apply_plans<'e>(
         &mut self,
         plans: &[(usize, &RowPlan)],
         logits: u64,
@@ -120,24 +129,38 @@ impl CudaBatchApplier {
         layout: BatchLayout,
         vocab_size: usize,
         stream: u64,
+        nets: &dyn Fn(usize) -> &'e [u32],
+        mut readback: Option<&mut Readback>,
     ) -> Result<(), CudaError> {
-        self.apply_rows(
-            || plans.iter().copied(),
-            logits,
-            dtype,
-            layout,
-            vocab_size,
-            stream,
-        )
+        uncollected(readback.as_deref())?;
+        let result = self
+            .apply_rows(
+                || plans.iter().copied(),
+                nets,
+                logits,
+                dtype,
+                layout,
+                vocab_size,
+                stream,
+                readback.as_deref_mut().map(|r| (r, 0)),
+            )
+            .and_then(|()| record(self.kernels.ctx, stream, readback.as_deref_mut()));
+        if let (Err(_), Some(readback)) = (&result, readback) {
+            readback.discard();
+        }
+        result
     }
 
     /// A planned batch (after [`Batch::plan`]): stage by stage, one launch per stage level (the
     /// k-th stage of every row whose k-th stage is a plan), and `external(row, key)` for each
     /// external step in its place, after the launch of its level (the callback edits that row on
-    /// the same stream). Levels with no plan launch nothing.
+    /// the same stream). Levels with no plan launch nothing. What the processors read at their
+    /// next step is read back into `readback`: collect it ([`Readback::collect_batch`]) before
+    /// the batch is planned again or its rows change; on an error, it holds nothing.
     ///
     /// # Safety
     /// As for [`CudaBatchApplier::apply_plans`], with the batch's vocab size.
+    #[allow(clippy::too_many_arguments)]
     pub unsafe fn apply_batch(
         &mut self,
         batch: &mut Batch,
@@ -146,34 +169,58 @@ impl CudaBatchApplier {
         layout: BatchLayout,
         stream: u64,
         external: &mut dyn FnMut(usize, u64) -> Result<(), CudaError>,
+        readback: &mut Readback,
     ) -> Result<(), CudaError> {
+        uncollected(Some(readback))?;
         let vocab = batch.vocab_size();
         batch.check_layout(layout.required_len(vocab), layout)?;
-        for level in 0..levels(batch) {
+        let result = (|| {
+            for level in 0..levels(batch) {
+                self.apply_rows(
+                    || level_plans(batch, level),
+                    &|row| level_net(batch, level, row),
+                    logits,
+                    dtype,
+                    layout,
+                    vocab,
+                    stream,
+                    Some((&mut *readback, level)),
+                )?;
+                for (row, key) in level_externals(batch, level) {
+                    external(row, key)?;
+                }
+            }
+            // The safety net of the rows whose step ends with an external step.
+            let empty = RowPlan::new();
             self.apply_rows(
-                || level_plans(batch, level),
+                || rows_ending_outside(batch).map(|row| (row, &empty)),
+                &|row| batch.get(row).map_or(&[], |p| p.eos_token_ids()),
                 logits,
                 dtype,
                 layout,
                 vocab,
                 stream,
+                None,
             )?;
-            for (row, key) in level_externals(batch, level) {
-                external(row, key)?;
-            }
+            record(self.kernels.ctx, stream, Some(&mut *readback))
+        })();
+        if result.is_err() {
+            readback.discard();
         }
-        Ok(())
+        result
     }
 
     #[allow(clippy::too_many_arguments)]
-    unsafe fn apply_rows<'a, F, I>(
+    unsafe fn apply_rows<'a, 'e, F, I>(
         &mut self,
         plans: F,
+        nets: &dyn Fn(usize) -> &'e [u32],
         logits: u64,
         dtype: DType,
         layout: BatchLayout,
         vocab_size: usize,
         stream: u64,
+        readback: Option<(&mut Readback, usize)>,
     ) -> Result<(), CudaError>
     where
         F: Fn() -> I,
@@ -185,7 +232,8 @@ impl CudaBatchApplier {
                 layout.row_stride
             )));
         }
-        self.packed.pack(plans, layout.rows, vocab_size)?;
+        self.packed
+            .pack_with_nets(plans, layout.rows, vocab_size, nets)?;
         let slots = self.packed.slots();
         if slots == 0 || vocab_size == 0 {
             return Ok(());
@@ -206,10 +254,12 @@ impl CudaBatchApplier {
                 ))
             })?;
         let bytes = self.packed.words().len() * 4;
+        // The device buffer also holds the snapshots the band kernel writes after the words.
+        let capacity = bytes + self.packed.snapshot_words() * 4;
 
         let _current = CurrentContext::push(self.kernels.ctx)?;
         let stream = stream as cu::CUstream;
-        let slot = self.acquire(bytes)?;
+        let slot = self.acquire(capacity)?;
         let slot = &self.slots[slot];
         // The slot is idle: neither a copy nor a kernel reads it any more.
         std::ptr::copy_nonoverlapping(self.packed.words().as_ptr().cast::<u8>(), slot.host, bytes);
@@ -217,39 +267,47 @@ impl CudaBatchApplier {
             cu::cuMemcpyHtoDAsync_v2(slot.device, slot.host.cast(), bytes, stream),
             "cuMemcpyHtoDAsync",
         )?;
-        let (apply, bands) = match dtype {
-            DType::F32 => (self.kernels.f32, self.kernels.bands_f32),
-            DType::F16 => (self.kernels.f16, self.kernels.bands_f16),
-            DType::BF16 => (self.kernels.bf16, self.kernels.bands_bf16),
-        };
+        let (apply, bands) = self.kernels.for_dtype(dtype);
         let mut packed = slot.device;
         let mut vocab = vocab_size as u32;
         let mut row_stride = layout.row_stride as u64;
         let mut logits = logits;
+        // Triton's scratch pointers: the kernels need none (python/tools/gen_kernels.py checks).
+        let mut scratch: u64 = 0;
+        let mut profile: u64 = 0;
         let (list, truncating) = self.packed.truncating();
         if truncating > 0 {
-            // One block per truncating row; it writes the bands into the packed words.
             let mut list = list as u32;
-            let mut params: [*mut std::ffi::c_void; 5] = [
+            // lp_bands(P, list_at, vocab, row_stride, X, scratch, profile): a test holds every
+            // image to this list.
+            let mut params: [*mut std::ffi::c_void; 7] = [
                 (&mut packed as *mut u64).cast(),
                 (&mut list as *mut u32).cast(),
                 (&mut vocab as *mut u32).cast(),
                 (&mut row_stride as *mut u64).cast(),
                 (&mut logits as *mut u64).cast(),
+                (&mut scratch as *mut u64).cast(),
+                (&mut profile as *mut u64).cast(),
             ];
             launch(bands, truncating as u32, stream, &mut params)?;
         }
         let mut n_slots = slots as u32;
         let mut tiles_per_row = tiles as u32;
-        let mut params: [*mut std::ffi::c_void; 6] = [
+        // lp_apply(P, n_slots, tiles_per_row, vocab, row_stride, X, scratch, profile).
+        let mut params: [*mut std::ffi::c_void; 8] = [
             (&mut packed as *mut u64).cast(),
             (&mut n_slots as *mut u32).cast(),
             (&mut tiles_per_row as *mut u32).cast(),
             (&mut vocab as *mut u32).cast(),
             (&mut row_stride as *mut u64).cast(),
             (&mut logits as *mut u64).cast(),
+            (&mut scratch as *mut u64).cast(),
+            (&mut profile as *mut u64).cast(),
         ];
         launch(apply, blocks as u32, stream, &mut params)?;
+        if let Some((readback, level)) = readback {
+            readback.copy_from_device(level, &self.packed, vocab_size, slot.device, stream)?;
+        }
         check(cu::cuEventRecord(slot.event, stream), "cuEventRecord")?;
         Ok(())
     }
@@ -278,6 +336,7 @@ impl CudaBatchApplier {
             }
             None => {
                 let i = self.next % n;
+                crate::count_wait();
                 check(
                     cu::cuEventSynchronize(self.slots[i].event),
                     "cuEventSynchronize",
@@ -293,26 +352,54 @@ impl CudaBatchApplier {
     }
 }
 
-/// Queues `function` on `stream`: `blocks` blocks of [`THREADS`] threads.
+/// A readback holding a step nobody collected is refused: its outcomes would be lost.
+fn uncollected(readback: Option<&Readback>) -> Result<(), CudaError> {
+    match readback {
+        Some(r) if r.is_armed() => Err(CudaError::InvalidArgument(
+            "the previous step's readback was not collected (Readback::collect_batch)".into(),
+        )),
+        _ => Ok(()),
+    }
+}
+
+/// Records the readback's event after the step's copies.
 ///
 /// # Safety
-/// A context is current, and `params` match the kernel's parameters.
+/// `stream` is a live stream of `ctx` (or 0).
+unsafe fn record(
+    ctx: cu::CUcontext,
+    stream: u64,
+    readback: Option<&mut Readback>,
+) -> Result<(), CudaError> {
+    match readback {
+        Some(readback) => {
+            let _current = CurrentContext::push(ctx)?;
+            readback.record(ctx, stream as cu::CUstream)
+        }
+        None => Ok(()),
+    }
+}
+
+/// Queues `kernel` on `stream`: `blocks` programs of its threads.
+///
+/// # Safety
+/// A context is current, and `params` point to live values of the kernel's parameters, in order.
 unsafe fn launch(
-    function: cu::CUfunction,
+    kernel: Kernel,
     blocks: u32,
     stream: cu::CUstream,
     params: &mut [*mut std::ffi::c_void],
 ) -> Result<(), CudaError> {
     check(
         cu::cuLaunchKernel(
-            function,
+            kernel.function,
             blocks,
             1,
             1,
-            THREADS as u32,
+            kernel.threads,
             1,
             1,
-            0,
+            kernel.shared,
             stream,
             params.as_mut_ptr(),
             std::ptr::null_mut(),
@@ -324,14 +411,7 @@ unsafe fn launch(
 impl Slot {
     /// An empty slot whose event reads as completed. Call with the context current.
     unsafe fn new() -> Result<Self, CudaError> {
-        let mut event = std::ptr::null_mut();
-        check(
-            cu::cuEventCreate(
-                &mut event,
-                cu::CUevent_flags::CU_EVENT_DISABLE_TIMING as u32,
-            ),
-            "cuEventCreate",
-        )?;
+        let event = driver::new_event()?;
         Ok(Self {
             host: std::ptr::null_mut(),
             device: 0,
@@ -379,6 +459,32 @@ impl Drop for CudaBatchApplier {
                 slot.free();
                 cu::cuEventDestroy_v2(slot.event);
             }
+        }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use crate::images::IMAGES;
+
+    /// What `apply_rows` passes to each kernel, in order, as the images' PTX declares it.
+    const BANDS_PARAMS: &[&str] = &["ptr", "u32", "u32", "u64", "ptr", "ptr", "ptr"];
+    const APPLY_PARAMS: &[&str] = &["ptr", "u32", "u32", "u32", "u64", "ptr", "ptr", "ptr"];
+
+    /// Every embedded image takes exactly the parameters the launches pass.
+    #[test]
+    fn launches_pass_what_every_image_declares() {
+        for image in IMAGES {
+            let expected = match image.kernel {
+                "lp_bands" => BANDS_PARAMS,
+                "lp_apply" => APPLY_PARAMS,
+                other => panic!("an image of an unknown kernel {other}"),
+            };
+            assert_eq!(
+                image.params, expected,
+                "{} {:?}",
+                image.kernel, image.target
+            );
         }
     }
 }

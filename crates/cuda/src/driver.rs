@@ -9,7 +9,9 @@ use std::sync::{Arc, Mutex, OnceLock};
 
 use cudarc::driver::sys::{self as cu, CUresult};
 
-use crate::{nvrtc, CudaError};
+use logits_processing::DType;
+
+use crate::{images, CudaError};
 
 pub(crate) fn check(result: CUresult, call: &str) -> Result<(), CudaError> {
     match result {
@@ -64,6 +66,22 @@ pub(crate) fn device_count() -> Result<usize, CudaError> {
     Ok(count.max(0) as usize)
 }
 
+/// A new event without timing (what the staging slots, the round trip and the readback record).
+///
+/// # Safety
+/// A context is current.
+pub(crate) unsafe fn new_event() -> Result<cu::CUevent, CudaError> {
+    let mut event = std::ptr::null_mut();
+    check(
+        cu::cuEventCreate(
+            &mut event,
+            cu::CUevent_flags::CU_EVENT_DISABLE_TIMING as u32,
+        ),
+        "cuEventCreate",
+    )?;
+    Ok(event)
+}
+
 /// Makes a context current on this thread until dropped.
 pub(crate) struct CurrentContext(());
 
@@ -83,21 +101,41 @@ impl Drop for CurrentContext {
     }
 }
 
+/// A loaded kernel and its launch shape.
+#[derive(Debug, Clone, Copy)]
+pub(crate) struct Kernel {
+    pub function: cu::CUfunction,
+    pub threads: u32,
+    pub shared: u32,
+}
+
 /// One device's primary context and kernels. Kept for the life of the process.
 #[derive(Debug)]
 pub(crate) struct Kernels {
     pub ctx: cu::CUcontext,
-    pub f32: cu::CUfunction,
-    pub f16: cu::CUfunction,
-    pub bf16: cu::CUfunction,
-    /// The band kernels (rows that truncate), by element type.
-    pub bands_f32: cu::CUfunction,
-    pub bands_f16: cu::CUfunction,
-    pub bands_bf16: cu::CUfunction,
-    /// Where the code came from: the embedded PTX or NVRTC.
-    pub origin: &'static str,
+    /// The apply kernels and the band kernels (rows that truncate), by element type.
+    pub apply: [Kernel; 3],
+    pub bands: [Kernel; 3],
+    /// Which image the device runs (`sm_90 cubin`, `compute_75 PTX`).
+    pub origin: String,
     /// The outcome of the device's self-check, run once by the first applier.
     pub checked: OnceLock<Result<(), String>>,
+}
+
+impl Kernels {
+    /// The (apply, bands) kernels for `dtype`.
+    pub(crate) fn for_dtype(&self, dtype: DType) -> (Kernel, Kernel) {
+        let i = dtype_index(dtype);
+        (self.apply[i], self.bands[i])
+    }
+}
+
+fn dtype_index(dtype: DType) -> usize {
+    match dtype {
+        DType::F32 => 0,
+        DType::F16 => 1,
+        DType::BF16 => 2,
+    }
 }
 
 // SAFETY: contexts and functions are process-wide driver handles, usable from any thread.
@@ -164,60 +202,6 @@ fn load(ordinal: usize) -> Result<Kernels, CudaError> {
         unsafe { cu::cuDeviceGet(&mut device, ordinal as i32) },
         "cuDeviceGet",
     )?;
-    let _current = CurrentContext::push(ctx)?;
-    let force_nvrtc =
-        std::env::var_os("LOGITS_PROCESSING_CUDA_NVRTC").is_some_and(|v| v != "0" && !v.is_empty());
-    let (module, origin) = if force_nvrtc {
-        (load_nvrtc(device)?, "nvrtc")
-    } else {
-        let ptx = CString::new(crate::KERNEL_PTX).expect("the PTX has no NUL");
-        match load_image(ptx.as_bytes_with_nul()) {
-            Ok(module) => (module, "ptx"),
-            Err(ptx_error) => match load_nvrtc(device) {
-                Ok(module) => (module, "nvrtc"),
-                Err(nvrtc_error) => {
-                    return Err(CudaError::Compile(format!(
-                        "the driver refused the embedded PTX ({ptx_error}) and NVRTC could not \
-                         replace it ({nvrtc_error})"
-                    )))
-                }
-            },
-        }
-    };
-    let function = |name: &std::ffi::CStr| -> Result<cu::CUfunction, CudaError> {
-        let mut f = std::ptr::null_mut();
-        // SAFETY: `module` is loaded in the current context.
-        check(
-            unsafe { cu::cuModuleGetFunction(&mut f, module, name.as_ptr()) },
-            "cuModuleGetFunction",
-        )?;
-        Ok(f)
-    };
-    Ok(Kernels {
-        ctx,
-        f32: function(c"lp_apply_f32")?,
-        f16: function(c"lp_apply_f16")?,
-        bf16: function(c"lp_apply_bf16")?,
-        bands_f32: function(c"lp_bands_f32")?,
-        bands_f16: function(c"lp_bands_f16")?,
-        bands_bf16: function(c"lp_bands_bf16")?,
-        origin,
-        checked: OnceLock::new(),
-    })
-}
-
-fn load_image(image: &[u8]) -> Result<cu::CUmodule, CudaError> {
-    let mut module = std::ptr::null_mut();
-    // SAFETY: `image` is a NUL-terminated PTX text or a cubin; a context is current.
-    check(
-        unsafe { cu::cuModuleLoadData(&mut module, image.as_ptr().cast()) },
-        "cuModuleLoadData",
-    )?;
-    Ok(module)
-}
-
-/// Compiles the source for this device's own architecture with NVRTC and loads the machine code.
-fn load_nvrtc(device: cu::CUdevice) -> Result<cu::CUmodule, CudaError> {
     let attribute = |a| -> Result<i32, CudaError> {
         let mut v = 0;
         // SAFETY: a valid device and attribute.
@@ -229,11 +213,73 @@ fn load_nvrtc(device: cu::CUdevice) -> Result<cu::CUmodule, CudaError> {
     };
     let major = attribute(cu::CUdevice_attribute::CU_DEVICE_ATTRIBUTE_COMPUTE_CAPABILITY_MAJOR)?;
     let minor = attribute(cu::CUdevice_attribute::CU_DEVICE_ATTRIBUTE_COMPUTE_CAPABILITY_MINOR)?;
-    let cubin = nvrtc::compile(
-        &crate::kernel_source(),
-        &format!("sm_{major}{minor}"),
-        nvrtc::Output::Cubin,
+    let target = images::target_for(major, minor).ok_or_else(|| {
+        CudaError::Compile(format!(
+            "compute capability {major}.{minor}: the kernels need 7.5 or later"
+        ))
+    })?;
+    let _current = CurrentContext::push(ctx)?;
+    let kernel = |name: &str, dtype: DType| -> Result<Kernel, CudaError> {
+        let image = images::image(target, name, dtype)
+            .expect("every target has every kernel (a unit test checks the images)");
+        load_kernel(image).map_err(|e| {
+            CudaError::Compile(format!(
+                "loading {name} ({}, {}) on compute capability {major}.{minor}: {e}",
+                dtype.name(),
+                images::describe(target)
+            ))
+        })
+    };
+    let dtypes = [DType::F32, DType::F16, DType::BF16];
+    Ok(Kernels {
+        ctx,
+        apply: [
+            kernel("lp_apply", dtypes[0])?,
+            kernel("lp_apply", dtypes[1])?,
+            kernel("lp_apply", dtypes[2])?,
+        ],
+        bands: [
+            kernel("lp_bands", dtypes[0])?,
+            kernel("lp_bands", dtypes[1])?,
+            kernel("lp_bands", dtypes[2])?,
+        ],
+        origin: images::describe(target),
+        checked: OnceLock::new(),
+    })
+}
+
+/// Loads one image (a module of its own) in the current context.
+fn load_kernel(image: &images::Image) -> Result<Kernel, CudaError> {
+    let mut module = std::ptr::null_mut();
+    // SAFETY: `bytes` is a cubin, or a PTX text ending in NUL; a context is current.
+    check(
+        unsafe { cu::cuModuleLoadData(&mut module, image.bytes.as_ptr().cast()) },
+        "cuModuleLoadData",
     )?;
-    load_image(&cubin)
-        .map_err(|e| CudaError::Compile(format!("loading NVRTC's sm_{major}{minor} cubin: {e}")))
+    let name = CString::new(image.kernel).expect("a kernel name has no NUL");
+    let mut function = std::ptr::null_mut();
+    // SAFETY: `module` is loaded in the current context.
+    check(
+        unsafe { cu::cuModuleGetFunction(&mut function, module, name.as_ptr()) },
+        "cuModuleGetFunction",
+    )?;
+    // Past 48 KiB a block's shared memory is granted only on request (none of today's need it).
+    if image.shared > 48 * 1024 {
+        // SAFETY: a function of a loaded module.
+        check(
+            unsafe {
+                cu::cuFuncSetAttribute(
+                    function,
+                    cu::CUfunction_attribute::CU_FUNC_ATTRIBUTE_MAX_DYNAMIC_SHARED_SIZE_BYTES,
+                    image.shared as i32,
+                )
+            },
+            "cuFuncSetAttribute",
+        )?;
+    }
+    Ok(Kernel {
+        function,
+        threads: 32 * image.warps,
+        shared: image.shared,
+    })
 }

@@ -271,6 +271,7 @@ impl CopiedMemory for HostMemory {
 
     fn wait(&mut self) -> Result<(), CudaError> {
         self.waits += 1;
+        crate::count_wait();
         Ok(())
     }
 }
@@ -294,17 +295,8 @@ impl DeviceStaging {
     pub fn new(ordinal: usize) -> Result<Self, CudaError> {
         let ctx = driver::primary_context(ordinal)?;
         let _current = CurrentContext::push(ctx)?;
-        let mut written = std::ptr::null_mut();
         // SAFETY: the context is current.
-        check(
-            unsafe {
-                cu::cuEventCreate(
-                    &mut written,
-                    cu::CUevent_flags::CU_EVENT_DISABLE_TIMING as u32,
-                )
-            },
-            "cuEventCreate",
-        )?;
+        let written = unsafe { driver::new_event() }?;
         Ok(Self {
             ordinal,
             ctx,
@@ -427,6 +419,7 @@ impl CopiedMemory for DeviceMemory<'_> {
     }
 
     fn wait(&mut self) -> Result<(), CudaError> {
+        crate::count_wait();
         // SAFETY: the stream belongs to the current context (`memory`'s contract).
         check(
             unsafe { cu::cuStreamSynchronize(self.stream) },

@@ -1,20 +1,19 @@
 //! The GPU against the CPU, bit for bit: random plans (every kind of edit), every dtype, the
-//! vocab sizes of `common::VOCABS`, ragged batches with external steps, many steps in flight, the self-check.
+//! vocab sizes of `testing::VOCABS`, ragged batches with external steps, many steps in flight, the self-check.
 //! They need a CUDA GPU, so they are ignored in a plain `cargo test` (where they would have
 //! nothing to run on); `scripts/gpu-check.sh` runs them (`--include-ignored`) on a GPU machine,
 //! with the embedded PTX and again with NVRTC, and there they fail, never skip, when the GPU
 //! cannot be used. `tests/no_cuda.rs` checks the machine without a driver.
 
-mod common;
-
-use common::{
+use logits_processing::{Batch, BatchLayout, Edit, Logit, Truncation};
+use logits_processing_cuda::device::{DeviceBuffer, Stream};
+use logits_processing_cuda::for_dtype;
+use logits_processing_cuda::testing::{
     cpu_apply, dtypes, external_edit, first_difference, lifecycle, plan_of, random_plans, Rng,
     VOCABS,
 };
-use logits_processing::{Batch, BatchLayout, Edit, Logit, Truncation};
-use logits_processing_cuda::device::{DeviceBuffer, Stream};
 use logits_processing_cuda::{
-    cuda_available, cuda_unavailable_reason, CudaBatchApplier, CudaError,
+    cuda_available, cuda_unavailable_reason, CudaBatchApplier, CudaError, Readback,
 };
 
 const NEEDS_GPU: &str = "needs a CUDA GPU; run scripts/gpu-check.sh";
@@ -26,8 +25,8 @@ fn gpu() -> CudaBatchApplier {
         "{NEEDS_GPU}: {}",
         cuda_unavailable_reason().unwrap_or_default()
     );
-    let applier =
-        CudaBatchApplier::new(0).unwrap_or_else(|e| panic!("CudaBatchApplier::new(0): {e}"));
+    let applier = CudaBatchApplier::new(0, 151_936)
+        .unwrap_or_else(|e| panic!("CudaBatchApplier::new(0): {e}"));
     println!(
         "GPU tests run with the kernels from {}",
         applier.kernel_origin()
@@ -41,7 +40,7 @@ fn a_gpu_is_available_and_a_missing_ordinal_is_an_error() {
     assert!(cuda_available());
     assert_eq!(cuda_unavailable_reason(), None);
     assert!(matches!(
-        CudaBatchApplier::new(1 << 20),
+        CudaBatchApplier::new(1 << 20, 8),
         Err(CudaError::NoDevice(_))
     ));
     assert!(Stream::new(1 << 20).is_err());
@@ -54,7 +53,7 @@ fn the_self_check_passes() {
     let applier = gpu();
     // A second applier on the same device reuses the cached outcome.
     drop(applier);
-    CudaBatchApplier::new(0).unwrap();
+    CudaBatchApplier::new(0, 8).unwrap();
 }
 
 fn plans_case<T: Logit>(applier: &mut CudaBatchApplier, stream: &Stream, seed: u64, vocab: usize) {
@@ -64,8 +63,19 @@ fn plans_case<T: Logit>(applier: &mut CudaBatchApplier, stream: &Stream, seed: u
     let plans: Vec<(usize, &logits_processing::RowPlan)> =
         listed.iter().map(|(r, p)| (*r, p)).collect();
     // SAFETY: the buffer covers the layout; the stream is live.
-    unsafe { applier.apply_plans(&plans, buffer.ptr(), T::DTYPE, layout, vocab, stream.raw()) }
-        .unwrap();
+    unsafe {
+        applier.apply_plans(
+            &plans,
+            buffer.ptr(),
+            T::DTYPE,
+            layout,
+            vocab,
+            stream.raw(),
+            &|_| &[],
+            None,
+        )
+    }
+    .unwrap();
     stream.synchronize().unwrap();
     let mut got = input.clone();
     buffer.to_host(&mut got).unwrap();
@@ -101,6 +111,7 @@ fn lifecycle_case<T: Logit>(
     seed: u64,
     vocab: usize,
 ) {
+    let mut readback = Readback::new();
     let result = lifecycle::<T>(
         seed,
         vocab,
@@ -120,9 +131,18 @@ fn lifecycle_case<T: Logit>(
             };
             // SAFETY: the buffer covers the layout; the stream is live.
             unsafe {
-                applier.apply_batch(batch, ptr, T::DTYPE, layout, stream.raw(), &mut external)
+                applier.apply_batch(
+                    batch,
+                    ptr,
+                    T::DTYPE,
+                    layout,
+                    stream.raw(),
+                    &mut external,
+                    &mut readback,
+                )
             }
             .unwrap();
+            readback.collect_batch(batch, true).unwrap();
             stream.synchronize().unwrap();
             buffer.to_host(&mut host).unwrap();
             host
@@ -212,6 +232,8 @@ fn many_steps_in_flight_keep_their_own_plans() {
                 layout,
                 vocab,
                 stream.raw(),
+                &|_| &[],
+                None,
             )
         }
         .unwrap();
@@ -238,18 +260,53 @@ fn default_stream_and_bad_arguments() {
     let f32_ = logits_processing::DType::F32;
     unsafe {
         applier
-            .apply_plans(&[(1, &plan)], buffer.ptr(), f32_, layout, vocab, 0)
+            .apply_plans(
+                &[(1, &plan)],
+                buffer.ptr(),
+                f32_,
+                layout,
+                vocab,
+                0,
+                &|_| &[],
+                None,
+            )
             .unwrap();
-        let misaligned =
-            applier.apply_plans(&[(1, &plan)], buffer.ptr() + 2, f32_, layout, vocab, 0);
+        let misaligned = applier.apply_plans(
+            &[(1, &plan)],
+            buffer.ptr() + 2,
+            f32_,
+            layout,
+            vocab,
+            0,
+            &|_| &[],
+            None,
+        );
         assert!(matches!(misaligned, Err(CudaError::InvalidArgument(_))));
-        let null = applier.apply_plans(&[(1, &plan)], 0, f32_, layout, vocab, 0);
+        let null = applier.apply_plans(&[(1, &plan)], 0, f32_, layout, vocab, 0, &|_| &[], None);
         assert!(matches!(null, Err(CudaError::InvalidArgument(_))));
-        let outside = applier.apply_plans(&[(2, &plan)], buffer.ptr(), f32_, layout, vocab, 0);
+        let outside = applier.apply_plans(
+            &[(2, &plan)],
+            buffer.ptr(),
+            f32_,
+            layout,
+            vocab,
+            0,
+            &|_| &[],
+            None,
+        );
         assert!(matches!(outside, Err(CudaError::InvalidArgument(_))));
         let bad_token = plan_of(&[Edit::Ban { token: 7 }]);
         assert!(matches!(
-            applier.apply_plans(&[(0, &bad_token)], buffer.ptr(), f32_, layout, vocab, 0),
+            applier.apply_plans(
+                &[(0, &bad_token)],
+                buffer.ptr(),
+                f32_,
+                layout,
+                vocab,
+                0,
+                &|_| &[],
+                None
+            ),
             Err(CudaError::Core(_))
         ));
     }

@@ -15,11 +15,11 @@ fn without_a_driver_every_entry_point_is_an_error() {
     let reason = cuda_unavailable_reason().expect("a reason");
     assert!(reason.contains("LOGITS_PROCESSING_NO_CUDA"), "{reason}");
     assert!(matches!(
-        CudaBatchApplier::new(0),
+        CudaBatchApplier::new(0, 8),
         Err(CudaError::NoDriver(_))
     ));
     assert!(matches!(
-        CudaBatchApplier::new(1 << 20),
+        CudaBatchApplier::new(1 << 20, 8),
         Err(CudaError::NoDriver(_))
     ));
     assert!(matches!(Stream::new(0), Err(CudaError::NoDriver(_))));

@@ -3,14 +3,12 @@
 //! external steps, for the kinds the kernels do not carry, and a failed step leaves the memory and
 //! every row's state as they were. Runs everywhere (no GPU).
 
-mod common;
-
-use common::{bits, dtypes, external_edit, lifecycle, logits, Rng};
 use logits_processing::{
     parse_pipeline, Batch, BatchLayout, EngineContext, Error, Logit, Pipeline, TokenHistory,
 };
-use logits_processing_cuda::packed;
 use logits_processing_cuda::round_trip::{self, HostMemory};
+use logits_processing_cuda::testing::{bits, dtypes, external_edit, lifecycle, logits, Rng};
+use logits_processing_cuda::{for_dtype, packed};
 
 fn ragged_case<T: Logit>(seed: u64, vocab: usize) {
     let result = lifecycle::<T>(seed, vocab, 5, true, |batch, input, layout| {

@@ -9,7 +9,7 @@ use pyo3::types::{PyList, PyTuple};
 
 use crate::args;
 use crate::context::{context_arg, context_of};
-use crate::device::{apply_batch, apply_batch_host_into};
+use crate::device::{apply_batch, apply_batch_host_into, Pending};
 use crate::errors::{
     describe_exception, in_row, new_err, new_err_with, spec_error, to_py, Attr, ErrorClass,
     IntoPyResult,
@@ -113,11 +113,20 @@ pub(crate) struct BatchState {
     context: EngineContext,
     externals: HashMap<u64, Py<PyAny>>,
     next_key: u64,
+    // The last device step's outcomes for the processors' next step (collected before the batch
+    // plans again or its rows change).
+    pending: Pending,
 }
 
 impl PyBatch {
+    /// The batch, the last device step's outcomes recorded in its plans first (one wait on their
+    /// copy when they are in flight, which only steps with a kind reading its pass leave): before
+    /// the batch plans again, or its rows change.
     fn lock(&self, py: Python<'_>) -> PyResult<Held<'_, BatchState>> {
-        self.state.lock(py, "Batch")
+        let mut held = self.state.lock(py, "Batch")?;
+        let state = &mut *held;
+        state.pending.collect_batch(py, &mut state.batch)?;
+        Ok(held)
     }
 }
 
@@ -177,6 +186,7 @@ impl PyBatch {
                 context,
                 externals: HashMap::new(),
                 next_key: 0,
+                pending: Pending::default(),
             }),
         })
     }
@@ -653,7 +663,10 @@ impl BatchState {
         input_ids: &Bound<'_, PyAny>,
     ) -> PyResult<()> {
         let BatchState {
-            batch, externals, ..
+            batch,
+            externals,
+            pending,
+            ..
         } = self;
         // User steps edit the rows where the result goes. They may move that memory, or the
         // source's (a tensor they hold on to): both are checked after each user step.
@@ -715,7 +728,7 @@ impl BatchState {
         let result = match tensors.source {
             // `source_block` took host blocks only.
             Some(source) => apply_batch_host_into(py, batch, source, block, &mut external),
-            None => apply_batch(py, batch, block, &mut external),
+            None => apply_batch(py, batch, block, &mut external, pending),
         };
         match failure {
             Some((row, failure)) => Err(failure.into_py_err(py, row)),

@@ -79,6 +79,12 @@ pub(crate) fn context_of<'a, 'py>(
 ///         context made from one tokenizer shares its ``Vocab``.
 ///     hello_world (tuple[list[int], int] | None), thinking_tokens (ThinkingTokenConfig |
 ///         None): Keyword only. Explicit values, where the tokenizer's are not wanted.
+///     speculative_tokens (int): Keyword only. Under speculative decoding, the most drafts the
+///         engine verifies for a request in one step (vLLM's ``num_speculative_tokens``), where
+///         it hands one row per draft, each after the drafts before it: every pipeline then keeps
+///         what it needs to resume from any of them when the engine rejects the rest (for the
+///         kinds whose next step reads what the previous step's pass saw: mirostat,
+///         ``adaptive_p``, the phrase kinds' triggers; the others read the ids again). Default 0.
 ///
 /// Raises:
 ///     TokenizerError: a tokenizer path that cannot be read, an ``encode`` that fails, or a
@@ -220,7 +226,7 @@ impl PyEngineContext {
 #[pymethods]
 impl PyEngineContext {
     #[new]
-    #[pyo3(signature = (tokenizer = None, *, model_name = None, vocab_size = None, eos_token_id = None, vocab = None, hello_world = None, thinking_tokens = None))]
+    #[pyo3(signature = (tokenizer = None, *, model_name = None, vocab_size = None, eos_token_id = None, vocab = None, hello_world = None, thinking_tokens = None, speculative_tokens = None))]
     #[allow(clippy::too_many_arguments)]
     fn new(
         py: Python<'_>,
@@ -231,6 +237,7 @@ impl PyEngineContext {
         vocab: Option<&Bound<'_, PyAny>>,
         hello_world: Option<&Bound<'_, PyAny>>,
         thinking_tokens: Option<&Bound<'_, PyAny>>,
+        speculative_tokens: Option<&Bound<'_, PyAny>>,
     ) -> PyResult<Self> {
         let model_name = args::given(model_name)
             .map(|m| args::text(m, "model_name"))
@@ -244,6 +251,9 @@ impl PyEngineContext {
         }
         if let Some(t) = args::given(thinking_tokens) {
             this.context.thinking_tokens = Some(thinking_config_of(t)?);
+        }
+        if let Some(k) = args::given(speculative_tokens) {
+            this.context.speculative_tokens = args::index(k, "speculative_tokens")?;
         }
         Ok(this)
     }
@@ -271,6 +281,12 @@ impl PyEngineContext {
     #[getter]
     fn vocab_size(&self) -> Option<usize> {
         self.context.vocab_size
+    }
+
+    /// The most drafts a step verifies for a request (0: no speculative decoding).
+    #[getter]
+    fn speculative_tokens(&self) -> usize {
+        self.context.speculative_tokens
     }
 
     /// The model's name, or None.
@@ -359,7 +375,7 @@ impl PyEngineContext {
         }
         Ok(format!(
             "{name}(model_name={:?}, vocab_size={:?}, eos_token_ids={:?}, hello_world={}, \
-             thinking_tokens={:?}, vocab={})",
+             thinking_tokens={:?}, vocab={}, speculative_tokens={})",
             this.model_name,
             this.context.vocab_size,
             this.eos_token_ids,
@@ -370,6 +386,7 @@ impl PyEngineContext {
                 c.newline_token_id
             )),
             this.context.vocab.is_some(),
+            this.context.speculative_tokens,
         ))
     }
 }

@@ -37,6 +37,71 @@ pub(crate) fn check_supported(device: Device) -> PyResult<()> {
     }
 }
 
+/// What a step on the device left for the processors' next step (the kernels' outcomes, read back:
+/// `logits_processing_cuda::Readback`), collected before they plan again; nothing without the
+/// `cuda` feature.
+#[derive(Default)]
+pub(crate) struct Pending {
+    #[cfg(feature = "cuda")]
+    readback: logits_processing_cuda::Readback,
+}
+
+impl Pending {
+    /// Records the last step's outcomes in the batch's plans (waiting for their copy, when one is
+    /// in flight): before the batch plans again, or its rows change.
+    pub(crate) fn collect_batch(&mut self, py: Python<'_>, batch: &mut Batch) -> PyResult<()> {
+        #[cfg(feature = "cuda")]
+        return self.collect(py, |readback| readback.collect_batch(batch, true));
+        #[cfg(not(feature = "cuda"))]
+        {
+            let _ = (py, batch);
+            Ok(())
+        }
+    }
+
+    /// [`Pending::collect_batch`] for a single row's pipeline.
+    pub(crate) fn collect_pipeline(
+        &mut self,
+        py: Python<'_>,
+        pipeline: &mut Pipeline,
+    ) -> PyResult<()> {
+        #[cfg(feature = "cuda")]
+        return self.collect(py, |readback| readback.collect_pipeline(pipeline, true));
+        #[cfg(not(feature = "cuda"))]
+        {
+            let _ = (py, pipeline);
+            Ok(())
+        }
+    }
+
+    /// Runs `collect` when outcomes wait, without the GIL; on an error they are dropped.
+    #[cfg(feature = "cuda")]
+    fn collect(
+        &mut self,
+        py: Python<'_>,
+        collect: impl FnOnce(
+                &mut logits_processing_cuda::Readback,
+            ) -> Result<bool, logits_processing_cuda::CudaError>
+            + Send,
+    ) -> PyResult<()> {
+        if !self.readback.is_armed() {
+            return Ok(());
+        }
+        let readback = &mut self.readback;
+        if let Err(error) = py.detach(|| collect(readback)) {
+            readback.discard();
+            return Err(new_err(ErrorClass::Device, error.to_string()));
+        }
+        Ok(())
+    }
+
+    /// Forgets the last step's outcomes (the processors start over).
+    pub(crate) fn discard(&mut self) {
+        #[cfg(feature = "cuda")]
+        self.readback.discard();
+    }
+}
+
 /// Applies a validated plan to the one row of `block`.
 pub(crate) fn apply_row(py: Python<'_>, plan: &mut RowPlan, block: Block) -> PyResult<()> {
     if plan.is_empty() {
@@ -47,10 +112,17 @@ pub(crate) fn apply_row(py: Python<'_>, plan: &mut RowPlan, block: Block) -> PyR
         logits_processing_cuda::packed::kernel_carries(plan)
     })? {
         return match route {
-            cuda::Route::Kernels(ordinal) => cuda::apply_plans(py, ordinal, &[(0, &*plan)], block),
-            cuda::Route::Interpret => {
-                cuda::interpret_plans(py, || std::iter::once((0, &*plan)), block)
+            cuda::Route::Kernels(ordinal) => {
+                cuda::apply_plans(py, ordinal, &[(0, &*plan)], &|_| &[], block, None)
             }
+            cuda::Route::Interpret => cuda::interpret_plans(
+                py,
+                || std::iter::once((0, &*plan)),
+                &|_| &[],
+                block,
+                None,
+                0,
+            ),
             cuda::Route::RoundTrip => {
                 cuda::on_host_copy(py, block, |host| edit_row(plan, host).py())
             }
@@ -78,31 +150,35 @@ pub(crate) fn apply_pipeline_row(
     py: Python<'_>,
     pipeline: &mut Pipeline,
     block: Block,
+    pending: &mut Pending,
 ) -> PyResult<()> {
     #[cfg(feature = "cuda")]
     if let Some(route) = cuda::route(py, block, || cuda::carries_pipeline(pipeline))? {
+        // Without external steps, the pipeline's plan is its one stage.
+        let plan = match pipeline.stages().first() {
+            Some(logits_processing::Stage::Plan(plan)) => plan,
+            _ => return Ok(()),
+        };
+        let readback = Some(&mut pending.readback);
+        let eos = pipeline.eos_token_ids();
         return match route {
             cuda::Route::Kernels(ordinal) => {
-                for stage in pipeline.stages() {
-                    if let logits_processing::Stage::Plan(plan) = stage {
-                        cuda::apply_plans(py, ordinal, &[(0, plan)], block)?;
-                    }
-                }
-                Ok(())
+                cuda::apply_plans(py, ordinal, &[(0, plan)], &|_| eos, block, readback)
             }
-            cuda::Route::Interpret => {
-                for stage in pipeline.stages() {
-                    if let logits_processing::Stage::Plan(plan) = stage {
-                        cuda::interpret_plans(py, || std::iter::once((0, plan)), block)?;
-                    }
-                }
-                Ok(())
-            }
+            cuda::Route::Interpret => cuda::interpret_plans(
+                py,
+                || std::iter::once((0, plan)),
+                &|_| eos,
+                block,
+                readback,
+                0,
+            ),
             cuda::Route::RoundTrip => {
                 cuda::on_host_copy(py, block, |host| edit_pipeline_row(pipeline, host).py())
             }
         };
     }
+    let _ = pending;
     match block.device {
         Device::Cpu => py.detach(|| edit_pipeline_row(pipeline, block)).py(),
         other => Err(unsupported(other)),
@@ -134,11 +210,13 @@ pub(crate) fn apply_batch(
     batch: &mut Batch,
     block: Block,
     external: &mut (dyn FnMut(usize, u64) -> CoreResult<()> + Send),
+    pending: &mut Pending,
 ) -> PyResult<()> {
     #[cfg(feature = "cuda")]
     if cuda::takes(block) {
-        return cuda::apply_batch(py, batch, block, external);
+        return cuda::apply_batch(py, batch, block, external, &mut pending.readback);
     }
+    let _ = pending;
     match block.device {
         Device::Cpu => apply_batch_host(py, batch, block, external),
         other => Err(unsupported(other)),
@@ -222,12 +300,13 @@ pub(crate) mod cuda {
 
     use logits_processing::{Batch, BatchLayout, Pipeline, RowPlan, Stage};
     use logits_processing_cuda::packed::{
-        kernel_carries, level_externals, level_plans, levels, needs_host, PackedPlans,
+        kernel_carries, level_externals, level_net, level_plans, levels, needs_host,
+        rows_ending_outside, PackedPlans,
     };
     use logits_processing_cuda::round_trip::{
         self, CopiedMemory, DeviceStaging, HostMemory, HostRows,
     };
-    use logits_processing_cuda::{CudaBatchApplier, CudaError};
+    use logits_processing_cuda::{CudaBatchApplier, CudaError, Readback};
     use pyo3::prelude::*;
 
     use super::unsupported;
@@ -237,7 +316,7 @@ pub(crate) mod cuda {
     /// A device's kernels: ready, or refused (they could not load, or failed the self-check; the
     /// warning said why), in which case its steps take the host round trip.
     enum Kernels {
-        Ready(CudaBatchApplier),
+        Ready(Box<CudaBatchApplier>),
         Refused,
     }
 
@@ -315,7 +394,10 @@ pub(crate) mod cuda {
                 Route::RoundTrip
             })),
             Device::Cuda(ordinal) => {
-                if setting()? == Setting::Host || !carries() || !kernels_usable(py, ordinal)? {
+                if setting()? == Setting::Host
+                    || !carries()
+                    || !kernels_usable(py, ordinal, block.vocab)?
+                {
                     Ok(Some(Route::RoundTrip))
                 } else {
                     Ok(Some(Route::Kernels(ordinal)))
@@ -341,10 +423,10 @@ pub(crate) mod cuda {
         })
     }
 
-    /// Whether the device's kernels may run: loaded and self-checked on first use. Kernels that
-    /// could not load or failed the self-check are refused for the process, with one warning
-    /// naming why; that device's steps then take the round trip.
-    fn kernels_usable(py: Python<'_>, ordinal: i32) -> PyResult<bool> {
+    /// Whether the device's kernels may run: loaded and self-checked on first use (at the block's
+    /// vocab). Kernels that could not load or failed the self-check are refused for the process,
+    /// with one warning naming why; that device's steps then take the round trip.
+    fn kernels_usable(py: Python<'_>, ordinal: i32, vocab: usize) -> PyResult<bool> {
         if !logits_processing_cuda::cuda_available() {
             return Err(unsupported(Device::Cuda(ordinal)));
         }
@@ -356,9 +438,9 @@ pub(crate) mod cuda {
             if let Some(entry) = kernels.get(&ordinal) {
                 return Ok(Ok(matches!(entry, Kernels::Ready(_))));
             }
-            match CudaBatchApplier::new(ordinal as usize) {
+            match CudaBatchApplier::new(ordinal as usize, vocab) {
                 Ok(applier) => {
-                    kernels.insert(ordinal, Kernels::Ready(applier));
+                    kernels.insert(ordinal, Kernels::Ready(Box::new(applier)));
                     Ok(Ok(true))
                 }
                 Err(error @ (CudaError::SelfCheck(_) | CudaError::Compile(_))) => {
@@ -473,12 +555,16 @@ pub(crate) mod cuda {
         })
     }
 
-    /// One launch for the listed rows' plans, on the producer's current stream.
-    pub(crate) fn apply_plans(
+    /// One launch for the listed rows' plans, on the producer's current stream, with the safety
+    /// net of the rows `nets` gives EOS ids; what their processors read at the next step read
+    /// back into `readback` when given.
+    pub(crate) fn apply_plans<'e>(
         py: Python<'_>,
         ordinal: i32,
         plans: &[(usize, &RowPlan)],
+        nets: &(dyn Fn(usize) -> &'e [u32] + Sync),
         block: Block,
+        readback: Option<&mut Readback>,
     ) -> PyResult<()> {
         let stream = block.stream.unwrap_or(0);
         py.detach(|| {
@@ -492,6 +578,8 @@ pub(crate) mod cuda {
                         block.layout(),
                         block.vocab,
                         stream,
+                        nets,
+                        readback,
                     )
                 }
                 .map_err(|e| device_error(ordinal, e))
@@ -501,8 +589,16 @@ pub(crate) mod cuda {
 
     /// One launch of the Triton kernels, under Triton's interpreter, for the listed rows' plans
     /// on the host block: the plans packed as for a device (`PackedPlans`), then
-    /// `logits_processing.kernels.launch` runs the band and apply kernels on them.
-    pub(crate) fn interpret_plans<'a, F, I>(py: Python<'_>, plans: F, block: Block) -> PyResult<()>
+    /// `logits_processing.kernels.launch` runs the band and apply kernels on them; what the
+    /// processors read at their next step is kept in `readback` (for stage `level`) when given.
+    pub(crate) fn interpret_plans<'a, 'e, F, I>(
+        py: Python<'_>,
+        plans: F,
+        nets: &dyn Fn(usize) -> &'e [u32],
+        block: Block,
+        readback: Option<&mut Readback>,
+        level: usize,
+    ) -> PyResult<()>
     where
         F: Fn() -> I,
         I: Iterator<Item = (usize, &'a RowPlan)>,
@@ -510,7 +606,7 @@ pub(crate) mod cuda {
         let host_error = |e: CudaError| new_err(ErrorClass::Device, e.to_string());
         let mut packed = PackedPlans::new();
         packed
-            .pack(plans, block.rows, block.vocab)
+            .pack_with_nets(plans, block.rows, block.vocab, nets)
             .map_err(host_error)?;
         if packed.slots() == 0 || block.vocab == 0 {
             return Ok(());
@@ -521,10 +617,11 @@ pub(crate) mod cuda {
             .iter()
             .flat_map(|w| w.to_ne_bytes())
             .collect();
-        py.import("logits_processing.kernels")?.call_method1(
+        let left = py.import("logits_processing.kernels")?.call_method1(
             "launch",
             (
                 pyo3::types::PyBytes::new(py, &words),
+                packed.snapshot_words(),
                 packed.slots(),
                 list,
                 truncating,
@@ -535,6 +632,14 @@ pub(crate) mod cuda {
                 block.data as usize,
             ),
         )?;
+        if let Some(readback) = readback {
+            let bytes = left.cast::<pyo3::types::PyBytes>()?.as_bytes();
+            let words = bytes
+                .chunks_exact(4)
+                .map(|w| u32::from_ne_bytes([w[0], w[1], w[2], w[3]]))
+                .collect();
+            readback.store(level, &packed, block.vocab, words);
+        }
         Ok(())
     }
 
@@ -546,15 +651,32 @@ pub(crate) mod cuda {
         batch: &mut Batch,
         block: Block,
         external: &mut (dyn FnMut(usize, u64) -> logits_processing::Result<()> + Send),
+        readback: &mut Readback,
     ) -> PyResult<()> {
         batch.check_layout(block.len(), block.layout()).py()?;
         for level in 0..levels(batch) {
-            interpret_plans(py, || level_plans(batch, level), block)?;
+            interpret_plans(
+                py,
+                || level_plans(batch, level),
+                &|row| level_net(batch, level, row),
+                block,
+                Some(&mut *readback),
+                level,
+            )?;
             for (row, key) in level_externals(batch, level).collect::<Vec<_>>() {
                 external(row, key).py()?;
             }
         }
-        Ok(())
+        // The safety net of the rows whose step ends with an external step.
+        let empty = RowPlan::new();
+        interpret_plans(
+            py,
+            || rows_ending_outside(batch).map(|row| (row, &empty)),
+            &|row| batch.get(row).map_or(&[], |p| p.eos_token_ids()),
+            block,
+            None,
+            0,
+        )
     }
 
     /// Runs `step` on the batch. A step of several stages (a user's processor between built-ins)
@@ -591,6 +713,7 @@ pub(crate) mod cuda {
         batch: &mut Batch,
         block: Block,
         external: &mut (dyn FnMut(usize, u64) -> logits_processing::Result<()> + Send),
+        readback: &mut Readback,
     ) -> PyResult<()> {
         let route = match route(py, block, || !needs_host(batch)) {
             Ok(Some(route)) => route,
@@ -602,7 +725,7 @@ pub(crate) mod cuda {
         };
         let result = match route {
             Route::Interpret => saving_rows(block, batch, |batch| {
-                interpret_batch(py, batch, block, &mut *external)
+                interpret_batch(py, batch, block, &mut *external, &mut *readback)
             }),
             Route::RoundTrip => {
                 return py.detach(|| {
@@ -632,6 +755,7 @@ pub(crate) mod cuda {
                                     block.layout(),
                                     stream,
                                     &mut |row, key| external(row, key).map_err(CudaError::from),
+                                    &mut *readback,
                                 )
                             }
                             .map_err(|e| device_error(ordinal, e))
@@ -642,6 +766,7 @@ pub(crate) mod cuda {
         };
         if result.is_err() {
             batch.undo_plan();
+            readback.discard();
         }
         result
     }

@@ -26,8 +26,8 @@ pub(crate) fn spec_schema() -> String {
 ///
 /// Returns:
 ///     dict: ``version``, ``cpu_path``, ``cpu_features`` (detected), ``cuda_support``,
-///     ``cuda`` (``None`` when a GPU can be used, else why not), ``nvrtc`` (its version, or why
-///     not).
+///     ``cuda`` (``None`` when a GPU can be used, else why not), ``kernels`` (the device
+///     kernels' images this build carries).
 #[pyfunction]
 pub(crate) fn build_info(py: Python<'_>) -> PyResult<Bound<'_, PyDict>> {
     let info = PyDict::new(py);
@@ -58,21 +58,14 @@ pub(crate) fn build_info(py: Python<'_>) -> PyResult<Bound<'_, PyDict>> {
     info.set_item("cuda_support", cfg!(feature = "cuda"))?;
     #[cfg(feature = "cuda")]
     {
-        let (cuda, nvrtc) = py.detach(|| {
-            let cuda = logits_processing_cuda::cuda_unavailable_reason();
-            let nvrtc = match logits_processing_cuda::nvrtc::version() {
-                Ok((major, minor)) => format!("{major}.{minor}"),
-                Err(e) => format!("not found: {e}"),
-            };
-            (cuda, nvrtc)
-        });
+        let cuda = py.detach(logits_processing_cuda::cuda_unavailable_reason);
         info.set_item("cuda", cuda)?;
-        info.set_item("nvrtc", nvrtc)?;
+        info.set_item("kernels", logits_processing_cuda::kernel_images())?;
     }
     #[cfg(not(feature = "cuda"))]
     {
         info.set_item("cuda", "not compiled with the cuda feature")?;
-        info.set_item("nvrtc", "not compiled with the cuda feature")?;
+        info.set_item("kernels", "not compiled with the cuda feature")?;
     }
     Ok(info)
 }

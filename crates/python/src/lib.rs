@@ -150,42 +150,11 @@ fn needs_token_texts(specs: &Bound<'_, PyAny>) -> PyResult<bool> {
     }))
 }
 
-/// Whether any of `specs` reads what its previous step's pass saw (mirostat's ``mu`` and
-/// adaptive-p's moving average take the sampled token's probability from it; ``trigger_phrase``,
-/// ``force_last_phrase`` and ``prevent_hallucination`` whether their trigger held): such state
-/// is not a function of the ids alone, so a row planned for a draft token the engine rejects
-/// cannot be taken back from the ids, and vLLM's Model Runner V2 refuses these specs under
-/// speculative decoding. The kind's registry entry answers (see :func:`kind_info`).
-///
-/// Args:
-///     specs: JSON text (one spec object or a list), a dict, or a list of dicts / JSON texts.
-///
-/// Raises:
-///     SpecError: for a spec that does not parse, naming the field.
-///
-/// Example:
-///     >>> from logits_processing import observes_pass
-///     >>> observes_pass([{"kind": "temperature", "temperature": 0.7}, {"kind": "top_k", "k": 5}])
-///     False
-///     >>> observes_pass({"kind": "mirostat", "tau": 5.0})
-///     True
-#[pyfunction]
-fn observes_pass(specs: &Bound<'_, PyAny>) -> PyResult<bool> {
-    let entries = specs::entries_any_order(specs, false)?;
-    Ok(entries.iter().any(|(_, entry)| match entry {
-        specs::Entry::Specs(specs) => specs
-            .iter()
-            .any(logits_processing::ProcessorSpec::observes_pass),
-        _ => false,
-    }))
-}
-
 /// What the registered kind `name` is, as its registry entry says: whether its specs read the
 /// request's ids (``reads_history``), whether it allows only some tokens whatever their logits
 /// (``masks``: listed before any truncation), whether it cuts a row by its values
 /// (``truncates``), whether its specs can need the engine's token texts
-/// (``needs_token_texts``), and whether its next step reads what its previous step's pass saw
-/// (``observes_pass``, see :func:`observes_pass`), and whether some of its steps hold an edit
+/// (``needs_token_texts``), and whether some of its steps hold an edit
 /// the device kernels do not carry out (``edits_on_host``: on a GPU those steps take the host
 /// round trip, docs/cuda.md). Whether a spec needs ``prompt_len`` depends on its fields: ask
 /// :func:`needs_prompt_len`.
@@ -194,7 +163,7 @@ fn observes_pass(specs: &Bound<'_, PyAny>) -> PyResult<bool> {
 ///     name (str): A kind, as :func:`kinds` lists them.
 ///
 /// Returns:
-///     dict[str, bool]: the six answers.
+///     dict[str, bool]: the five answers.
 ///
 /// Raises:
 ///     SpecError: for a name that is not a registered kind, listing them.
@@ -202,7 +171,7 @@ fn observes_pass(specs: &Bound<'_, PyAny>) -> PyResult<bool> {
 /// Example:
 ///     >>> from logits_processing import kind_info
 ///     >>> kind_info("top_p")
-///     {'reads_history': False, 'masks': False, 'truncates': True, 'needs_token_texts': False, 'observes_pass': False, 'edits_on_host': False}
+///     {'reads_history': False, 'masks': False, 'truncates': True, 'needs_token_texts': False, 'edits_on_host': False}
 ///     >>> kind_info("ban_strings")["needs_token_texts"]
 ///     True
 #[pyfunction]
@@ -219,7 +188,6 @@ fn kind_info<'py>(py: Python<'py>, name: &str) -> PyResult<Bound<'py, pyo3::type
     info.set_item("masks", kind.masks())?;
     info.set_item("truncates", kind.truncates())?;
     info.set_item("needs_token_texts", kind.needs_token_texts())?;
-    info.set_item("observes_pass", kind.observes_pass())?;
     info.set_item("edits_on_host", kind.edits_on_host())?;
     Ok(info)
 }
@@ -292,6 +260,84 @@ fn _round_trip_waits() -> usize {
     device::cuda::ROUND_TRIP_WAITS.load(std::sync::atomic::Ordering::Relaxed)
 }
 
+/// How many times the device path has waited for the device in this process
+/// (`logits_processing_cuda::device_waits`).
+#[cfg(feature = "cuda")]
+#[pyfunction]
+fn _device_waits() -> usize {
+    logits_processing_cuda::device_waits()
+}
+
+/// A case of the CUDA crate's tests (`logits_processing_cuda::testing::kernel_case`), packed as
+/// the kernels read it: a dict of `words` (bytes of u32), `slots`, `list_at`, `truncating`, `rows`,
+/// `row_stride`, `vocab`, `input` and `expected` (the block's bytes before and after the CPU path,
+/// in `dtype`), for the Python suite to run the kernels on through Triton's interpreter.
+#[cfg(feature = "cuda")]
+#[pyfunction]
+fn _kernel_case<'py>(
+    py: Python<'py>,
+    name: &str,
+    seed: u64,
+    vocab: usize,
+    dtype: &str,
+) -> PyResult<Bound<'py, pyo3::types::PyDict>> {
+    use logits_processing::{bf16, f16, Logit};
+    use logits_processing_cuda::packed::PackedPlans;
+    use logits_processing_cuda::testing::{cpu_apply, kernel_case};
+    fn bytes_of<T: Logit>(xs: &[T]) -> Vec<u8> {
+        // SAFETY: f32, f16 and bf16 are plain bits, without padding.
+        unsafe { std::slice::from_raw_parts(xs.as_ptr().cast::<u8>(), std::mem::size_of_val(xs)) }
+            .to_vec()
+    }
+    fn case<T: Logit>(
+        name: &str,
+        seed: u64,
+        vocab: usize,
+    ) -> Result<
+        (
+            PackedPlans,
+            logits_processing::BatchLayout,
+            Vec<u8>,
+            Vec<u8>,
+        ),
+        String,
+    > {
+        let (layout, input, mut listed) = kernel_case::<T>(name, seed, vocab)?;
+        let expected = cpu_apply(&input, layout, vocab, &mut listed);
+        let mut packed = PackedPlans::new();
+        packed
+            .pack(|| listed.iter().map(|(r, p)| (*r, p)), layout.rows, vocab)
+            .map_err(|e| e.to_string())?;
+        Ok((packed, layout, bytes_of(&input), bytes_of(&expected)))
+    }
+    let made = match dtype {
+        "float32" => case::<f32>(name, seed, vocab),
+        "float16" => case::<f16>(name, seed, vocab),
+        "bfloat16" => case::<bf16>(name, seed, vocab),
+        other => Err(format!("no dtype {other:?}")),
+    };
+    let (packed, layout, input, expected) =
+        made.map_err(pyo3::exceptions::PyValueError::new_err)?;
+    let (list_at, truncating) = packed.truncating();
+    let words: Vec<u8> = packed
+        .words()
+        .iter()
+        .flat_map(|w| w.to_ne_bytes())
+        .collect();
+    let out = pyo3::types::PyDict::new(py);
+    out.set_item("words", pyo3::types::PyBytes::new(py, &words))?;
+    out.set_item("snapshot_words", packed.snapshot_words())?;
+    out.set_item("slots", packed.slots())?;
+    out.set_item("list_at", list_at)?;
+    out.set_item("truncating", truncating)?;
+    out.set_item("rows", layout.rows)?;
+    out.set_item("row_stride", layout.row_stride)?;
+    out.set_item("vocab", vocab)?;
+    out.set_item("input", pyo3::types::PyBytes::new(py, &input))?;
+    out.set_item("expected", pyo3::types::PyBytes::new(py, &expected))?;
+    Ok(out)
+}
+
 /// The packed layout's constants, op codes, rule codes and exp's coefficients, by name (ints and
 /// floats): what `logits_processing.kernels` (the Triton kernels) is written against, from their
 /// one definition in the CUDA crate.
@@ -304,6 +350,7 @@ fn _device_layout(py: Python<'_>) -> PyResult<Bound<'_, pyo3::types::PyDict>> {
         match value {
             Constant::Int(v) => layout.set_item(name, v)?,
             Constant::Float(x) => layout.set_item(name, x as f64)?,
+            Constant::Double(x) => layout.set_item(name, x)?,
         }
     }
     Ok(layout)
@@ -358,7 +405,6 @@ fn _lib(m: &Bound<'_, PyModule>) -> PyResult<()> {
     m.add_function(wrap_pyfunction!(specs::refuse_caller_mask_py, m)?)?;
     m.add_function(wrap_pyfunction!(needs_prompt_len, m)?)?;
     m.add_function(wrap_pyfunction!(needs_token_texts, m)?)?;
-    m.add_function(wrap_pyfunction!(observes_pass, m)?)?;
     m.add_function(wrap_pyfunction!(kind_info, m)?)?;
     m.add_function(wrap_pyfunction!(kinds, m)?)?;
     m.add_function(wrap_pyfunction!(canonical_order, m)?)?;
@@ -377,6 +423,8 @@ fn _lib(m: &Bound<'_, PyModule>) -> PyResult<()> {
         {
             testing.add_function(wrap_pyfunction!(_round_trip_host_tensors, &testing)?)?;
             testing.add_function(wrap_pyfunction!(_round_trip_waits, &testing)?)?;
+            testing.add_function(wrap_pyfunction!(_kernel_case, &testing)?)?;
+            testing.add_function(wrap_pyfunction!(_device_waits, &testing)?)?;
         }
         m.add_submodule(&testing)?;
     }

@@ -5,7 +5,7 @@ use pyo3::prelude::*;
 
 use crate::args;
 use crate::context::context_arg;
-use crate::device::apply_pipeline_row;
+use crate::device::{apply_pipeline_row, Pending};
 use crate::errors::{to_py, IntoPyResult};
 use crate::exclusive::Exclusive;
 use crate::reference::{call_row, logits_arg, RowSteps};
@@ -53,13 +53,14 @@ use crate::tensor::Block;
 ///     ['ban_tokens', 'temperature']
 #[pyclass(frozen, subclass, module = "logits_processing", name = "Processor")]
 pub(crate) struct PyProcessor {
-    pipeline: Exclusive<Pipeline>,
+    // The pipeline, and its last device step's outcomes for its next step.
+    pipeline: Exclusive<(Pipeline, Pending)>,
     kinds: Vec<&'static str>,
     max_token: Option<u32>,
 }
 
 /// A pipeline of specs as the steps of one `__call__`.
-struct Steps<'a>(&'a mut Pipeline);
+struct Steps<'a>(&'a mut Pipeline, &'a mut Pending);
 
 impl RowSteps for Steps<'_> {
     fn plan(&mut self, ids: &dyn TokenHistory) -> CoreResult<()> {
@@ -75,7 +76,11 @@ impl RowSteps for Steps<'_> {
     }
 
     fn apply(&mut self, py: Python<'_>, block: Block) -> PyResult<()> {
-        apply_pipeline_row(py, self.0, block)
+        let applied = apply_pipeline_row(py, self.0, block, self.1);
+        if applied.is_err() {
+            self.1.discard();
+        }
+        applied
     }
 }
 
@@ -122,7 +127,7 @@ impl PyProcessor {
         needs_prompt_len?;
         Ok(Self {
             max_token: pipeline.max_token_id(),
-            pipeline: Exclusive::new(pipeline),
+            pipeline: Exclusive::new((pipeline, Pending::default())),
             kinds,
         })
     }
@@ -136,7 +141,9 @@ impl PyProcessor {
     /// Back to the state of a new request (a forced sequence starts again); ``prompt_len`` stays
     /// the one given.
     fn reset(&self, py: Python<'_>) -> PyResult<()> {
-        self.pipeline.lock(py, "Processor")?.reset();
+        let mut state = self.pipeline.lock(py, "Processor")?;
+        state.0.reset();
+        state.1.discard();
         Ok(())
     }
 
@@ -150,10 +157,12 @@ impl PyProcessor {
         scores: Option<&Bound<'_, PyAny>>,
     ) -> PyResult<()> {
         let logits = logits_arg(logits, scores)?;
-        let mut pipeline = self.pipeline.lock(py, "Processor")?;
+        let mut state = self.pipeline.lock(py, "Processor")?;
+        let (pipeline, pending) = &mut *state;
+        pending.collect_pipeline(py, pipeline)?;
         call_row(
             py,
-            &mut Steps(&mut pipeline),
+            &mut Steps(pipeline, pending),
             self.max_token,
             input_ids,
             logits,

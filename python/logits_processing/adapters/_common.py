@@ -1,6 +1,14 @@
 """What every engine adapter shares: the request key, the spec payload, the serving role and the
 engine context (:class:`EngineContext`, built once per engine in Rust).
 
+**Waits.** Every adapter object counts, in its ``device_reads`` attribute, the reads it has made
+from the device to the host (a ``.cpu()``, ``.tolist()`` or ``.item()`` of a device tensor, an
+event waited on), each one wait for the device on a GPU, counted where it is made, in the
+device branch (which ``LOGITS_PROCESSING_DEVICE=interpret`` runs on host tensors). Rows whose
+specs read no history (:func:`logits_processing.reads_history`) never make one; rows that do
+read only their ids new since their last step, in at most one read a step. The device path's
+own copies (the host round trip, docs/cuda.md) are not the adapter's and not counted here.
+
 Nothing here imports an engine, torch or transformers.
 """
 
@@ -128,6 +136,17 @@ def check_in_process_pipeline(pipeline: Any, name: str = "pipeline", *, engine: 
                 f"{type(entry).__name__}"
             )
     return no_caller_mask(pipeline, engine)
+
+
+def pipeline_reads_history(pipeline: Any) -> bool:
+    """Whether a pipeline (specs, or in-process entries: processor objects and callables) reads
+    the token history: the core decides for specs; a Python processor or callable is given the
+    ids, so it does."""
+    items = pipeline if isinstance(pipeline, (list, tuple)) else [pipeline]
+    data = [p for p in items if isinstance(p, (str, bytes, dict))]
+    if len(data) != len(items):
+        return True
+    return bool(_lib.reads_history(data))
 
 
 def _dynamo_entries(payload: Any) -> list:

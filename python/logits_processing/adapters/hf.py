@@ -12,7 +12,13 @@ import torch
 from transformers import LogitsProcessor
 
 from .. import _lib
-from ._common import EngineKeywords, check_in_process_pipeline, context_for, takes_device_path
+from ._common import (
+    EngineKeywords,
+    check_in_process_pipeline,
+    context_for,
+    pipeline_reads_history,
+    takes_device_path,
+)
 
 __all__ = ["HFLogitsProcessor", "specs_from_generation_config"]
 
@@ -26,8 +32,9 @@ class HFLogitsProcessor(LogitsProcessor):
     copies the scores once and edits the copy in place. Nothing else is allocated per step.
     The ids are read on the host: on a GPU only the ids new since the previous call are copied
     there, with whether the older ones are unchanged (computed on the device), in one copy a call
-    (one wait; :attr:`host_copies` counts the copies), and the rest are kept from the previous
-    calls.
+    (one wait; :attr:`device_reads` counts the copies), and the rest are kept from the previous
+    calls. A pipeline that reads no history (:func:`logits_processing.reads_history`: every row's
+    specs history-free) copies none: it never waits for the device.
     The ids HF passes are the prompt and the tokens generated so far, so the first call's length
     is taken as the prompt length (forced sequences positioned by ``"tokens"`` count from there).
     A call whose ids do not extend the previous call's (a new prompt, even a longer one, or a
@@ -81,18 +88,22 @@ class HFLogitsProcessor(LogitsProcessor):
         for p in self._pipelines:
             if _is_data(p):
                 self.context.validate(p)
+        self._reads = any(pipeline_reads_history(p) for p in self._pipelines)
+        #: Reads from the device (waits, see ``adapters._common``): one a call when the ids are
+        #: on a device and some row reads its history, else none.
+        self.device_reads = 0
         self.reset()
 
     def reset(self) -> None:
         """Forgets the current generation; the next call starts a new one."""
         self._batch = None
+        self._last_shape: Tuple[int, ...] = ()
+        # The previous call's ids (where they are compared: on the host, or read on a device).
         self._last_ids: Optional[torch.Tensor] = None
         # The ids so far on the host, one row per batch row: ids on a GPU cross to the host only
         # where they are new since the last call.
         self._host_ids: Optional[torch.Tensor] = None
         self.prompt_len: Optional[int] = None
-        #: Device-to-host copies of ``input_ids`` made so far (at most one a call: the new ids).
-        self.host_copies = 0
 
     def _continues(self, input_ids: torch.Tensor) -> bool:
         """Whether host ``input_ids`` extend the previous call's ids (same rows, longer, same
@@ -101,11 +112,12 @@ class HFLogitsProcessor(LogitsProcessor):
         return self._extends(input_ids) and torch.equal(input_ids[:, : last.shape[1]], last)
 
     def _extends(self, input_ids: torch.Tensor) -> bool:
-        last = self._last_ids
+        """Whether ``input_ids`` have the previous call's rows and more ids: all a pipeline that
+        reads no history needs to tell a generation from the next."""
         return (
             self._batch is not None
-            and input_ids.shape[0] == last.shape[0]
-            and input_ids.shape[1] > last.shape[1]
+            and input_ids.shape[0] == self._last_shape[0]
+            and input_ids.shape[1] > self._last_shape[1]
         )
 
     def _start(self, rows: int, length: int, vocab: int) -> None:
@@ -133,24 +145,28 @@ class HFLogitsProcessor(LogitsProcessor):
             known = self._last_ids.shape[1]
             same = torch.eq(input_ids[:, :known], self._last_ids).all().to(input_ids.dtype).reshape(1)
             packed = torch.cat([same, input_ids[:, known:].reshape(-1)]).cpu()
-            self.host_copies += 1
+            self.device_reads += 1
             if bool(packed[0]):
                 new = packed[1:].reshape(input_ids.shape[0], -1)
                 self._host_ids = torch.cat([self._host_ids, new], dim=1)
                 return True, self._host_ids
         self._host_ids = input_ids.cpu()
-        self.host_copies += 1
+        self.device_reads += 1
         return False, self._host_ids
 
     def __call__(self, input_ids: torch.LongTensor, scores: torch.FloatTensor) -> torch.FloatTensor:
-        if takes_device_path(input_ids):
-            continues, host_ids = self._device_ids(input_ids)
-        else:
+        on_device = takes_device_path(input_ids)
+        if not on_device:
             continues, host_ids = self._continues(input_ids), input_ids
+        elif self._reads:
+            continues, host_ids = self._device_ids(input_ids)
+        else:  # no row reads its ids: none cross to the host
+            continues, host_ids = self._extends(input_ids), [_NO_IDS] * input_ids.shape[0]
         if not continues:
             self._start(*input_ids.shape, scores.shape[-1])
+        self._last_shape = tuple(input_ids.shape)
         # A copy: generate() makes a new tensor each step, but nothing promises it.
-        self._last_ids = input_ids.clone()
+        self._last_ids = input_ids.clone() if self._reads or not on_device else None
         input_ids = host_ids
         processed = torch.empty_like(scores)
         if takes_device_path(scores) or processed.stride() != scores.stride():
@@ -160,6 +176,9 @@ class HFLogitsProcessor(LogitsProcessor):
             # One pass: each logit is read from `scores` and written to `processed` once.
             self._batch.apply(scores, input_ids, out=processed)
         return processed
+
+
+_NO_IDS: tuple = ()
 
 
 def _is_data(pipeline: Any) -> bool:

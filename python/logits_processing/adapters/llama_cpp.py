@@ -124,19 +124,29 @@ def tokenizer_json_from_gguf(gguf_path: str, out: Optional[str] = None) -> str:
 
 def context_from_llama(llama: Any, *, tokenizer: Any = None, model_name: Optional[str] = None) -> Any:
     """The :class:`EngineContext` of a ``Llama`` object: its vocab size (``n_vocab()``), its EOS
-    id and its own tokenizer (for ``hello_world``, the thinking tokens and the text specs carry).
-    Token texts (``grammar``, ``json_object``, ``ban_strings``, DRY's breakers) are read from a
-    Hugging Face tokenizer (a ``Vocab``), not from llama.cpp's: pass the model's
-    ``tokenizer`` (a transformers fast tokenizer, a ``tokenizers.Tokenizer`` or a
-    ``tokenizer.json`` path) for those; without it they are refused, naming the tokenizer."""
+    id and its own tokenizer (``Llama.tokenize``: ``hello_world``, the thinking tokens and the
+    text specs carry get the ids the model would). Token texts (``grammar``, ``json_object``,
+    ``ban_strings``, DRY's breakers) are read from a Hugging Face tokenizer (a ``Vocab``), not
+    from llama.cpp's: pass ``tokenizer`` (the model's ``tokenizer.json`` path, a transformers
+    fast tokenizer, a ``tokenizers.Tokenizer``, a ``Vocab``, or
+    ``tokenizer_json_from_gguf(llama.model_path)``, the GGUF's own vocab) for those; it is read
+    for token texts only. Without it those kinds are refused, naming the tokenizer."""
     own = LlamaTokenizer(llama)
     if model_name is None:
         model_name = (getattr(llama, "metadata", None) or {}).get("general.name")
+    vocab = None
+    if tokenizer is not None:
+        vocab = (
+            tokenizer
+            if isinstance(tokenizer, _lib.Vocab)
+            else _lib.Vocab(tokenizer, eos_token_id=own.eos_token_id)
+        )
     return EngineContext(
-        tokenizer=tokenizer if tokenizer is not None else own,
+        own,
         model_name=model_name,
         vocab_size=own.vocab_size,
         eos_token_id=own.eos_token_id,
+        vocab=vocab,
     )
 
 
@@ -147,10 +157,19 @@ class LlamaCppLogitsProcessor:
     what is returned) is copied once into a buffer kept for the next step, which is edited and
     returned.
 
-    The first call's ids are taken as the prompt. A call whose ids do not extend the previous
-    call's (a new prompt) starts a new generation, so one object (one ``LogitsProcessorList``)
-    serves several ``__call__`` / ``create_completion`` calls in turn, each as a fresh processor
-    would; not at once. :meth:`reset` starts over explicitly.
+    The first call's ids are taken as the prompt. llama-cpp-python calls once a token, with the
+    previous call's ids and the token sampled after them; a call with any other ids (a new
+    prompt, even one that extends the last output) starts a new generation, so one object (one
+    ``LogitsProcessorList``) serves several ``__call__`` / ``create_completion`` calls in turn,
+    each as a fresh processor would; not at once. Only a prompt that is exactly the previous
+    call's ids and one more token reads as the same generation: :meth:`reset` starts over
+    explicitly.
+
+    An exception raised while a row is processed (by a Python processor in the pipeline, say)
+    cannot reach the caller: llama-cpp-python's callback prints and drops it, and would sample
+    from the unprocessed row. The processor keeps it as :attr:`error` instead and makes every
+    later row of that generation allow only EOS, so the generation ends there; a new generation
+    clears it.
 
     Args:
         pipeline: a JSON text, a spec dict, or a list of spec dicts, processor objects and
@@ -193,6 +212,9 @@ class LlamaCppLogitsProcessor:
             isinstance(self._pipeline, (list, tuple)) and all(isinstance(p, dict) for p in self._pipeline)
         ):
             self.context.validate(self._pipeline)
+        #: Reads from the device (waits, see ``adapters._common``): none, llama-cpp-python
+        #: hands host arrays.
+        self.device_reads = 0
         self.reset()
 
     def reset(self) -> None:
@@ -201,29 +223,48 @@ class LlamaCppLogitsProcessor:
         self._last_ids: Optional[list] = None
         self.prompt_len: Optional[int] = None
         self._row = None
+        self.error: Optional[BaseException] = None
 
-    def _continues(self, ids: list) -> bool:
+    def _continues(self, ids: Any) -> bool:
+        """Whether ``ids`` are the previous call's and the one token sampled after them:
+        llama-cpp-python calls once a token, each call's ids one longer than the last."""
+        import numpy as np
+
         last = self._last_ids
-        return self._batch is not None and len(ids) > len(last) and ids[: len(last)] == last
+        return self._batch is not None and len(ids) == len(last) + 1 and np.array_equal(ids[:-1], last)
 
     def __call__(self, input_ids: Any, scores: Any) -> Any:
         import numpy as np  # llama-cpp-python's own dependency: there whenever this is called
 
-        ids = [int(i) for i in input_ids]
+        ids = np.asarray(input_ids)
         if not self._continues(ids):
             batch = self.context.batch(self.context.vocab_size or scores.shape[-1])
             batch.add(0, self._pipeline, prompt_len=len(ids))
-            self._batch, self.prompt_len = batch, len(ids)
-        self._last_ids = ids
+            self._batch, self.prompt_len, self.error = batch, len(ids), None
+        # A copy: llama-cpp-python passes a view of its own buffer, which it writes on.
+        self._last_ids = ids.copy()
         if scores.dtype == np.float32 and scores.flags.c_contiguous:
-            # A [1, vocab] view of the caller's row: edited in place, no copy.
-            self._batch.apply(scores.reshape(1, -1), [ids])
-            return scores
-        # llama-cpp-python (0.3) runs the processors as the first sampler of its chain, on the
-        # logit column of its candidate array (every id, in id order): a strided view, which it
-        # overwrites with what is returned. The row is copied into one buffer, reused each step.
-        if self._row is None or self._row.shape != scores.shape:
-            self._row = np.empty(scores.shape, dtype=np.float32)
-        np.copyto(self._row, scores)
-        self._batch.apply(self._row.reshape(1, -1), [ids])
-        return self._row
+            row = scores  # edited in place, no copy
+        else:
+            # llama-cpp-python (0.3) runs the processors as the first sampler of its chain, on
+            # the logit column of its candidate array (every id, in id order): a strided view,
+            # which it overwrites with what is returned. The row is copied into one buffer,
+            # reused each step.
+            if self._row is None or self._row.shape != scores.shape:
+                self._row = np.empty(scores.shape, dtype=np.float32)
+            np.copyto(self._row, scores)
+            row = self._row
+        if self.error is None:
+            try:
+                self._batch.apply(row.reshape(1, -1), [ids])
+                return row
+            except Exception as error:
+                # Raised here, it would reach llama-cpp-python's ctypes callback, which prints
+                # and drops it and samples from the row unprocessed: the generation ends instead.
+                self.error = error
+        eos = self.context.eos_token_ids
+        if not eos:
+            raise self.error
+        row[:] = -np.inf
+        row[eos[0]] = 0.0
+        return row

@@ -27,9 +27,10 @@ sequences here always count generated tokens (``position: "tokens"``): the same 
 in a plain run, and still right after a rebuild, a chunked prefill or a retraction.
 
 Overlap scheduling (SGLang's default) samples a step before the previous step's token reaches
-``req.output_ids``; that token is read from the forward pass being sampled (:func:`in_flight`),
-so the history is exact. A spec that fails here finishes its request with the error
-(:func:`finish_with_error`), which the client receives.
+``req.output_ids``; that token is read from the scheduler's result not yet processed, whose
+host copy SGLang has already started (:func:`in_flight`), so the history is exact. A spec that
+fails here finishes its request with the error (:func:`finish_with_error`), which the client
+receives.
 
 Imports SGLang when this module is imported.
 """
@@ -99,10 +100,11 @@ def requests_of(
     token ids so far, Req)``, or None for a row without specs (or one finished here with an error).
 
     ``tails[i]``, when given, is what the forward pass of this step says about row ``i``:
-    ``(sequence length, its last input id)`` (see :func:`in_flight`). A request whose history is
-    one id short of it has that id still in flight (overlap scheduling: the previous step's token
-    is appended to ``output_ids`` after this step samples) and gets it appended. ``reqs``, when
-    given, receives each request id's ``Req``. ``history_lags`` says that ``output_ids`` may
+    ``(sequence length, the scheduler's pending result)`` (see :func:`in_flight`). A request
+    whose history is one id short of it has that id still in flight (overlap scheduling: the
+    previous step's token is appended to ``output_ids`` after this step samples) and gets it
+    appended, read from the pending result. ``reqs``, when given, receives each request id's
+    ``Req``. ``history_lags`` says that ``output_ids`` may
     miss the newest token and nothing tells which (no ``tails``): then every request whose specs
     read the history is finished with an error naming the settings that make it exact."""
     rows: List[Optional[tuple]] = []
@@ -177,7 +179,7 @@ def _running(req: Any) -> bool:
 _warned_duplicates = False
 _LAGGING = (
     "its specs read the token history, which SGLang's overlap scheduler hands over one token "
-    "late here and which could not be completed from the forward pass; start SGLang with "
+    "late here and which could not be completed from the scheduler's pending result; start SGLang with "
     "--disable-overlap-schedule (disable_overlap_schedule=True) or SGLANG_ENABLE_DELAY_SAMPLE=1"
 )
 _SPECULATIVE = (
@@ -249,19 +251,23 @@ def _reads_history(payload: Any) -> bool:
         return False  # refused when the batch builds it
 
 
-def _history(req: Any, tail: Optional[Tuple[int, int]]) -> Any:
+def _history(req: Any, tail: Optional[Tuple[int, Optional["_Pending"]]]) -> Any:
     """The request's ids so far. SGLang keeps them in ``array('q')``: joined with one memcpy and
     handed over as an int64 tensor over the same buffer (DLPack, no per-id conversion).
 
-    With ``tail`` (``(sequence length, last input id)`` from this step's forward pass): the id
-    still in flight is appended when the history is one short; None when the history is shorter
-    still (nothing here can fill it). A history at or past the length (a chunk of a chunked
-    prefill: its sample is discarded) is taken as it is."""
+    With ``tail`` (``(sequence length, pending result)`` from this step's forward pass and the
+    scheduler): the id still in flight is appended when the history is one short; None when the
+    history is shorter still, or the pending result does not hold the request (nothing here can
+    fill it). A history at or past the length (a chunk of a chunked prefill: its sample is
+    discarded) is taken as it is."""
     prompt, output = req.origin_input_ids, req.output_ids
     if tail is not None:
-        seq_len, last = tail
+        seq_len, pending = tail
         have = len(prompt) + len(output)
         if have == seq_len - 1:
+            last = pending.token_of(req.rid) if pending is not None else None
+            if last is None:
+                return None
             output = array("q", [*output, last]) if isinstance(output, array) else [*output, last]
         elif have < seq_len - 1:
             return None
@@ -275,29 +281,40 @@ def _history(req: Any, tail: Optional[Tuple[int, int]]) -> Any:
     return ids
 
 
-def in_flight(rows: int) -> Optional[List[Optional[Tuple[int, int]]]]:
-    """``(sequence length, last input id)`` per row of this processor's call, read from the
-    forward pass being sampled: SGLang's sampler is called from ``ModelRunner.sample(...,
-    forward_batch)`` and hands us the rows ``apply_custom_logit_processor`` selected. Under
-    overlap scheduling a request's newest token is an input of this forward pass before it
-    reaches ``req.output_ids``; this is where it is read. None when called from anywhere else
-    (then the config decides, see :func:`history_is_current`)."""
+def in_flight(rows: int) -> Optional[List[Tuple[int, Optional["_Pending"]]]]:
+    """``(sequence length, the scheduler's pending result)`` per row of this processor's call,
+    or None when called from anywhere but SGLang's sampler under ``Scheduler.run_batch`` (then
+    the config decides, see :func:`history_is_current`).
+
+    SGLang's sampler is called from ``ModelRunner.sample(..., forward_batch)`` and hands us the
+    rows ``apply_custom_logit_processor`` selected; the forward batch keeps the sequence lengths
+    on the host (``seq_lens_cpu``). Under overlap scheduling a request's newest token is sampled
+    by the previous step, whose result waits in ``Scheduler.result_queue`` to be processed (after
+    this step samples) with its tokens' copy to the host already queued behind that step
+    (``copy_done``): the token is read there (:class:`_Pending`), not from this step's forward
+    pass, whose read would wait for this step's whole forward pass."""
     frame = sys._getframe(2)
-    info = selected = None
+    info = selected = forward = None
     for _ in range(_FRAMES):
         if frame is None:
             break
-        # Only these two frames' locals are read (reading a frame's locals snapshots them on
-        # the frame, which would keep the scheduler's older batches alive).
+        # Only these three frames' locals are read, each a frame that returns within this step
+        # (reading a frame's locals snapshots them on the frame, which would keep the
+        # scheduler's older batches alive on a frame that lives on).
         code = frame.f_code
         if info is None:
             if code.co_name == "apply_custom_logit_processor":
                 local = frame.f_locals
                 info, selected = local.get("sampling_batch_info"), local.get("rows")
-        elif "forward_batch" in code.co_varnames:
-            fb = frame.f_locals.get("forward_batch")
-            if fb is not None and getattr(fb, "sampling_info", None) is info:
-                return _tails(fb, selected, rows)
+        elif forward is None:
+            if "forward_batch" in code.co_varnames:
+                fb = frame.f_locals.get("forward_batch")
+                if fb is not None and getattr(fb, "sampling_info", None) is info:
+                    forward = fb
+        elif code.co_name == "run_batch" and "self" in code.co_varnames:
+            queue = getattr(frame.f_locals.get("self"), "result_queue", None)
+            if queue is not None:
+                return _tails(forward, selected, rows, queue)
         frame = frame.f_back
     return None
 
@@ -305,36 +322,42 @@ def in_flight(rows: int) -> Optional[List[Optional[Tuple[int, int]]]]:
 _FRAMES = 12
 
 
-def _tails(fb: Any, selected: Any, rows: int) -> Optional[List[Optional[Tuple[int, int]]]]:
-    if selected is None or len(selected) != rows:
-        return None  # several tokens per row (speculative decoding): not this shape
-    mode = fb.forward_mode
-    global forward_reads
+def _tails(
+    fb: Any, selected: Any, rows: int, queue: Any
+) -> Optional[List[Tuple[int, Optional["_Pending"]]]]:
     seq_lens = getattr(fb, "seq_lens_cpu", None)
-    if seq_lens is None:  # SGLang keeps a host copy; without one it is read (a second wait)
-        seq_lens = fb.seq_lens.cpu()
-        forward_reads += 1
-    if mode.is_decode():
-        where = list(selected)
-    elif mode.is_extend() and getattr(fb, "extend_seq_lens_cpu", None) is not None:
-        ends, total = [], 0
-        for n in fb.extend_seq_lens_cpu:
-            total += int(n)
-            ends.append(total - 1)
-        where = [ends[b] for b in selected]
-    else:
+    if selected is None or len(selected) != rows or seq_lens is None:
+        # Several tokens per row (speculative decoding), or the lengths only on the device
+        # (reading them would be a second wait): not this shape.
         return None
-    # One copy of the pass's input ids to the host (one wait on a GPU; a decode pass has one id a
-    # row, an extend pass at most its chunk), then indexed there.
-    forward_reads += 1
-    ids = fb.input_ids.cpu().tolist()
     lens = seq_lens.tolist()
-    return [(int(lens[b]), int(ids[w])) for b, w in zip(selected, where)]
+    # The overlap scheduler processes every result but the latest before it schedules a batch.
+    pending = _Pending(*queue[-1]) if queue else None
+    return [(int(lens[b]), pending) for b in selected]
 
 
-forward_reads = 0
-"""Copies of a forward pass's input ids to the host (:func:`in_flight`), each one wait on a GPU:
-one a step with a row that reads its history, none otherwise (the tests assert the counts)."""
+class _Pending:
+    """The scheduler's latest result not yet processed (``(batch, result)`` of its
+    ``result_queue``). Its tokens are read at the first request that needs one, once: a wait on
+    ``result.copy_done`` (the event SGLang records after queueing their copy to the host), that
+    is for the previous step, never this one (:attr:`SGLangLogitProcessor.device_reads` counts
+    it). A step that needs none reads nothing."""
+
+    def __init__(self, batch: Any, result: Any) -> None:
+        self.batch, self.result = batch, result
+        self.tokens: Optional[Dict[Any, int]] = None
+
+    def token_of(self, rid: Any) -> Optional[int]:
+        if self.tokens is None:
+            done = getattr(self.result, "copy_done", None)
+            if done is not None:
+                done.synchronize()
+            ids = self.result.next_token_ids.tolist()
+            SGLangLogitProcessor.device_reads += 1
+            reqs = self.batch.reqs
+            # One token a request (not a speculative step's several): else none is known.
+            self.tokens = {r.rid: int(t) for r, t in zip(reqs, ids)} if len(ids) == len(reqs) else {}
+        return self.tokens.get(rid)
 
 
 def history_is_current() -> Optional[bool]:
@@ -439,12 +462,17 @@ class SGLangLogitProcessor(CustomLogitProcessor):
     """Runs each opted-in request's pipeline on its row, the whole ``[rows, vocab]`` block in one
     call into Rust. Rows without specs are left as they were."""
 
+    #: Reads from the device (waits, see ``adapters._common``) in this scheduler process (SGLang
+    #: makes a new instance per batch, so the count is the class's): one a step whose history
+    #: readers have a token in flight (the pending result's tokens, :func:`in_flight`), none for
+    #: a step of history-free rows.
+    device_reads = 0
+
     def __call__(self, logits: torch.Tensor, custom_param_list: Optional[List[Dict[str, Any]]] = None):
         if not custom_param_list:
             return logits
         reqs: Dict[Any, Any] = {}
-        # Reading the forward pass waits for it on a GPU: only for a step with a row that reads
-        # its history (history-free rows never wait).
+        # Only a step with a row that reads its history looks for the token in flight.
         tails = in_flight(len(custom_param_list)) if _some_row_reads_history(custom_param_list) else None
         stale = tails is None and history_is_current() is False
         rows = requests_of(

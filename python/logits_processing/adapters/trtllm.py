@@ -45,6 +45,7 @@ from ._common import (
     check_in_process_pipeline,
     context_for,
     no_caller_mask,
+    pipeline_reads_history,
     rows_of,
     runs_processors,
 )
@@ -67,22 +68,12 @@ SPECULATIVE_REFUSED = (
 )
 
 
-def _reads_history(pipeline: Any) -> bool:
-    """Whether a pipeline reads the token history: the core decides for specs; a Python
-    processor or callable is given the ids, so it does."""
-    items = pipeline if isinstance(pipeline, (list, tuple)) else [pipeline]
-    data = [p for p in items if isinstance(p, (str, bytes, dict))]
-    if len(data) != len(items):
-        return True
-    return bool(_lib.reads_history(data))
-
-
 def check_settings(pipeline: Any, *, disable_overlap_scheduler: bool, speculative_config: Any) -> None:
     """Refuses, with :class:`logits_processing.SpecError` naming the engine setting, specs that
     these settings would make inexact (see the module's notes)."""
     if speculative_config is not None:
         raise _lib.SpecError(SPECULATIVE_REFUSED)
-    if not disable_overlap_scheduler and _reads_history(pipeline):
+    if not disable_overlap_scheduler and pipeline_reads_history(pipeline):
         raise _lib.SpecError(OVERLAP_REFUSED)
 
 
@@ -155,7 +146,7 @@ class TRTLLMLogitsProcessor:
             disable_overlap_scheduler=disable_overlap_scheduler,
             speculative_config=speculative_config,
         )
-        self._reads = _reads_history(self.pipeline)
+        self._reads = pipeline_reads_history(self.pipeline)
         self.enabled = runs_processors(role)
         self.prompt_len = prompt_len
         # Per request id: [batch (None once refused), beams, the round of calls that last used it,
@@ -164,6 +155,9 @@ class TRTLLMLogitsProcessor:
         self._round, self._called = 0, set()
         # A Python step may fail half way through its row; keep a copy to put back then.
         self._backup = not _is_data(self.pipeline)
+        #: Reads from the device (waits, see ``adapters._common``): none, ``token_ids`` are host
+        #: lists and the edit is queued on the engine's stream.
+        self.device_reads = 0
 
     def reset(self) -> None:
         """Forgets every request's state; each starts again at its next call."""
@@ -279,6 +273,8 @@ class TRTLLMBatchedLogitsProcessor:
         self._prompt_lens: dict = {}
         self.keyed = KeyedBatch(self.context, position="tokens")
         self._warned_no_client = False
+        #: Reads from the device (waits, see ``adapters._common``): none, as per request.
+        self.device_reads = 0
 
     def register(self, key: Any, specs: Any, *, prompt_len: Optional[int] = None) -> None:
         """Gives the request with this client id (or request id) its specs, checked now."""

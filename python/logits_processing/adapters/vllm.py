@@ -97,15 +97,9 @@ SPEC_DECODING_REFUSED = (
     "processed exactly, or without --speculative-config"
 )
 
-#: Why specs whose next step reads the previous step's pass are refused on Model Runner V2 under
-#: speculative decoding.
-SPEC_DECODING_OBSERVES_PASS = (
-    "speculative decoding is on for this model (--speculative-config): these specs' next step "
-    "reads what the previous step's pass saw (mirostat's mu, adaptive_p's moving average, "
-    "whether a trigger_phrase, force_last_phrase or prevent_hallucination trigger held), "
-    "which a rejected draft row would leave changed, so they would not be exact; serve the model "
-    "without --speculative-config to use them"
-)
+#: The drafts a step may verify for a request where the speculative config does not say
+#: (``num_speculative_tokens``): each pipeline keeps what it needs to resume from that many.
+DEFAULT_SPECULATIVE_TOKENS = 16
 
 
 #: Dynamo's own vLLM adapter. Dynamo's worker adds it to ``logits_processors=`` together with the
@@ -169,6 +163,14 @@ def _speculation(vllm_config: Any) -> Optional[str]:
     if getattr(vllm_config, "speculative_config", None) is None:
         return None
     return "v2" if getattr(vllm_config, "use_v2_model_runner", False) else "v1"
+
+
+def _speculative_tokens(vllm_config: Any) -> int:
+    """The most drafts a step verifies for a request (0 without speculative decoding)."""
+    config = getattr(vllm_config, "speculative_config", None)
+    if config is None:
+        return 0
+    return int(getattr(config, "num_speculative_tokens", None) or DEFAULT_SPECULATIVE_TOKENS)
 
 
 def _frontend_context(frontend: Any) -> "tuple[EngineContext, Optional[str], bool]":
@@ -256,8 +258,7 @@ def validate_request(params: SamplingParams) -> None:
     limits; and, with the model known (vLLM's frontend), a token id beyond its vocab, a
     ``hello_world`` or id-less thinking budget the tokenizer cannot resolve, a grammar that does
     not compile; and, while speculative decoding is on, every spec on the V1 runner (see
-    :data:`SPEC_DECODING_REFUSED`) and on Model Runner V2 the specs whose next step reads the
-    previous step's pass (see :data:`SPEC_DECODING_OBSERVES_PASS`)."""
+    :data:`SPEC_DECODING_REFUSED`)."""
     refused = None
     try:
         frontend = _frontend()
@@ -270,8 +271,6 @@ def validate_request(params: SamplingParams) -> None:
         decoded = no_caller_mask(validate_structure(specs), "vLLM")
         if speculative == "v1":
             raise ValueError(SPEC_DECODING_REFUSED)
-        if speculative == "v2" and _lib.observes_pass(decoded):
-            raise ValueError(SPEC_DECODING_OBSERVES_PASS)
         if context is not None:
             context.validate(decoded)
         try:
@@ -311,13 +310,14 @@ class _EngineSide:
         # Keeps the config alive with this instance, so its id names this engine only.
         self._vllm_config = vllm_config
         _ENGINES[key] = weakref.ref(self)
-        self.speculative = getattr(vllm_config, "speculative_config", None) is not None
+        self.speculative = _speculative_tokens(vllm_config)
         self._dynamo_key = not _dynamo_adapter_in(model_config)
         tokenizer = _tokenizer_of(model_config) if self.enabled else None
         self.context = EngineContext(
             tokenizer=tokenizer,
             model_name=getattr(model_config, "model", None),
             vocab_size=model_config.get_vocab_size(),
+            speculative_tokens=self.speculative,
         )
 
     @classmethod
@@ -341,6 +341,9 @@ class VLLMV1LogitsProcessor(_EngineSide, LogitsProcessor):
     def __init__(self, vllm_config: Any, device: torch.device, is_pin_memory: bool) -> None:
         self.device = device
         self._histories: dict[int, _History] = {}
+        #: Reads from the device (waits, see ``adapters._common``): none, the ids are vLLM's
+        #: host lists (its persistent batch's output lists).
+        self.device_reads = 0
         self._start(vllm_config, "v1")
         self.batch = self.context.batch() if self.context is not None else None
         # vLLM versions without needs_output_token_ids() keep real ids under async scheduling
@@ -498,11 +501,11 @@ class VLLMV2LogitsProcessor(_EngineSide, *((V2LogitsProcessor,) if V2LogitsProce
     generated (a grammar's matcher advances through them). The next step's committed ids hold
     only the drafts the engine accepted: where they part from the drafts planned, each processor
     rolls back to the ids they share (a grammar's matcher rolls back; processors that keep
-    counts read the ids again), so a rejected draft leaves no trace. Rows after a ``-1``
-    placeholder draft (a step that starts inside the prefill) are left alone: the rejection
-    sampler rejects such drafts, so those rows are never sampled. Specs whose next step reads the
-    previous step's pass (:func:`logits_processing.observes_pass`) are refused under speculative
-    decoding.
+    counts read the ids again; those whose next step reads what the previous step's pass saw,
+    mirostat's ``mu`` or a phrase trigger, resume from what their pipeline kept after each draft
+    row: see ``EngineContext(speculative_tokens=)``), so a rejected draft leaves no trace. Rows
+    after a ``-1`` placeholder draft (a step that starts inside the prefill) are left alone: the
+    rejection sampler rejects such drafts, so those rows are never sampled.
 
     **Device reads.** Rows whose specs read no history (temperature, biases, bans, allowed ids,
     truncation: :func:`logits_processing.reads_history`) are planned without waiting for the
@@ -537,8 +540,6 @@ class VLLMV2LogitsProcessor(_EngineSide, *((V2LogitsProcessor,) if V2LogitsProce
             return False
         try:
             specs = no_caller_mask(specs, "vLLM")
-            if self.speculative and _lib.observes_pass(specs):
-                raise ValueError(SPEC_DECODING_OBSERVES_PASS)
             reads = _lib.reads_history(specs)
             prompt = int(self.req_states.prompt_len.np[req_idx])
             prompt_len = original_prompt_len(sampling_params.extra_args, prompt)
@@ -626,7 +627,7 @@ class VLLMV2LogitsProcessor(_EngineSide, *((V2LogitsProcessor,) if V2LogitsProce
                 requests[start // per_request if drafts else start] = request(entry)
             self.batch.apply(block, requests)
             return
-        index = torch.tensor([start + j for start, _ in members], dtype=torch.int64, device=logits.device)
+        index = _on_device(np.array([start + j for start, _ in members]), logits.device)
         block = logits.index_select(0, index)
         self.batch.apply(block, [request(entry) for _, entry in members])
         logits.index_copy_(0, index, block)
@@ -638,7 +639,8 @@ class VLLMV2LogitsProcessor(_EngineSide, *((V2LogitsProcessor,) if V2LogitsProce
         speculative decoding), with its ``total_len`` beside them where that bound may be past
         it. Extends each reader's ids by its committed ones and sets ``committed[slot]`` to its
         committed length. Returns the local positions and the fed ids (None without draft
-        rows)."""
+        rows). The gathers' index goes to the device without waiting (:func:`_on_device`): the
+        one wait is the read back, for the step that sampled the ids."""
         tokens = self.req_states.all_token_ids.gpu
         device = tokens.device
         parts = []
@@ -651,15 +653,17 @@ class VLLMV2LogitsProcessor(_EngineSide, *((V2LogitsProcessor,) if V2LogitsProce
             stride = tokens.stride(0)
             for i, slot, entry in readers:
                 spans.append((slot, entry, len(entry.ids), min(int(upper[i]), width)))
-            if not exact:
-                totals = torch.tensor([slot for slot, *_ in spans], dtype=torch.int64)
-                parts.append(self.req_states.total_len.gpu.index_select(0, totals.to(device)).to(torch.int64))
+            slots = np.array([slot for slot, *_ in spans] if not exact else [], dtype=np.int64)
             index = np.concatenate(
                 [np.arange(slot * stride + have, slot * stride + bound) for slot, _, have, bound in spans]
             )
-            if len(index):
-                flat = tokens.view(-1).index_select(0, torch.from_numpy(index).to(device))
-                parts.append(flat.to(torch.int64))
+            if len(slots) or len(index):
+                where = _on_device(np.concatenate([slots, index]), device)
+                if len(slots):
+                    totals = self.req_states.total_len.gpu.index_select(0, where[: len(slots)])
+                    parts.append(totals.to(torch.int64))
+                if len(index):
+                    parts.append(tokens.view(-1).index_select(0, where[len(slots) :]).to(torch.int64))
         values = torch.cat(parts).tolist() if parts else []
         self.device_reads += 1
         at = 0
@@ -677,6 +681,16 @@ class VLLMV2LogitsProcessor(_EngineSide, *((V2LogitsProcessor,) if V2LogitsProce
             at += max(0, bound - have)
             committed[slot] = length
         return local, inputs
+
+
+def _on_device(values: np.ndarray, device: torch.device) -> torch.Tensor:
+    """``values`` as int64 on ``device``, without waiting for it: copied from pinned memory with
+    a non-blocking copy (a copy from pageable memory waits for the work queued on the device,
+    the forward pass; PyTorch's pinned-memory cache keeps the block until the copy is done)."""
+    host = torch.from_numpy(np.ascontiguousarray(values, dtype=np.int64))
+    if device.type == "cpu":
+        return host
+    return host.pin_memory().to(device, non_blocking=True)
 
 
 class VLLMLogitsProcessor(LogitsProcessor, *((V2LogitsProcessor,) if V2LogitsProcessor else ())):

@@ -4,9 +4,11 @@ They read the words that `crates/cuda/src/packed.rs` packs (its module docs give
 do what `crates/cuda/kernels/apply.cu` does, operation for operation, so that the CPU path's
 answers come out bit for bit:
 
-- `lp_bands`: one program per row that truncates; resolves each of the row's truncations, in
-  order, to a band over the row as it stands there (the values computed on the fly from the
-  original row) and writes the band into the packed words;
+- `lp_bands`: one program per row with a reduction; resolves each of the row's reductions, in
+  order, over the row as it stands there (the values computed on the fly from the original row):
+  a truncation to a band, a conditional force to whether it fires, a value read to the value; and
+  writes each into the packed words (with the row itself where the processor reads it at its next
+  step);
 - `lp_apply`: one program per (row, tile of BLOCK logits): every logit read and written at most
   once; a forced row reads only its survivors; a row of sparse edits alone touches only its tokens.
 
@@ -23,6 +25,7 @@ extension (`_lib._device_layout()`), so the two cannot disagree.
 
 from __future__ import annotations
 
+import numpy as np
 import triton
 import triton.language as tl
 
@@ -31,6 +34,7 @@ from .. import _lib
 _C = _lib._device_layout()
 
 DESC_WORDS: tl.constexpr = tl.constexpr(_C["DESC_WORDS"])
+BAND_WORDS: tl.constexpr = tl.constexpr(_C["BAND_WORDS"])
 DENSE_WORDS: tl.constexpr = tl.constexpr(_C["DENSE_WORDS"])
 SPARSE_WORDS: tl.constexpr = tl.constexpr(_C["SPARSE_WORDS"])
 OP_BITS: tl.constexpr = tl.constexpr(_C["OP_BITS"])
@@ -47,11 +51,37 @@ OP_MASK: tl.constexpr = tl.constexpr(_C["OP_MASK"])
 OP_TRUNCATE: tl.constexpr = tl.constexpr(_C["OP_TRUNCATE"])
 OP_RAISE: tl.constexpr = tl.constexpr(_C["OP_RAISE"])
 OP_SET: tl.constexpr = tl.constexpr(_C["OP_SET"])
+OP_FORCE_IF: tl.constexpr = tl.constexpr(_C["OP_FORCE_IF"])
+OP_VALUE_AT: tl.constexpr = tl.constexpr(_C["OP_VALUE_AT"])
+OP_INF_NAN: tl.constexpr = tl.constexpr(_C["OP_INF_NAN"])
+OP_ADD_FROM: tl.constexpr = tl.constexpr(_C["OP_ADD_FROM"])
+OP_RESHAPE: tl.constexpr = tl.constexpr(_C["OP_RESHAPE"])
+SHAPE_QUADRATIC: tl.constexpr = tl.constexpr(_C["SHAPE_QUADRATIC"])
+SHAPE_ADAPTIVE_P: tl.constexpr = tl.constexpr(_C["SHAPE_ADAPTIVE_P"])
+SHAPE_LOG_SOFTMAX: tl.constexpr = tl.constexpr(_C["SHAPE_LOG_SOFTMAX"])
+LN_LN2_HI: tl.constexpr = tl.constexpr(_C["LN_LN2_HI"])
+LN_LN2_LO: tl.constexpr = tl.constexpr(_C["LN_LN2_LO"])
+LN_POLY_0: tl.constexpr = tl.constexpr(_C["LN_POLY_0"])
+LN_POLY_1: tl.constexpr = tl.constexpr(_C["LN_POLY_1"])
+LN_POLY_2: tl.constexpr = tl.constexpr(_C["LN_POLY_2"])
+LN_POLY_3: tl.constexpr = tl.constexpr(_C["LN_POLY_3"])
+LN_POLY_4: tl.constexpr = tl.constexpr(_C["LN_POLY_4"])
+LN_POLY_5: tl.constexpr = tl.constexpr(_C["LN_POLY_5"])
+LN_POLY_6: tl.constexpr = tl.constexpr(_C["LN_POLY_6"])
+# adaptive-p's 1 / 0.3, rounded to f32 as the host's constant (`1.0 / 0.3f32`).
+ADAPTIVE_P_SCALE: tl.constexpr = tl.constexpr(float(np.float32(1.0) / np.float32(0.3)))
+TRIGGER_ARGMAX: tl.constexpr = tl.constexpr(_C["TRIGGER_ARGMAX"])
+TRIGGER_MAX_PROB_BELOW: tl.constexpr = tl.constexpr(_C["TRIGGER_MAX_PROB_BELOW"])
 RULE_TOP_K: tl.constexpr = tl.constexpr(_C["RULE_TOP_K"])
 RULE_TOP_P: tl.constexpr = tl.constexpr(_C["RULE_TOP_P"])
 RULE_MIN_P: tl.constexpr = tl.constexpr(_C["RULE_MIN_P"])
 RULE_TYPICAL: tl.constexpr = tl.constexpr(_C["RULE_TYPICAL"])
 RULE_EPSILON: tl.constexpr = tl.constexpr(_C["RULE_EPSILON"])
+RULE_ETA: tl.constexpr = tl.constexpr(_C["RULE_ETA"])
+RULE_TOP_A: tl.constexpr = tl.constexpr(_C["RULE_TOP_A"])
+RULE_XTC: tl.constexpr = tl.constexpr(_C["RULE_XTC"])
+RULE_MIROSTAT_V2: tl.constexpr = tl.constexpr(_C["RULE_MIROSTAT_V2"])
+RULE_P_LESS: tl.constexpr = tl.constexpr(_C["RULE_P_LESS"])
 EXP_MIN: tl.constexpr = tl.constexpr(_C["EXP_MIN"])
 EXP_MAX: tl.constexpr = tl.constexpr(_C["EXP_MAX"])
 EXP_LOG2_E: tl.constexpr = tl.constexpr(_C["EXP_LOG2_E"])
@@ -87,6 +117,10 @@ TYPICAL_BY_MASS: tl.constexpr = tl.constexpr(3)
 NEG_INF_KEY: tl.constexpr = tl.constexpr(0x007FFFFF)
 POS_INF_KEY: tl.constexpr = tl.constexpr(0xFF800000)
 INF: tl.constexpr = tl.constexpr(float("inf"))
+# The largest finite value of each element type (`Logit::MAX`: inf/NaN removal's bounds).
+F32_MAX: tl.constexpr = tl.constexpr(3.4028234663852886e38)
+F16_MAX: tl.constexpr = tl.constexpr(65504.0)
+BF16_MAX: tl.constexpr = tl.constexpr(3.3895313892515355e38)
 # 2^FIXED_BITS (fixed's scale) and 2^-64 (exp's scale below the normal range), exact in f32.
 FIXED_SCALE: tl.constexpr = tl.constexpr(float(2 ** _C["FIXED_BITS"]))
 TWO_TO_MINUS_64: tl.constexpr = tl.constexpr(2.0 ** -64)
@@ -190,7 +224,8 @@ def _dense_op(P, op, i, v, DTYPE: tl.constexpr):
     elif code == OP_FORCE_KEEP:
         v = tl.where(i == a, _round(v + 0.0, DTYPE), -INF)
     elif code == OP_FORCE_SET:
-        value = _round(_as_f32(tl.load(P + op + 2)) + tl.zeros_like(v), DTYPE)
+        # The value's bits broadcast over the lanes (an f32 add of zeros would make -0.0 +0.0).
+        value = _round(_as_f32(tl.zeros_like(i) + tl.load(P + op + 2)), DTYPE)
         v = tl.where(i == a, value, -INF)
     elif code == OP_MASK:
         n_words = tl.load(P + op + 2)
@@ -204,31 +239,74 @@ def _dense_op(P, op, i, v, DTYPE: tl.constexpr):
         lo = _as_f32(tl.load(P + a))
         hi = _as_f32(tl.load(P + a + 1))
         v = tl.where((v < lo) | (v > hi), -INF, v)
+    elif code == OP_FORCE_IF:
+        # A force keeping its token's value, where the band kernel found the trigger fired.
+        if (tl.load(P + tl.load(P + op + 2) + 2) != 0) & (a != NO_TOKEN):
+            v = tl.where(i == a, _round(v + 0.0, DTYPE), -INF)
+    elif code == OP_RESHAPE:
+        # `Shape::apply`, around the row's largest value the band kernel found (none: the row
+        # stays).
+        if tl.load(P + a + 4) != 0:
+            mx = _as_f32(tl.load(P + a + 3))
+            first = _as_f32(tl.load(P + a + 1))
+            if tl.load(P + a) == SHAPE_QUADRATIC:
+                # Smoothing: -k d^2 + s d^3 + max, d = x - max.
+                s = _as_f32(tl.load(P + a + 2))
+                d = v - mx
+                y = (-(first * (d * d)) + s * (d * d * d)) + mx
+                # An overflow of a finite logit: in f64, saturated at the f32 extremes.
+                d64 = v.to(tl.float64) - mx.to(tl.float64)
+                wide = (-(first.to(tl.float64) * d64 * d64) + s.to(tl.float64) * d64 * d64 * d64) + \
+                    mx.to(tl.float64)
+                saturated = tl.minimum(tl.maximum(wide, -F32_MAX), F32_MAX).to(tl.float32)
+                y = tl.where(_is_finite(y) | ~_is_finite(v), y, saturated)
+            elif tl.load(P + a) == SHAPE_ADAPTIVE_P:
+                # adaptive-p: 5 - 10 d^2 / (1 + d), d = |p - target| / 0.3, p = exp(x - max) / S.
+                p = tl.div_rn(_exp(v - mx), _as_f32(tl.load(P + a + 5)))
+                d = tl.abs((p - first) * ADAPTIVE_P_SCALE)
+                y = 5.0 - tl.div_rn((10.0 * d) * d, 1.0 + d)
+            else:
+                # log-softmax: (x - max) - ln S.
+                y = (v - mx) - _as_f32(tl.load(P + a + 5))
+            v = _round(tl.where(v == -INF, v, y), DTYPE)
+    elif code == OP_INF_NAN:
+        if DTYPE == F32:
+            top = F32_MAX
+        elif DTYPE == F16:
+            top = F16_MAX
+        else:
+            top = BF16_MAX
+        v = tl.where(v != v, 0.0, tl.where(v == INF, top, tl.where(v == -INF, -top, v)))
     return v
 
 
 @triton.jit
-def _sparse_op(code, x, v, DTYPE: tl.constexpr):
-    """`Edit::value` of a touched token's own sparse op (Ban, Bias, Penalty, Raise, Set)."""
+def _sparse_op(P, code, word, active, v, DTYPE: tl.constexpr):
+    """`Edit::value` of a touched token's own sparse op (Ban, Bias, Penalty, Raise, Set, Add)."""
+    x = _as_f32(word)
     bias = _round(v + x, DTYPE)
     penalty = _round(tl.where(v < 0.0, v * x, tl.div_rn(v, x)), DTYPE)
     # x + |x| * factor on a finite logit, two roundings; a non-finite one stays.
     raised = tl.where(_is_finite(v), _round(v + tl.abs(v) * x, DTYPE), v)
+    # x + factor * value on a finite logit, `value` the source's as the band kernel read it.
+    adds = active & (code == OP_ADD_FROM)
+    source = _as_f32(tl.load(P + word, mask=adds, other=0))
+    factor = _as_f32(tl.load(P + word + 1, mask=adds, other=0))
+    added = tl.where(_is_finite(v), _round(v + factor * source, DTYPE), v)
     out = tl.where(code == OP_BAN, -INF, v)
     out = tl.where(code == OP_BIAS, bias, out)
     out = tl.where(code == OP_PENALTY, penalty, out)
     out = tl.where(code == OP_RAISE, raised, out)
+    out = tl.where(adds, added, out)
     return tl.where(code == OP_SET, _round(x, DTYPE), out)
 
 
 @triton.jit
-def _segment_end(P, op, i, v, set_after_force):
-    """As a truncation sees the row: a logit that a force since the previous truncation did not
-    name is -inf there, unless a Set after the force names it (apply.cu: segment_end)."""
-    code = tl.load(P + op)
-    force = tl.load(P + op + 2)
-    hidden = (code == OP_TRUNCATE) & (force != NO_TOKEN) & (force != i) & (~set_after_force)
-    return tl.where(hidden, -INF, v)
+def _fill(i, v, forced, set_after):
+    """Where a pass ends (a reduction, a whole-row edit, the plan's end): a logit that the pass's
+    last force did not name is -inf, unless a Set after that force names it (`RowPlan::run`
+    fills a forced pass)."""
+    return tl.where((forced != NO_TOKEN) & (i != forced) & (~set_after), -INF, v)
 
 
 @triton.jit
@@ -258,15 +336,18 @@ def _find(P, begin, n, i):
 @triton.jit
 def _eval(P, d, i, v, dense_end, SEGMENTS: tl.constexpr, DTYPE: tl.constexpr):
     """The logits at `i`, of values `v` before the plan, through dense ops [0, dense_end) and
-    each touched token's own sparse ops before dense op `dense_end`, merged in plan order; with
-    SEGMENTS, as the truncation at `dense_end` sees them (apply.cu: eval)."""
+    each touched token's own sparse ops before dense op `dense_end`, merged in plan order, each
+    pass filled as `RowPlan::run` fills a forced one. The passes end at whole-row edits and at the
+    end; with SEGMENTS (the row as the reduction at `dense_end` sees it) at every reduction too."""
     dense = tl.load(d + 2)
     program = _find(P, tl.load(d + 4), tl.load(d + 5), i)
     bounds = tl.load(d + 6)
     touched = program >= 0
     s = tl.load(P + bounds + program, mask=touched, other=0)
     end = tl.load(P + bounds + program + 1, mask=touched, other=0)
-    set_after_force = i < 0  # all false
+    # The pass's last force so far, and whether this lane's token was set after it.
+    forced = tl.full([], NO_TOKEN, tl.int32)
+    set_after = i < 0  # all false
     for j in range(0, dense_end + 1):
         # This lane's sparse ops that come before dense op j.
         active = s < end
@@ -274,24 +355,29 @@ def _eval(P, d, i, v, dense_end, SEGMENTS: tl.constexpr, DTYPE: tl.constexpr):
         active = active & ((head >> OP_BITS).to(tl.int32) <= j)
         while tl.max(active.to(tl.int32), 0) > 0:
             code = (head & OP_CODE_MASK).to(tl.int32)
-            x = _as_f32(tl.load(P + s + 1, mask=active, other=0))
-            v = tl.where(active, _sparse_op(code, x, v, DTYPE), v)
-            set_after_force = set_after_force | (active & (code == OP_SET))
+            word = tl.load(P + s + 1, mask=active, other=0)
+            v = tl.where(active, _sparse_op(P, code, word, active, v, DTYPE), v)
+            set_after = set_after | (active & (code == OP_SET))
             s = tl.where(active, s + SPARSE_WORDS, s)
             active = s < end
             head = tl.load(P + s, mask=active, other=0).to(tl.uint32, bitcast=True)
             active = active & ((head >> OP_BITS).to(tl.int32) <= j)
         if j < dense_end:
             op = dense + j * DENSE_WORDS
-            if SEGMENTS:
-                v = _segment_end(P, op, i, v, set_after_force)
             code = tl.load(P + op)
-            forces = (code == OP_FORCE_KEEP) | (code == OP_FORCE_SET)
-            set_after_force = set_after_force & (~forces)
+            a = tl.load(P + op + 1)
+            reduction = (code == OP_TRUNCATE) | (code == OP_FORCE_IF) | (code == OP_VALUE_AT) | \
+                (code == OP_RESHAPE)
+            if (code == OP_INF_NAN) | (SEGMENTS & reduction):
+                v = _fill(i, v, forced, set_after)
+                forced = tl.full([], NO_TOKEN, tl.int32)
             v = _dense_op(P, op, i, v, DTYPE)
-    if SEGMENTS:
-        v = _segment_end(P, dense + dense_end * DENSE_WORDS, i, v, set_after_force)
-    return v
+            forces = (code == OP_FORCE_KEEP) | (code == OP_FORCE_SET)
+            if code == OP_FORCE_IF:
+                forces = (a != NO_TOKEN) & (tl.load(P + tl.load(P + op + 2) + 2) != 0)
+            forced = tl.where(forces, a, forced)
+            set_after = set_after & (~forces)
+    return _fill(i, v, forced, set_after)
 
 
 # ------------------------------------------------------------------------------------------------
@@ -307,6 +393,7 @@ def lp_apply(P, n_slots, tiles_per_row, vocab, row_stride, X, DTYPE: tl.constexp
     row = tl.load(d).to(tl.int64)
     forced = tl.load(d + 1)
     n_dense = tl.load(d + 3)
+    n_eos = tl.load(d + 11)
     x = X + row * row_stride
     i = tile * BLOCK + tl.arange(0, BLOCK)
     inside = i < vocab
@@ -316,12 +403,51 @@ def lp_apply(P, n_slots, tiles_per_row, vocab, row_stride, X, DTYPE: tl.constexp
         survives = inside & ((i == forced) | (_find(P, tl.load(d + 8), tl.load(d + 9), i) >= 0))
         v = _eval(P, d, i, _load(x, i, survives, DTYPE), n_dense, False, DTYPE)
         _store(x, i, tl.where(survives, v, -INF), inside, DTYPE)
+        finite = survives & _is_finite(v)
     else:
+        read = inside
         if n_dense == 0:
-            # Sparse edits alone: the touched tokens read and written, nothing else.
-            inside = inside & (_find(P, tl.load(d + 4), tl.load(d + 5), i) >= 0)
-        v = _eval(P, d, i, _load(x, i, inside, DTYPE), n_dense, False, DTYPE)
-        _store(x, i, v, inside, DTYPE)
+            # Sparse edits alone: the touched tokens read and written, nothing else (but the
+            # first tile's whole read, where the safety net below looks for a finite logit).
+            written = inside & (_find(P, tl.load(d + 4), tl.load(d + 5), i) >= 0)
+            if (n_eos == 0) | (tile != 0):
+                read = written
+        else:
+            written = inside
+        v = _eval(P, d, i, _load(x, i, read, DTYPE), n_dense, False, DTYPE)
+        _store(x, i, v, written, DTYPE)
+        finite = read & _is_finite(v)
+    if n_eos > 0:
+        _safety_net(P, d, x, vocab, tiles_per_row, finite, (forced == NO_TOKEN) & (n_dense == 0), DTYPE,
+                    BLOCK)
+
+
+@triton.jit
+def _safety_net(P, d, x, vocab, tiles_per_row, finite, sparse, DTYPE: tl.constexpr, BLOCK: tl.constexpr):
+    """A row the step leaves with no finite logit allows only its EOS ids, at 0.0 (`Pipeline`'s
+    safety net): each program says whether its tile kept one; the row's last program decides (for
+    a row of sparse edits, whose untouched tiles no program read but the first, by reading the
+    row itself)."""
+    tl.atomic_or(d + 12, tl.max(finite.to(tl.int32), 0), sem="relaxed")
+    done = tl.atomic_add(d + 13, 1, sem="acq_rel")
+    if done == tiles_per_row - 1:
+        kept = tl.atomic_or(d + 12, 0, sem="acquire") != 0
+        if (~kept) & sparse:
+            for begin in range(0, vocab, BLOCK):
+                i = begin + tl.arange(0, BLOCK)
+                inside = i < vocab
+                kept = kept | (tl.max((inside & _is_finite(_load(x, i, inside, DTYPE))).to(tl.int32), 0) != 0)
+        if ~kept:
+            for begin in range(0, vocab, BLOCK):
+                i = begin + tl.arange(0, BLOCK)
+                _store(x, i, tl.full([BLOCK], -INF, tl.float32), i < vocab, DTYPE)
+            eos = tl.load(d + 10)
+            n_eos = tl.load(d + 11)
+            for first in range(0, n_eos, BLOCK):
+                k = first + tl.arange(0, BLOCK)
+                listed = k < n_eos
+                token = tl.load(P + eos + k, mask=listed, other=0)
+                _store(x, token, tl.zeros([BLOCK], tl.float32), listed, DTYPE)
 
 
 # ------------------------------------------------------------------------------------------------
@@ -370,6 +496,42 @@ def _exp(x):
 
 
 @triton.jit
+def _ln(x):
+    """truncation/gpu_shared.rs's ln of an f64 at least 1, operation for operation (fdlibm's)."""
+    bits = x.to(tl.int64, bitcast=True)
+    high = (bits >> 32).to(tl.int32)
+    low = bits & 0xFFFFFFFF
+    k = (high >> 20) - 1023
+    high = high & 0x000FFFFF
+    i = (high + 0x95F64) & 0x00100000
+    x = (((high | (i ^ 0x3FF00000)).to(tl.int64) << 32) | low).to(tl.float64, bitcast=True)
+    k += i >> 20
+    f = x - 1.0
+    dk = k.to(tl.float64)
+    # |f| < 2^-20.
+    r_small = f * f * (0.5 - (1.0 / 3.0) * f)
+    small = tl.where(f == 0.0, dk * LN_LN2_HI + dk * LN_LN2_LO, dk * LN_LN2_HI - ((r_small - dk * LN_LN2_LO) - f))
+    s = f / (2.0 + f)
+    z = s * s
+    w = z * z
+    t1 = w * (LN_POLY_1 + w * (LN_POLY_3 + w * LN_POLY_5))
+    t2 = z * (LN_POLY_0 + w * (LN_POLY_2 + w * (LN_POLY_4 + w * LN_POLY_6)))
+    r = t2 + t1
+    hfsq = 0.5 * f * f
+    wide = dk * LN_LN2_HI - ((hfsq - (s * (hfsq + r) + dk * LN_LN2_LO)) - f)
+    narrow = dk * LN_LN2_HI - ((s * (f - r) - dk * LN_LN2_LO) - f)
+    out = tl.where(((high - 0x6147A) | (0x6B851 - high)) > 0, wide, narrow)
+    return tl.where((0x000FFFFF & (2 + high)) < 3, small, out)
+
+
+@triton.jit
+def _round_even(x):
+    """A non-negative f64 below 2^63 rounded to an integer, to nearest even (`round_ties_even`):
+    below 2^52 an f64 addition of 2^52 rounds to an integer; above, x is one."""
+    return tl.where(x < 4503599627370496.0, (x + 4503599627370496.0) - 4503599627370496.0, x)
+
+
+@triton.jit
 def _fixed(v):
     """round(v * 2^FIXED_BITS) to nearest even, v non-negative (truncation/gpu_shared.rs: fixed)."""
     x = v * FIXED_SCALE
@@ -407,7 +569,7 @@ def _keyed(v, inside, mx, shift, BY: tl.constexpr):
     return key, w, valid
 
 
-@triton.jit
+@triton.jit(noinline=True)
 def _values(P, d, x, vocab, t, begin, DTYPE: tl.constexpr, BLOCK: tl.constexpr):
     """The tile at `begin` of the row as the truncation at dense op `t` sees it."""
     i = begin + tl.arange(0, BLOCK)
@@ -416,7 +578,7 @@ def _values(P, d, x, vocab, t, begin, DTYPE: tl.constexpr, BLOCK: tl.constexpr):
     return v, inside
 
 
-@triton.jit
+@triton.jit(noinline=True)
 def _select_key(P, d, x, vocab, t, mx, shift, target, BY: tl.constexpr, CLAMP: tl.constexpr,
                 DTYPE: tl.constexpr, BLOCK: tl.constexpr):
     """The largest key at which the weights of the keys at or above it reach `target` (f64
@@ -463,8 +625,21 @@ def _kth(P, d, x, vocab, t, k, DTYPE: tl.constexpr, BLOCK: tl.constexpr):
 
 
 @triton.jit
-def _resolve_band(P, d, x, vocab, t, rule, parameter, min_keep, DTYPE: tl.constexpr, BLOCK: tl.constexpr):
-    """The band of the truncation at dense op `t` (packed.rs: resolve_band)."""
+def _largest(P, d, x, vocab, t, DTYPE: tl.constexpr, BLOCK: tl.constexpr):
+    """The row's largest value but NaN as it stands at dense op `t`, by `f32::total_cmp` (-inf for
+    none): `truncation::largest`."""
+    max_key = tl.full([], NEG_INF_KEY, tl.uint32)
+    for begin in range(0, vocab, BLOCK):
+        v, inside = _values(P, d, x, vocab, t, begin, DTYPE, BLOCK)
+        keys = tl.where(inside & (v == v), _order_key(v), NEG_INF_KEY)
+        max_key = tl.maximum(max_key, tl.max(keys, 0))
+    return _from_order_key(max_key)
+
+
+@triton.jit
+def _resolve_band(P, d, x, vocab, t, rule, parameter, min_keep, extra, DTYPE: tl.constexpr,
+                  BLOCK: tl.constexpr):
+    """The band of the truncation at dense op `t` (`Truncation::band`, truncation/*.rs)."""
     lo = tl.full([], -INF, tl.float32)
     hi = tl.full([], INF, tl.float32)
     min_keep = min_keep.to(tl.uint32, bitcast=True)
@@ -472,13 +647,7 @@ def _resolve_band(P, d, x, vocab, t, rule, parameter, min_keep, DTYPE: tl.conste
         k = tl.maximum(parameter.to(tl.uint32, bitcast=True), min_keep)
         lo = _from_order_key(_kth(P, d, x, vocab, t, k, DTYPE, BLOCK))
     else:
-        # The maximum.
-        max_key = tl.full([], NEG_INF_KEY, tl.uint32)
-        for begin in range(0, vocab, BLOCK):
-            v, inside = _values(P, d, x, vocab, t, begin, DTYPE, BLOCK)
-            keys = tl.where(inside & (v == v), _order_key(v), NEG_INF_KEY)
-            max_key = tl.maximum(max_key, tl.max(keys, 0))
-        mx = _from_order_key(max_key)
+        mx = _largest(P, d, x, vocab, t, DTYPE, BLOCK)
         if (mx > -INF) & (mx < INF):
             # The fixed-point sums.
             total = tl.zeros([], tl.int64)
@@ -511,27 +680,120 @@ def _resolve_band(P, d, x, vocab, t, rule, parameter, min_keep, DTYPE: tl.conste
                             hi_key = tl.maximum(hi_key, tl.max(tl.where(keep, _order_key(v), NEG_INF_KEY), 0))
                         lo = _from_order_key(lo_key)
                         hi = _from_order_key(hi_key)
+            elif rule == RULE_TOP_P:
+                found, key = _select_key(P, d, x, vocab, t, mx, shift, target, BY_MASS, False, DTYPE, BLOCK)
+                kth = _kth(P, d, x, vocab, t, min_keep, DTYPE, BLOCK)
+                lo = _from_order_key(tl.minimum(tl.where(found, key, NEG_INF_KEY), kth))
             else:
-                lo_key = tl.full([], POS_INF_KEY, tl.uint32)
-                if rule == RULE_TOP_P:
-                    found, key = _select_key(P, d, x, vocab, t, mx, shift, target, BY_MASS, False, DTYPE,
-                                             BLOCK)
-                    lo_key = tl.where(found, key, NEG_INF_KEY)
-                else:
-                    # min-p, epsilon, eta: the smallest value whose q reaches the threshold.
-                    threshold = p
-                    if rule != RULE_MIN_P:
-                        scale = (total.to(tl.float64) / FIXED_SCALE).to(tl.float32)
-                        threshold = p * scale
-                        if rule != RULE_EPSILON:
-                            threshold = tl.minimum(threshold, tl.sqrt_rn(p) * _exp(-shift))
+                # The smallest value but -inf whose q reaches the rule's threshold
+                # (select.rs: lowest_reaching).
+                scale = (total.to(tl.float64) / FIXED_SCALE).to(tl.float32)
+                threshold = p
+                if rule == RULE_EPSILON:
+                    threshold = p * scale
+                elif rule == RULE_ETA:
+                    threshold = tl.minimum(p * scale, tl.sqrt_rn(p) * _exp(-shift))
+                elif rule == RULE_TOP_A:
+                    threshold = tl.div_rn(p, scale)
+                elif rule == RULE_XTC:
+                    threshold = p * scale
+                elif rule == RULE_P_LESS:
+                    # The collision probability sum p^2 = sum q^2 / S (fixed point, exact), or
+                    # p-less-norm's (n sum p^2 - 1) / (n - 1) over the n candidates, in q units.
+                    squares = tl.zeros([], tl.int64)
+                    n = tl.zeros([], tl.int64)
                     for begin in range(0, vocab, BLOCK):
                         v, inside = _values(P, d, x, vocab, t, begin, DTYPE, BLOCK)
-                        keep = inside & (v == v) & (_exp(v - mx) >= threshold)
-                        lo_key = tl.minimum(lo_key, tl.min(tl.where(keep, _order_key(v), POS_INF_KEY), 0))
-                kth = _kth(P, d, x, vocab, t, min_keep, DTYPE, BLOCK)
-                lo = _from_order_key(tl.minimum(lo_key, kth))
+                        candidate = inside & (v == v) & (v != -INF)
+                        q = _exp(v - mx).to(tl.float64)
+                        squared = _round_even(q * q * FIXED_SCALE).to(tl.int64)
+                        squares += tl.sum(tl.where(candidate, squared, 0), 0)
+                        n += tl.sum(candidate.to(tl.int64), 0)
+                    sum = scale.to(tl.float64)
+                    collision = squares.to(tl.float64) / FIXED_SCALE / sum
+                    if parameter != 0:
+                        normalized = (n.to(tl.float64) * collision - sum) / (n.to(tl.float64) - 1.0)
+                        collision = tl.where(n <= 1, 0.0, tl.maximum(normalized, 0.0))
+                    threshold = tl.minimum(collision.to(tl.float32), 1.0)
+                elif rule == RULE_MIROSTAT_V2:
+                    # `2^-mu` in f64, its bits in `parameter` (low) and `extra` (high).
+                    bits = (extra.to(tl.uint32, bitcast=True).to(tl.uint64) << 32) | \
+                        parameter.to(tl.uint32, bitcast=True).to(tl.uint64)
+                    threshold = (scale.to(tl.float64) * bits.to(tl.float64, bitcast=True)).to(tl.float32)
+                lo_key = tl.full([], POS_INF_KEY, tl.uint32)
+                for begin in range(0, vocab, BLOCK):
+                    v, inside = _values(P, d, x, vocab, t, begin, DTYPE, BLOCK)
+                    keep = inside & (v == v) & (v != -INF) & (_exp(v - mx) >= threshold)
+                    lo_key = tl.minimum(lo_key, tl.min(tl.where(keep, _order_key(v), POS_INF_KEY), 0))
+                if rule == RULE_XTC:
+                    # Every value above the cut removed, when that removes any and leaves at
+                    # least `min_keep` finite values (truncation/xtc.rs).
+                    cut = _from_order_key(lo_key)
+                    removed = tl.zeros([], tl.int64)
+                    finite = tl.zeros([], tl.int64)
+                    for begin in range(0, vocab, BLOCK):
+                        v, inside = _values(P, d, x, vocab, t, begin, DTYPE, BLOCK)
+                        removed += tl.sum(tl.where(inside & (v > cut), 1, 0).to(tl.int64), 0)
+                        finite += tl.sum(tl.where(inside & _is_finite(v), 1, 0).to(tl.int64), 0)
+                    enough = (min_keep <= 1) | (finite - removed >= min_keep.to(tl.int64))
+                    if (removed > 0) & enough:
+                        hi = cut
+                elif rule == RULE_MIROSTAT_V2:
+                    lo = _from_order_key(tl.minimum(lo_key, _order_key(mx)))
+                elif (rule != RULE_TOP_A) | (p > 0.0):
+                    kth = _kth(P, d, x, vocab, t, min_keep, DTYPE, BLOCK)
+                    lo = _from_order_key(tl.minimum(lo_key, kth))
     return lo, hi
+
+
+@triton.jit
+def _trigger(P, d, x, vocab, t, trigger, parameter, DTYPE: tl.constexpr, BLOCK: tl.constexpr):
+    """Whether the ForceIf at dense op `t` fires over the row as it stands there
+    (`Trigger::holds`)."""
+    max_key = tl.full([], NEG_INF_KEY, tl.uint32)
+    token_key = tl.full([], NEG_INF_KEY, tl.uint32)
+    for begin in range(0, vocab, BLOCK):
+        v, inside = _values(P, d, x, vocab, t, begin, DTYPE, BLOCK)
+        keys = tl.where(inside & (v == v), _order_key(v), NEG_INF_KEY)
+        max_key = tl.maximum(max_key, tl.max(keys, 0))
+        i = begin + tl.arange(0, BLOCK)
+        token_key = tl.maximum(token_key, tl.max(tl.where(i == parameter, keys, NEG_INF_KEY), 0))
+    mx = _from_order_key(max_key)
+    fired = max_key < 0  # false
+    if trigger == TRIGGER_ARGMAX:
+        # The token's value is the largest (a tie counts; NaN and -inf never do).
+        token = _from_order_key(token_key)
+        fired = (token > -INF) & (token >= mx)
+    elif (mx > -INF) & (mx < INF):
+        # The largest probability, 1 / S, below p.
+        total = tl.zeros([], tl.int64)
+        for begin in range(0, vocab, BLOCK):
+            v, inside = _values(P, d, x, vocab, t, begin, DTYPE, BLOCK)
+            w, _ = _weights(v, mx)
+            total += tl.sum(tl.where(inside, w, 0), 0)
+        scale = (total.to(tl.float64) / FIXED_SCALE).to(tl.float32)
+        fired = tl.div_rn(1.0, scale) < _as_f32(parameter)
+    return fired
+
+
+@triton.jit
+def _snapshot(P, d, x, vocab, t, snapshot, DTYPE: tl.constexpr, BLOCK: tl.constexpr):
+    """The row as the reduction at dense op `t` reads it, written at word `snapshot` of P (none:
+    NO_TOKEN), for its processor's next step (mirostat's, adaptive-p's)."""
+    if snapshot != NO_TOKEN:
+        for begin in range(0, vocab, BLOCK):
+            v, inside = _values(P, d, x, vocab, t, begin, DTYPE, BLOCK)
+            i = begin + tl.arange(0, BLOCK)
+            tl.store(P + snapshot + i, _bits(v).to(tl.int32, bitcast=True), mask=inside)
+
+
+@triton.jit
+def _value_at(P, d, x, vocab, t, token, DTYPE: tl.constexpr, BLOCK: tl.constexpr):
+    """The bits of `token`'s value as the row stands at dense op `t`."""
+    begin = (token // BLOCK) * BLOCK
+    v, _ = _values(P, d, x, vocab, t, begin, DTYPE, BLOCK)
+    i = begin + tl.arange(0, BLOCK)
+    return tl.max(tl.where(i == token, _bits(v), 0), 0)
 
 
 @triton.jit
@@ -540,15 +802,48 @@ def lp_bands(P, list_at, vocab, row_stride, X, DTYPE: tl.constexpr, BLOCK: tl.co
     d = P + slot * DESC_WORDS
     x = X + tl.load(d).to(tl.int64) * row_stride
     dense = tl.load(d + 2)
+    # The row's reductions in order, each over the row as it stands there: a later one reads the
+    # records of those before it.
     for t in range(0, tl.load(d + 3)):
         op = dense + t * DENSE_WORDS
-        if tl.load(P + op) == OP_TRUNCATE:
+        code = tl.load(P + op)
+        if code == OP_TRUNCATE:
             record = tl.load(P + op + 1)
-            rule = tl.load(P + record + 2)
-            parameter = tl.load(P + record + 3)
-            min_keep = tl.load(P + record + 4)
-            lo, hi = _resolve_band(P, d, x, vocab, t, rule, parameter, min_keep, DTYPE, BLOCK)
+            _snapshot(P, d, x, vocab, t, tl.load(P + record + 6), DTYPE, BLOCK)
+            lo, hi = _resolve_band(P, d, x, vocab, t, tl.load(P + record + 2), tl.load(P + record + 3),
+                                   tl.load(P + record + 4), tl.load(P + record + 5), DTYPE, BLOCK)
             tl.store(P + record, lo.to(tl.int32, bitcast=True))
             tl.store(P + record + 1, hi.to(tl.int32, bitcast=True))
-            # The row's later truncations read this band.
+            tl.debug_barrier()
+        elif code == OP_FORCE_IF:
+            record = tl.load(P + op + 2)
+            fired = _trigger(P, d, x, vocab, t, tl.load(P + record), tl.load(P + record + 1), DTYPE, BLOCK)
+            tl.store(P + record + 2, fired.to(tl.int32))
+            tl.debug_barrier()
+        elif code == OP_VALUE_AT:
+            record = tl.load(P + op + 2)
+            value = _value_at(P, d, x, vocab, t, tl.load(P + op + 1), DTYPE, BLOCK)
+            tl.store(P + record, value.to(tl.int32, bitcast=True))
+            tl.debug_barrier()
+        elif code == OP_RESHAPE:
+            # The row's largest value and (adaptive-p) its softmax's sum: `Reshape::shape`.
+            record = tl.load(P + op + 1)
+            _snapshot(P, d, x, vocab, t, tl.load(P + record + 6), DTYPE, BLOCK)
+            mx = _largest(P, d, x, vocab, t, DTYPE, BLOCK)
+            resolved = (mx > -INF) & (mx < INF)
+            tl.store(P + record + 3, mx.to(tl.int32, bitcast=True))
+            tl.store(P + record + 4, resolved.to(tl.int32))
+            transform = tl.load(P + record)
+            if resolved & (transform != SHAPE_QUADRATIC):
+                total = tl.zeros([], tl.int64)
+                for begin in range(0, vocab, BLOCK):
+                    v, inside = _values(P, d, x, vocab, t, begin, DTYPE, BLOCK)
+                    w, _ = _weights(v, mx)
+                    total += tl.sum(tl.where(inside, w, 0), 0)
+                # adaptive-p's S in f32, log-softmax's ln S.
+                sum = total.to(tl.float64) / FIXED_SCALE
+                scale = sum.to(tl.float32)
+                if transform == SHAPE_LOG_SOFTMAX:
+                    scale = _ln(sum).to(tl.float32)
+                tl.store(P + record + 5, scale.to(tl.int32, bitcast=True))
             tl.debug_barrier()

@@ -4,7 +4,7 @@ use serde::{Deserialize, Serialize};
 use crate::error::{Error, Result};
 use crate::history::TokenHistory;
 use crate::plan::{Edit, Reshape, RowPlan};
-use crate::processors::LogitsProcessor;
+use crate::processors::{Checkpoint, LogitsProcessor};
 use crate::spec::{EngineContext, KindSpec};
 
 /// `{"kind": "adaptive_p", "target": 0.5, "decay": 0.9}`: llama.cpp's adaptive-p
@@ -155,6 +155,22 @@ impl LogitsProcessor for AdaptiveP {
         (self.weighted_sum, self.total_weight) = self.initial;
         self.pending = None;
         self.last = None;
+    }
+
+    fn checkpoint(&self) -> Option<Checkpoint> {
+        Some(Checkpoint::new((
+            self.weighted_sum,
+            self.total_weight,
+            self.pending,
+        )))
+    }
+
+    fn restore(&mut self, checkpoint: &Checkpoint) {
+        if let Some(&(sum, weight, pending)) = checkpoint.get() {
+            self.weighted_sum = sum;
+            self.total_weight = weight;
+            self.pending = pending;
+        }
     }
 }
 

@@ -6,7 +6,7 @@ use crate::history::TokenHistory;
 use crate::plan::{Edit, ForcedValue, RowPlan, Trigger};
 use crate::processors::phrase::{Phase, PhraseRuns};
 use crate::processors::token_text::{eos_or, TextOrIds};
-use crate::processors::LogitsProcessor;
+use crate::processors::{Checkpoint, LogitsProcessor};
 use crate::spec::structure_only;
 use crate::spec::{EngineContext, KindSpec};
 
@@ -148,6 +148,16 @@ impl LogitsProcessor for ForceLastPhrase {
 
     fn reset(&mut self) {
         self.runs.reset();
+    }
+
+    fn checkpoint(&self) -> Option<Checkpoint> {
+        Some(Checkpoint::new(self.runs.saved()))
+    }
+
+    fn restore(&mut self, checkpoint: &Checkpoint) {
+        if let Some(&state) = checkpoint.get() {
+            self.runs.restore(state);
+        }
     }
 }
 

@@ -4,7 +4,7 @@ use serde::{Deserialize, Serialize};
 use crate::error::{Error, Result};
 use crate::history::TokenHistory;
 use crate::plan::{Edit, RowPlan, Truncation};
-use crate::processors::LogitsProcessor;
+use crate::processors::{Checkpoint, LogitsProcessor};
 use crate::spec::{EngineContext, KindSpec};
 
 /// `{"kind": "mirostat", "version": 2, "tau": 5.0, "eta": 0.1}`: llama.cpp's mirostat samplers
@@ -198,6 +198,17 @@ impl LogitsProcessor for Mirostat {
         self.mu = self.initial_mu;
         self.pending = None;
         self.last = None;
+    }
+
+    fn checkpoint(&self) -> Option<Checkpoint> {
+        Some(Checkpoint::new((self.mu, self.pending)))
+    }
+
+    fn restore(&mut self, checkpoint: &Checkpoint) {
+        if let Some(&(mu, pending)) = checkpoint.get() {
+            self.mu = mu;
+            self.pending = pending;
+        }
     }
 }
 

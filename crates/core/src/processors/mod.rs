@@ -13,7 +13,7 @@ mod cite_from_prompt;
 mod clock;
 mod count_penalty;
 mod counts;
-mod cursor;
+pub(crate) mod cursor;
 mod dry;
 pub(crate) mod dynamic_temperature;
 mod end_token;
@@ -129,7 +129,7 @@ pub use truncate::{
 pub use watermark::{SeedingSchemeSpec, Watermark, WatermarkSpec};
 pub use xtc::{Xtc, XtcSpec};
 
-pub use crate::processor::{process_row, LogitsProcessor};
+pub use crate::processor::{process_row, Checkpoint, LogitsProcessor};
 pub(crate) use bans::{push_bans, MASK_FROM};
 #[cfg(test)]
 use order::kind_rank;
@@ -139,7 +139,8 @@ use crate::spec::Kind;
 
 /// Every spec kind, by its `"kind"` name, in the canonical order ([`canonical_order`]), each line
 /// also saying what the kind is (`.history_free()`, `.masking()`, `.truncating()`,
-/// `.with_token_texts()`, `.observing_the_pass()`, `.editing_on_host()`; see [`Kind`]): the one list every question about kinds is asked of.
+/// `.with_token_texts()`, `.editing_on_host()`; see [`Kind`]): the one list every question about
+/// kinds is asked of.
 /// Adding a processor: its file (the processor, its spec struct and `KindSpec`), one line here,
 /// its docs and its tests (docs/core.md).
 pub(crate) static KINDS: &[Kind] = &[
@@ -168,8 +169,7 @@ pub(crate) static KINDS: &[Kind] = &[
         .masking(),
     Kind::new::<MultipleChoiceSpec>("multiple_choice")
         .masking()
-        .with_token_texts()
-        .editing_on_host(),
+        .with_token_texts(),
     // Grammars and the caller's own bitmask: masks, like the allowed ids.
     #[cfg(feature = "grammar")]
     Kind::new::<GrammarSpec>("grammar")
@@ -188,30 +188,20 @@ pub(crate) static KINDS: &[Kind] = &[
     Kind::new::<ForcedEosSpec>("forced_eos"),
     // NaN and infinities made finite where transformers' `remove_invalid_values` runs them,
     // after its forced BOS and EOS: a banned token ends at the row type's smallest value.
-    Kind::new::<InfNanRemoveSpec>("inf_nan_remove")
-        .history_free()
-        .editing_on_host(),
+    Kind::new::<InfNanRemoveSpec>("inf_nan_remove").history_free(),
     Kind::new::<RepetitionDetectionSpec>("repetition_detection"),
     Kind::new::<ForcedSequenceSpec>("forced_sequence"),
     Kind::new::<HelloWorldSpec>("hello_world"),
     // logits-processor-zoo's forcing kinds: their triggers read the row the kinds above left.
-    Kind::new::<ForceLastPhraseSpec>("force_last_phrase")
-        .observing_the_pass()
-        .editing_on_host(),
+    Kind::new::<ForceLastPhraseSpec>("force_last_phrase"),
     Kind::new::<MaxTimeSpec>("max_time"),
-    Kind::new::<TriggerPhraseSpec>("trigger_phrase")
-        .observing_the_pass()
-        .editing_on_host(),
-    Kind::new::<PreventHallucinationSpec>("prevent_hallucination")
-        .observing_the_pass()
-        .editing_on_host(),
+    Kind::new::<TriggerPhraseSpec>("trigger_phrase"),
+    Kind::new::<PreventHallucinationSpec>("prevent_hallucination"),
     // (User processors go here: see `USER_STEPS_BEFORE`.)
     Kind::new::<ThinkingBudgetSpec>("thinking_budget"),
     // Value transforms that read the row: quadratic smoothing before any temperature, as
     // text-generation-webui runs it; llama.cpp's dynamic temperature in the temperature's place.
-    Kind::new::<SmoothingSpec>("smoothing")
-        .history_free()
-        .editing_on_host(),
+    Kind::new::<SmoothingSpec>("smoothing").history_free(),
     Kind::new::<TemperatureSpec>("temperature").history_free(),
     Kind::new::<DynamicTemperatureSpec>("dynamic_temperature")
         .history_free()
@@ -234,14 +224,8 @@ pub(crate) static KINDS: &[Kind] = &[
         .history_free()
         .truncating()
         .editing_on_host(),
-    Kind::new::<TopASpec>("top_a")
-        .history_free()
-        .truncating()
-        .editing_on_host(),
-    Kind::new::<PLessSpec>("p_less")
-        .history_free()
-        .truncating()
-        .editing_on_host(),
+    Kind::new::<TopASpec>("top_a").history_free().truncating(),
+    Kind::new::<PLessSpec>("p_less").history_free().truncating(),
     Kind::new::<TopHSpec>("top_h")
         .history_free()
         .truncating()
@@ -250,16 +234,13 @@ pub(crate) static KINDS: &[Kind] = &[
         .history_free()
         .truncating()
         .editing_on_host(),
-    Kind::new::<XtcSpec>("xtc").truncating().editing_on_host(),
+    Kind::new::<XtcSpec>("xtc").truncating(),
     // Mirostat last: it reads the row the others left and its next step reads what it kept.
     Kind::new::<MirostatSpec>("mirostat")
         .truncating()
-        .observing_the_pass()
         .editing_on_host(),
     // adaptive-p last too, as llama.cpp chains it: its next step reads the row its pass read.
-    Kind::new::<AdaptivePSpec>("adaptive_p")
-        .observing_the_pass()
-        .editing_on_host(),
+    Kind::new::<AdaptivePSpec>("adaptive_p"),
     // The watermark after every warper, as transformers runs it: its bias is the last word on
     // the row the sampler reads, and the self-hash scheme reads the row they left.
     Kind::new::<WatermarkSpec>("watermark").editing_on_host(),
@@ -267,7 +248,5 @@ pub(crate) static KINDS: &[Kind] = &[
     // normalization): the watermark reads the distribution the sampler would.
     Kind::new::<SynthIdWatermarkSpec>("synthid_watermark").editing_on_host(),
     // The row as log-probabilities, after everything, as transformers runs its normalization.
-    Kind::new::<LogSoftmaxSpec>("log_softmax")
-        .history_free()
-        .editing_on_host(),
+    Kind::new::<LogSoftmaxSpec>("log_softmax").history_free(),
 ];

@@ -28,7 +28,7 @@ pub(crate) enum Phase {
 }
 
 #[derive(Debug, Clone, Copy, PartialEq, Default)]
-struct State {
+pub(crate) struct State {
     /// Runs begun.
     runs: u32,
     /// The step (generated tokens before it) at which the latest run's trigger fired.
@@ -183,6 +183,16 @@ impl PhraseRuns {
     /// Whether the state follows the passes (else it was read from the ids this step).
     pub fn observed(&self) -> bool {
         self.state.observed
+    }
+
+    /// The state, for a kind's [`crate::LogitsProcessor::checkpoint`]: what the passes said of
+    /// its triggers is in it.
+    pub fn saved(&self) -> State {
+        self.state
+    }
+
+    pub fn restore(&mut self, state: State) {
+        self.state = state;
     }
 
     pub fn undo(&mut self) {

@@ -6,7 +6,7 @@ use crate::history::TokenHistory;
 use crate::plan::{Edit, ForcedValue, RowPlan, Trigger};
 use crate::processors::phrase::{Phase, PhraseRuns};
 use crate::processors::token_text::TextOrIds;
-use crate::processors::LogitsProcessor;
+use crate::processors::{Checkpoint, LogitsProcessor};
 use crate::spec::{structure_only, with_kind};
 use crate::spec::{EngineContext, KindSpec};
 
@@ -182,6 +182,21 @@ impl LogitsProcessor for PreventHallucination {
         self.runs.reset();
         self.count = 0;
         self.watching = false;
+    }
+
+    fn checkpoint(&self) -> Option<Checkpoint> {
+        Some(Checkpoint::new((
+            self.runs.saved(),
+            self.count,
+            self.watching,
+        )))
+    }
+
+    fn restore(&mut self, checkpoint: &Checkpoint) {
+        if let Some(&(state, count, watching)) = checkpoint.get() {
+            self.runs.restore(state);
+            (self.count, self.watching) = (count, watching);
+        }
     }
 }
 

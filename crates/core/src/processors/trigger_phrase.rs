@@ -9,7 +9,7 @@ use crate::plan::{Edit, ForcedValue, RowPlan, Trigger};
 use crate::processors::clock::{Clock, SystemClock};
 use crate::processors::phrase::{Phase, PhraseRuns};
 use crate::processors::token_text::{TextOrId, TextOrIds};
-use crate::processors::LogitsProcessor;
+use crate::processors::{Checkpoint, LogitsProcessor};
 use crate::spec::{structure_only, with_kind};
 use crate::spec::{EngineContext, KindSpec};
 
@@ -249,6 +249,17 @@ impl LogitsProcessor for TriggerPhrase {
     fn reset(&mut self) {
         self.runs.reset();
         self.start = None;
+    }
+
+    fn checkpoint(&self) -> Option<Checkpoint> {
+        Some(Checkpoint::new((self.runs.saved(), self.start)))
+    }
+
+    fn restore(&mut self, checkpoint: &Checkpoint) {
+        if let Some(&(state, start)) = checkpoint.get() {
+            self.runs.restore(state);
+            self.start = start;
+        }
     }
 }
 

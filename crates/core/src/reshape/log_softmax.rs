@@ -3,22 +3,20 @@
 use crate::reshape::Shape;
 
 /// The shape log-softmax gives `values`: `(x - max) - ln(sum exp(x - max))` over the values that
-/// are not NaN, as torch's `log_softmax` computes it (the sum here in f64, its log rounded to
-/// f32). A row whose largest value is not finite is left as it is (torch would give NaN).
+/// are not NaN, as torch's `log_softmax` computes it, with the truncation rules' arithmetic (their
+/// exact fixed-point sum `S`, and [`crate::truncation::ln`] of it in f64, rounded to f32), which
+/// the device computes bit for bit. A row whose largest value is not finite is left as it is
+/// (torch would give NaN).
 #[inline(always)]
 pub(crate) fn shape(values: &[f32]) -> Shape {
     let max = crate::truncation::largest(values);
     if !max.is_finite() {
         return Shape::Identity;
     }
-    let sum: f64 = values
-        .iter()
-        .filter(|x| !x.is_nan())
-        .map(|&x| ((x - max) as f64).exp())
-        .sum();
+    let sum = crate::truncation::Softmax::weights_only(values, max).sum_f64();
     Shape::LogSoftmax {
         max,
-        log_sum: sum.ln() as f32,
+        log_sum: crate::truncation::ln(sum) as f32,
     }
 }
 

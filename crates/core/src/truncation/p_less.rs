@@ -3,11 +3,12 @@
 //! `(n sum p^2 - 1) / (n - 1)` over the row's `n` candidates.
 
 use crate::truncation::select::{lowest_reaching, with_min_keep};
-use crate::truncation::{exp, largest, Band, Softmax, Work};
+use crate::truncation::{exp, fixed_square, largest, Band, Softmax, Work, FIXED_BITS};
 
 /// The band p-less keeps. With `q = exp(x - max)`, `S = sum q` and `p = q / S`, the rule
 /// `p >= sum p^2` is `q >= sum q^2 / S`: one pass for `S` (the module's fixed-point sum), one for
-/// `sum q^2` (in f64), then [`lowest_reaching`]'s compares. The largest value always reaches the
+/// `sum q^2` (fixed point too, [`fixed_square`]: exact in any order, so the device's band kernel
+/// gives the same), then [`lowest_reaching`]'s compares. The largest value always reaches the
 /// threshold (`p_max >= sum p^2`), so the band is never empty; ties at the threshold are kept.
 /// `normalized`: the paper's p-less-norm, `p >= (n sum p^2 - 1) / (n - 1)` with `n` the finite
 /// values (the authors' code takes the vocab size: the same on a row no earlier step cut), which
@@ -22,11 +23,10 @@ pub(crate) fn band(values: &[f32], min_keep: usize, normalized: bool, work: &mut
     let (squares, candidates) = values
         .iter()
         .filter(|x| !x.is_nan() && **x != f32::NEG_INFINITY)
-        .fold((0f64, 0usize), |(sum, n), &x| {
-            let q = exp(x - max) as f64;
-            (sum + q * q, n + 1)
+        .fold((0u64, 0usize), |(sum, n), &x| {
+            (sum + fixed_square(exp(x - max)), n + 1)
         });
-    let collision = squares / s;
+    let collision = squares as f64 / (1u64 << FIXED_BITS) as f64 / s;
     let threshold = match (normalized, candidates) {
         (false, _) => collision,
         // One candidate: it is the row's whole mass, kept.

@@ -407,7 +407,12 @@ impl Softmax {
 
     /// The sum `S = W * 2^-32` of the `q`s, in f32.
     pub fn scale(&self) -> f32 {
-        (self.sum as f64 / (1u64 << FIXED_BITS) as f64) as f32
+        self.sum_f64() as f32
+    }
+
+    /// `S = W * 2^-32` in f64 (exact: `W` is below `2^53` for any row shorter than `2^21`).
+    pub fn sum_f64(&self) -> f64 {
+        self.sum as f64 / (1u64 << FIXED_BITS) as f64
     }
 
     /// `E / W`, the entropy less `ln S`, in f32.

@@ -1,11 +1,13 @@
-//! Random plans, logits and ragged batch lifecycles shared by the host-emulation and GPU tests.
-#![allow(dead_code)]
+//! Random plans, logits and ragged batch lifecycles: what the tests run through the kernels (on a
+//! GPU, `tests/gpu.rs`; through Triton's interpreter, the Python suite's
+//! `test_triton_kernels.py`, by [`kernel_case`]) and through the host round trip, against the CPU
+//! path. Not part of the crate's API.
 
 use std::sync::{Arc, Mutex};
 
 use logits_processing::{
     Batch, BatchLayout, DType, Edit, ForcedValue, Logit, LogitsProcessor, Pipeline, RowPlan, Step,
-    TokenHistory, Truncation,
+    TokenHistory, Trigger, Truncation,
 };
 
 /// The vocab sizes every test runs: Qwen3's, DeepSeek's, an odd Llama-like one, a tiny one.
@@ -15,6 +17,7 @@ pub const VOCABS: [usize; 4] = [151_936, 129_280, 32_001, 7];
 #[derive(Debug, Clone)]
 pub struct Rng(u64);
 
+#[allow(clippy::should_implement_trait)]
 impl Rng {
     pub fn new(seed: u64) -> Self {
         Self(seed)
@@ -157,7 +160,7 @@ pub fn truncation(rng: &mut Rng, vocab: usize) -> Edit {
             rng.uniform(lo, hi)
         }
     };
-    Edit::Truncate(match rng.below(8) {
+    Edit::Truncate(match rng.below(12) {
         0 | 1 => Truncation::TopK {
             k: match rng.below(6) {
                 0 => vocab as u32 + rng.below(3) as u32,
@@ -183,15 +186,31 @@ pub fn truncation(rng: &mut Rng, vocab: usize) -> Edit {
             epsilon: fraction(rng, &[1e-9, 0.5, 0.999], 1e-5, 0.01),
             min_keep,
         },
-        _ => Truncation::Eta {
+        7 => Truncation::Eta {
             epsilon: fraction(rng, &[1e-9, 0.5, 0.999], 1e-5, 0.01),
             min_keep,
+        },
+        8 => Truncation::TopA {
+            a: fraction(rng, &[0.0, 1.0, 1e-6], 0.0, 1.0),
+            min_keep,
+        },
+        9 => Truncation::Xtc {
+            threshold: fraction(rng, &[0.0, 1.0, 1e-4], 0.0, 0.3),
+            min_keep,
+        },
+        11 => Truncation::PLess {
+            min_keep,
+            normalized: rng.chance(2),
+        },
+        _ => Truncation::MirostatV2 {
+            mu: fraction(rng, &[0.0, 40.0, -3.0], 0.5, 12.0),
+            key: 0,
         },
     })
 }
 
 pub fn edit(rng: &mut Rng, vocab: usize) -> Item {
-    Item::Edit(match rng.below(17) {
+    Item::Edit(match rng.below(24) {
         0..=2 => Edit::Scale {
             temperature: temperature(rng),
         },
@@ -227,6 +246,34 @@ pub fn edit(rng: &mut Rng, vocab: usize) -> Item {
         11 => Edit::Force {
             token: token(rng, vocab),
             value: ForcedValue::Keep,
+        },
+        17 => Edit::AddScaledFrom {
+            token: token(rng, vocab),
+            source: token(rng, vocab),
+            factor: factor(rng),
+        },
+        18 => Edit::Whole(logits_processing::WholeRow::InfNanRemove),
+        23 => Edit::Reshape(logits_processing::Reshape::LogSoftmax),
+        22 => Edit::Reshape(logits_processing::Reshape::AdaptiveP {
+            target: rng.pick(&[0.0, 0.1, 0.5, 1.0]),
+            key: 0,
+        }),
+        21 => Edit::Reshape(logits_processing::Reshape::Smoothing {
+            k: rng.pick(&[0.0, 0.3, 2.0, 1e20]),
+            s: rng.pick(&[0.0, 0.1, -0.5]),
+        }),
+        19 | 20 => Edit::ForceIf {
+            token: (!rng.chance(4)).then(|| token(rng, vocab)),
+            when: if rng.chance(2) {
+                Trigger::ArgmaxIs {
+                    token: token(rng, vocab),
+                }
+            } else {
+                Trigger::MaxProbBelow {
+                    p: rng.pick(&[0.0, 1e-3, 0.05, 0.5, 0.99, 1.0]),
+                }
+            },
+            key: rng.below(3) as u32,
         },
         _ => Edit::Force {
             token: token(rng, vocab),
@@ -321,10 +368,7 @@ pub fn edits(rng: &mut Rng, vocab: usize) -> Vec<Item> {
 }
 
 /// A block with random plans on some of its rows (the others unlisted), listed in any order.
-pub fn random_plans<T: Logit>(
-    seed: u64,
-    vocab: usize,
-) -> (BatchLayout, Vec<T>, Vec<(usize, RowPlan)>) {
+pub fn random_plans<T: Logit>(seed: u64, vocab: usize) -> Case<T> {
     let mut rng = Rng::new(seed);
     let rows = 1 + rng.below(if vocab > 100_000 { 4 } else { 9 });
     let layout = BatchLayout {
@@ -564,4 +608,152 @@ macro_rules! for_dtype {
             logits_processing::DType::BF16 => $f::<logits_processing::bf16>($($arg),*),
         }
     };
+}
+
+/// Rows of ordinary logits (spread narrow or wide, ties in the 16-bit types, a few `-inf`, NaN and
+/// signed zeros, never `+inf`, so every row has a distribution), each with a truncation of every
+/// rule after a few other edits (and sometimes a second truncation or a mask between).
+pub fn truncation_plans<T: Logit>(seed: u64, vocab: usize) -> Case<T> {
+    let mut rng = Rng::new(seed);
+    let rows = 1 + rng.below(3);
+    let layout = BatchLayout {
+        rows,
+        row_stride: vocab + rng.pick(&[0, 3]),
+    };
+    let spread = rng.pick(&[0.05f32, 1.0, 5.0, 30.0]);
+    let input: Vec<T> = (0..layout.required_len(vocab))
+        .map(|_| {
+            T::from_f32(if rng.chance(300) {
+                rng.pick(&[f32::NEG_INFINITY, f32::NAN, 0.0, -0.0])
+            } else {
+                rng.uniform(-1.0, 1.0) * spread
+            })
+        })
+        .collect();
+    let mut listed = vec![];
+    for row in 0..rows {
+        let mut plan = RowPlan::new();
+        for _ in 0..rng.below(4) {
+            let token = rng.below(vocab) as u32;
+            plan.push(match rng.below(3) {
+                0 => Edit::Scale {
+                    temperature: rng.uniform(0.3, 2.0),
+                },
+                1 => Edit::Ban { token },
+                _ => Edit::Bias {
+                    token,
+                    bias: rng.uniform(-3.0, 3.0) * spread,
+                },
+            });
+        }
+        plan.push(truncation(&mut rng, vocab));
+        if rng.chance(3) {
+            let words: Vec<u32> = (0..vocab.div_ceil(32))
+                .map(|_| !(rng.next() as u32 & rng.next() as u32))
+                .collect();
+            plan.push_mask(&words, true);
+        }
+        if rng.chance(2) {
+            plan.push(truncation(&mut rng, vocab));
+        }
+        listed.push((row, plan));
+    }
+    (layout, input, listed)
+}
+
+/// A block, its rows' plans: what a case is.
+pub type Case<T> = (BatchLayout, Vec<T>, Vec<(usize, RowPlan)>);
+
+/// The cases the kernels are run on, by name: `"plans"` ([`random_plans`]), `"truncations"`
+/// ([`truncation_plans`]), `"self_check"` (the device's self-check plans at `vocab`, one group of
+/// rows), and three fixed ones: `"one_token"` (hundreds of edits of three tokens between scales), `"sets_after_force"`
+/// (a forced row that sets tokens after its force, before and after a truncation) and
+/// `"forced_zero"` (a forced `-0.0` comes back `0.0`, as the reference's mask add makes it).
+pub fn kernel_case<T: Logit>(name: &str, seed: u64, vocab: usize) -> Result<Case<T>, String> {
+    let contiguous = |input: Vec<T>, plans: Vec<RowPlan>| {
+        let layout = BatchLayout::contiguous(input.len() / vocab, vocab);
+        (layout, input, plans.into_iter().enumerate().collect())
+    };
+    Ok(match name {
+        "plans" => random_plans(seed, vocab),
+        "truncations" => truncation_plans(seed, vocab),
+        "self_check" => {
+            // Its first group of rows: every group has the same plans.
+            let layout = BatchLayout {
+                rows: crate::self_check::GROUP,
+                ..crate::self_check::layout(vocab)
+            };
+            let plans = crate::self_check::plans(vocab)
+                .into_iter()
+                .filter(|(row, _)| *row < layout.rows)
+                .collect();
+            (layout, crate::self_check::input(layout, vocab), plans)
+        }
+        "one_token" => {
+            let mut rng = Rng::new(seed);
+            let mut plan = RowPlan::new();
+            for i in 0..600 {
+                let token = (i % 3) as u32 * (vocab as u32 / 3);
+                plan.push(if i % 97 == 0 {
+                    Edit::Scale {
+                        temperature: rng.uniform(0.5, 2.0),
+                    }
+                } else {
+                    sparse(&mut rng, token)
+                });
+            }
+            contiguous(logits(&mut rng, vocab), vec![plan])
+        }
+        "sets_after_force" => {
+            // Sets after the last force bring their tokens back (a band after such a set sees
+            // them), a set before the force does not; tokens on both sides of a tile edge.
+            let last = vocab as u32 - 1;
+            let force = |token| Edit::Force {
+                token,
+                value: ForcedValue::Keep,
+            };
+            let set = |token, value| Edit::Set { token, value };
+            let raise = |token, factor| Edit::AddScaledAbs { token, factor };
+            let top_k = |k| Edit::Truncate(Truncation::TopK { k, min_keep: 1 });
+            let plans = vec![
+                plan_of(&[force(1023), set(1024, 2.0), set(7, -1.5), set(1024, 3.0)]),
+                plan_of(&[set(5, 9.0), force(1023), set(1023, 1.0), raise(1023, 0.5)]),
+                plan_of(&[force(10), set(11, 50.0), top_k(1), set(12, 1.0)]),
+                plan_of(&[
+                    force(10),
+                    set(11, -50.0),
+                    raise(11, 0.25),
+                    top_k(1),
+                    force(20),
+                    set(21, 0.0),
+                ]),
+                plan_of(&[
+                    Edit::Bias {
+                        token: last,
+                        bias: 1.0,
+                    },
+                    force(last),
+                    set(0, f32::NEG_INFINITY),
+                    set(2048, f32::NAN),
+                    Edit::Scale { temperature: 0.5 },
+                    top_k(2),
+                    Edit::Ban { token: 2048 },
+                ]),
+            ];
+            let input = (0..plans.len() * vocab)
+                .map(|i| T::from_f32((i % vocab % 37) as f32 * 0.25 - 4.0))
+                .collect();
+            contiguous(input, plans)
+        }
+        "forced_zero" => {
+            let mut input = vec![T::from_f32(1.0); vocab];
+            input[1] = T::from_f32(-0.0);
+            let plan = plan_of(&[Edit::Force {
+                token: 1,
+                value: ForcedValue::Keep,
+            }]);
+            contiguous(input, vec![plan])
+        }
+        other => return Err(format!("no kernel case named {other:?}")),
+    })
 }
