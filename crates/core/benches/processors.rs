@@ -429,6 +429,13 @@ impl Rng {
     fn normal(&mut self) -> f32 {
         ((0..4).map(|_| self.uniform()).sum::<f32>() - 2.0) * 1.732
     }
+
+    /// Normal (Box-Muller), with the whole tail: the maximum of a row of N(0, 16) stands about
+    /// 4.5 deviations up, as numpy's does.
+    fn gaussian(&mut self) -> f32 {
+        let (u, v) = (1.0 - self.uniform() as f64, self.uniform() as f64);
+        ((-2.0 * u.ln()).sqrt() * (std::f64::consts::TAU * v).cos()) as f32
+    }
 }
 
 /// A row shaped like a language model's: a long tail around -2 and a few dozen likely tokens,
@@ -656,6 +663,141 @@ fn samplers(c: &mut Criterion) {
     group.finish();
 }
 
+/// The three rows of `python/benchmarks/bench_llamacpp.py` (the same shapes, not the same
+/// draws): flat N(0, 1), peaked N(0, 16), and a realistic one (`3 (-1.1 ln rank + N(0, 0.5))`,
+/// shuffled: a Zipf-shaped model row).
+fn llamacpp_rows() -> [(&'static str, Vec<f32>); 3] {
+    let mut rng = Rng(2024);
+    let flat: Vec<f32> = (0..VOCAB).map(|_| rng.gaussian()).collect();
+    let peaked: Vec<f32> = (0..VOCAB).map(|_| rng.gaussian() * 16.0).collect();
+    let mut realistic: Vec<f32> = (1..=VOCAB)
+        .map(|rank| 3.0 * (-1.1 * (rank as f32).ln() + 0.5 * rng.gaussian()))
+        .collect();
+    for i in (1..VOCAB).rev() {
+        realistic.swap(i, (rng.next() % (i as u64 + 1)) as usize);
+    }
+    [("flat", flat), ("peaked", peaked), ("realistic", realistic)]
+}
+
+/// Every row rule at llama.cpp's defaults (or the webui's), and llama.cpp's default chain (top-k
+/// 40, top-p 0.95, min-p 0.05, temperature 0.8) in four orders, on the three rows of
+/// [`llamacpp_rows`], each beside the row's memcpy. Each iteration restores the row (the copy is
+/// part of every figure, as it is of `memcpy`).
+fn chains(c: &mut Criterion) {
+    let mut group = c.benchmark_group("chains_f32");
+    group.throughput(Throughput::Bytes((VOCAB * 4) as u64));
+    let top_k = Edit::Truncate(Truncation::TopK { k: 40, min_keep: 1 });
+    let top_p = Edit::Truncate(Truncation::TopP {
+        p: 0.95,
+        min_keep: 1,
+    });
+    let min_p = Edit::Truncate(Truncation::MinP {
+        p: 0.05,
+        min_keep: 1,
+    });
+    let temperature = Edit::Scale { temperature: 0.8 };
+    let plans: Vec<(&str, Vec<Edit>)> = vec![
+        ("top_k_40", vec![top_k]),
+        ("top_p_0.95", vec![top_p]),
+        ("min_p_0.05", vec![min_p]),
+        ("temperature_0.8", vec![temperature]),
+        (
+            "typical_0.9",
+            vec![Edit::Truncate(Truncation::Typical {
+                mass: 0.9,
+                min_keep: 1,
+            })],
+        ),
+        (
+            "epsilon_3e-4",
+            vec![Edit::Truncate(Truncation::Epsilon {
+                epsilon: 3e-4,
+                min_keep: 1,
+            })],
+        ),
+        (
+            "eta_3e-4",
+            vec![Edit::Truncate(Truncation::Eta {
+                epsilon: 3e-4,
+                min_keep: 1,
+            })],
+        ),
+        (
+            "top_n_sigma_1",
+            vec![Edit::Truncate(Truncation::TopNSigma { n: 1.0 })],
+        ),
+        (
+            "top_a_0.2",
+            vec![Edit::Truncate(Truncation::TopA {
+                a: 0.2,
+                min_keep: 1,
+            })],
+        ),
+        (
+            "tail_free_0.95",
+            vec![Edit::Truncate(Truncation::TailFree {
+                z: 0.95,
+                min_keep: 1,
+            })],
+        ),
+        (
+            "xtc_0.1",
+            vec![Edit::Truncate(Truncation::Xtc {
+                threshold: 0.1,
+                min_keep: 1,
+            })],
+        ),
+        (
+            "mirostat_v2",
+            vec![Edit::Truncate(Truncation::MirostatV2 { mu: 10.0, key: 0 })],
+        ),
+        (
+            "mirostat_v1",
+            vec![Edit::Truncate(Truncation::MirostatV1 {
+                mu: 10.0,
+                m: 100,
+                n_vocab: VOCAB as u32,
+                key: 0,
+            })],
+        ),
+        (
+            "dynamic_temperature",
+            vec![Edit::Reshape(Reshape::DynamicTemperature {
+                temperature: 0.8,
+                range: 0.5,
+                exponent: 1.0,
+            })],
+        ),
+        ("default_chain", vec![top_k, top_p, min_p, temperature]),
+        (
+            "chain_temperature_first",
+            vec![temperature, top_k, top_p, min_p],
+        ),
+        ("chain_min_p_first", vec![min_p, top_p, top_k, temperature]),
+        ("chain_top_p_first", vec![top_p, top_k, min_p, temperature]),
+    ];
+    for (shape, source) in llamacpp_rows() {
+        let mut row = source.clone();
+        group.bench_function(BenchmarkId::new("memcpy", shape), |b| {
+            b.iter(|| row.copy_from_slice(black_box(&source)))
+        });
+        let mut plan = RowPlan::new();
+        for (name, edits) in &plans {
+            group.bench_function(BenchmarkId::new(*name, shape), |b| {
+                b.iter(|| {
+                    row.copy_from_slice(&source);
+                    plan.clear();
+                    for &edit in edits {
+                        plan.push(edit);
+                    }
+                    plan.apply(black_box(&mut row)).unwrap()
+                })
+            });
+        }
+    }
+    group.finish();
+}
+
 /// DRY and a windowed repetition penalty, each step after a 32,000-id history, at a window of 64
 /// and of 4,096 ids: the step's cost must not grow with the window (no rescan of it). Plan only,
 /// and plan plus the row's apply ("step").
@@ -862,6 +1004,6 @@ criterion_group! {
         .warm_up_time(Duration::from_millis(500))
         .measurement_time(Duration::from_secs(2));
     targets = rows, sparse_and_masks, bitmasks, thinking_budget, batch, contention, truncation, history_steps,
-        sampling_batch, samplers, window_steps, no_token_checks
+        sampling_batch, samplers, chains, window_steps, no_token_checks
 }
 criterion_main!(benches);

@@ -27,6 +27,7 @@ mod survivors;
 pub use crate::reshape::{Reshape, Shape};
 pub use crate::truncation::{Band, Truncation};
 pub use crate::whole::{SynthIdSlot, WholeRow};
+use survivors::Survivors;
 
 /// What a forced token's logit becomes.
 #[derive(Debug, Clone, Copy, PartialEq)]
@@ -306,8 +307,9 @@ pub struct RowPlan {
     scratch: Option<Box<dyn Any + Send + Sync>>,
     values: Vec<f32>,
     selection: crate::truncation::Work,
-    // The survivors' path (`survivors.rs`): the tokens a top-k kept, by index.
+    // The survivors' path (`survivors.rs`): the tokens a cut kept, by index, and their values.
     survivors: Vec<u32>,
+    survivor_values: Vec<f32>,
     // The SynthID watermarks of `Edit::Whole(WholeRow::SynthId)`: each one's keys and table, and the
     // hash of its context.
     synthid: Vec<(Arc<crate::synthid::Watermark>, i64)>,
@@ -706,6 +708,12 @@ impl RowPlan {
     /// reads the row with the edits before it applied, in one copy of the row (a truncation with
     /// no edit before it reads an f32 row in place). Nothing to do without one.
     pub fn resolve_truncations<T: Logit>(&mut self, row: &[T]) {
+        self.resolve_reductions(row, Vec::new())
+    }
+
+    /// [`RowPlan::resolve_truncations`], taking the bands `known` (by index, of non-observing
+    /// truncations) instead of resolving them again.
+    fn resolve_reductions<T: Logit>(&mut self, row: &[T], known: Vec<(usize, Band)>) {
         self.bands.clear();
         self.shapes.clear();
         self.observations.clear();
@@ -721,8 +729,10 @@ impl RowPlan {
                 Edit::BiasLargest { count, .. } => Reduction::Largest(count),
                 _ => continue,
             };
-            let resolved = match (at, T::as_f32(row)) {
-                (0, Some(values)) => rule.resolve(values, &mut self.selection),
+            let known = known.iter().find(|&&(cut, _)| cut == at);
+            let resolved = match (at, T::as_f32(row), known) {
+                (_, _, Some(&(_, band))) => Resolved::Band(band),
+                (0, Some(values), _) => rule.resolve(values, &mut self.selection),
                 _ => {
                     let scratch = scratch.get_or_insert_with(|| {
                         let mut copy = match self.scratch.take() {
@@ -816,10 +826,14 @@ impl RowPlan {
 
     /// [`RowPlan::apply`] for a plan already validated against `row.len()`.
     pub(crate) fn apply_validated<T: Logit>(&mut self, row: &mut [T], fill: Fill) {
-        if self.edits.is_empty() || self.apply_on_survivors(None, row, fill) {
+        if self.edits.is_empty() {
             return;
         }
-        self.resolve_truncations(row);
+        let known = match self.apply_on_survivors(None, row, fill) {
+            Survivors::Done => return,
+            Survivors::Declined(known) => known,
+        };
+        self.resolve_reductions(row, known);
         self.run(0..self.edits.len(), row, fill);
     }
 
@@ -890,10 +904,11 @@ impl RowPlan {
             dst.copy_from_slice(src);
             return self.apply_validated(dst, Fill::Cached);
         }
-        if self.apply_on_survivors(Some(src), dst, Fill::Cached) {
-            return;
-        }
-        self.resolve_truncations(src);
+        let known = match self.apply_on_survivors(Some(src), dst, Fill::Cached) {
+            Survivors::Done => return,
+            Survivors::Declined(known) => known,
+        };
+        self.resolve_reductions(src, known);
         if let Some(token) = self.forced_token() {
             let index = token as usize;
             dst.fill(T::NEG_INFINITY);
@@ -1388,8 +1403,20 @@ mod tests {
         for edit in edits {
             match *edit {
                 Edit::Mask(MaskId(seed)) => {
+                    // One seed in seven a narrow mask (a word in 16 with one bit), else about
+                    // half the tokens and one in each word.
+                    let narrow = seed % 7 == 6;
                     let words: Vec<u32> = (0..len.div_ceil(32) as u32)
-                        .map(|w| (seed ^ w.wrapping_mul(0x9e37_79b9)).rotate_left(w) | 1)
+                        .map(|w| {
+                            let hash = (seed ^ w.wrapping_mul(0x9e37_79b9)).rotate_left(w);
+                            match narrow {
+                                true if hash.wrapping_mul(0x85eb_ca6b) >> 28 == 0 => {
+                                    1 << (hash % 32)
+                                }
+                                true => 0,
+                                false => hash | 1,
+                            }
+                        })
                         .collect();
                     let short = seed % 3 == 0;
                     let words = if short {
@@ -1488,33 +1515,120 @@ mod tests {
         }
     }
 
-    /// Rows long enough for the survivors' path (`survivors.rs`), with ties (values on a grid of
-    /// quarters), and now and then NaN or an infinity.
+    /// Rows long enough for the survivors' path (`survivors.rs`), some past top-k's sampled floor
+    /// (8,192), with ties (values on a grid of quarters, and with a long tail for one row in
+    /// two), and a few NaN, `-inf` or `+inf` (or every twelfth value one of them).
     fn long_row() -> impl Strategy<Value = Vec<f32>> {
-        proptest::collection::vec(
+        let grid = |low: i32| (low..120).prop_map(|q| q as f32 / 4.0);
+        let special = prop_oneof![Just(f32::NAN), Just(f32::INFINITY), Just(f32::NEG_INFINITY)];
+        (
             prop_oneof![
-                20 => (-120i32..120).prop_map(|q| q as f32 / 4.0),
-                1 => Just(f32::NAN),
-                1 => Just(f32::INFINITY),
-                1 => Just(f32::NEG_INFINITY),
+                proptest::collection::vec(grid(-120), 4096..10_000),
+                proptest::collection::vec(grid(-1200), 4096..10_000),
             ],
-            4096..6000,
+            proptest::collection::vec((any::<prop::sample::Index>(), special.clone()), 0..4),
+            prop_oneof![9 => Just(None), 1 => special.prop_map(Some)],
         )
+            .prop_map(|(mut row, specials, every)| {
+                let len = row.len();
+                for (at, x) in specials {
+                    row[at.index(len)] = x;
+                }
+                if let Some(x) = every {
+                    row.iter_mut().step_by(12).for_each(|v| *v = x);
+                }
+                row
+            })
+    }
+
+    /// The edits that cut a long row to few tokens, or may: a top-k, every truncation rule at
+    /// parameters that keep few of a [`long_row`] (or, now and then, many: the full passes then
+    /// take the band resolved for the cut), a narrow mask, a force.
+    fn cut_strategy() -> impl Strategy<Value = Edit> {
+        let min_keep = prop_oneof![3 => Just(1u32), 1 => 2u32..5];
+        let truncate = |rule: Truncation| Edit::Truncate(rule);
+        prop_oneof![
+            (1u32..300, min_keep.clone())
+                .prop_map(move |(k, min_keep)| truncate(Truncation::TopK { k, min_keep })),
+            (0.001f32..0.9, min_keep.clone())
+                .prop_map(move |(p, min_keep)| truncate(Truncation::TopP { p, min_keep })),
+            (0.01f32..1.0, min_keep.clone())
+                .prop_map(move |(p, min_keep)| truncate(Truncation::MinP { p, min_keep })),
+            (0.001f32..0.5, min_keep.clone())
+                .prop_map(move |(mass, min_keep)| truncate(Truncation::Typical { mass, min_keep })),
+            (0.0001f32..0.05, min_keep.clone()).prop_map(move |(epsilon, min_keep)| {
+                truncate(Truncation::Epsilon { epsilon, min_keep })
+            }),
+            (0.0001f32..0.05, min_keep.clone()).prop_map(move |(epsilon, min_keep)| truncate(
+                Truncation::Eta { epsilon, min_keep }
+            )),
+            (0.001f32..0.3).prop_map(move |n| truncate(Truncation::TopNSigma { n })),
+            (0.0f32..1.0, min_keep.clone())
+                .prop_map(move |(a, min_keep)| truncate(Truncation::TopA { a, min_keep })),
+            (min_keep.clone(), any::<bool>()).prop_map(move |(min_keep, normalized)| {
+                truncate(Truncation::PLess {
+                    min_keep,
+                    normalized,
+                })
+            }),
+            (0.05f32..1.0).prop_map(move |top_h| truncate(Truncation::TopH { top_h })),
+            (0.0f32..0.5, min_keep.clone())
+                .prop_map(move |(z, min_keep)| truncate(Truncation::TailFree { z, min_keep })),
+            (0.0f32..0.3, min_keep).prop_map(move |(threshold, min_keep)| {
+                truncate(Truncation::Xtc {
+                    threshold,
+                    min_keep,
+                })
+            }),
+            (0.5f32..9.0).prop_map(move |mu| truncate(Truncation::MirostatV2 { mu, key: 1 })),
+            (0.5f32..9.0, 2u32..120).prop_map(move |(mu, m)| {
+                truncate(Truncation::MirostatV1 {
+                    mu,
+                    m,
+                    n_vocab: 10_000,
+                    key: 2,
+                })
+            }),
+            any::<u32>().prop_map(|seed| Edit::Mask(MaskId(seed / 7 * 7 + 6))),
+            (
+                0u32..10_000,
+                prop_oneof![
+                    Just(ForcedValue::Keep),
+                    (-3.0f32..3.0).prop_map(ForcedValue::Set)
+                ]
+            )
+                .prop_map(|(token, value)| Edit::Force { token, value }),
+        ]
+    }
+
+    /// The edits a cut may be followed by on the survivors' path, beside every other edit: the
+    /// truncation rules `edit_strategy` lacks, and log-softmax.
+    fn after_cut_strategy() -> impl Strategy<Value = Edit> {
+        prop_oneof![
+            4 => edit_strategy(10_000),
+            1 => cut_strategy().prop_filter("not an observing rule", |e| {
+                !matches!(e, Edit::Truncate(rule) if rule.observes())
+            }),
+            1 => Just(Edit::Reshape(Reshape::LogSoftmax)),
+        ]
     }
 
     proptest! {
-        #![proptest_config(ProptestConfig::with_cases(96))]
+        #![proptest_config(ProptestConfig::with_cases(128))]
+        /// Whatever cuts the row first (a truncation of any rule, a narrow mask, a force), after
+        /// edits of one logit at a time and before any edits, the fused pass is the edits one by
+        /// one, in f32, bf16 and f16; and an observing cut (mirostat) observes what the full
+        /// passes observe.
         #[test]
-        fn a_top_k_cut_then_any_edits_equal_step_by_step(
+        fn a_cut_then_any_edits_equal_step_by_step(
             row in long_row(),
-            before in proptest::collection::vec(edit_strategy(6000), 0..3),
-            k in 1u32..300,
-            min_keep in 1u32..4,
-            after in proptest::collection::vec(edit_strategy(6000), 1..7),
+            before in proptest::collection::vec(edit_strategy(10_000), 0..3),
+            cut in cut_strategy(),
+            after in proptest::collection::vec(after_cut_strategy(), 1..7),
         ) {
             let edits: Vec<Edit> = before
                 .iter()
-                .chain(&[Edit::Truncate(Truncation::TopK { k, min_keep })])
+                .chain(&[cut])
                 .chain(&after)
                 .copied()
                 .collect();
@@ -1522,54 +1636,102 @@ mod tests {
             check_fused::<f32>(&mut plan, &row)?;
             check_fused::<bf16>(&mut plan, &row)?;
             check_fused::<f16>(&mut plan, &row)?;
+            let observer = (0..plan.edits().len()).find(|&i| {
+                matches!(plan.edits()[i], Edit::Truncate(rule) if rule.observes())
+            });
+            if let Some(at) = observer {
+                let rule = plan.edits()[at];
+                let observed = |plan: &RowPlan| {
+                    (0..row.len() as u32)
+                        .map(|t| plan.observed(at, &rule, t).map(f32::to_bits))
+                        .collect::<Vec<_>>()
+                };
+                plan.apply(&mut row.clone()).unwrap();
+                let fused = observed(&plan);
+                plan.resolve_truncations(&row);
+                prop_assert_eq!(fused, observed(&plan));
+            }
         }
     }
 
     #[test]
-    fn llama_cpps_default_chain_takes_the_survivors_path_and_equals_step_by_step() {
+    fn llama_cpps_default_chain_and_its_orders_take_the_survivors_path() {
         let vocab = 151_936;
         let mut state = 0x9e37_79b9_7f4a_7c15u64;
+        // Uniform in [-8, 8), and one token in a thousand 10 higher: a few hundred likely tokens.
         let row: Vec<f32> = (0..vocab)
-            .map(|_| {
+            .map(|i| {
                 state ^= state << 13;
                 state ^= state >> 7;
                 state ^= state << 17;
-                (state >> 40) as f32 / (1u64 << 24) as f32 * 16.0 - 8.0
+                let x = (state >> 40) as f32 / (1u64 << 24) as f32 * 16.0 - 8.0;
+                x + if i % 1000 == 0 { 10.0 } else { 0.0 }
             })
             .collect();
-        let chain = [
-            Edit::Truncate(Truncation::TopK { k: 40, min_keep: 1 }),
-            Edit::Truncate(Truncation::TopP {
-                p: 0.95,
-                min_keep: 1,
-            }),
-            Edit::Truncate(Truncation::MinP {
-                p: 0.05,
-                min_keep: 1,
-            }),
-            Edit::Scale { temperature: 0.8 },
-        ];
-        let plan = plan_of(&chain, vocab);
-        assert_eq!(plan.survivor_cut(vocab), Some(0));
-        let (mut fused, mut expected) = (row.clone(), row.clone());
-        let mut plan = plan_of(&chain, vocab);
-        plan.apply(&mut fused).unwrap();
-        plan.apply_edit_by_edit(&mut expected).unwrap();
-        assert_eq!(bits(&fused), bits(&expected));
-        assert!(fused.iter().filter(|x| x.is_finite()).count() <= 40);
-        // A temperature before the top-k (transformers' order) takes it too, from a copy.
-        let hf = [
-            Edit::Scale { temperature: 0.7 },
-            chain[0],
-            chain[1],
-            chain[2],
-        ];
-        let mut plan = plan_of(&hf, vocab);
-        assert_eq!(plan.survivor_cut(vocab), Some(1));
-        let (mut fused, mut expected) = (row.clone(), row.clone());
-        plan.apply(&mut fused).unwrap();
-        plan.apply_edit_by_edit(&mut expected).unwrap();
-        assert_eq!(bits(&fused), bits(&expected));
+        let top_k = Edit::Truncate(Truncation::TopK { k: 40, min_keep: 1 });
+        let top_p = Edit::Truncate(Truncation::TopP {
+            p: 0.95,
+            min_keep: 1,
+        });
+        let min_p = Edit::Truncate(Truncation::MinP {
+            p: 0.05,
+            min_keep: 1,
+        });
+        let temperature = Edit::Scale { temperature: 0.8 };
+        let allowing_few = Edit::Mask(MaskId(13));
+        let force = Edit::Force {
+            token: 77,
+            value: ForcedValue::Keep,
+        };
+        let mirostat = Edit::Truncate(Truncation::MirostatV2 { mu: 3.0, key: 0 });
+        for (edits, cut) in [
+            (vec![top_k, top_p, min_p, temperature], 0),
+            // transformers' order: the temperature first, the top-k read from a copy.
+            (vec![temperature, top_k, top_p, min_p], 1),
+            (vec![min_p, top_p, top_k, temperature], 0),
+            (vec![top_p, min_p, temperature, top_k], 0),
+            (vec![allowing_few, temperature, top_p, min_p], 0),
+            (vec![temperature, force, top_p, temperature], 1),
+            (vec![mirostat, temperature, top_p], 0),
+        ] {
+            let mut plan = plan_of(&edits, vocab);
+            assert_eq!(plan.survivor_cut(vocab), Some(cut), "{edits:?}");
+            let (mut fused, mut expected) = (row.clone(), row.clone());
+            let taken = plan.apply_on_survivors(None, &mut fused, Fill::Cached);
+            assert!(matches!(taken, Survivors::Done), "{edits:?}");
+            plan.apply_edit_by_edit(&mut expected).unwrap();
+            assert_eq!(bits(&fused), bits(&expected), "{edits:?}");
+            assert!(fused.iter().filter(|x| x.is_finite()).count() <= 300);
+        }
+        // A truncation that keeps too many: the next one cuts, from the row with the first's
+        // band applied; when none does, the full passes take both bands resolved.
+        let wide = Edit::Truncate(Truncation::MinP {
+            p: 1e-8,
+            min_keep: 1,
+        });
+        let wider = Edit::Truncate(Truncation::MinP {
+            p: 1e-9,
+            min_keep: 1,
+        });
+        for (edits, taken) in [
+            (vec![wide, top_k, top_p, temperature], true),
+            (vec![wide, wider, temperature], false),
+        ] {
+            let mut plan = plan_of(&edits, vocab);
+            let (mut fused, mut expected) = (row.clone(), row.clone());
+            match plan.apply_on_survivors(None, &mut fused, Fill::Cached) {
+                Survivors::Done => assert!(taken, "{edits:?}"),
+                Survivors::Declined(known) => {
+                    assert!(!taken, "{edits:?}");
+                    assert_eq!(known.iter().map(|k| k.0).collect::<Vec<_>>(), [0, 1]);
+                    assert_eq!(bits(&fused), bits(&row), "nothing written");
+                    plan.resolve_reductions(&fused, known);
+                    plan.run(0..edits.len(), &mut fused, Fill::Cached);
+                }
+            }
+            plan.apply_edit_by_edit(&mut expected).unwrap();
+            assert_eq!(bits(&fused), bits(&expected), "{edits:?}");
+        }
     }
 
     #[test]

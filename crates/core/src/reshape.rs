@@ -93,9 +93,10 @@ pub enum Shape {
     Scale { temperature: f32 },
     /// Values below `max` become `-inf` (a temperature of 0: greedy); NaN stays.
     Greedy { max: f32 },
-    /// Quadratic sampling around `max`: a value `x` other than `-inf`, with `d = x - max`, becomes
-    /// `(-(k * d^2) + s * d^3) + max`, each operation rounded to f32 (`d^2 = d * d`,
-    /// `d^3 = d * d * d`), as torch computes text-generation-webui's expression on an f32 row.
+    /// Quadratic sampling around `max`: a value `x` other than `-inf` and NaN (which stay), with
+    /// `d = x - max`, becomes `(-(k * d^2) + s * d^3) + max`, each operation rounded to f32
+    /// (`d^2 = d * d`, `d^3 = d * d * d`), as torch computes text-generation-webui's expression
+    /// on an f32 row.
     /// Where that overflows (torch's infinity or NaN) for a finite `x`, the value is the
     /// expression computed in f64 saturated at `±f32::MAX`: a finite logit stays finite.
     Quadratic { max: f32, k: f32, s: f32 },
@@ -131,7 +132,10 @@ impl Shape {
                 }
             }
             Shape::Quadratic { max, k, s } => {
-                if x == f32::NEG_INFINITY {
+                // NaN stays as it is: through the negation below its sign would be the
+                // compiler's choice (LLVM may turn `-a + b` into `b - a`), and differ between
+                // the passes that inline this.
+                if x == f32::NEG_INFINITY || x.is_nan() {
                     return x;
                 }
                 let d = x - max;

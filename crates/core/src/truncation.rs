@@ -75,8 +75,8 @@ pub use gpu_shared::{
     exp, fixed, fixed_square, from_order_key, ln, order_key, EXP_LN2_HI, EXP_LN2_LO, EXP_LOG2_E,
     EXP_MAX, EXP_MIN, EXP_POLY, EXP_SHIFTER, FIXED_BITS, LN_LN2_HI, LN_LN2_LO, LN_POLY,
 };
-pub(crate) use select::{collect_from, kth_largest, largest_first};
-pub(crate) use softmax::largest;
+pub(crate) use select::{collect_from, kth_largest, kth_of, largest_first, sampled_floor};
+pub(crate) use softmax::{heavy, heavy_below, largest, lowest_reaching_near, near_max, weigh};
 pub use softmax::{weight_sum, Softmax};
 
 use crate::error::{Error, Result};
@@ -239,6 +239,20 @@ impl Truncation {
             return unsafe { self.band_fma(values, work) };
         }
         self.band_portable(values, work)
+    }
+
+    /// The band this rule keeps of a row whose values other than `-inf` are `values`, at the
+    /// ascending indices `at` (every other value `-inf`): among `values`, it keeps what the
+    /// rule's band over the whole row keeps. Every rule weighs only the values that are not
+    /// `-inf` (`-inf` weighs nothing in the fixed-point sums, and is never counted or kept), and
+    /// the float sums some rules take (p-less's) run over them in index order; top-n-sigma's
+    /// partial sums take each value by its index ([`top_n_sigma::band_at`]). The observing rules
+    /// (mirostat) keep probabilities by token: not for this.
+    pub(crate) fn band_at(&self, values: &[f32], at: &[u32], work: &mut Work) -> Band {
+        match *self {
+            Truncation::TopNSigma { n } => top_n_sigma::band_at(values, at, n),
+            _ => self.band(values, work),
+        }
     }
 
     #[cfg(target_arch = "x86_64")]
@@ -572,6 +586,143 @@ mod tests {
             let b = rule.band(&other, &mut vec![]);
             let kept = |band: Band| row.iter().map(|&x| !band.removes(x)).collect::<Vec<_>>();
             prop_assert_eq!(kept(a), kept(b), "{:?}", rule);
+        }
+    }
+
+    /// Long rows whose mass sits near the maximum (as a model's does): a normal tail or a Zipf
+    /// shape, on a grid (ties) or not, with NaN, `-inf` and offsets, where [`heavy`]'s pass holds
+    /// every value that weighs anything.
+    fn model_row() -> impl Strategy<Value = Vec<f32>> {
+        (16_000usize..24_000, 0u8..4, any::<u64>(), -50.0f32..50.0).prop_map(
+            |(len, shape, seed, offset)| {
+                let mut state = seed | 1;
+                let mut uniform = move || {
+                    state ^= state << 13;
+                    state ^= state >> 7;
+                    state ^= state << 17;
+                    (state >> 40) as f32 / (1u64 << 24) as f32
+                };
+                (0..len)
+                    .map(|i| {
+                        let normal = (0..4).map(|_| uniform()).sum::<f32>() * 1.732 - 3.464;
+                        let x = match shape {
+                            0 => normal * 16.0,
+                            1 => (normal * 16.0 * 4.0).round() / 4.0,
+                            2 => 3.0 * (-1.1 * ((i + 1) as f32).ln() + 0.5 * normal),
+                            _ => normal * 4.0 - 30.0 + if i % 997 == 0 { 40.0 } else { 0.0 },
+                        };
+                        match (uniform() * 400.0) as u32 {
+                            0 => f32::NAN,
+                            1 => f32::NEG_INFINITY,
+                            _ => x + offset,
+                        }
+                    })
+                    .collect()
+            },
+        )
+    }
+
+    /// On a model's row of 151,936 (a normal tail of deviation 16; a Zipf shape, shuffled) the
+    /// values near the maximum are few: [`heavy`] takes it, with the whole row's sums.
+    #[test]
+    fn heavy_takes_a_models_row() {
+        if !crate::cpu::avx2_fma() {
+            eprintln!("skipped: the values near the maximum are collected with AVX2 and FMA");
+            return;
+        }
+        let mut state = 0x2545_f491_4f6c_dd1du64;
+        let mut uniform = move || {
+            state ^= state << 13;
+            state ^= state >> 7;
+            state ^= state << 17;
+            (state >> 40) as f32 / (1u64 << 24) as f32
+        };
+        let mut normal = || (0..12).map(|_| uniform()).sum::<f32>() - 6.0;
+        let peaked: Vec<f32> = (0..151_936).map(|_| normal() * 16.0).collect();
+        let mut zipf: Vec<f32> = (1..=151_936)
+            .map(|rank| 3.0 * (-1.1 * (rank as f32).ln() + 0.5 * normal()))
+            .collect();
+        for i in (1..zipf.len()).rev() {
+            zipf.swap(i, (uniform() * (i + 1) as f32) as usize % (i + 1));
+        }
+        let mut work = vec![];
+        for row in [peaked, zipf] {
+            let softmax = Softmax::of(&row);
+            for entropy in [false, true] {
+                let near = heavy(&row, entropy, &mut work, |near, s, _| Some((s, near.len())));
+                let (sums, count) = near.expect("taken");
+                let entropy_sum = if entropy { softmax.entropy_sum } else { 0 };
+                assert_eq!(
+                    sums,
+                    Softmax {
+                        entropy_sum,
+                        ..softmax
+                    }
+                );
+                assert!(count < 151_936 / 4);
+            }
+        }
+    }
+
+    proptest! {
+        #![proptest_config(ProptestConfig::with_cases(64))]
+        /// Where [`heavy`] holds every value that weighs anything, the rules that select from it
+        /// keep what their definitions keep over the whole row (the same bits for top-p's value).
+        #[test]
+        fn bands_from_the_heavy_values_are_the_whole_rows(
+            row in model_row(),
+            p in 0.01f32..1.0,
+            mass in 0.01f32..0.99,
+            epsilon in 1e-6f32..0.1,
+            a in 0.001f32..1.0,
+            threshold in 0.001f32..0.5,
+            mu in 0.5f32..12.0,
+        ) {
+            let mut work = vec![];
+            let softmax = Softmax::of(&row);
+            // The sums from the values that weigh anything are the whole row's, when they are few
+            // enough (`heavy_takes_a_models_row`).
+            let near = |entropy, work: &mut Work| heavy(&row, entropy, work, |_, s, _| Some(s));
+            if let Ok(weights_only) = near(false, &mut work) {
+                prop_assert_eq!(weights_only, Softmax { entropy_sum: 0, ..softmax });
+            }
+            if let Ok(both) = near(true, &mut work) {
+                prop_assert_eq!(both, softmax);
+            }
+            let kept = |band: Band| row.iter().map(|&x| !band.removes(x)).collect::<Vec<_>>();
+            // The smallest value (not `-inf`) whose `q` reaches `t`, over the whole row.
+            let lowest = |t: f32| {
+                row.iter()
+                    .filter(|&&x| x != f32::NEG_INFINITY && softmax.q(x) >= t)
+                    .fold(f32::INFINITY, |m, &x| m.min(x))
+            };
+            let upward = |lo: f32| Band { lo: lo.min(softmax.max), hi: f32::INFINITY };
+            for rule in [
+                Truncation::TopP { p, min_keep: 1 },
+                Truncation::Typical { mass, min_keep: 1 },
+                Truncation::Typical { mass, min_keep: 3 },
+                Truncation::Epsilon { epsilon, min_keep: 1 },
+                Truncation::Eta { epsilon, min_keep: 1 },
+            ] {
+                let (fast, slow) = (rule.band(&row, &mut work), band_by_definition(&rule, &row));
+                prop_assert_eq!(kept(fast), kept(slow), "{:?}", rule);
+                if let Truncation::TopP { .. } = rule {
+                    prop_assert_eq!(fast.lo.to_bits(), slow.lo.to_bits());
+                }
+            }
+            let top_a = Truncation::TopA { a, min_keep: 1 };
+            let by_definition = upward(lowest(a / softmax.scale()));
+            prop_assert_eq!(kept(top_a.band(&row, &mut work)), kept(by_definition), "{:?}", top_a);
+            let mirostat = Truncation::MirostatV2 { mu, key: 0 };
+            let t = (softmax.scale() as f64 * (-(mu as f64)).exp2()) as f32;
+            prop_assert_eq!(kept(mirostat.band(&row, &mut work)), kept(upward(lowest(t))), "{:?}", mirostat);
+            let xtc = Truncation::Xtc { threshold, min_keep: 1 };
+            let v = lowest(threshold * softmax.scale());
+            let by_definition = match row.iter().any(|&x| x > v) {
+                true => Band { lo: f32::NEG_INFINITY, hi: v },
+                false => Band::ALL,
+            };
+            prop_assert_eq!(kept(xtc.band(&row, &mut work)), kept(by_definition), "{:?}", xtc);
         }
     }
 

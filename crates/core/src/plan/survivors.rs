@@ -1,93 +1,111 @@
-//! A plan whose first truncation is a top-k that keeps few tokens costs what that top-k leaves:
-//! once it has cut the row, the edits after it (later truncations included) run on its survivors
-//! alone, and the row is written once (`-inf`, then the survivors). llama.cpp's default chain (top-k
-//! 40, top-p, min-p, temperature) then reads the row twice and writes it once instead of a pass
-//! per kind, with the results of the full passes bit for bit:
+//! A plan costs what its first cut leaves: once an edit has cut the row to a small kept set (a
+//! truncation's band, a mask allowing few tokens, a forced token), the edits after it (later
+//! truncations and reshapes included) run on the survivors alone, and the row is written once
+//! (`-inf`, then the survivors). llama.cpp's default chain (top-k 40, top-p, min-p, temperature)
+//! then reads the row twice and writes it once instead of a pass per kind, and a grammar's mask
+//! allowing a few tokens, then a temperature and top-p, never reads the row; the results are those
+//! of the full passes, bit for bit:
 //!
-//! - a logit the top-k removed is `-inf` from there on: every edit allowed after it keeps `-inf`
-//!   (a positive finite temperature, a finite bias, a positive finite penalty, a mask, a ban, a
-//!   scaled raise of a finite logit, a truncation), except a `Set`, whose token is kept with the
-//!   survivors;
-//! - every later truncation is one the kernels carry (top-k, top-p, min-p, typical, epsilon, eta),
-//!   whose band depends only on the finite values of the row (the `-inf` ones weigh nothing in its
-//!   fixed-point sums, and count for nothing it keeps): resolved from the survivors, it keeps the
-//!   same ones. Rules with order-dependent float sums or observations are not taken.
+//! - a logit the cut removed is `-inf` from there on: every dense edit allowed after it keeps
+//!   `-inf` (a temperature that does, a mask, a truncation, a reshape whose resolved shape does),
+//!   and the tokens a later edit names (a `Set`, a bias, a ban, a force) join the survivors,
+//!   whatever their value;
+//! - a later truncation or reshape resolves from the survivors' values what it resolves from the
+//!   whole row ([`Truncation::band_at`]): each rule weighs only the values that are not `-inf`,
+//!   its float sums run in index order, the survivors' order, and top-n-sigma's partial sums take
+//!   each value by its index. The observing rules (mirostat, adaptive-p) keep what they saw by
+//!   token, from the whole row: they may be the cut, not a later step.
 //!
-//! Any other plan, or a top-k whose survivors (ties included) are more than an eighth of the row,
-//! takes the full passes.
+//! Plans with an edit that reads the row in another way (a forced-if, a scaled copy of another
+//! logit, a whole-row rule, a bias of the largest) before the cut or after it take the full
+//! passes, as do rows shorter than 4,096. A truncation that keeps more than a quarter of the row
+//! (a sixteenth when nothing after it reads the row) is no cut: the next truncation, mask or force
+//! may be, its band resolved from the row with the first's applied; when none is, the bands
+//! resolved here are handed to the full passes ([`Survivors::Declined`]), so that no band is
+//! resolved twice.
 
-use super::{in_halves, Band, Edit, Fill, RowPlan};
+use super::{in_halves, Band, Bitmask, Edit, Fill, RowPlan};
 use crate::kernels;
 use crate::logit::Logit;
+use crate::truncation::{kth_of, order_key, sampled_floor, Truncation, Work};
+
+/// Rows shorter than this take the full passes.
+const MIN_LEN: usize = 4096;
+
+/// What [`RowPlan::apply_on_survivors`] did.
+pub(super) enum Survivors {
+    /// The plan is carried out.
+    Done,
+    /// Nothing was written: the full passes carry the plan out, with the bands of the truncations
+    /// resolved here, by index (from the values the full passes would read).
+    Declined(Vec<(usize, Band)>),
+}
 
 impl RowPlan {
     /// Carries out the (validated) plan on `row`, reading `src` when given (else `row` itself),
-    /// when its first truncation is a top-k that keeps few tokens and every edit after it allows
-    /// the survivors' path. Returns false, having changed nothing, otherwise.
+    /// when [`RowPlan::survivor_cut`] finds a cut and it keeps few enough tokens.
     pub(super) fn apply_on_survivors<T: Logit>(
         &mut self,
         src: Option<&[T]>,
         row: &mut [T],
         fill: Fill,
-    ) -> bool {
-        let Some(cut) = self.survivor_cut(row.len()) else {
-            return false;
-        };
-        let Edit::Truncate(top_k) = self.edits[cut] else {
-            unreachable!("survivor_cut names a truncation")
-        };
-        // The values the top-k reads: the row, or a copy with the edits before it applied.
-        let mut scratch = std::mem::take(&mut self.values);
-        let band = {
-            let input: &[T] = src.unwrap_or(row);
-            let read: &[f32] = match (cut, T::as_f32(input)) {
-                (0, Some(values)) => values,
-                _ => {
-                    let mut copy = input.to_vec();
-                    self.bands.clear();
-                    self.run(0..cut, &mut copy, Fill::Cached);
-                    scratch.clear();
-                    scratch.extend(copy.iter().map(|x| x.to_f32()));
-                    &scratch
-                }
-            };
-            let band = top_k.band(read, &mut self.selection);
-            collect_kept(read, band, &mut self.survivors);
-            band
-        };
-        self.values = scratch;
-        if self.survivors.len() > row.len() / 8 {
-            return false;
-        }
-        let revived = self.edits[cut + 1..].iter().filter_map(|edit| match *edit {
-            Edit::Set { token, .. } => Some(token),
-            _ => None,
-        });
-        let before = self.survivors.len();
-        self.survivors.extend(revived);
-        if self.survivors.len() > before {
-            self.survivors.sort_unstable();
-            self.survivors.dedup();
-        }
+    ) -> Survivors {
+        let len = row.len();
         self.bands.clear();
         self.shapes.clear();
         self.observations.clear();
-        self.bands.push((cut, band));
+        self.largest.clear();
+        let Some(mut cut) = self.survivor_cut(len) else {
+            return Survivors::Declined(Vec::new());
+        };
         let input: &[T] = src.unwrap_or(row);
-        let mut kept: Vec<T> = self
-            .survivors
-            .iter()
-            .map(|&i| self.fold(0..cut + 1, i as usize, input[i as usize]))
-            .collect();
-        for at in cut + 1..self.edits.len() {
-            if let Edit::Truncate(rule) = self.edits[at] {
-                self.values.clear();
-                self.values.extend(kept.iter().map(|x| x.to_f32()));
-                let band = rule.band(&self.values, &mut self.selection);
-                self.bands.push((at, band));
+        let mut values = std::mem::take(&mut self.survivor_values);
+        values.clear();
+        loop {
+            let most = self.most_survivors(cut, len);
+            let kept = match self.edits[cut] {
+                Edit::Truncate(rule) => {
+                    let (kept, band) = self.cut_by_band(cut, rule, input, most, &mut values);
+                    if !kept && !rule.observes() {
+                        // Resolved for the next cut, or for the full passes.
+                        self.bands.push((cut, band));
+                        if let Some(next) = self.next_cut(cut + 1, len) {
+                            values.clear();
+                            cut = next;
+                            continue;
+                        }
+                    }
+                    kept
+                }
+                Edit::Mask(id) => {
+                    let mut tokens = std::mem::take(&mut self.survivors);
+                    let kept = allowed_tokens(self.bitmask(id), len, most, &mut tokens);
+                    self.survivors = tokens;
+                    kept
+                }
+                Edit::Force { token, .. } => {
+                    self.survivors.clear();
+                    self.survivors.push(token);
+                    true
+                }
+                _ => unreachable!("a cut is a truncation, a mask or a force"),
+            };
+            if !kept {
+                return self.decline(cut, values);
             }
-            for (value, &i) in kept.iter_mut().zip(&self.survivors) {
-                *value = self.step(at, i as usize, *value);
+            break;
+        }
+        if !matches!(self.edits[cut], Edit::Truncate(_)) {
+            // A mask's or a force's survivors: their values through the cut.
+            values.extend(self.survivors.iter().map(|&i| {
+                self.fold(0..cut + 1, i as usize, input[i as usize])
+                    .to_f32()
+            }));
+        }
+        self.join_named_tokens(cut, input, &mut values);
+        for at in cut + 1..self.edits.len() {
+            if !self.step_survivors::<T>(at, &mut values) {
+                return self.decline(cut, values);
             }
         }
         match fill {
@@ -96,86 +114,367 @@ impl RowPlan {
                 kernels::fill_streaming(part, T::NEG_INFINITY)
             }),
         }
-        for (&i, &value) in self.survivors.iter().zip(&kept) {
-            row[i as usize] = value;
+        for (&i, &value) in self.survivors.iter().zip(&values) {
+            row[i as usize] = T::from_f32(value);
+        }
+        self.survivor_values = values;
+        Survivors::Done
+    }
+
+    /// Hands the plan to the full passes with the bands resolved here from the rows they read
+    /// themselves (those up to `cut`; not an observing rule's, whose pass must observe).
+    fn decline(&mut self, cut: usize, values: Vec<f32>) -> Survivors {
+        self.survivor_values = values;
+        let edits = &self.edits;
+        self.bands.retain(|&(at, _)| {
+            at <= cut && matches!(edits[at], Edit::Truncate(rule) if !rule.observes())
+        });
+        Survivors::Declined(std::mem::take(&mut self.bands))
+    }
+
+    /// The truncation `rule` at `cut` resolved over `input` with the edits before it applied
+    /// (read in place for an f32 row and a first edit), and its survivors collected with their
+    /// values into `self.survivors` and `values`: whether there are at most `most`, and the band.
+    fn cut_by_band<T: Logit>(
+        &mut self,
+        cut: usize,
+        rule: Truncation,
+        input: &[T],
+        most: usize,
+        values: &mut Vec<f32>,
+    ) -> (bool, Band) {
+        let mut copy: Option<Box<Vec<T>>> = None;
+        if cut > 0 {
+            let mut scratch = match self.scratch.take() {
+                Some(any) => any.downcast::<Vec<T>>().unwrap_or_default(),
+                None => Box::default(),
+            };
+            scratch.clear();
+            scratch.extend_from_slice(input);
+            self.run(0..cut, &mut scratch, Fill::Cached);
+            copy = Some(scratch);
+        }
+        let before: &[T] = copy.as_deref().map_or(input, |c| c.as_slice());
+        let mut converted = std::mem::take(&mut self.values);
+        let read: &[f32] = match T::as_f32(before) {
+            Some(read) => read,
+            None => {
+                converted.clear();
+                converted.extend(before.iter().map(|x| x.to_f32()));
+                &converted
+            }
+        };
+        let (kept, band) = match rule {
+            Truncation::TopK { k, min_keep } => top_k_kept(
+                read,
+                k.max(min_keep) as usize,
+                most,
+                &mut self.selection,
+                &mut self.survivors,
+                values,
+            ),
+            _ => None,
+        }
+        .unwrap_or_else(|| {
+            let band = rule.band(read, &mut self.selection);
+            (
+                collect_kept(read, band, most, &mut self.survivors, values),
+                band,
+            )
+        });
+        if kept {
+            if rule.observes() {
+                self.observe(cut, rule, read, band);
+            }
+            self.bands.push((cut, band));
+        }
+        self.values = converted;
+        if let Some(copy) = copy {
+            self.scratch = Some(copy);
+        }
+        (kept, band)
+    }
+
+    /// Adds to the survivors (kept in order, `values` beside them) every token an edit after
+    /// `cut` names, with its value through the cut: a `Set` may bring it back, and the others
+    /// then find it among the survivors.
+    fn join_named_tokens<T: Logit>(&mut self, cut: usize, input: &[T], values: &mut Vec<f32>) {
+        let start = self.survivors.len();
+        for edit in &self.edits[cut + 1..] {
+            let Some(token) = edit.token() else { continue };
+            if self.survivors[..start].binary_search(&token).is_err() {
+                let value = self.fold(0..cut + 1, token as usize, input[token as usize]);
+                self.survivors.push(token);
+                values.push(value.to_f32());
+            }
+        }
+        if self.survivors.len() == start {
+            return;
+        }
+        let mut joined: Vec<(u32, f32)> = self.survivors.drain(..).zip(values.drain(..)).collect();
+        joined.sort_unstable_by_key(|&(token, _)| token);
+        joined.dedup_by_key(|&mut (token, _)| token);
+        for (token, value) in joined {
+            self.survivors.push(token);
+            values.push(value);
+        }
+    }
+
+    /// Carries out the edit at `at` on the survivors' `values` (each rounded to `T`), a
+    /// truncation or reshape resolved from them. False when a reshape's shape does not keep
+    /// `-inf` (the full passes must then run the plan).
+    fn step_survivors<T: Logit>(&mut self, at: usize, values: &mut [f32]) -> bool {
+        let round = |x: f32| T::from_f32(x).to_f32();
+        match self.edits[at] {
+            Edit::Truncate(rule) => {
+                let band = rule.band_at(values, &self.survivors, &mut self.selection);
+                self.bands.push((at, band));
+                for v in values.iter_mut().filter(|v| band.removes(**v)) {
+                    *v = f32::NEG_INFINITY;
+                }
+            }
+            Edit::Reshape(rule) => {
+                let shape = rule.shape(values);
+                if round(shape.apply(f32::NEG_INFINITY)) != f32::NEG_INFINITY {
+                    return false;
+                }
+                self.shapes.push((at, shape));
+                for v in values.iter_mut() {
+                    *v = round(shape.apply(*v));
+                }
+            }
+            Edit::Scale { temperature } => {
+                for v in values.iter_mut() {
+                    *v = round(*v / temperature);
+                }
+            }
+            edit if edit.is_sparse() => {
+                let token = edit.token().expect("a sparse edit names a token");
+                let i = self
+                    .survivors
+                    .binary_search(&token)
+                    .expect("named tokens joined the survivors");
+                values[i] = self
+                    .step(at, token as usize, T::from_f32(values[i]))
+                    .to_f32();
+            }
+            _ => {
+                for (v, &i) in values.iter_mut().zip(&self.survivors) {
+                    *v = self.step(at, i as usize, T::from_f32(*v)).to_f32();
+                }
+            }
         }
         true
     }
 
-    /// The index of the plan's first truncation when the survivors' path can take the plan on a
-    /// row of `len` logits: a top-k keeping at most a sixteenth of the row, nothing before it that
-    /// forces or reshapes, and after it only edits that keep a removed logit `-inf` (a `Set`
-    /// aside) and truncations the kernels carry; at least one edit after it.
+    /// The index of the plan's cut when the survivors' path can take the plan on a row of `len`
+    /// logits: its first truncation, mask allowing at most a quarter of the row, or force; before
+    /// it only edits of one logit at a time, after it at least one edit and only edits that keep
+    /// a removed logit `-inf` (or name their token), truncations and reshapes that do not observe.
     pub(super) fn survivor_cut(&self, len: usize) -> Option<usize> {
-        const MIN_LEN: usize = 4096;
+        self.next_cut(0, len)
+    }
+
+    /// [`RowPlan::survivor_cut`] from the edit at `from` on, the edits before it allowed (edits of
+    /// one logit at a time, and truncations whose bands are resolved).
+    fn next_cut(&self, from: usize, len: usize) -> Option<usize> {
         if len < MIN_LEN {
             return None;
         }
-        let cut = self
-            .edits
-            .iter()
-            .position(|e| matches!(e, Edit::Truncate(_)))?;
-        let Edit::Truncate(rule @ crate::Truncation::TopK { k, min_keep }) = self.edits[cut] else {
-            return None;
-        };
-        let keeps = k.max(min_keep) as usize;
-        if rule.observes() || keeps.saturating_mul(16) > len || cut + 1 == self.edits.len() {
-            return None;
+        let mut cut = None;
+        for (at, edit) in self.edits.iter().enumerate().skip(from) {
+            match *edit {
+                Edit::Scale { .. }
+                | Edit::Ban { .. }
+                | Edit::Bias { .. }
+                | Edit::Penalty { .. }
+                | Edit::AddScaledAbs { .. }
+                | Edit::Set { .. } => {}
+                Edit::Mask(id) if allowed_count(self.bitmask(id), len) > len / 4 => {}
+                Edit::Mask(_) | Edit::Force { .. } | Edit::Truncate(_) => {
+                    cut = Some(at);
+                    break;
+                }
+                _ => return None,
+            }
         }
-        let before = self.edits[..cut].iter().all(|e| {
-            !matches!(
-                e,
-                Edit::Force { .. }
-                    | Edit::ForceIf { .. }
-                    | Edit::Reshape(_)
-                    | Edit::AddScaledFrom { .. }
-                    | Edit::Whole(_)
-                    | Edit::BiasLargest { .. }
-            )
-        });
-        let after = self.edits[cut + 1..].iter().all(|e| match *e {
-            Edit::Scale { temperature } => temperature.is_finite() && temperature > 0.0,
-            Edit::Bias { bias, .. } => bias.is_finite(),
-            Edit::Penalty { penalty, .. } => penalty.is_finite() && penalty > 0.0,
-            Edit::Ban { .. } | Edit::Mask(_) | Edit::AddScaledAbs { .. } | Edit::Set { .. } => true,
-            Edit::Truncate(rule) => !rule.on_cpu_only() && !rule.observes(),
-            Edit::Force { .. }
-            | Edit::ForceIf { .. }
-            | Edit::Reshape(_)
+        let cut = cut?;
+        if let Edit::Truncate(Truncation::TopK { k, min_keep }) = self.edits[cut] {
+            if k.max(min_keep) as usize > self.most_survivors(cut, len) {
+                return None;
+            }
+        }
+        let after = &self.edits[cut + 1..];
+        let allowed = after.iter().all(|e| match *e {
+            Edit::Scale { temperature } => f32::NEG_INFINITY / temperature == f32::NEG_INFINITY,
+            Edit::Ban { .. }
+            | Edit::Bias { .. }
+            | Edit::Penalty { .. }
+            | Edit::AddScaledAbs { .. }
+            | Edit::Set { .. }
+            | Edit::Mask(_)
+            | Edit::Force { .. } => true,
+            Edit::Truncate(rule) => !rule.observes(),
+            Edit::Reshape(rule) => !rule.observes(),
+            Edit::ForceIf { .. }
             | Edit::AddScaledFrom { .. }
-            | Edit::Whole(_) => false,
-            Edit::BiasLargest { .. } => false,
+            | Edit::Whole(_)
+            | Edit::BiasLargest { .. } => false,
         });
-        (before && after).then_some(cut)
+        (!after.is_empty() && allowed).then_some(cut)
+    }
+
+    /// How many survivors the cut at `cut` may keep on a row of `len`: a quarter of the row when
+    /// a later edit reads the survivors (a truncation or reshape, whose passes over the row they
+    /// save: a copy of the row, and the rule's reads of it), else a sixteenth (the survivors then
+    /// save only the later edits' pass).
+    fn most_survivors(&self, cut: usize, len: usize) -> usize {
+        let reads = self.edits[cut + 1..]
+            .iter()
+            .any(|e| matches!(e, Edit::Truncate(_) | Edit::Reshape(_)));
+        if reads {
+            len / 4
+        } else {
+            len / 16
+        }
     }
 }
 
-/// The indices of the values of `row` that `band` keeps and that are not `-inf` (NaN is kept), in
-/// order.
-fn collect_kept(row: &[f32], band: Band, kept: &mut Vec<u32>) {
+/// Top-k's band over a long row and its survivors in one pass (where [`collect_kept`] would make
+/// a second): every value (and NaN) at or above a floor under the `k` largest
+/// ([`sampled_floor`]) collected with its index, the k-th largest selected among them, the
+/// others dropped. Whether there are at most `most` survivors, and the band, as
+/// [`Truncation::band`] and [`collect_kept`] give them; `None` (nothing decided) when the floor
+/// leaves fewer than `k` values.
+fn top_k_kept(
+    read: &[f32],
+    k: usize,
+    most: usize,
+    work: &mut Work,
+    kept: &mut Vec<u32>,
+    values: &mut Vec<f32>,
+) -> Option<(bool, Band)> {
+    let floor = sampled_floor(read, k, work)?;
+    let at_least = Band {
+        lo: floor,
+        hi: f32::INFINITY,
+    };
+    collect_kept(read, at_least, usize::MAX, kept, values);
+    work.clear();
+    work.extend(
+        values
+            .iter()
+            .filter(|x| !x.is_nan())
+            .map(|&x| (order_key(x), 0, x)),
+    );
+    if work.len() < k {
+        return None;
+    }
+    let band = Band {
+        lo: kth_of(work, k),
+        hi: f32::INFINITY,
+    };
+    let mut at = 0;
+    for i in 0..kept.len() {
+        if !band.removes(values[i]) {
+            (kept[at], values[at]) = (kept[i], values[i]);
+            at += 1;
+        }
+    }
+    kept.truncate(at);
+    values.truncate(at);
+    Some((at <= most, band))
+}
+
+/// The mask's words that cover a row of `len`, the last one cut to the row.
+fn row_words(mask: Bitmask<'_>, len: usize) -> impl Iterator<Item = (usize, u32)> + '_ {
+    mask.words
+        .iter()
+        .enumerate()
+        .take(len.div_ceil(32))
+        .map(move |(w, &word)| match len - 32 * w {
+            left @ 1..32 => (w, word & ((1u32 << left) - 1)),
+            _ => (w, word),
+        })
+}
+
+/// How many tokens of a row of `len` the mask allows.
+fn allowed_count(mask: Bitmask<'_>, len: usize) -> usize {
+    let beyond = match mask.beyond_allowed {
+        true => len.saturating_sub(32 * mask.words.len()),
+        false => 0,
+    };
+    row_words(mask, len)
+        .map(|(_, word)| word.count_ones() as usize)
+        .sum::<usize>()
+        + beyond
+}
+
+/// The tokens of a row of `len` the mask allows, in order, into `tokens`: false (stopping early)
+/// once there are more than `most`.
+fn allowed_tokens(mask: Bitmask<'_>, len: usize, most: usize, tokens: &mut Vec<u32>) -> bool {
+    tokens.clear();
+    if allowed_count(mask, len) > most {
+        return false;
+    }
+    for (w, mut bits) in row_words(mask, len) {
+        while bits != 0 {
+            tokens.push((32 * w) as u32 + bits.trailing_zeros());
+            bits &= bits - 1;
+        }
+    }
+    if mask.beyond_allowed {
+        tokens.extend((32 * mask.words.len()).min(len) as u32..len as u32);
+    }
+    true
+}
+
+/// The indices and values of `row` that `band` keeps and that are not `-inf` (NaN is kept), in
+/// order, into `kept` and `values`: false (stopping early) once there are more than `most`.
+fn collect_kept(
+    row: &[f32],
+    band: Band,
+    most: usize,
+    kept: &mut Vec<u32>,
+    values: &mut Vec<f32>,
+) -> bool {
     kept.clear();
+    values.clear();
     #[cfg(target_arch = "x86_64")]
     if crate::cpu::avx2() {
         // SAFETY: the CPU has AVX2.
-        return unsafe { collect_kept_avx2(row, band, kept) };
+        return unsafe { collect_kept_avx2(row, band, most, kept, values) };
     }
-    collect_kept_portable(row, band, kept, 0);
+    collect_kept_portable(row, band, kept, values, 0);
+    kept.len() <= most
 }
 
-fn collect_kept_portable(row: &[f32], band: Band, kept: &mut Vec<u32>, start: u32) {
-    let keeps = |x: f32| !band.removes(x) && x != f32::NEG_INFINITY;
-    kept.extend(
-        (0..row.len() as u32)
-            .filter(|&i| keeps(row[i as usize]))
-            .map(|i| start + i),
-    );
+fn collect_kept_portable(
+    row: &[f32],
+    band: Band,
+    kept: &mut Vec<u32>,
+    values: &mut Vec<f32>,
+    start: u32,
+) {
+    for (i, &x) in row.iter().enumerate() {
+        if !band.removes(x) && x != f32::NEG_INFINITY {
+            kept.push(start + i as u32);
+            values.push(x);
+        }
+    }
 }
 
 /// [`collect_kept`] 16 values at a time: three compares into a bit mask (each true for NaN), then
 /// only the kept values visited.
 #[cfg(target_arch = "x86_64")]
 #[target_feature(enable = "avx2")]
-fn collect_kept_avx2(row: &[f32], band: Band, kept: &mut Vec<u32>) {
+fn collect_kept_avx2(
+    row: &[f32],
+    band: Band,
+    most: usize,
+    kept: &mut Vec<u32>,
+    values: &mut Vec<f32>,
+) -> bool {
     use std::arch::x86_64::*;
     let (lo, hi, minus_inf) = (
         _mm256_set1_ps(band.lo),
@@ -203,12 +502,21 @@ fn collect_kept_avx2(row: &[f32], band: Band, kept: &mut Vec<u32>) {
             )
         };
         let mut bits = mask(x) | mask(y) << 8;
+        if bits == 0 {
+            continue;
+        }
         while bits != 0 {
-            kept.push((b * 16) as u32 + bits.trailing_zeros());
+            let j = bits.trailing_zeros();
+            kept.push((b * 16) as u32 + j);
+            values.push(block[j as usize]);
             bits &= bits - 1;
         }
+        if kept.len() > most {
+            return false;
+        }
     }
-    collect_kept_portable(rest, band, kept, (row.len() - rest.len()) as u32);
+    collect_kept_portable(rest, band, kept, values, (row.len() - rest.len()) as u32);
+    kept.len() <= most
 }
 
 #[cfg(test)]
@@ -242,11 +550,55 @@ mod tests {
             Band { lo: 2.5, hi: 2.5 },
         ] {
             for len in [0, 1, 15, 16, 17, 999, 1000] {
-                let (mut fast, mut portable) = (vec![], vec![]);
-                collect_kept(&row[..len], band, &mut fast);
-                collect_kept_portable(&row[..len], band, &mut portable, 0);
+                let (mut fast, mut fast_values) = (vec![], vec![]);
+                let (mut portable, mut portable_values) = (vec![], vec![]);
+                assert!(collect_kept(
+                    &row[..len],
+                    band,
+                    len,
+                    &mut fast,
+                    &mut fast_values
+                ));
+                collect_kept_portable(&row[..len], band, &mut portable, &mut portable_values, 0);
                 assert_eq!(fast, portable, "{band:?}, {len} values");
+                let bits = |v: &[f32]| v.iter().map(|x| x.to_bits()).collect::<Vec<_>>();
+                assert_eq!(bits(&fast_values), bits(&portable_values));
+                if !fast.is_empty() {
+                    let most = fast.len() - 1;
+                    assert!(!collect_kept(
+                        &row[..len],
+                        band,
+                        most,
+                        &mut fast,
+                        &mut fast_values
+                    ));
+                }
             }
+        }
+    }
+
+    #[test]
+    fn a_masks_allowed_tokens_are_its_set_bits_cut_to_the_row_and_past_its_words() {
+        let words = [0b1011u32, 0, 1 << 31, u32::MAX];
+        for (len, beyond, expected) in [
+            (100, false, vec![0, 1, 3, 95, 96, 97, 98, 99]),
+            (96, false, vec![0, 1, 3, 95]),
+            (95, false, vec![0, 1, 3]),
+            (
+                130,
+                true,
+                [0, 1, 3, 95].into_iter().chain(96..130).collect(),
+            ),
+        ] {
+            let mask = Bitmask {
+                words: &words,
+                beyond_allowed: beyond,
+            };
+            let mut tokens = vec![];
+            assert!(allowed_tokens(mask, len, len, &mut tokens));
+            assert_eq!(tokens, expected, "{len}");
+            assert_eq!(allowed_count(mask, len), expected.len());
+            assert!(!allowed_tokens(mask, len, expected.len() - 1, &mut tokens));
         }
     }
 }

@@ -1,7 +1,12 @@
 //! Dynamic temperature's row math: the temperature from the row's normalized entropy.
 
 use crate::reshape::{Shape, MIN_TEMPERATURE};
-use crate::truncation::Softmax;
+use crate::truncation::{heavy, Softmax, Work};
+
+thread_local! {
+    /// The scratch space of [`heavy`], kept between the calls of a thread.
+    static WORK: std::cell::Cell<Work> = const { std::cell::Cell::new(Vec::new()) };
+}
 
 /// The shape dynamic temperature gives `values`.
 #[inline(always)]
@@ -20,12 +25,14 @@ pub(crate) fn shape(values: &[f32], temperature: f32, range: f32, exponent: f32)
     }
     let min_temp = (temperature - range).max(0.0);
     let max_temp = temperature + range;
+    // The sums from the values that weigh anything when they are few (`exp` for those alone),
+    // else over the whole row.
+    let mut work = WORK.take();
+    let softmax = heavy(values, true, &mut work, |_, softmax, _| Some(softmax))
+        .unwrap_or_else(|_| Softmax::of(values));
+    WORK.set(work);
     let finite = values.iter().filter(|x| x.is_finite()).count();
-    if finite <= 1 {
-        return Shape::Identity;
-    }
-    let softmax = Softmax::of(values);
-    if !softmax.is_defined() {
+    if finite <= 1 || !softmax.is_defined() {
         return Shape::Identity;
     }
     let max_entropy = (finite as f64).ln();

@@ -2,15 +2,24 @@
 //! least `min(epsilon, sqrt(epsilon) * exp(-entropy))`).
 
 use crate::truncation::select::with_min_keep;
-use crate::truncation::{largest, Band, Softmax, Truncation, Work};
+use crate::truncation::{heavy, largest, lowest_reaching_near, Band, Softmax, Truncation, Work};
 #[cfg(target_arch = "x86_64")]
 use crate::truncation::{select::lowest_reaching, simd};
 
 /// The band epsilon or eta (`rule`) keeps: the sums over the row, then the lowest value whose `q`
-/// reaches the rule's threshold; at least `min_keep` values.
+/// reaches the rule's threshold; at least `min_keep` values. From the values that weigh anything
+/// when they are few ([`heavy`]: one pass) and the threshold is not tiny.
 #[inline(always)]
 pub(crate) fn band(values: &[f32], rule: &Truncation, min_keep: usize, work: &mut Work) -> Band {
-    let max = largest(values);
+    let eta = matches!(rule, Truncation::Eta { .. });
+    let near = heavy(values, eta, work, |near, softmax, work| {
+        let lo = lowest_reaching_near(near, softmax.max, softmax.threshold(rule), work)?;
+        Some((lo, softmax.max))
+    });
+    let max = match near {
+        Ok((lo, max)) => return with_min_keep(values, lo, max, min_keep, work),
+        Err(max) => max.unwrap_or_else(|| largest(values)),
+    };
     if !max.is_finite() {
         // No distribution (as `Softmax::is_defined`).
         return Band::ALL;
@@ -19,7 +28,7 @@ pub(crate) fn band(values: &[f32], rule: &Truncation, min_keep: usize, work: &mu
     if simd::available() && values.len() < 1 << 21 {
         // The sums in one pass, then the lowest value whose `q` reaches the
         // threshold by comparison (`exp` only near it).
-        let (sum, entropy_sum) = simd::sums(values, max, matches!(rule, Truncation::Eta { .. }));
+        let (sum, entropy_sum) = simd::sums(values, max, eta);
         let softmax = Softmax {
             max,
             sum,

@@ -1,7 +1,7 @@
 //! Min-p's row math: the values whose probability is at least `p` times the largest, decided by
 //! comparison away from `max + ln p`.
 
-use crate::truncation::select::with_min_keep;
+use crate::truncation::select::{max_and_near, with_min_keep};
 use crate::truncation::{exp, largest, Band, Work};
 
 /// The band min-p keeps: the row's maximum and the lowest kept value in one pass where AVX2
@@ -104,8 +104,7 @@ fn one_pass(values: &[f32], p: f32, work: &mut Work) -> Option<(f32, f32)> {
     #[cfg(target_arch = "x86_64")]
     if p >= 1e-30 && crate::cpu::avx2() {
         let ln_p = (p as f64).ln() as f32;
-        // SAFETY: the CPU has AVX2.
-        let max = unsafe { max_and_candidates_avx2(values, ln_p - 1.0, work) }?;
+        let max = max_and_near(values, ln_p - 1.0, 4096, work)?;
         // The sign of a zero maximum, as `largest` decides it.
         let max = if max == 0.0 { largest(values) } else { max };
         if !(max.is_finite() && max.abs() < 1e5) {
@@ -121,65 +120,4 @@ fn one_pass(values: &[f32], p: f32, work: &mut Work) -> Option<(f32, f32)> {
     }
     let _ = (values, p, work);
     None
-}
-
-/// The float maximum of `values` (NaN never wins a comparison; the sign of a zero is not
-/// decided), with every value at or above `running maximum + below` collected into `work`:
-/// `None` past 4,096 of them.
-#[cfg(target_arch = "x86_64")]
-#[target_feature(enable = "avx2")]
-fn max_and_candidates_avx2(values: &[f32], below: f32, work: &mut Work) -> Option<f32> {
-    use std::arch::x86_64::*;
-    const LIMIT: usize = 4096;
-    work.clear();
-    let blocks = values.chunks_exact(16);
-    let rest = blocks.remainder();
-    let below_v = _mm256_set1_ps(below);
-    let mut running = _mm256_set1_ps(f32::NEG_INFINITY);
-    for block in blocks {
-        // SAFETY: `block` holds 16 f32.
-        let (a, b) = unsafe {
-            (
-                _mm256_loadu_ps(block.as_ptr()),
-                _mm256_loadu_ps(block.as_ptr().add(8)),
-            )
-        };
-        // `max_ps(x, m)` is `x > m ? x : m`: NaN never enters.
-        running = _mm256_max_ps(a, _mm256_max_ps(b, running));
-        // Each lane's maximum is at most the row's: its floor is at most the final one.
-        let near = |floor: __m256| {
-            (_mm256_movemask_ps(_mm256_cmp_ps::<_CMP_GE_OQ>(a, floor))
-                | _mm256_movemask_ps(_mm256_cmp_ps::<_CMP_GE_OQ>(b, floor)) << 8) as u32
-        };
-        if near(_mm256_add_ps(running, below_v)) == 0 {
-            continue;
-        }
-        // Every lane to the maximum so far, then against its floor.
-        let halves = _mm256_max_ps(running, _mm256_permute2f128_ps::<1>(running, running));
-        let pairs = _mm256_max_ps(halves, _mm256_permute_ps::<0b01_00_11_10>(halves));
-        running = _mm256_max_ps(pairs, _mm256_permute_ps::<0b10_11_00_01>(pairs));
-        let mut near = near(_mm256_add_ps(running, below_v));
-        while near != 0 {
-            let x = block[near.trailing_zeros() as usize];
-            work.push((0, 0, x));
-            near &= near - 1;
-        }
-        if work.len() > LIMIT {
-            return None;
-        }
-    }
-    let mut lanes = [0f32; 8];
-    // SAFETY: `lanes` holds 8 f32.
-    unsafe { _mm256_storeu_ps(lanes.as_mut_ptr(), running) };
-    let max = lanes
-        .into_iter()
-        .chain(rest.iter().copied())
-        .fold(f32::NEG_INFINITY, |m, x| if x > m { x } else { m });
-    // The last values against the final maximum.
-    work.extend(
-        rest.iter()
-            .filter(|&&x| x >= max + below)
-            .map(|&x| (0, 0, x)),
-    );
-    Some(max)
 }

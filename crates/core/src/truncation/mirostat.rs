@@ -1,20 +1,33 @@
 //! Mirostat's row math: version 1's `k` from a Zipf estimate, version 2's surprise bound.
 
 use crate::truncation::select::lowest_reaching;
-use crate::truncation::{collect_from, exp, kth_largest, largest, Band, Softmax, Work};
+use crate::truncation::{
+    collect_from, exp, heavy, kth_largest, largest, lowest_reaching_near, Band, Softmax, Work,
+};
 
 /// Mirostat 2's band: the values whose probability is at least `2^-mu` (`q >= S 2^-mu`), at
-/// least the largest (every tie of it).
+/// least the largest (every tie of it). From the values that weigh anything when they are few
+/// ([`heavy`]: one pass) and the threshold is not tiny.
 #[inline(always)]
 pub(crate) fn band_v2(values: &[f32], mu: f32, work: &mut Work) -> Band {
-    let max = largest(values);
+    let threshold = |softmax: &Softmax| (softmax.scale() as f64 * (-(mu as f64)).exp2()) as f32;
+    let near = heavy(values, false, work, |near, softmax, work| {
+        let lo = lowest_reaching_near(near, softmax.max, threshold(&softmax), work)?;
+        Some(Band {
+            lo: lo.min(softmax.max),
+            hi: f32::INFINITY,
+        })
+    });
+    let max = match near {
+        Ok(band) => return band,
+        Err(max) => max.unwrap_or_else(|| largest(values)),
+    };
     if !max.is_finite() {
         return Band::ALL;
     }
     let softmax = Softmax::weights_only(values, max);
-    let threshold = (softmax.scale() as f64 * (-(mu as f64)).exp2()) as f32;
     Band {
-        lo: lowest_reaching(values, max, threshold, work).min(max),
+        lo: lowest_reaching(values, max, threshold(&softmax), work).min(max),
         hi: f32::INFINITY,
     }
 }

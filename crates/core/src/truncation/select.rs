@@ -53,6 +53,82 @@ fn collect_from_avx2(values: &[f32], floor: f32, work: &mut Work, weight: &impl 
     work.extend(rest.iter().filter(|&&x| x >= floor).map(|&x| entry(x)));
 }
 
+/// The float maximum of `values` (NaN never wins a comparison; the sign of a zero is not
+/// decided), with every value but `-inf` at or above `running maximum + below` collected into
+/// `work` (key and weight 0): a superset of the values at or above `maximum + below`, in one pass.
+/// `None` past `limit` of them, or without AVX2.
+#[inline(always)]
+pub(crate) fn max_and_near(
+    values: &[f32],
+    below: f32,
+    limit: usize,
+    work: &mut Work,
+) -> Option<f32> {
+    #[cfg(target_arch = "x86_64")]
+    if crate::cpu::avx2() {
+        // SAFETY: the CPU has AVX2.
+        return unsafe { max_and_near_avx2(values, below, limit, work) };
+    }
+    let _ = (values, below, limit, work);
+    None
+}
+
+#[cfg(target_arch = "x86_64")]
+#[target_feature(enable = "avx2")]
+fn max_and_near_avx2(values: &[f32], below: f32, limit: usize, work: &mut Work) -> Option<f32> {
+    use std::arch::x86_64::*;
+    work.clear();
+    let blocks = values.chunks_exact(16);
+    let rest = blocks.remainder();
+    let (below_v, lowest) = (_mm256_set1_ps(below), _mm256_set1_ps(f32::MIN));
+    // The floor of a running maximum: never below the lowest finite value, so `-inf` stays out.
+    let floor = |running: __m256| _mm256_max_ps(_mm256_add_ps(running, below_v), lowest);
+    let mut running = _mm256_set1_ps(f32::NEG_INFINITY);
+    for block in blocks {
+        // SAFETY: `block` holds 16 f32.
+        let (a, b) = unsafe {
+            (
+                _mm256_loadu_ps(block.as_ptr()),
+                _mm256_loadu_ps(block.as_ptr().add(8)),
+            )
+        };
+        // `max_ps(x, m)` is `x > m ? x : m`: NaN never enters.
+        running = _mm256_max_ps(a, _mm256_max_ps(b, running));
+        // Each lane's maximum is at most the row's: its floor is at most the final one.
+        let near = |floor: __m256| {
+            (_mm256_movemask_ps(_mm256_cmp_ps::<_CMP_GE_OQ>(a, floor))
+                | _mm256_movemask_ps(_mm256_cmp_ps::<_CMP_GE_OQ>(b, floor)) << 8) as u32
+        };
+        if near(floor(running)) == 0 {
+            continue;
+        }
+        // Every lane to the maximum so far, then against its floor.
+        let halves = _mm256_max_ps(running, _mm256_permute2f128_ps::<1>(running, running));
+        let pairs = _mm256_max_ps(halves, _mm256_permute_ps::<0b01_00_11_10>(halves));
+        running = _mm256_max_ps(pairs, _mm256_permute_ps::<0b10_11_00_01>(pairs));
+        let mut near = near(floor(running));
+        while near != 0 {
+            let x = block[near.trailing_zeros() as usize];
+            work.push((0, 0, x));
+            near &= near - 1;
+        }
+        if work.len() > limit {
+            return None;
+        }
+    }
+    let mut lanes = [0f32; 8];
+    // SAFETY: `lanes` holds 8 f32.
+    unsafe { _mm256_storeu_ps(lanes.as_mut_ptr(), running) };
+    let max = lanes
+        .into_iter()
+        .chain(rest.iter().copied())
+        .fold(f32::NEG_INFINITY, |m, x| if x > m { x } else { m });
+    // The last values against the final maximum.
+    let floor = (max + below).max(f32::MIN);
+    work.extend(rest.iter().filter(|&&x| x >= floor).map(|&x| (0, 0, x)));
+    (work.len() <= limit).then_some(max)
+}
+
 /// The k-th largest non-NaN value (`-inf` when there are fewer than k).
 ///
 /// On long rows the values are first narrowed to those at or above a pivot taken from a strided
@@ -67,28 +143,10 @@ pub(crate) fn kth_largest(values: &[f32], k: usize, work: &mut Work) -> f32 {
     if k == 1 {
         return largest(values);
     }
-    const SAMPLE: usize = 1024;
-    let n = values.len();
-    if n >= 8 * SAMPLE {
-        work.clear();
-        let step = n / SAMPLE;
-        work.extend(
-            values
-                .iter()
-                .step_by(step)
-                .filter(|x| !x.is_nan())
-                .map(|&x| (order_key(x), 0, x)),
-        );
-        // Twice the expected share of the k largest, and a margin: the candidates are about
-        // 2k + 4 * step values, fewer than k about once in a thousand rows for small k.
-        let rank = 2 * k * work.len() / n + 4;
-        if rank < work.len() {
-            let at = work.len() - rank;
-            let pivot = work.select_nth_unstable_by_key(at, |e| e.0).1 .2;
-            collect_from(values, pivot.max(f32::MIN), work, |_| 0);
-            if work.len() >= k {
-                return kth_of(work, k);
-            }
+    if let Some(floor) = sampled_floor(values, k, work) {
+        collect_from(values, floor, work, |_| 0);
+        if work.len() >= k {
+            return kth_of(work, k);
         }
     }
     collect_from(values, f32::MIN, work, |_| 0);
@@ -98,8 +156,40 @@ pub(crate) fn kth_largest(values: &[f32], k: usize, work: &mut Work) -> f32 {
     kth_of(work, k)
 }
 
+/// A floor under the `k` largest values of a long row (`None` for a row shorter than 8,192, or a
+/// `k` near its length): a value of a strided sample, at least `f32::MIN`. Twice the expected
+/// share of the k largest, and a margin: the values at or above it are about `2k + 4 * step`,
+/// fewer than k about once in a thousand rows for small k.
+pub(crate) fn sampled_floor(values: &[f32], k: usize, work: &mut Work) -> Option<f32> {
+    const SAMPLE: usize = 1024;
+    let n = values.len();
+    if n < 8 * SAMPLE {
+        return None;
+    }
+    work.clear();
+    let step = n / SAMPLE;
+    work.extend(
+        values
+            .iter()
+            .step_by(step)
+            .filter(|x| !x.is_nan())
+            .map(|&x| (order_key(x), 0, x)),
+    );
+    let rank = 2 * k * work.len() / n + 4;
+    if rank >= work.len() {
+        return None;
+    }
+    let at = work.len() - rank;
+    Some(
+        work.select_nth_unstable_by_key(at, |e| e.0)
+            .1
+             .2
+            .max(f32::MIN),
+    )
+}
+
 /// The value with the k-th largest key in `work` (`1 <= k <= work.len()`).
-fn kth_of(work: &mut Work, k: usize) -> f32 {
+pub(crate) fn kth_of(work: &mut Work, k: usize) -> f32 {
     let at = work.len() - k;
     work.select_nth_unstable_by_key(at, |e| e.0).1 .2
 }

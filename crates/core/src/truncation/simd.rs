@@ -11,7 +11,7 @@ use std::arch::x86_64::*;
 
 mod avx2;
 
-use super::softmax::WEIGHTLESS;
+use super::softmax::{ENTROPY_WEIGHTLESS, WEIGHTLESS};
 use super::{
     order_key, Work, EXP_LN2_HI, EXP_LN2_LO, EXP_LOG2_E, EXP_POLY, EXP_SHIFTER, FIXED_BITS,
 };
@@ -92,13 +92,13 @@ impl Lanes {
         (round(live, self.scaled_exp(d)), live)
     }
 
-    /// The weights and the entropy weights `fixed(q * -d)` as integral f32, 0 where `d < -32`
-    /// (an entropy weight there is 0: `e^-32 * 32 * 2^32 < 0.002`) or NaN; and the mask of the
-    /// other lanes. `(q * 2^32) * -d` is `(q * -d) * 2^32`: scaling by `2^32` commutes with the
+    /// The weights and the entropy weights `fixed(q * -d)` as integral f32, 0 where `d < -27`
+    /// (an entropy weight there is 0: `ENTROPY_WEIGHTLESS`) or NaN; and the mask of the other
+    /// lanes. `(q * 2^32) * -d` is `(q * -d) * 2^32`: scaling by `2^32` commutes with the
     /// rounding of a normal product.
     #[inline(always)]
     unsafe fn weights_and_entropy(&self, d: __m512) -> (__m512, __m512, __mmask16) {
-        let live = _mm512_cmp_ps_mask::<_CMP_GE_OQ>(d, _mm512_set1_ps(-32.0));
+        let live = _mm512_cmp_ps_mask::<_CMP_GE_OQ>(d, _mm512_set1_ps(-ENTROPY_WEIGHTLESS));
         let scaled = self.scaled_exp(d);
         let minus_d = _mm512_sub_ps(_mm512_setzero_ps(), d);
         let entropy = round(live, _mm512_mul_ps(scaled, minus_d));
@@ -507,6 +507,59 @@ fn smallest_above_and_between_512(
         }
         Some(_mm512_reduce_min_ps(smallest))
     }
+}
+
+/// Appends to `out` every value of `values` at or above `floor` (NaN never), in order: false,
+/// stopping, once more than `limit` are appended. AVX-512 compresses each vector's lanes
+/// (`vcompressps`) and stores them whole; AVX2 pushes them one by one.
+pub(crate) fn values_at_least(
+    values: &[f32],
+    floor: f32,
+    limit: usize,
+    out: &mut Vec<f32>,
+) -> bool {
+    // SAFETY: the caller checked `available()`; `sixteen()` that the CPU has AVX-512.
+    unsafe {
+        if sixteen() {
+            values_at_least_512(values, floor, limit, out)
+        } else {
+            avx2::values_at_least(values, floor, limit, out)
+        }
+    }
+}
+
+#[target_feature(enable = "avx512f,avx512dq")]
+fn values_at_least_512(values: &[f32], floor: f32, limit: usize, out: &mut Vec<f32>) -> bool {
+    let start = out.len();
+    // Room for `limit` values and one more vector: the check comes after each store.
+    out.reserve(limit + 16);
+    let floor_v = _mm512_set1_ps(floor);
+    let mut end = start;
+    let blocks = values.chunks_exact(16);
+    let rest = blocks.remainder();
+    for block in blocks {
+        // SAFETY: AVX-512 F is enabled here; `block` holds 16 f32, and `out` has room for the
+        // 16 lanes past `end` while `end - start <= limit`.
+        unsafe {
+            let x = _mm512_loadu_ps(block.as_ptr());
+            let at_least = _mm512_cmp_ps_mask::<_CMP_GE_OQ>(x, floor_v);
+            if at_least == 0 {
+                continue;
+            }
+            // Compressed in the register, then a whole vector stored (a compressing store to
+            // memory is microcoded on some CPUs, many times slower); the lanes past the count
+            // are overwritten by the next store or cut by the length.
+            let packed = _mm512_maskz_compress_ps(at_least, x);
+            _mm512_storeu_ps(out.as_mut_ptr().add(end), packed);
+            end += at_least.count_ones() as usize;
+            out.set_len(end);
+        }
+        if end - start > limit {
+            return false;
+        }
+    }
+    out.extend(rest.iter().filter(|&&x| x >= floor));
+    out.len() - start <= limit
 }
 
 /// Top-n-sigma's sums with its eight f64 partial sums as the eight lanes of one vector (lane

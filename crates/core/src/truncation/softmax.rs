@@ -1,9 +1,10 @@
 //! The softmax in fixed point: the row's maximum, the weights of its values and their sums
 //! (vectorized where the CPU allows, the same bits everywhere).
 
+use crate::truncation::select::{lowest_reaching, max_and_near};
 #[cfg(target_arch = "x86_64")]
 use crate::truncation::simd;
-use crate::truncation::{exp, fixed, from_order_key, order_key, Truncation, FIXED_BITS};
+use crate::truncation::{exp, fixed, from_order_key, order_key, Truncation, Work, FIXED_BITS};
 #[cfg(target_arch = "x86_64")]
 use crate::truncation::{EXP_LN2_HI, EXP_LN2_LO, EXP_LOG2_E, EXP_POLY, EXP_SHIFTER};
 
@@ -162,6 +163,161 @@ pub(super) fn weight_sum_avx2(values: &[f32], max: f32) -> u64 {
 /// Values more than this below the maximum have weight 0: `exp(d) < 2^-33`, which rounds to 0
 /// in fixed point (a test checks every f32 from `-104` to here).
 pub(super) const WEIGHTLESS: f32 = 23.0;
+
+/// Values more than this below the maximum have entropy weight 0: `fixed(q * -d)` with
+/// `e^-27 * 27 * 2^32 < 0.22` (a test checks every f32 from `-104` to here).
+pub(super) const ENTROPY_WEIGHTLESS: f32 = 27.0;
+
+/// How far below the maximum [`heavy`] collects: one more than [`WEIGHTLESS`] (for the entropy
+/// sum too, [`ENTROPY_WEIGHTLESS`]), so that the rounding of `max - below` (at most `2^-7` for a
+/// maximum below `1e5`) cannot leave out a value that weighs anything.
+pub(crate) fn heavy_below(entropy: bool) -> f32 {
+    1.0 + if entropy {
+        ENTROPY_WEIGHTLESS
+    } else {
+        WEIGHTLESS
+    }
+}
+
+/// The softmax of `values` from the values that weigh anything, when they are at most a quarter
+/// of the row (a model's row: its mass sits within a few units of its maximum): [`near_max`]
+/// collects every value from `max - below` up (`below` [`heavy_below`]`(entropy)`: an upper set
+/// of the row, NaN and `-inf` aside), the values below it weigh 0, so the sums over them are the
+/// whole row's (`E` when `entropy`, else 0; vectorized where the CPU allows). Returns what
+/// `then` makes of those values and that softmax (`work` its scratch space); `Err` with the
+/// row's maximum when it was found on the way (with the sign of a zero decided) where there are
+/// more of them, the maximum is not finite or is `1e5` or more in magnitude, or `then` gives
+/// `None`; `Err(None)` without AVX2.
+#[inline(always)]
+pub(crate) fn heavy<R>(
+    values: &[f32],
+    entropy: bool,
+    work: &mut Work,
+    then: impl FnOnce(&[f32], Softmax, &mut Work) -> Option<R>,
+) -> Result<R, Option<f32>> {
+    let below = heavy_below(entropy);
+    let mut near = NEAR.take();
+    let found = near_max(values, -below, values.len() / 4, work, &mut near);
+    let usable = |max: f32| match max.is_finite() && max.abs() < 1e5 {
+        true => Ok(max),
+        false => Err(Some(max)),
+    };
+    let max = match found.and_then(usable) {
+        Ok(max) => max,
+        Err(max) => {
+            NEAR.set(near);
+            return Err(max);
+        }
+    };
+    let (sum, entropy_sum) = sums(&near, max, entropy);
+    let made = then(
+        &near,
+        Softmax {
+            max,
+            sum,
+            entropy_sum,
+        },
+        work,
+    );
+    NEAR.set(near);
+    made.ok_or(Some(max))
+}
+
+thread_local! {
+    /// [`heavy`]'s values, kept between the calls of a thread (at most a quarter of the longest
+    /// row it has cut).
+    static NEAR: std::cell::Cell<Vec<f32>> = const { std::cell::Cell::new(Vec::new()) };
+}
+
+/// `W` and (when `entropy`) `E` over `values` under `max`: the passes of `truncation/simd.rs`
+/// where the CPU has them, else one value at a time.
+#[inline(always)]
+fn sums(values: &[f32], max: f32, entropy: bool) -> (u64, u64) {
+    #[cfg(target_arch = "x86_64")]
+    if values.len() < 1 << 21 && simd::available() {
+        return simd::sums(values, max, entropy);
+    }
+    let softmax = Softmax {
+        max,
+        sum: 0,
+        entropy_sum: 0,
+    };
+    values.iter().fold((0, 0), |(w, e), &x| {
+        let (dw, de) = softmax.weights(x);
+        (w + dw, if entropy { e + de } else { 0 })
+    })
+}
+
+/// The row's maximum (NaN never wins; as [`largest`] decides it), with every value but `-inf`
+/// from `maximum + below` up in `near` (an upper set of the row): one pass for both
+/// ([`max_and_near`], `work` its scratch space) where the values near the running maximum are at
+/// most 4,096 (a row whose values near its maximum are spread through it), else a pass for the
+/// maximum and one for the values near it (a model's row: its maximum stands far above most of
+/// it, and the running maximum of its first values far below the last). `Err` with the maximum
+/// past `limit` values, or `None` without AVX2 (and FMA for the second way). For a maximum that
+/// is not finite or is `1e5` or more in magnitude, `near` is left unspecified (the caller's to
+/// refuse).
+#[inline(always)]
+pub(crate) fn near_max(
+    values: &[f32],
+    below: f32,
+    limit: usize,
+    work: &mut Work,
+    near: &mut Vec<f32>,
+) -> Result<f32, Option<f32>> {
+    near.clear();
+    let max = match max_and_near(values, below, limit.min(4096), work) {
+        Some(max) => {
+            let floor = max + below;
+            near.extend(work.iter().map(|e| e.2).filter(|&x| x >= floor));
+            max
+        }
+        #[cfg(target_arch = "x86_64")]
+        None if simd::available() => {
+            let max = largest(values);
+            let usable = max.is_finite() && max.abs() < 1e5;
+            if usable && !simd::values_at_least(values, max + below, limit, near) {
+                return Err(Some(max));
+            }
+            return Ok(max);
+        }
+        None => return Err(None),
+    };
+    // The sign of a zero maximum, as `largest` decides it.
+    Ok(if max == 0.0 { largest(values) } else { max })
+}
+
+/// Sets each entry's weight to `fixed(exp(value - max))` ([`Softmax::weights`]): sixteen or eight
+/// at a time where the CPU allows.
+#[inline(always)]
+pub(crate) fn weigh(work: &mut Work, max: f32) {
+    #[cfg(target_arch = "x86_64")]
+    if simd::available() {
+        return simd::fill_weights(work, max);
+    }
+    let softmax = Softmax {
+        max,
+        sum: 0,
+        entropy_sum: 0,
+    };
+    for e in work.iter_mut() {
+        e.1 = softmax.weights(e.2).0;
+    }
+}
+
+/// The smallest value whose `q` reaches `threshold` (`+inf` when none does), as
+/// [`lowest_reaching`] finds it over the whole row, from [`heavy`]'s values: a value below them
+/// has `q < 4e-11` (its `x - max` is at most `-23.99`), so for a threshold of `1e-10` or more
+/// none of them reaches it. `None` for a smaller threshold (or NaN).
+#[inline(always)]
+pub(crate) fn lowest_reaching_near(
+    near: &[f32],
+    max: f32,
+    threshold: f32,
+    work: &mut Work,
+) -> Option<f32> {
+    (threshold >= 1e-10).then(|| lowest_reaching(near, max, threshold, work))
+}
 
 /// A row's softmax in the fixed-point form the module docs describe: the maximum, the sum `W`
 /// of the probabilities' fixed-point weights and the entropy sum `E`.
@@ -340,7 +496,8 @@ mod tests {
         }
     }
 
-    /// Every f32 from `-104` (below which `exp` is 0) up to `-WEIGHTLESS` has weight 0: the
+    /// Every f32 from `-104` (below which `exp` is 0) up to `-WEIGHTLESS` has weight 0 (up to
+    /// `-ENTROPY_WEIGHTLESS`, entropy weight 0): the
     /// vectorized sum may skip blocks below it.
     #[test]
     fn values_far_below_the_maximum_weigh_nothing() {
@@ -356,5 +513,11 @@ mod tests {
             assert_eq!(softmax.weights(d).0, 0, "{d}");
         }
         assert!(softmax.weights(-WEIGHTLESS + 0.5).0 > 0);
+        let to = (-ENTROPY_WEIGHTLESS).to_bits();
+        for bits in to..=from {
+            let d = f32::from_bits(bits);
+            assert_eq!(softmax.weights(d).1, 0, "{d}");
+        }
+        assert!(softmax.weights(-WEIGHTLESS - 3.0).1 > 0);
     }
 }

@@ -2,16 +2,27 @@
 //! largest.
 
 use crate::truncation::select::{lowest_reaching, with_min_keep};
-use crate::truncation::{largest, Band, Softmax, Work};
+use crate::truncation::{heavy, largest, lowest_reaching_near, Band, Softmax, Work};
 
 /// The band top-a keeps. With `q = exp(x - max)` and `S` the sum of the `q`s (the fixed-point sum
 /// of the truncation module), `p = q / S` and `p_max = 1 / S`, so the rule is `q >= a / S`: one
 /// vectorized pass for `S`, then one pass of compares, `q` computed only for the values within a
-/// margin of `max + ln(a / S)` ([`lowest_reaching`]).
+/// margin of `max + ln(a / S)` ([`lowest_reaching`]); or from the values that weigh anything when
+/// they are few ([`heavy`]: one pass).
 #[inline(always)]
 pub(crate) fn band(values: &[f32], a: f32, min_keep: usize, work: &mut Work) -> Band {
-    let max = largest(values);
-    if !max.is_finite() || a <= 0.0 {
+    if a <= 0.0 {
+        return Band::ALL;
+    }
+    let near = heavy(values, false, work, |near, softmax, work| {
+        let lo = lowest_reaching_near(near, softmax.max, a / softmax.scale(), work)?;
+        Some((lo, softmax.max))
+    });
+    let max = match near {
+        Ok((lo, max)) => return with_min_keep(values, lo, max, min_keep, work),
+        Err(max) => max.unwrap_or_else(|| largest(values)),
+    };
+    if !max.is_finite() {
         return Band::ALL;
     }
     let softmax = Softmax::weights_only(values, max);

@@ -42,6 +42,42 @@ pub(crate) fn band(values: &[f32], n: f32) -> Band {
     }
 }
 
+/// [`band`] of a row whose values other than `-inf` are `values`, at the ascending indices `at`
+/// (every other value `-inf`, which takes no part): the same sums, each value added to the
+/// partial sum of its index in the row, in index order, so the same bits as over the whole row.
+pub(crate) fn band_at(values: &[f32], at: &[u32], n: f32) -> Band {
+    if n <= 0.0 {
+        return Band::ALL;
+    }
+    let finite = || {
+        values
+            .iter()
+            .zip(at)
+            .filter(|(x, _)| x.is_finite())
+            .map(|(&x, &i)| (x, i as usize % LANES))
+    };
+    let (mut count, mut max, mut acc) = (0usize, f32::NEG_INFINITY, [0f64; LANES]);
+    for (x, lane) in finite() {
+        count += 1;
+        max = max.max(x);
+        acc[lane] += x as f64;
+    }
+    if count <= 1 {
+        return Band::ALL;
+    }
+    let mean = pairwise(&acc) / count as f64;
+    let mut acc = [0f64; LANES];
+    for (x, lane) in finite() {
+        let d = x as f64 - mean;
+        acc[lane] += d * d;
+    }
+    let sigma = (pairwise(&acc) / count as f64).sqrt() as f32;
+    Band {
+        lo: max - n * sigma,
+        hi: f32::INFINITY,
+    }
+}
+
 /// Values summed at a time, one partial sum each (a fixed order: the same sums on every run).
 const LANES: usize = 8;
 
@@ -188,6 +224,34 @@ mod tests {
                 let squares = lanes(&row, |x| (x as f64 - mean) * (x as f64 - mean));
                 let wide = pairwise(&crate::truncation::finite_lane_sums(&row, Some(mean)).2);
                 assert_eq!(wide.to_bits(), squares.to_bits(), "{len}");
+            }
+        }
+    }
+
+    /// Over the values that are not `-inf`, with their indices, the band is the whole row's, bit
+    /// for bit.
+    #[test]
+    fn the_band_at_indices_is_the_rows() {
+        let mut seed = 5u64;
+        for len in [2usize, 9, 1000, 20_000] {
+            let row: Vec<f32> = (0..len)
+                .map(|i| {
+                    seed = seed.wrapping_mul(6364136223846793005).wrapping_add(1);
+                    match (seed >> 33) % 5 {
+                        0 if i % 3 == 0 => f32::NAN,
+                        0 | 1 => f32::NEG_INFINITY,
+                        _ => ((seed >> 40) as f32 / (1u64 << 24) as f32 - 0.5) * 40.0,
+                    }
+                })
+                .collect();
+            let at: Vec<u32> = (0..len as u32)
+                .filter(|&i| row[i as usize] != f32::NEG_INFINITY)
+                .collect();
+            let values: Vec<f32> = at.iter().map(|&i| row[i as usize]).collect();
+            for n in [0.5f32, 1.0, 3.0, -1.0] {
+                let (whole, sparse) = (band(&row, n), band_at(&values, &at, n));
+                assert_eq!(whole.lo.to_bits(), sparse.lo.to_bits(), "len {len} n {n}");
+                assert_eq!(whole.hi, sparse.hi);
             }
         }
     }

@@ -3,15 +3,27 @@
 #[cfg(target_arch = "x86_64")]
 use crate::truncation::select::reaching_bucket;
 use crate::truncation::select::{collect_from, weighted_select, with_min_keep};
-use crate::truncation::{largest, Band, Softmax, Work};
 #[cfg(target_arch = "x86_64")]
-use crate::truncation::{order_key, simd};
+use crate::truncation::simd;
+use crate::truncation::{heavy, largest, order_key, weigh, Band, Softmax, Work};
 
-/// The band top-p keeps: from the lowest value its mass needs ([`lowest`]), at least `min_keep`
-/// values; everything when the row has no distribution or its mass never reaches `p`.
+/// The band top-p keeps: from the lowest value its mass needs, at least `min_keep` values;
+/// everything when the row has no distribution or its mass never reaches `p`. The boundary is
+/// selected among the values that weigh anything when they are few ([`heavy`]: one pass), else
+/// as [`lowest`] selects it.
 #[inline(always)]
 pub(crate) fn band(values: &[f32], p: f32, min_keep: usize, work: &mut Work) -> Band {
-    let max = largest(values);
+    let near = heavy(values, false, work, |near, softmax, work| {
+        // Every value that weighs anything is among them: their mass is the row's.
+        work.clear();
+        work.extend(near.iter().map(|&x| (order_key(x), 0, x)));
+        weigh(work, softmax.max);
+        Some((weighted_select(work, 0, softmax.target(p)).2, softmax.max))
+    });
+    let max = match near {
+        Ok((lo, max)) => return with_min_keep(values, lo, max, min_keep, work),
+        Err(max) => max.unwrap_or_else(|| largest(values)),
+    };
     if !max.is_finite() {
         // No distribution (as `Softmax::is_defined`).
         return Band::ALL;

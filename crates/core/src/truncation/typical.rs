@@ -5,35 +5,75 @@
 use crate::truncation::select::{reaching_bucket, weighted_select};
 #[cfg(target_arch = "x86_64")]
 use crate::truncation::simd;
-use crate::truncation::{largest, order_key, Band, Softmax, Work};
+use crate::truncation::{heavy, heavy_below, largest, order_key, weigh, Band, Softmax, Work};
 
-/// The band typical keeps: with the passes of `truncation/simd.rs` for `min_keep` 1 where the
-/// CPU has them ([`band_wide`]), otherwise by partial sorts of the scores ([`by_sorting`]).
+/// The band typical keeps: from the values that weigh anything when they are few
+/// ([`from_heavy`]), else with the passes of `truncation/simd.rs` for `min_keep` 1 where the CPU
+/// has them ([`band_wide`]), otherwise by partial sorts of the scores ([`by_sorting`]).
 #[inline(always)]
 pub(crate) fn band(values: &[f32], mass: f32, min_keep: usize, work: &mut Work) -> Band {
-    let max = largest(values);
+    let max = match from_heavy(values, mass, min_keep, work) {
+        Ok(band) => return band,
+        Err(max) => max.unwrap_or_else(|| largest(values)),
+    };
     if !max.is_finite() {
         // No distribution (as `Softmax::is_defined`).
         return Band::ALL;
     }
     #[cfg(target_arch = "x86_64")]
     if min_keep == 1 && simd::available() && values.len() < 1 << 21 {
-        return band_wide(values, max, mass, work);
+        let (sum, entropy_sum) = simd::sums(values, max, true);
+        let softmax = Softmax {
+            max,
+            sum,
+            entropy_sum,
+        };
+        return band_wide(values, softmax, mass, work);
     }
     by_sorting(values, &Softmax::of(values), mass, min_keep, work)
+}
+
+/// Typical's band from the values that weigh anything, when they are few ([`heavy`]) and no value
+/// below them can have a score within the band's: the selection is [`band_wide`]'s (or
+/// [`by_sorting`]'s) over them (their mass is the row's). A value below them has `x - max` at most
+/// the edge's, so while the edge's `d + E / W` is negative its score is at least the edge's;
+/// the band's largest score is at one of its ends (the score is convex in the value). As `E / W`
+/// is a mean of `-d` over the values that weigh anything, nearly all within 33 of the maximum and
+/// most of the mass within a few units of it, the check holds on every row seen: it guards the
+/// argument.
+fn from_heavy(
+    values: &[f32],
+    mass: f32,
+    min_keep: usize,
+    work: &mut Work,
+) -> Result<Band, Option<f32>> {
+    heavy(values, true, work, |near, softmax, work| {
+        if min_keep > near.len() {
+            return None;
+        }
+        #[cfg(target_arch = "x86_64")]
+        let band = if min_keep == 1 && simd::available() {
+            band_wide(near, softmax, mass, work)
+        } else {
+            by_sorting(near, &softmax, mass, min_keep, work)
+        };
+        #[cfg(not(target_arch = "x86_64"))]
+        let band = by_sorting(near, &softmax, mass, min_keep, work);
+        let shift = softmax.shift();
+        let score = |x: f32| softmax.typical_score(x, shift);
+        let edge = softmax.max - heavy_below(true);
+        let below_edge = (edge - softmax.max) + shift < 0.0;
+        (band != Band::ALL && below_edge && score(edge) > score(band.lo).max(score(band.hi)))
+            .then_some(band)
+    })
 }
 
 /// Typical's band with the passes of `truncation/simd.rs` (`min_keep` 1): the sums `W` and `E` in one pass, then
 /// the mass of each bucket of scores (1/16 wide) in another; the boundary is selected among the
 /// values of the bucket where the running mass, smallest scores first, reaches the target.
 #[cfg(target_arch = "x86_64")]
-fn band_wide(values: &[f32], max: f32, mass: f32, work: &mut Work) -> Band {
-    let (sum, entropy_sum) = simd::sums(values, max, true);
-    let softmax = Softmax {
-        max,
-        sum,
-        entropy_sum,
-    };
+fn band_wide(values: &[f32], softmax: Softmax, mass: f32, work: &mut Work) -> Band {
+    let max = softmax.max;
     let key = simd::Key::Typical {
         shift: softmax.shift(),
     };
@@ -104,10 +144,10 @@ pub(super) fn by_sorting(
     work.clear();
     for &x in values {
         if !x.is_nan() && x != f32::NEG_INFINITY {
-            let score = softmax.typical_score(x, shift);
-            work.push((order_key(score), softmax.weights(x).0, x));
+            work.push((order_key(softmax.typical_score(x, shift)), 0, x));
         }
     }
+    weigh(work, softmax.max);
     let total = work.len();
     if total == 0 {
         return Band::ALL;

@@ -2,14 +2,33 @@
 //! probability reaches the threshold.
 
 use crate::truncation::select::lowest_reaching;
-use crate::truncation::{largest, Band, Softmax, Work};
+use crate::truncation::{heavy, largest, lowest_reaching_near, Band, Softmax, Work};
 
 /// The band XTC's cut keeps: `v` the smallest value whose probability reaches `threshold`
 /// (`q >= threshold * S`), every value above `v` removed, when there is one and at least
-/// `min_keep` finite values stay; otherwise everything.
+/// `min_keep` finite values stay; otherwise everything. For `min_keep` 1, from the values that
+/// weigh anything when they are few ([`heavy`]: one pass).
 #[inline(always)]
 pub(crate) fn band(values: &[f32], threshold: f32, min_keep: usize, work: &mut Work) -> Band {
-    let max = largest(values);
+    let mut known = None;
+    if min_keep == 1 {
+        let near = heavy(values, false, work, |near, softmax, work| {
+            let v = lowest_reaching_near(near, softmax.max, threshold * softmax.scale(), work)?;
+            // The values above `v` are among the values near the maximum.
+            Some(match near.iter().any(|&x| x > v) {
+                true => Band {
+                    lo: f32::NEG_INFINITY,
+                    hi: v,
+                },
+                false => Band::ALL,
+            })
+        });
+        match near {
+            Ok(band) => return band,
+            Err(max) => known = max,
+        }
+    }
+    let max = known.unwrap_or_else(|| largest(values));
     if !max.is_finite() {
         return Band::ALL;
     }

@@ -8,7 +8,7 @@
 
 use std::arch::x86_64::*;
 
-use super::super::softmax::WEIGHTLESS;
+use super::super::softmax::{ENTROPY_WEIGHTLESS, WEIGHTLESS};
 use super::super::{
     order_key, Work, EXP_LN2_HI, EXP_LN2_LO, EXP_LOG2_E, EXP_POLY, EXP_SHIFTER, FIXED_BITS,
 };
@@ -64,11 +64,11 @@ impl Lanes {
         (round(live, self.scaled_exp(d)), live)
     }
 
-    /// The weights and the entropy weights `fixed(q * -d)` as integral f32, 0 where `d < -32`
+    /// The weights and the entropy weights `fixed(q * -d)` as integral f32, 0 where `d < -27`
     /// or NaN (as `simd.rs`); and the mask of the other lanes.
     #[inline(always)]
     unsafe fn weights_and_entropy(&self, d: __m256) -> (__m256, __m256, __m256) {
-        let live = _mm256_cmp_ps::<_CMP_GE_OQ>(d, _mm256_set1_ps(-32.0));
+        let live = _mm256_cmp_ps::<_CMP_GE_OQ>(d, _mm256_set1_ps(-ENTROPY_WEIGHTLESS));
         let scaled = self.scaled_exp(d);
         let minus_d = _mm256_sub_ps(_mm256_setzero_ps(), d);
         let entropy = round(live, _mm256_mul_ps(scaled, minus_d));
@@ -168,8 +168,8 @@ pub(super) fn sums_with_entropy(values: &[f32], max: f32) -> (u64, u64) {
             let a = lanes.d(_mm256_loadu_ps(block.as_ptr()));
             let b = lanes.d(_mm256_loadu_ps(block.as_ptr().add(8)));
             let live = _mm256_or_ps(
-                _mm256_cmp_ps::<_CMP_GE_OQ>(a, _mm256_set1_ps(-32.0)),
-                _mm256_cmp_ps::<_CMP_GE_OQ>(b, _mm256_set1_ps(-32.0)),
+                _mm256_cmp_ps::<_CMP_GE_OQ>(a, _mm256_set1_ps(-ENTROPY_WEIGHTLESS)),
+                _mm256_cmp_ps::<_CMP_GE_OQ>(b, _mm256_set1_ps(-ENTROPY_WEIGHTLESS)),
             );
             if !any(live) {
                 continue;
@@ -428,6 +428,45 @@ pub(super) fn smallest_above_and_between(
         return None;
     }
     Some(smallest)
+}
+
+/// `simd::values_at_least`'s pass: two compares and a bit mask a block of sixteen, then the
+/// values at or above the floor pushed one by one.
+#[target_feature(enable = "avx2,fma")]
+pub(super) fn values_at_least(
+    values: &[f32],
+    floor: f32,
+    limit: usize,
+    out: &mut Vec<f32>,
+) -> bool {
+    let start = out.len();
+    let floor_v = _mm256_set1_ps(floor);
+    let blocks = values.chunks_exact(16);
+    let rest = blocks.remainder();
+    for block in blocks {
+        // SAFETY: AVX2 is enabled here; `block` holds 16 f32.
+        let (a, b) = unsafe {
+            (
+                _mm256_loadu_ps(block.as_ptr()),
+                _mm256_loadu_ps(block.as_ptr().add(8)),
+            )
+        };
+        let mut at_least = (_mm256_movemask_ps(_mm256_cmp_ps::<_CMP_GE_OQ>(a, floor_v))
+            | _mm256_movemask_ps(_mm256_cmp_ps::<_CMP_GE_OQ>(b, floor_v)) << 8)
+            as u32;
+        if at_least == 0 {
+            continue;
+        }
+        while at_least != 0 {
+            out.push(block[at_least.trailing_zeros() as usize]);
+            at_least &= at_least - 1;
+        }
+        if out.len() - start > limit {
+            return false;
+        }
+    }
+    out.extend(rest.iter().filter(|&&x| x >= floor));
+    out.len() - start <= limit
 }
 
 /// `simd::finite_lane_sums`'s pass: lane `j` of the first f64 vector adds the values at `j`,
