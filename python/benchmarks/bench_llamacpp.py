@@ -66,6 +66,7 @@ def library():
         ("llama_sampler_init_top_n_sigma", [f], sampler),
         ("llama_sampler_init_mirostat", [i32, u32, f, f, i32], sampler),
         ("llama_sampler_init_mirostat_v2", [u32, f, f], sampler),
+        ("llama_sampler_init_adaptive_p", [f, f, u32], sampler),
         ("llama_sampler_init_penalties", [i32, i32, f, f, f], sampler),
         ("llama_sampler_chain_add", [sampler, sampler], None),
         ("llama_sampler_apply", [sampler, ctypes.POINTER(TokenDataArray)], None),
