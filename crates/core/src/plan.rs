@@ -1657,14 +1657,11 @@ mod tests {
     #[test]
     fn llama_cpps_default_chain_and_its_orders_take_the_survivors_path() {
         let vocab = 151_936;
-        let mut state = 0x9e37_79b9_7f4a_7c15u64;
+        let mut uniform = crate::truncation::uniform(0x9e37_79b9_7f4a_7c15);
         // Uniform in [-8, 8), and one token in a thousand 10 higher: a few hundred likely tokens.
         let row: Vec<f32> = (0..vocab)
             .map(|i| {
-                state ^= state << 13;
-                state ^= state >> 7;
-                state ^= state << 17;
-                let x = (state >> 40) as f32 / (1u64 << 24) as f32 * 16.0 - 8.0;
+                let x = uniform() * 16.0 - 8.0;
                 x + if i % 1000 == 0 { 10.0 } else { 0.0 }
             })
             .collect();

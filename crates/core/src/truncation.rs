@@ -288,6 +288,18 @@ impl Truncation {
     }
 }
 
+/// Uniform values in [0, 1) from a xorshift64 generator: the tests' reproducible rows.
+#[cfg(test)]
+pub(crate) fn uniform(seed: u64) -> impl FnMut() -> f32 {
+    let mut state = seed;
+    move || {
+        state ^= state << 13;
+        state ^= state >> 7;
+        state ^= state << 17;
+        (state >> 40) as f32 / (1u64 << 24) as f32
+    }
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;
@@ -595,13 +607,7 @@ mod tests {
     fn model_row() -> impl Strategy<Value = Vec<f32>> {
         (16_000usize..24_000, 0u8..4, any::<u64>(), -50.0f32..50.0).prop_map(
             |(len, shape, seed, offset)| {
-                let mut state = seed | 1;
-                let mut uniform = move || {
-                    state ^= state << 13;
-                    state ^= state >> 7;
-                    state ^= state << 17;
-                    (state >> 40) as f32 / (1u64 << 24) as f32
-                };
+                let mut uniform = super::uniform(seed | 1);
                 (0..len)
                     .map(|i| {
                         let normal = (0..4).map(|_| uniform()).sum::<f32>() * 1.732 - 3.464;
@@ -630,13 +636,7 @@ mod tests {
             eprintln!("skipped: the values near the maximum are collected with AVX2 and FMA");
             return;
         }
-        let mut state = 0x2545_f491_4f6c_dd1du64;
-        let mut uniform = move || {
-            state ^= state << 13;
-            state ^= state >> 7;
-            state ^= state << 17;
-            (state >> 40) as f32 / (1u64 << 24) as f32
-        };
+        let mut uniform = super::uniform(0x2545_f491_4f6c_dd1d);
         let mut normal = || (0..12).map(|_| uniform()).sum::<f32>() - 6.0;
         let peaked: Vec<f32> = (0..151_936).map(|_| normal() * 16.0).collect();
         let mut zipf: Vec<f32> = (1..=151_936)

@@ -633,13 +633,7 @@ mod tests {
             eprintln!("skipped: no AVX-512 on this CPU");
             return;
         }
-        let mut state = 0x2545_f491_4f6c_dd1du64;
-        let mut next = move || {
-            state ^= state << 13;
-            state ^= state >> 7;
-            state ^= state << 17;
-            (state >> 40) as f32 / (1u64 << 24) as f32
-        };
+        let mut next = crate::truncation::uniform(0x2545_f491_4f6c_dd1d);
         for (spread, offset) in [(1.0f32, 0.0f32), (8.0, -3.0), (0.05, 30_000.0), (40.0, 1e3)] {
             let row: Vec<f32> = (0..3001)
                 .map(|i| match i % 53 {

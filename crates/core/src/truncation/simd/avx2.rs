@@ -542,13 +542,7 @@ mod tests {
     /// Rows of every length up to 70 and a few long ones, with NaN, `-inf` (and `+inf` where
     /// `infinite`), ties, signed zeros and values far below the maximum, at several offsets.
     fn rows(infinite: bool) -> Vec<Vec<f32>> {
-        let mut state = 0x9e37_79b9_7f4a_7c15u64;
-        let mut next = move || {
-            state ^= state << 13;
-            state ^= state >> 7;
-            state ^= state << 17;
-            (state >> 40) as f32 / (1u64 << 24) as f32
-        };
+        let mut next = crate::truncation::uniform(0x9e37_79b9_7f4a_7c15);
         let mut rows = vec![];
         let lengths = (0..70).chain([1000, 3001, 4099]);
         for (n, len) in lengths.enumerate() {
