@@ -163,6 +163,18 @@ fn remove_outside_avx(row: &mut [f32], band: Band) {
     remove_outside_portable(blocks.into_remainder(), band);
 }
 
+/// Sets every element to `value`, 32 bytes a store where the CPU has AVX (generic code is
+/// compiled for SSE2's 16-byte stores, which take twice as long over a row in cache).
+pub(crate) fn fill<T: Copy>(row: &mut [T], value: T) {
+    #[cfg(target_arch = "x86_64")]
+    if crate::cpu::avx() {
+        // SAFETY: the CPU has AVX.
+        unsafe { simd::fill(row, value) };
+        return;
+    }
+    row.fill(value);
+}
+
 /// Sets every element to `value` with streaming (non-temporal) stores where AVX2 is present: a
 /// forced row is written without being read, and streaming stores skip reading each cache line
 /// before overwriting it, which halves the memory traffic of a fill that does not fit in cache.
@@ -181,6 +193,11 @@ mod simd {
     use super::{bf16, f16, Pass, FAST_DIVIDEND_MAX, FAST_DIVIDEND_MIN};
     use std::arch::x86_64::*;
     use std::sync::atomic::{AtomicU64, Ordering};
+
+    #[target_feature(enable = "avx")]
+    pub(super) fn fill<T: Copy>(row: &mut [T], value: T) {
+        row.fill(value);
+    }
 
     #[target_feature(enable = "avx2")]
     pub(super) unsafe fn fill_streaming<T: Copy>(row: &mut [T], value: T) {

@@ -75,7 +75,9 @@ pub use gpu_shared::{
     exp, fixed, fixed_square, from_order_key, ln, order_key, EXP_LN2_HI, EXP_LN2_LO, EXP_LOG2_E,
     EXP_MAX, EXP_MIN, EXP_POLY, EXP_SHIFTER, FIXED_BITS, LN_LN2_HI, LN_LN2_LO, LN_POLY,
 };
-pub(crate) use select::{collect_from, kth_largest, kth_of, largest_first, sampled_floor};
+pub(crate) use select::{
+    collect_from, each_found, kth_largest, kth_of, largest_first, sampled_floor, SPAN,
+};
 pub(crate) use softmax::{heavy, heavy_below, largest, lowest_reaching_near, near_max, weigh};
 pub use softmax::{weight_sum, Softmax};
 

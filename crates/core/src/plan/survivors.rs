@@ -24,9 +24,10 @@
 //! resolved here are handed to the full passes ([`Survivors::Declined`]), so that no band is
 //! resolved twice.
 
-use super::{in_halves, Band, Bitmask, Edit, Fill, RowPlan};
-use crate::kernels;
+use super::{Band, Bitmask, Edit, Fill, RowPlan};
 use crate::logit::Logit;
+#[cfg(target_arch = "x86_64")]
+use crate::truncation::{each_found, SPAN};
 use crate::truncation::{kth_of, order_key, sampled_floor, Truncation, Work};
 
 /// Rows shorter than this take the full passes.
@@ -108,12 +109,7 @@ impl RowPlan {
                 return self.decline(cut, values);
             }
         }
-        match fill {
-            Fill::Cached => in_halves(row, |_, part| part.fill(T::NEG_INFINITY)),
-            Fill::Streaming => in_halves(row, |_, part| {
-                kernels::fill_streaming(part, T::NEG_INFINITY)
-            }),
-        }
+        fill.minus_infinity(row);
         for (&i, &value) in self.survivors.iter().zip(&values) {
             row[i as usize] = T::from_f32(value);
         }
@@ -464,8 +460,10 @@ fn collect_kept_portable(
     }
 }
 
-/// [`collect_kept`] 16 values at a time: three compares into a bit mask (each true for NaN), then
-/// only the kept values visited.
+/// [`collect_kept`] 32 values at a time: one compare against the band's low end (true for NaN)
+/// skips a block where no value can be kept (most of a row cut to a few tokens), else three
+/// compares into a bit mask per 16 values (each true for NaN); the kept values are appended a
+/// span at a time ([`SPAN`]).
 #[cfg(target_arch = "x86_64")]
 #[target_feature(enable = "avx2")]
 fn collect_kept_avx2(
@@ -491,31 +489,41 @@ fn collect_kept_avx2(
             _mm256_cmp_ps::<_CMP_NEQ_UQ>(x, minus_inf),
         )) as u32
     };
-    let blocks = row.chunks_exact(16);
-    let rest = blocks.remainder();
-    for (b, block) in blocks.enumerate() {
-        // SAFETY: `block` holds 16 f32.
-        let (x, y) = unsafe {
-            (
-                _mm256_loadu_ps(block.as_ptr()),
-                _mm256_loadu_ps(block.as_ptr().add(8)),
-            )
-        };
-        let mut bits = mask(x) | mask(y) << 8;
-        if bits == 0 {
+    let whole = row.len() / 32 * 32;
+    let mut found = [0u32; SPAN / 16];
+    for (s, span) in row[..whole].chunks(SPAN).enumerate() {
+        let mut any = 0;
+        for (b, block) in span.chunks_exact(32).enumerate() {
+            // SAFETY: `block` holds 32 f32.
+            let x: [__m256; 4] =
+                std::array::from_fn(|i| unsafe { _mm256_loadu_ps(block.as_ptr().add(8 * i)) });
+            let maybe = x.map(|x| _mm256_cmp_ps::<_CMP_NLT_UQ>(x, lo));
+            let maybe = _mm256_or_ps(
+                _mm256_or_ps(maybe[0], maybe[1]),
+                _mm256_or_ps(maybe[2], maybe[3]),
+            );
+            if _mm256_testz_ps(maybe, maybe) == 1 {
+                found[2 * b] = 0;
+                found[2 * b + 1] = 0;
+                continue;
+            }
+            found[2 * b] = mask(x[0]) | mask(x[1]) << 8;
+            found[2 * b + 1] = mask(x[2]) | mask(x[3]) << 8;
+            any |= found[2 * b] | found[2 * b + 1];
+        }
+        if any == 0 {
             continue;
         }
-        while bits != 0 {
-            let j = bits.trailing_zeros();
-            kept.push((b * 16) as u32 + j);
-            values.push(block[j as usize]);
-            bits &= bits - 1;
-        }
+        let start = s * SPAN;
+        each_found(&found, span.len(), |i| {
+            kept.push((start + i) as u32);
+            values.push(span[i]);
+        });
         if kept.len() > most {
             return false;
         }
     }
-    collect_kept_portable(rest, band, kept, values, (row.len() - rest.len()) as u32);
+    collect_kept_portable(&row[whole..], band, kept, values, whole as u32);
     kept.len() <= most
 }
 
@@ -534,8 +542,11 @@ mod tests {
             1.0,
             -1.0,
         ];
-        let row: Vec<f32> = (0..1000u32)
+        // Dense in the first 1,000 values, then mostly far below every band (whole blocks
+        // skipped), over three spans of the vector pass.
+        let row: Vec<f32> = (0..3100u32)
             .map(|i| match i.wrapping_mul(2_654_435_761) % 11 {
+                _ if i >= 1000 && i % 397 != 0 => -20.0,
                 n if (n as usize) < specials.len() => specials[n as usize],
                 n => n as f32 - 8.0,
             })
@@ -549,7 +560,9 @@ mod tests {
             Band { lo: -1.0, hi: 1.0 },
             Band { lo: 2.5, hi: 2.5 },
         ] {
-            for len in [0, 1, 15, 16, 17, 999, 1000] {
+            for len in [
+                0, 1, 15, 16, 17, 31, 32, 33, 999, 1000, 1024, 1025, 2080, 3100,
+            ] {
                 let (mut fast, mut fast_values) = (vec![], vec![]);
                 let (mut portable, mut portable_values) = (vec![], vec![]);
                 assert!(collect_kept(

@@ -4,6 +4,25 @@
 
 use crate::truncation::{exp, largest, order_key, Band, Work, EXP_MIN};
 
+/// Values a compare pass scans between its appends to a `Vec`. An append may grow the vector (a
+/// call, after which no vector register survives), so a loop that appends as it goes stores and
+/// reloads its running minima or maxima every block (measured: most of the pass's time); a span's
+/// loop only records the masks of the lanes it found, and they are appended after it.
+pub(crate) const SPAN: usize = 1024;
+
+/// Calls `take` with the index in its span of each lane set in `masks` (a mask of sixteen lanes
+/// per block), for a span of `len` values.
+#[inline(always)]
+pub(crate) fn each_found(masks: &[u32; SPAN / 16], len: usize, mut take: impl FnMut(usize)) {
+    for (block, &mask) in masks[..len.div_ceil(16)].iter().enumerate() {
+        let mut mask = mask;
+        while mask != 0 {
+            take(block * 16 + mask.trailing_zeros() as usize);
+            mask &= mask - 1;
+        }
+    }
+}
+
 /// Collects into `work` every value `x >= floor` (an upper set of the row under
 /// `f32::total_cmp` order: NaN never, `-0.0` and `0.0` together), each with `weight(x)`.
 /// Most rows have few such values; blocks without one cost a compare.
@@ -78,40 +97,46 @@ pub(crate) fn max_and_near(
 fn max_and_near_avx2(values: &[f32], below: f32, limit: usize, work: &mut Work) -> Option<f32> {
     use std::arch::x86_64::*;
     work.clear();
-    let blocks = values.chunks_exact(16);
-    let rest = blocks.remainder();
+    let rest = &values[values.len() / 16 * 16..];
     let (below_v, lowest) = (_mm256_set1_ps(below), _mm256_set1_ps(f32::MIN));
     // The floor of a running maximum: never below the lowest finite value, so `-inf` stays out.
     let floor = |running: __m256| _mm256_max_ps(_mm256_add_ps(running, below_v), lowest);
     let mut running = _mm256_set1_ps(f32::NEG_INFINITY);
-    for block in blocks {
-        // SAFETY: `block` holds 16 f32.
-        let (a, b) = unsafe {
-            (
-                _mm256_loadu_ps(block.as_ptr()),
-                _mm256_loadu_ps(block.as_ptr().add(8)),
-            )
-        };
-        // `max_ps(x, m)` is `x > m ? x : m`: NaN never enters.
-        running = _mm256_max_ps(a, _mm256_max_ps(b, running));
-        // Each lane's maximum is at most the row's: its floor is at most the final one.
-        let near = |floor: __m256| {
-            (_mm256_movemask_ps(_mm256_cmp_ps::<_CMP_GE_OQ>(a, floor))
-                | _mm256_movemask_ps(_mm256_cmp_ps::<_CMP_GE_OQ>(b, floor)) << 8) as u32
-        };
-        if near(floor(running)) == 0 {
+    let mut found = [0u32; SPAN / 16];
+    let whole = values.len() - rest.len();
+    for span in values[..whole].chunks(SPAN) {
+        let mut any = 0;
+        for (at, block) in span.chunks_exact(16).enumerate() {
+            // SAFETY: `block` holds 16 f32.
+            let (a, b) = unsafe {
+                (
+                    _mm256_loadu_ps(block.as_ptr()),
+                    _mm256_loadu_ps(block.as_ptr().add(8)),
+                )
+            };
+            // `max_ps(x, m)` is `x > m ? x : m`: NaN never enters.
+            running = _mm256_max_ps(a, _mm256_max_ps(b, running));
+            // Each lane's maximum is at most the row's: its floor is at most the final one.
+            let near = |floor: __m256| {
+                (_mm256_movemask_ps(_mm256_cmp_ps::<_CMP_GE_OQ>(a, floor))
+                    | _mm256_movemask_ps(_mm256_cmp_ps::<_CMP_GE_OQ>(b, floor)) << 8)
+                    as u32
+            };
+            found[at] = 0;
+            if near(floor(running)) == 0 {
+                continue;
+            }
+            // Every lane to the maximum so far, then against its floor.
+            let halves = _mm256_max_ps(running, _mm256_permute2f128_ps::<1>(running, running));
+            let pairs = _mm256_max_ps(halves, _mm256_permute_ps::<0b01_00_11_10>(halves));
+            running = _mm256_max_ps(pairs, _mm256_permute_ps::<0b10_11_00_01>(pairs));
+            found[at] = near(floor(running));
+            any |= found[at];
+        }
+        if any == 0 {
             continue;
         }
-        // Every lane to the maximum so far, then against its floor.
-        let halves = _mm256_max_ps(running, _mm256_permute2f128_ps::<1>(running, running));
-        let pairs = _mm256_max_ps(halves, _mm256_permute_ps::<0b01_00_11_10>(halves));
-        running = _mm256_max_ps(pairs, _mm256_permute_ps::<0b10_11_00_01>(pairs));
-        let mut near = near(floor(running));
-        while near != 0 {
-            let x = block[near.trailing_zeros() as usize];
-            work.push((0, 0, x));
-            near &= near - 1;
-        }
+        each_found(&found, span.len(), |i| work.push((0, 0, span[i])));
         if work.len() > limit {
             return None;
         }
@@ -373,6 +398,48 @@ pub(crate) fn largest_first(values: &[f32], count: usize) -> Vec<u32> {
 
 #[cfg(test)]
 mod tests {
+    /// The compare passes that append a span at a time collect every value they find, in row
+    /// order, wherever it sits: both ends of a span, of a block and of a row not a whole number
+    /// of blocks long.
+    #[test]
+    fn span_passes_collect_at_every_edge() {
+        for len in [1usize, 16, 17, 1023, 1024, 1025, 3 * super::SPAN + 21] {
+            let mut row = vec![-5.0f32; len];
+            let marked: Vec<usize> = [0, 15, 16, 1023, 1024, 2047, 2048, len - 1]
+                .into_iter()
+                .filter(|&i| i < len)
+                .collect();
+            for &i in &marked {
+                row[i] = i as f32 / 4096.0;
+            }
+            let want: Vec<f32> = {
+                let mut v: Vec<usize> = marked.clone();
+                v.dedup();
+                v.into_iter().map(|i| row[i]).collect()
+            };
+            let found = |work: &super::Work| work.iter().map(|e| e.2).collect::<Vec<f32>>();
+            let mut work = vec![];
+            #[cfg(target_arch = "x86_64")]
+            if crate::truncation::simd_available() {
+                let smallest = crate::truncation::smallest_above_and_between(
+                    &row,
+                    0.0,
+                    9.0,
+                    usize::MAX,
+                    &mut work,
+                );
+                assert_eq!(smallest, Some(f32::INFINITY), "len {len}");
+                assert_eq!(found(&work), want, "len {len}");
+            }
+            if let Some(max) = super::max_and_near(&row, -1.0, usize::MAX, &mut work) {
+                assert_eq!(max, want[want.len() - 1].max(row[0]), "len {len}");
+                // A superset: values near the running maximum as it grew.
+                let got = found(&work);
+                assert!(want.iter().all(|x| got.contains(x)), "len {len}");
+            }
+        }
+    }
+
     #[test]
     fn largest_first_is_a_sorts_prefix_nan_first_ties_by_id() {
         let mut state = 12345u32;

@@ -11,6 +11,7 @@ use std::arch::x86_64::*;
 
 mod avx2;
 
+use super::select::{each_found, SPAN};
 use super::softmax::{ENTROPY_WEIGHTLESS, WEIGHTLESS};
 use super::{
     order_key, Work, EXP_LN2_HI, EXP_LN2_LO, EXP_LOG2_E, EXP_POLY, EXP_SHIFTER, FIXED_BITS,
@@ -387,34 +388,39 @@ fn collect_bucket_512(
     let bucket_v = _mm512_set1_epi32(bucket as i32);
     let mut lo = _mm512_set1_ps(f32::INFINITY);
     let mut hi = _mm512_set1_ps(f32::NEG_INFINITY);
-    let mut lanes = [0f32; 16];
+    let mut inside = [0u32; SPAN / 16];
     // SAFETY: AVX-512 F and DQ are enabled here.
     unsafe {
-        for (x, real) in Vectors::new(values) {
-            let d = _mm512_sub_ps(x, max_v);
-            let b = buckets(key, d);
-            let ok = candidates(key, x, real);
-            let before = ok & _mm512_cmplt_epu32_mask(b, bucket_v);
-            lo = _mm512_mask_min_ps(lo, before, lo, x);
-            hi = _mm512_mask_max_ps(hi, before, hi, x);
-            let mut inside = (ok & _mm512_cmpeq_epu32_mask(b, bucket_v)) as u32;
-            if inside == 0 {
-                continue;
+        for span in values.chunks(SPAN) {
+            let mut any = 0;
+            for (at, (x, real)) in Vectors::new(span).enumerate() {
+                let d = _mm512_sub_ps(x, max_v);
+                let b = buckets(key, d);
+                let ok = candidates(key, x, real);
+                let before = ok & _mm512_cmplt_epu32_mask(b, bucket_v);
+                lo = _mm512_mask_min_ps(lo, before, lo, x);
+                hi = _mm512_mask_max_ps(hi, before, hi, x);
+                inside[at] = (ok & _mm512_cmpeq_epu32_mask(b, bucket_v)) as u32;
+                any |= inside[at];
             }
-            _mm512_storeu_ps(lanes.as_mut_ptr(), x);
-            while inside != 0 {
-                let i = inside.trailing_zeros() as usize;
-                let v = lanes[i];
-                let k = match key {
-                    Key::Value => order_key(v),
-                    Key::Typical { shift } => !order_key(((v - max) + shift).abs()),
-                };
-                work.push((k, 0, v));
-                inside &= inside - 1;
+            if any != 0 {
+                each_found(&inside, span.len(), |i| {
+                    work.push(bucket_entry(key, max, span[i]))
+                });
             }
         }
         (_mm512_reduce_min_ps(lo), _mm512_reduce_max_ps(hi))
     }
+}
+
+/// A candidate of `key`'s bucket as [`collect_bucket`] collects it.
+#[inline(always)]
+pub(super) fn bucket_entry(key: Key, max: f32, v: f32) -> (u32, u64, f32) {
+    let k = match key {
+        Key::Value => order_key(v),
+        Key::Typical { shift } => !order_key(((v - max) + shift).abs()),
+    };
+    (k, 0, v)
 }
 
 /// Sets each entry's weight to `fixed(exp(value - max))`.
@@ -480,33 +486,26 @@ fn smallest_above_and_between_512(
 ) -> Option<f32> {
     let (lo_v, hi_v) = (_mm512_set1_ps(lo), _mm512_set1_ps(hi));
     let mut smallest = _mm512_set1_ps(f32::INFINITY);
-    let mut lanes = [0f32; 16];
-    let blocks = values.chunks(16);
-    // SAFETY: AVX-512 F and DQ are enabled here; a block holds at most 16 f32, the masked load
-    // reads only its lanes.
-    unsafe {
-        for block in blocks {
-            let real = ((1u32 << block.len()) - 1) as __mmask16;
-            let x = _mm512_mask_loadu_ps(_mm512_set1_ps(f32::NEG_INFINITY), real, block.as_ptr());
+    let mut between = [0u32; SPAN / 16];
+    for span in values.chunks(SPAN) {
+        let mut any = 0;
+        for (at, (x, real)) in Vectors::new(span).enumerate() {
             let above = real & _mm512_cmp_ps_mask::<_CMP_GE_OQ>(x, hi_v);
             smallest = _mm512_mask_min_ps(smallest, above, smallest, x);
-            let mut between = (real
+            between[at] = (real
                 & _mm512_cmp_ps_mask::<_CMP_GE_OQ>(x, lo_v)
                 & _mm512_cmp_ps_mask::<_CMP_LT_OQ>(x, hi_v)) as u32;
-            if between == 0 {
-                continue;
-            }
-            _mm512_storeu_ps(lanes.as_mut_ptr(), x);
-            while between != 0 {
-                work.push((0, 0, lanes[between.trailing_zeros() as usize]));
-                between &= between - 1;
-            }
-            if work.len() > limit {
-                return None;
-            }
+            any |= between[at];
         }
-        Some(_mm512_reduce_min_ps(smallest))
+        if any == 0 {
+            continue;
+        }
+        each_found(&between, span.len(), |i| work.push((0, 0, span[i])));
+        if work.len() > limit {
+            return None;
+        }
     }
+    Some(_mm512_reduce_min_ps(smallest))
 }
 
 /// Appends to `out` every value of `values` at or above `floor` (NaN never), in order: false,

@@ -8,11 +8,10 @@
 
 use std::arch::x86_64::*;
 
+use super::super::select::{each_found, SPAN};
 use super::super::softmax::{ENTROPY_WEIGHTLESS, WEIGHTLESS};
-use super::super::{
-    order_key, Work, EXP_LN2_HI, EXP_LN2_LO, EXP_LOG2_E, EXP_POLY, EXP_SHIFTER, FIXED_BITS,
-};
-use super::{Key, BUCKETS};
+use super::super::{Work, EXP_LN2_HI, EXP_LN2_LO, EXP_LOG2_E, EXP_POLY, EXP_SHIFTER, FIXED_BITS};
+use super::{bucket_entry, Key, BUCKETS};
 
 /// The weights of eight values under the row's maximum.
 struct Lanes {
@@ -284,35 +283,34 @@ pub(super) fn collect_bucket(
     let bucket_v = _mm256_set1_epi32(bucket as i32);
     let mut lo = _mm256_set1_ps(f32::INFINITY);
     let mut hi = _mm256_set1_ps(f32::NEG_INFINITY);
-    let mut lanes = [0f32; 8];
+    // Masks of eight lanes, two to a block of [`each_found`]'s sixteen.
+    let mut inside = [0u32; SPAN / 16];
     // SAFETY: AVX2 and FMA are enabled here.
     unsafe {
-        for (x, real) in Vectors::new(values, f32::NEG_INFINITY) {
-            let d = _mm256_sub_ps(x, max_v);
-            let b = buckets(key, d);
-            let ok = candidates(key, x, real);
-            // Buckets are below 1024: the signed compares are the unsigned ones.
-            let before_v = _mm256_castsi256_ps(_mm256_cmpgt_epi32(bucket_v, b));
-            let before = ok & _mm256_movemask_ps(before_v) as u32;
-            if before != 0 {
-                let mask = lane_mask(before);
-                lo = _mm256_blendv_ps(lo, _mm256_min_ps(lo, x), mask);
-                hi = _mm256_blendv_ps(hi, _mm256_max_ps(hi, x), mask);
+        for span in values.chunks(SPAN) {
+            let mut any = 0;
+            inside.fill(0);
+            for (at, (x, real)) in Vectors::new(span, f32::NEG_INFINITY).enumerate() {
+                let d = _mm256_sub_ps(x, max_v);
+                let b = buckets(key, d);
+                let ok = candidates(key, x, real);
+                // Buckets are below 1024: the signed compares are the unsigned ones.
+                let before_v = _mm256_castsi256_ps(_mm256_cmpgt_epi32(bucket_v, b));
+                let before = ok & _mm256_movemask_ps(before_v) as u32;
+                if before != 0 {
+                    let mask = lane_mask(before);
+                    lo = _mm256_blendv_ps(lo, _mm256_min_ps(lo, x), mask);
+                    hi = _mm256_blendv_ps(hi, _mm256_max_ps(hi, x), mask);
+                }
+                let inside_v = _mm256_castsi256_ps(_mm256_cmpeq_epi32(b, bucket_v));
+                let found = ok & _mm256_movemask_ps(inside_v) as u32;
+                inside[at / 2] |= found << (at % 2 * 8);
+                any |= found;
             }
-            let inside_v = _mm256_castsi256_ps(_mm256_cmpeq_epi32(b, bucket_v));
-            let mut inside = ok & _mm256_movemask_ps(inside_v) as u32;
-            if inside == 0 {
-                continue;
-            }
-            _mm256_storeu_ps(lanes.as_mut_ptr(), x);
-            while inside != 0 {
-                let v = lanes[inside.trailing_zeros() as usize];
-                let k = match key {
-                    Key::Value => order_key(v),
-                    Key::Typical { shift } => !order_key(((v - max) + shift).abs()),
-                };
-                work.push((k, 0, v));
-                inside &= inside - 1;
+            if any != 0 {
+                each_found(&inside, span.len(), |i| {
+                    work.push(bucket_entry(key, max, span[i]))
+                });
             }
         }
         (reduce_min(lo), reduce_max(hi))
@@ -377,40 +375,40 @@ pub(super) fn smallest_above_and_between(
 ) -> Option<f32> {
     let (lo_v, hi_v) = (_mm256_set1_ps(lo), _mm256_set1_ps(hi));
     let infinity = _mm256_set1_ps(f32::INFINITY);
-    // Two vectors of running minima: a block of sixteen values a step. A plain loop, not a
-    // closure: the minima stay in registers.
+    // Two vectors of running minima: a block of sixteen values a step.
     let (mut smallest_a, mut smallest_b) = (infinity, infinity);
-    let blocks = values.chunks_exact(16);
-    let rest = blocks.remainder();
-    for block in blocks {
-        // SAFETY: AVX2 and FMA are enabled here; `block` holds 16 f32.
-        let (a, b) = unsafe {
-            (
-                _mm256_loadu_ps(block.as_ptr()),
-                _mm256_loadu_ps(block.as_ptr().add(8)),
-            )
-        };
-        // `min_ps(m, x)` is `m < x ? m : x`: the running minimum of the values at or above
-        // `hi` (the others replaced by `+inf`; NaN is never at or above it).
-        let above_a = _mm256_cmp_ps::<_CMP_GE_OQ>(a, hi_v);
-        let above_b = _mm256_cmp_ps::<_CMP_GE_OQ>(b, hi_v);
-        smallest_a = _mm256_min_ps(smallest_a, _mm256_blendv_ps(infinity, a, above_a));
-        smallest_b = _mm256_min_ps(smallest_b, _mm256_blendv_ps(infinity, b, above_b));
-        let inside = |x: __m256| {
-            _mm256_and_ps(
-                _mm256_cmp_ps::<_CMP_GE_OQ>(x, lo_v),
-                _mm256_cmp_ps::<_CMP_LT_OQ>(x, hi_v),
-            )
-        };
-        let mut between =
-            _mm256_movemask_ps(inside(a)) as u32 | (_mm256_movemask_ps(inside(b)) as u32) << 8;
-        if between == 0 {
+    let rest = &values[values.len() / 16 * 16..];
+    let mut between = [0u32; SPAN / 16];
+    for span in values[..values.len() - rest.len()].chunks(SPAN) {
+        let mut any = 0;
+        for (at, block) in span.chunks_exact(16).enumerate() {
+            // SAFETY: AVX2 and FMA are enabled here; `block` holds 16 f32.
+            let (a, b) = unsafe {
+                (
+                    _mm256_loadu_ps(block.as_ptr()),
+                    _mm256_loadu_ps(block.as_ptr().add(8)),
+                )
+            };
+            // `min_ps(m, x)` is `m < x ? m : x`: the running minimum of the values at or above
+            // `hi` (the others replaced by `+inf`; NaN is never at or above it).
+            let above_a = _mm256_cmp_ps::<_CMP_GE_OQ>(a, hi_v);
+            let above_b = _mm256_cmp_ps::<_CMP_GE_OQ>(b, hi_v);
+            smallest_a = _mm256_min_ps(smallest_a, _mm256_blendv_ps(infinity, a, above_a));
+            smallest_b = _mm256_min_ps(smallest_b, _mm256_blendv_ps(infinity, b, above_b));
+            let inside = |x: __m256| {
+                _mm256_and_ps(
+                    _mm256_cmp_ps::<_CMP_GE_OQ>(x, lo_v),
+                    _mm256_cmp_ps::<_CMP_LT_OQ>(x, hi_v),
+                )
+            };
+            between[at] =
+                _mm256_movemask_ps(inside(a)) as u32 | (_mm256_movemask_ps(inside(b)) as u32) << 8;
+            any |= between[at];
+        }
+        if any == 0 {
             continue;
         }
-        while between != 0 {
-            work.push((0, 0, block[between.trailing_zeros() as usize]));
-            between &= between - 1;
-        }
+        each_found(&between, span.len(), |i| work.push((0, 0, span[i])));
         if work.len() > limit {
             return None;
         }
@@ -524,7 +522,7 @@ pub(super) fn finite_lane_sums(
 
 #[cfg(test)]
 mod tests {
-    use super::super::super::{largest, Softmax};
+    use super::super::super::{largest, order_key, Softmax};
     use super::*;
 
     /// Whether the CPU has this module's features (whatever `LOGITS_PROCESSING_CPU` says: the
