@@ -137,6 +137,23 @@ pub struct Pipeline {
 /// blocks of 64 and stops after the first block holding a finite logit: a row of real logits
 /// costs one block, a row whose one allowed token is its last costs a read of the row.
 pub fn has_finite_logit<T: Logit>(row: &[T]) -> bool {
+    #[cfg(target_arch = "x86_64")]
+    if crate::cpu::avx2() {
+        // SAFETY: the CPU has AVX2.
+        return unsafe { has_finite_logit_avx2(row) };
+    }
+    has_finite_logit_portable(row)
+}
+
+/// [`has_finite_logit`] compiled for AVX2: 32-byte vectors, twice SSE2's.
+#[cfg(target_arch = "x86_64")]
+#[target_feature(enable = "avx2")]
+fn has_finite_logit_avx2<T: Logit>(row: &[T]) -> bool {
+    has_finite_logit_portable(row)
+}
+
+#[inline(always)]
+fn has_finite_logit_portable<T: Logit>(row: &[T]) -> bool {
     const BLOCK: usize = 64;
     let mut blocks = row.chunks_exact(BLOCK);
     // No early exit inside a block, so that the test is vectorized.
@@ -534,20 +551,27 @@ impl Pipeline {
         Ok(())
     }
 
-    /// Whether a token the step likely kept has a finite logit: the tokens it forced, then the
-    /// EOS ids. A hint read from the row itself, so it is never wrong when it says yes; it spares
-    /// a forced row, whose one finite logit may be anywhere, a scan of the row.
+    /// Whether a token the step likely kept has a finite logit: the tokens it forced, the EOS
+    /// ids, then the first few tokens the survivors' path kept. A hint read from the row itself,
+    /// so it is never wrong when it says yes; it spares a row cut to a few tokens, whose finite
+    /// logits may be anywhere, a scan of the row.
     fn probe_finite<T: Logit>(&self, row: &[T]) -> bool {
-        let forced = self.stages.iter().flat_map(|stage| match stage {
-            Stage::Plan(plan) => plan.edits(),
-            Stage::External(_) => &[],
-        });
-        forced
+        let plans = || {
+            self.stages.iter().filter_map(|stage| match stage {
+                Stage::Plan(plan) => Some(plan),
+                Stage::External(_) => None,
+            })
+        };
+        let forced = plans()
+            .flat_map(|plan| plan.edits())
             .filter_map(|edit| match *edit {
                 Edit::Force { token, .. } => Some(token),
                 _ => None,
-            })
+            });
+        let kept = plans().flat_map(|plan| plan.last_survivors().iter().take(4).copied());
+        forced
             .chain(self.eos_token_ids.iter().copied())
+            .chain(kept)
             .any(|token| row.get(token as usize).is_some_and(|x| x.is_finite()))
     }
 

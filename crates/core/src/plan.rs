@@ -457,6 +457,12 @@ impl RowPlan {
         &self.edits
     }
 
+    /// The tokens the survivors' path last kept (possibly from an earlier step: a hint, to be
+    /// read from the row).
+    pub(crate) fn last_survivors(&self) -> &[u32] {
+        &self.survivors
+    }
+
     pub fn bitmask(&self, id: MaskId) -> Bitmask<'_> {
         let span = self.masks[id.0 as usize];
         Bitmask {
