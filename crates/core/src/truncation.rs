@@ -666,6 +666,43 @@ mod tests {
         }
     }
 
+    /// Top-p and typical on flat rows of Qwen3's vocab, where most of the row weighs something:
+    /// the bucket counted over the window a sample suggests, or over the whole row when the
+    /// sample misleads (every sampled value far from the rest), gives the definition's band.
+    #[test]
+    fn flat_rows_select_the_definitions_bands_through_the_sampled_window() {
+        let mut uniform = super::uniform(0x9e37_79b9_7f4a_7c15);
+        let mut normal = || (0..12).map(|_| uniform()).sum::<f32>() - 6.0;
+        let len = 151_936;
+        let normal_row: Vec<f32> = (0..len).map(|_| normal()).collect();
+        let wide_row: Vec<f32> = (0..len).map(|i| normal_row[i] * 2.0 - 1.0).collect();
+        // The sampled values (every 148th, from 0) sit far above the rest: the sample puts every
+        // boundary in the first buckets, where the row's is not.
+        let stride = len / 1024;
+        let misleading: Vec<f32> = (0..len)
+            .map(|i| if i % stride == 0 { 6.0 } else { normal_row[i] })
+            .collect();
+        for row in [normal_row, wide_row, misleading] {
+            for p in [0.05f32, 0.5, 0.9, 0.95, 0.999] {
+                for rule in [
+                    Truncation::TopP { p, min_keep: 1 },
+                    Truncation::Typical {
+                        mass: p,
+                        min_keep: 1,
+                    },
+                ] {
+                    let fast = rule.band(&row, &mut vec![]);
+                    let slow = band_by_definition(&rule, &row);
+                    assert_eq!(
+                        (fast.lo.to_bits(), fast.hi.to_bits()),
+                        (slow.lo.to_bits(), slow.hi.to_bits()),
+                        "{rule:?}"
+                    );
+                }
+            }
+        }
+    }
+
     proptest! {
         #![proptest_config(ProptestConfig::with_cases(64))]
         /// Where [`heavy`] holds every value that weighs anything, the rules that select from it

@@ -95,45 +95,15 @@ pub(crate) fn max_and_near(
 #[cfg(target_arch = "x86_64")]
 #[target_feature(enable = "avx2")]
 fn max_and_near_avx2(values: &[f32], below: f32, limit: usize, work: &mut Work) -> Option<f32> {
-    use std::arch::x86_64::*;
     work.clear();
     let rest = &values[values.len() / 16 * 16..];
-    let (below_v, lowest) = (_mm256_set1_ps(below), _mm256_set1_ps(f32::MIN));
-    // The floor of a running maximum: never below the lowest finite value, so `-inf` stays out.
-    let floor = |running: __m256| _mm256_max_ps(_mm256_add_ps(running, below_v), lowest);
-    let mut running = _mm256_set1_ps(f32::NEG_INFINITY);
+    // The float maximum so far.
+    let mut max = f32::NEG_INFINITY;
     let mut found = [0u32; SPAN / 16];
-    let whole = values.len() - rest.len();
-    for span in values[..whole].chunks(SPAN) {
-        let mut any = 0;
-        for (at, block) in span.chunks_exact(16).enumerate() {
-            // SAFETY: `block` holds 16 f32.
-            let (a, b) = unsafe {
-                (
-                    _mm256_loadu_ps(block.as_ptr()),
-                    _mm256_loadu_ps(block.as_ptr().add(8)),
-                )
-            };
-            // `max_ps(x, m)` is `x > m ? x : m`: NaN never enters.
-            running = _mm256_max_ps(a, _mm256_max_ps(b, running));
-            // Each lane's maximum is at most the row's: its floor is at most the final one.
-            let near = |floor: __m256| {
-                (_mm256_movemask_ps(_mm256_cmp_ps::<_CMP_GE_OQ>(a, floor))
-                    | _mm256_movemask_ps(_mm256_cmp_ps::<_CMP_GE_OQ>(b, floor)) << 8)
-                    as u32
-            };
-            found[at] = 0;
-            if near(floor(running)) == 0 {
-                continue;
-            }
-            // Every lane to the maximum so far, then against its floor.
-            let halves = _mm256_max_ps(running, _mm256_permute2f128_ps::<1>(running, running));
-            let pairs = _mm256_max_ps(halves, _mm256_permute_ps::<0b01_00_11_10>(halves));
-            running = _mm256_max_ps(pairs, _mm256_permute_ps::<0b10_11_00_01>(pairs));
-            found[at] = near(floor(running));
-            any |= found[at];
-        }
-        if any == 0 {
+    for span in values[..values.len() - rest.len()].chunks(SPAN) {
+        let any;
+        (max, any) = near_span_avx2(span, max, below, &mut found);
+        if !any {
             continue;
         }
         each_found(&found, span.len(), |i| work.push((0, 0, span[i])));
@@ -141,17 +111,59 @@ fn max_and_near_avx2(values: &[f32], below: f32, limit: usize, work: &mut Work) 
             return None;
         }
     }
+    let max = rest.iter().fold(max, |m, &x| if x > m { x } else { m });
+    // The last values against the final maximum.
+    let floor = (max + below).max(f32::MIN);
+    work.extend(rest.iter().filter(|&&x| x >= floor).map(|&x| (0, 0, x)));
+    (work.len() <= limit).then_some(max)
+}
+
+/// One span of [`max_and_near_avx2`] (whole blocks of sixteen) from the maximum so far: the masks
+/// of the values near the running maximum into `found`, and the maximum after the span. A
+/// function of its own, without calls ([`SPAN`]), so that its running maximum stays in a register.
+#[cfg(target_arch = "x86_64")]
+#[target_feature(enable = "avx2")]
+#[inline(never)]
+fn near_span_avx2(span: &[f32], max: f32, below: f32, found: &mut [u32; SPAN / 16]) -> (f32, bool) {
+    use std::arch::x86_64::*;
+    let (below_v, lowest) = (_mm256_set1_ps(below), _mm256_set1_ps(f32::MIN));
+    // The floor of a running maximum: never below the lowest finite value, so `-inf` stays out.
+    let floor = |running: __m256| _mm256_max_ps(_mm256_add_ps(running, below_v), lowest);
+    let mut running = _mm256_set1_ps(max);
+    let mut any = 0;
+    for (at, block) in span.chunks_exact(16).enumerate() {
+        // SAFETY: `block` holds 16 f32.
+        let (a, b) = unsafe {
+            (
+                _mm256_loadu_ps(block.as_ptr()),
+                _mm256_loadu_ps(block.as_ptr().add(8)),
+            )
+        };
+        // `max_ps(x, m)` is `x > m ? x : m`: NaN never enters.
+        running = _mm256_max_ps(a, _mm256_max_ps(b, running));
+        // Each lane's maximum is at most the row's: its floor is at most the final one.
+        let near = |floor: __m256| {
+            (_mm256_movemask_ps(_mm256_cmp_ps::<_CMP_GE_OQ>(a, floor))
+                | _mm256_movemask_ps(_mm256_cmp_ps::<_CMP_GE_OQ>(b, floor)) << 8) as u32
+        };
+        found[at] = 0;
+        if near(floor(running)) == 0 {
+            continue;
+        }
+        // Every lane to the maximum so far, then against its floor.
+        let halves = _mm256_max_ps(running, _mm256_permute2f128_ps::<1>(running, running));
+        let pairs = _mm256_max_ps(halves, _mm256_permute_ps::<0b01_00_11_10>(halves));
+        running = _mm256_max_ps(pairs, _mm256_permute_ps::<0b10_11_00_01>(pairs));
+        found[at] = near(floor(running));
+        any |= found[at];
+    }
     let mut lanes = [0f32; 8];
     // SAFETY: `lanes` holds 8 f32.
     unsafe { _mm256_storeu_ps(lanes.as_mut_ptr(), running) };
     let max = lanes
         .into_iter()
-        .chain(rest.iter().copied())
-        .fold(f32::NEG_INFINITY, |m, x| if x > m { x } else { m });
-    // The last values against the final maximum.
-    let floor = (max + below).max(f32::MIN);
-    work.extend(rest.iter().filter(|&&x| x >= floor).map(|&x| (0, 0, x)));
-    (work.len() <= limit).then_some(max)
+        .fold(max, |m, x| if x > m { x } else { m });
+    (max, any != 0)
 }
 
 /// The k-th largest non-NaN value (`-inf` when there are fewer than k).

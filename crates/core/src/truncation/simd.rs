@@ -244,20 +244,21 @@ unsafe fn candidates(key: Key, x: __m512, real: __mmask16) -> __mmask16 {
     }
 }
 
-/// Entries staged between the histogram's adds: the AVX-512 pass stores each vector's buckets and
-/// weights here, and they are added a batch at a time. (Adding them straight from the vector's
-/// lanes, the compiler extracts each lane from the register, which cost several times the adds;
-/// the AVX2 pass, whose lanes it reads from memory, is faster as it is.)
+/// Entries staged between the histogram's adds: each pass compresses a vector's in-window
+/// buckets and weights into the next free entries, and they are added a batch at a time.
+/// (Adding them straight from the vector's lanes, the compiler extracts each lane from the
+/// register, which cost several times the adds.)
 const STAGED: usize = 256;
 
-/// The weight of each bucket, in four copies filled lane by lane in turn: neighbouring values
+/// The weight of each bucket, in four copies filled entry by entry in turn: neighbouring values
 /// often share a bucket, and one copy would chain each addition on the previous one's store.
 /// Their strides are not a multiple of 4 KiB, so the same bucket of two copies does not alias in
 /// the store buffer.
 struct Histogram {
     copies: [[u64; BUCKETS + 16]; 4],
     index: [u32; STAGED],
-    weight: [u64; STAGED],
+    /// Weights as the passes compute them: integral f32 below `2^33`, exact.
+    weight: [f32; STAGED],
     staged: usize,
 }
 
@@ -266,33 +267,52 @@ impl Histogram {
         Histogram {
             copies: [[0; BUCKETS + 16]; 4],
             index: [0; STAGED],
-            weight: [0; STAGED],
+            weight: [0.0; STAGED],
             staged: 0,
         }
     }
 
-    /// Where the next `lanes` entries go (`lanes` divides [`STAGED`]), a full stage added first.
+    /// Room for `lanes` entries after the staged ones (a full stage added first); [`Self::took`]
+    /// then says how many were written.
     #[inline(always)]
-    fn slots(&mut self, lanes: usize) -> (*mut u32, *mut u64) {
-        if self.staged == STAGED {
+    fn room(&mut self, lanes: usize) -> (*mut u32, *mut f32) {
+        if self.staged + lanes > STAGED {
             self.add_staged();
         }
-        let at = self.staged;
-        self.staged += lanes;
-        // SAFETY: `at + lanes <= STAGED`.
+        // SAFETY: `staged + lanes <= STAGED`.
         unsafe {
             (
-                self.index.as_mut_ptr().add(at),
-                self.weight.as_mut_ptr().add(at),
+                self.index.as_mut_ptr().add(self.staged),
+                self.weight.as_mut_ptr().add(self.staged),
             )
         }
     }
 
+    #[inline(always)]
+    fn took(&mut self, count: usize) {
+        self.staged += count;
+    }
+
     fn add_staged(&mut self) {
-        for i in 0..self.staged {
-            // Bucket indices are below BUCKETS (the passes' `buckets`).
-            let bucket = self.index[i] as usize;
-            self.copies[i & 3][bucket] += self.weight[i];
+        let n = self.staged;
+        let (index, weight) = (&self.index[..n], &self.weight[..n]);
+        // SAFETY: the weights are integral, finite and below 2^33 (the passes' `weights`), and
+        // the buckets below BUCKETS (the passes' `buckets`): one conversion instruction and no
+        // bounds check an entry.
+        let add = |copy: &mut [u64; BUCKETS + 16], bucket: u32, weight: f32| unsafe {
+            *copy.get_unchecked_mut(bucket as usize) += weight.to_int_unchecked::<i64>() as u64;
+        };
+        let [a, b, c, d] = &mut self.copies;
+        let mut quads = index.chunks_exact(4).zip(weight.chunks_exact(4));
+        for (i, w) in &mut quads {
+            add(a, i[0], w[0]);
+            add(b, i[1], w[1]);
+            add(c, i[2], w[2]);
+            add(d, i[3], w[3]);
+        }
+        let done = n / 4 * 4;
+        for (&i, &w) in index[done..].iter().zip(&weight[done..]) {
+            add(a, i, w);
         }
         self.staged = 0;
     }
@@ -306,30 +326,59 @@ impl Histogram {
     }
 }
 
-/// The total `W` and, in `masses`, the weight of each bucket of `key` (NaN adds nothing).
+/// Buckets `first..=last` of a key: the ones [`bucket_masses`] counts one by one.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub(crate) struct Window {
+    pub first: u32,
+    pub last: u32,
+}
+
+impl Window {
+    pub(crate) const ALL: Window = Window {
+        first: 0,
+        last: BUCKETS as u32 - 1,
+    };
+}
+
+/// The total `W` and, in `masses`, the weight of each bucket of `key` in `window`, with the
+/// weight of every bucket before it in the bucket just before it (NaN adds nothing; the buckets
+/// after the window are left 0). Only the values in the window are staged for the histogram's
+/// scalar adds: the rest cost a few vector operations.
 pub(crate) fn bucket_masses(
     values: &[f32],
     max: f32,
     key: Key,
+    window: Window,
     masses: &mut [u64; BUCKETS],
 ) -> u64 {
     debug_assert!(values.len() < 1 << 21);
     // SAFETY: the caller checked `available()`; `sixteen()` that the CPU has AVX-512.
     unsafe {
         if sixteen() {
-            bucket_masses_512(values, max, key, masses)
+            bucket_masses_512(values, max, key, window, masses)
         } else {
-            avx2::bucket_masses(values, max, key, masses)
+            avx2::bucket_masses(values, max, key, window, masses)
         }
     }
 }
 
 #[target_feature(enable = "avx512f,avx512dq")]
-fn bucket_masses_512(values: &[f32], max: f32, key: Key, masses: &mut [u64; BUCKETS]) -> u64 {
+fn bucket_masses_512(
+    values: &[f32],
+    max: f32,
+    key: Key,
+    window: Window,
+    masses: &mut [u64; BUCKETS],
+) -> u64 {
     let mut histogram = Histogram::new();
     let lanes = Lanes::new(max);
+    let (first, last) = (
+        _mm512_set1_epi32(window.first as i32),
+        _mm512_set1_epi32(window.last as i32),
+    );
     let mut sums = [_mm512_setzero_pd(); 2];
-    // SAFETY: AVX-512 F and DQ are enabled here; the slots hold 16 entries.
+    let mut before = [_mm512_setzero_pd(); 2];
+    // SAFETY: AVX-512 F and DQ are enabled here; the room holds 16 entries.
     unsafe {
         for (x, _) in Vectors::new(values) {
             let d = lanes.d(x);
@@ -337,21 +386,115 @@ fn bucket_masses_512(values: &[f32], max: f32, key: Key, masses: &mut [u64; BUCK
             if heavy == 0 {
                 continue;
             }
+            add_exact(&mut sums, t);
+            let b = buckets(key, d);
+            let earlier = _mm512_cmplt_epu32_mask(b, first);
             let low = _mm512_cvtps_pd(_mm512_castps512_ps256(t));
             let high = _mm512_cvtps_pd(_mm256_castpd_ps(_mm512_extractf64x4_pd::<1>(
                 _mm512_castps_pd(t),
             )));
-            sums[0] = _mm512_add_pd(sums[0], low);
-            sums[1] = _mm512_add_pd(sums[1], high);
-            // Every lane (weightless ones add 0).
-            let (index, weight) = histogram.slots(16);
-            _mm512_storeu_si512(index.cast(), buckets(key, d));
-            _mm512_storeu_si512(weight.cast(), _mm512_cvtpd_epu64(low));
-            _mm512_storeu_si512(weight.add(8).cast(), _mm512_cvtpd_epu64(high));
+            before[0] = _mm512_mask_add_pd(before[0], earlier as u8, before[0], low);
+            before[1] = _mm512_mask_add_pd(before[1], (earlier >> 8) as u8, before[1], high);
+            // Weightless lanes in the window are staged too (they add 0).
+            let inside = !earlier & _mm512_cmple_epu32_mask(b, last);
+            if inside == 0 {
+                continue;
+            }
+            let (index, weight) = histogram.room(16);
+            _mm512_storeu_si512(index.cast(), _mm512_maskz_compress_epi32(inside, b));
+            _mm512_storeu_ps(weight, _mm512_maskz_compress_ps(inside, t));
+            histogram.took(inside.count_ones() as usize);
         }
         histogram.masses(masses);
+        if window.first > 0 {
+            masses[window.first as usize - 1] = total(before);
+        }
         total(sums)
     }
+}
+
+/// The window of buckets where a sample of the row puts the bucket whose running mass reaches
+/// `fraction` of the total (generously: a miss costs a second pass, never a wrong band);
+/// [`Window::ALL`] for a short row. Every 1/1024th value, its weight and bucket.
+pub(crate) fn sampled_window(
+    values: &[f32],
+    max: f32,
+    key: Key,
+    fraction: f32,
+    work: &mut Work,
+) -> Window {
+    const SAMPLES: usize = 1024;
+    // The sample's running mass is within this fraction of the row's with room to spare.
+    const MARGIN: f64 = 0.05;
+    if values.len() < 16 * SAMPLES {
+        return Window::ALL;
+    }
+    let stride = values.len() / SAMPLES;
+    work.clear();
+    work.extend((0..SAMPLES).map(|i| {
+        let x = values[i * stride];
+        let scaled = match key {
+            Key::Value => (0.0 - (x - max)) * 32.0,
+            Key::Typical { shift } => ((x - max) + shift).abs() * 16.0,
+        };
+        let bucket = if scaled < (BUCKETS - 1) as f32 {
+            scaled as u32
+        } else {
+            BUCKETS as u32 - 1
+        };
+        (bucket, 0, x)
+    }));
+    fill_weights(work, max);
+    let mut by_bucket = [0u64; BUCKETS];
+    for e in work.iter() {
+        by_bucket[e.0 as usize] += e.1;
+    }
+    let total: u64 = by_bucket.iter().sum();
+    if total == 0 {
+        return Window::ALL;
+    }
+    let reaching = |share: f64| {
+        let mut running = 0;
+        by_bucket
+            .iter()
+            .position(|&m| {
+                running += m;
+                running as f64 >= share * total as f64
+            })
+            .unwrap_or(BUCKETS - 1) as u32
+    };
+    let fraction = fraction as f64;
+    Window {
+        first: reaching(fraction - MARGIN).saturating_sub(2),
+        last: (reaching(fraction + MARGIN) + 2).min(BUCKETS as u32 - 1),
+    }
+}
+
+/// The total `W` and the bucket of `key` where the running mass reaches `target(W)`, with the
+/// mass before it (`None` when the row's mass never reaches it): counted over the
+/// [`sampled_window`], and over the whole row when the bucket is outside it.
+pub(crate) fn reaching_bucket(
+    values: &[f32],
+    max: f32,
+    key: Key,
+    fraction: f32,
+    target: impl Fn(u64) -> f64,
+    work: &mut Work,
+) -> (u64, Option<(usize, u64)>) {
+    let mut masses = [0u64; BUCKETS];
+    let window = sampled_window(values, max, key, fraction, work);
+    let sum = bucket_masses(values, max, key, window, &mut masses);
+    match super::select::reaching_bucket(&masses, target(sum)) {
+        Some((bucket, above))
+            if bucket >= window.first as usize && bucket <= window.last as usize =>
+        {
+            return (sum, Some((bucket, above)));
+        }
+        None if window == Window::ALL => return (sum, None),
+        _ => {}
+    }
+    let sum = bucket_masses(values, max, key, Window::ALL, &mut masses);
+    (sum, super::select::reaching_bucket(&masses, target(sum)))
 }
 
 /// Collects into `work` the candidates of `key` in bucket `bucket` (key, weight left 0, value),
@@ -384,33 +527,71 @@ fn collect_bucket_512(
     bucket: u32,
     work: &mut Work,
 ) -> (f32, f32) {
+    let (mut lo, mut hi) = (f32::INFINITY, f32::NEG_INFINITY);
+    let mut inside = [0u32; SPAN / 16];
+    for span in values.chunks(SPAN) {
+        let (span_lo, span_hi, any) = bucket_span_512(span, max, key, bucket, &mut inside);
+        lo = lo.min(span_lo);
+        hi = hi.max(span_hi);
+        if any {
+            each_found(&inside, span.len(), |i| {
+                work.push(bucket_entry(key, max, span[i]))
+            });
+        }
+    }
+    (lo, hi)
+}
+
+/// One span of [`collect_bucket_512`]: the masks of the lanes in `bucket` into `inside`, and the
+/// smallest and largest candidates before it. A function of its own, without calls, so that
+/// its running vectors stay in registers.
+#[target_feature(enable = "avx512f,avx512dq")]
+#[inline(never)]
+fn bucket_span_512(
+    span: &[f32],
+    max: f32,
+    key: Key,
+    bucket: u32,
+    inside: &mut [u32; SPAN / 16],
+) -> (f32, f32, bool) {
     let max_v = _mm512_set1_ps(max);
     let bucket_v = _mm512_set1_epi32(bucket as i32);
     let mut lo = _mm512_set1_ps(f32::INFINITY);
     let mut hi = _mm512_set1_ps(f32::NEG_INFINITY);
-    let mut inside = [0u32; SPAN / 16];
+    let mut any = 0;
     // SAFETY: AVX-512 F and DQ are enabled here.
     unsafe {
-        for span in values.chunks(SPAN) {
-            let mut any = 0;
-            for (at, (x, real)) in Vectors::new(span).enumerate() {
-                let d = _mm512_sub_ps(x, max_v);
-                let b = buckets(key, d);
-                let ok = candidates(key, x, real);
-                let before = ok & _mm512_cmplt_epu32_mask(b, bucket_v);
-                lo = _mm512_mask_min_ps(lo, before, lo, x);
-                hi = _mm512_mask_max_ps(hi, before, hi, x);
-                inside[at] = (ok & _mm512_cmpeq_epu32_mask(b, bucket_v)) as u32;
-                any |= inside[at];
-            }
-            if any != 0 {
-                each_found(&inside, span.len(), |i| {
-                    work.push(bucket_entry(key, max, span[i]))
-                });
-            }
+        for (at, (x, real)) in Vectors::new(span).enumerate() {
+            let d = _mm512_sub_ps(x, max_v);
+            let b = buckets(key, d);
+            let ok = candidates(key, x, real);
+            let before = ok & _mm512_cmplt_epu32_mask(b, bucket_v);
+            lo = _mm512_mask_min_ps(lo, before, lo, x);
+            hi = _mm512_mask_max_ps(hi, before, hi, x);
+            inside[at] = (ok & _mm512_cmpeq_epu32_mask(b, bucket_v)) as u32;
+            any |= inside[at];
         }
-        (_mm512_reduce_min_ps(lo), _mm512_reduce_max_ps(hi))
     }
+    (lanes_min(lo), lanes_max(hi), any != 0)
+}
+
+/// The smallest of sixteen lanes (none NaN), through memory: `_mm512_reduce_min_ps` is not
+/// always inlined, and a vector passed to a call lives in memory for the whole loop before it.
+#[inline(always)]
+fn lanes_min(v: __m512) -> f32 {
+    let mut lanes = [0f32; 16];
+    // SAFETY: `lanes` holds 16 f32; only called from functions compiled for AVX-512.
+    unsafe { _mm512_storeu_ps(lanes.as_mut_ptr(), v) };
+    lanes.into_iter().fold(f32::INFINITY, f32::min)
+}
+
+/// The largest of sixteen lanes (none NaN), as [`lanes_min`].
+#[inline(always)]
+fn lanes_max(v: __m512) -> f32 {
+    let mut lanes = [0f32; 16];
+    // SAFETY: as in `lanes_min`.
+    unsafe { _mm512_storeu_ps(lanes.as_mut_ptr(), v) };
+    lanes.into_iter().fold(f32::NEG_INFINITY, f32::max)
 }
 
 /// A candidate of `key`'s bucket as [`collect_bucket`] collects it.
@@ -484,20 +665,12 @@ fn smallest_above_and_between_512(
     limit: usize,
     work: &mut Work,
 ) -> Option<f32> {
-    let (lo_v, hi_v) = (_mm512_set1_ps(lo), _mm512_set1_ps(hi));
-    let mut smallest = _mm512_set1_ps(f32::INFINITY);
+    let mut smallest = f32::INFINITY;
     let mut between = [0u32; SPAN / 16];
     for span in values.chunks(SPAN) {
-        let mut any = 0;
-        for (at, (x, real)) in Vectors::new(span).enumerate() {
-            let above = real & _mm512_cmp_ps_mask::<_CMP_GE_OQ>(x, hi_v);
-            smallest = _mm512_mask_min_ps(smallest, above, smallest, x);
-            between[at] = (real
-                & _mm512_cmp_ps_mask::<_CMP_GE_OQ>(x, lo_v)
-                & _mm512_cmp_ps_mask::<_CMP_LT_OQ>(x, hi_v)) as u32;
-            any |= between[at];
-        }
-        if any == 0 {
+        let (span_smallest, any) = between_span_512(span, lo, hi, &mut between);
+        smallest = smallest.min(span_smallest);
+        if !any {
             continue;
         }
         each_found(&between, span.len(), |i| work.push((0, 0, span[i])));
@@ -505,7 +678,27 @@ fn smallest_above_and_between_512(
             return None;
         }
     }
-    Some(_mm512_reduce_min_ps(smallest))
+    Some(smallest)
+}
+
+/// One span of [`smallest_above_and_between_512`]: the masks of the lanes in `lo..hi` into
+/// `between`, and the smallest value at or above `hi`. A function of its own, without calls, so
+/// that its running minimum stays in a register.
+#[target_feature(enable = "avx512f,avx512dq")]
+#[inline(never)]
+fn between_span_512(span: &[f32], lo: f32, hi: f32, between: &mut [u32; SPAN / 16]) -> (f32, bool) {
+    let (lo_v, hi_v) = (_mm512_set1_ps(lo), _mm512_set1_ps(hi));
+    let mut smallest = _mm512_set1_ps(f32::INFINITY);
+    let mut any = 0;
+    for (at, (x, real)) in Vectors::new(span).enumerate() {
+        let above = real & _mm512_cmp_ps_mask::<_CMP_GE_OQ>(x, hi_v);
+        smallest = _mm512_mask_min_ps(smallest, above, smallest, x);
+        between[at] = (real
+            & _mm512_cmp_ps_mask::<_CMP_GE_OQ>(x, lo_v)
+            & _mm512_cmp_ps_mask::<_CMP_LT_OQ>(x, hi_v)) as u32;
+        any |= between[at];
+    }
+    (lanes_min(smallest), any != 0)
 }
 
 /// Appends to `out` every value of `values` at or above `floor` (NaN never), in order: false,
@@ -652,7 +845,7 @@ mod tests {
             .shift();
             for key in [Key::Value, Key::Typical { shift }] {
                 let mut masses = [0u64; BUCKETS];
-                assert_eq!(bucket_masses(&row, max, key, &mut masses), sum);
+                assert_eq!(bucket_masses(&row, max, key, Window::ALL, &mut masses), sum);
                 let mut work = vec![];
                 let mut collected = 0;
                 for (bucket, &mass) in masses.iter().enumerate() {

@@ -1,7 +1,5 @@
 //! Top-p's row math: the smallest set of largest values whose probability mass reaches `p`.
 
-#[cfg(target_arch = "x86_64")]
-use crate::truncation::select::reaching_bucket;
 use crate::truncation::select::{collect_from, weighted_select, with_min_keep};
 #[cfg(target_arch = "x86_64")]
 use crate::truncation::simd;
@@ -63,9 +61,10 @@ fn lowest(values: &[f32], max: f32, p: f32, work: &mut Work) -> Option<f32> {
 
 /// [`lowest`] with the passes of `truncation/simd.rs`. A row with few values within 4 of its maximum (a trained
 /// model's) selects among them once the total is known, as [`lowest`] does; otherwise one pass
-/// computes the total and the mass of each bucket of 1/32 below the maximum, and the boundary is
-/// selected among the values of the bucket where the running mass reaches the target (a flat
-/// row's: the buckets above it hold most of the mass, and most of the row is never collected).
+/// computes the total and the mass of each bucket of 1/32 below the maximum (in the window a
+/// sample suggests: [`simd::reaching_bucket`]), and the boundary is selected among the values of
+/// the bucket where the running mass reaches the target (a flat row's: the buckets above it hold
+/// most of the mass, and most of the row is never collected).
 #[cfg(target_arch = "x86_64")]
 fn lowest_simd(values: &[f32], max: f32, p: f32, work: &mut Work) -> Option<f32> {
     if simd::smallest_above_and_between(values, max - 4.0, f32::INFINITY, 4096, work).is_some() {
@@ -78,14 +77,17 @@ fn lowest_simd(values: &[f32], max: f32, p: f32, work: &mut Work) -> Option<f32>
             return Some(weighted_select(work, 0, target).2);
         }
     }
-    let mut masses = [0u64; simd::BUCKETS];
-    let softmax = Softmax {
-        max,
-        sum: simd::bucket_masses(values, max, simd::Key::Value, &mut masses),
-        entropy_sum: 0,
+    let target = |sum| {
+        let softmax = Softmax {
+            max,
+            sum,
+            entropy_sum: 0,
+        };
+        softmax.target(p)
     };
-    let target = softmax.target(p);
-    let (bucket, above) = reaching_bucket(&masses, target)?;
+    let (sum, reached) = simd::reaching_bucket(values, max, simd::Key::Value, p, target, work);
+    let (bucket, above) = reached?;
+    let target = target(sum);
     simd::collect_bucket(values, max, simd::Key::Value, bucket, work);
     simd::fill_weights(work, max);
     Some(weighted_select(work, above, target).2)

@@ -2,7 +2,7 @@
 //! entropy, until their mass reaches `mass`.
 
 #[cfg(target_arch = "x86_64")]
-use crate::truncation::select::{reaching_bucket, weighted_select};
+use crate::truncation::select::weighted_select;
 #[cfg(target_arch = "x86_64")]
 use crate::truncation::simd;
 use crate::truncation::{heavy, heavy_below, largest, order_key, weigh, Band, Softmax, Work};
@@ -78,9 +78,8 @@ fn band_wide(values: &[f32], softmax: Softmax, mass: f32, work: &mut Work) -> Ba
         shift: softmax.shift(),
     };
     let target = softmax.target(mass);
-    let mut masses = [0u64; simd::BUCKETS];
-    simd::bucket_masses(values, max, key, &mut masses);
-    let Some((bucket, above)) = reaching_bucket(&masses, target) else {
+    let (_, reached) = simd::reaching_bucket(values, max, key, mass, |_| target, work);
+    let Some((bucket, above)) = reached else {
         return Band::ALL;
     };
     let (lo, hi) = simd::collect_bucket(values, max, key, bucket, work);

@@ -11,7 +11,7 @@ use std::arch::x86_64::*;
 use super::super::select::{each_found, SPAN};
 use super::super::softmax::{ENTROPY_WEIGHTLESS, WEIGHTLESS};
 use super::super::{Work, EXP_LN2_HI, EXP_LN2_LO, EXP_LOG2_E, EXP_POLY, EXP_SHIFTER, FIXED_BITS};
-use super::{bucket_entry, Key, BUCKETS};
+use super::{bucket_entry, Histogram, Key, Window, BUCKETS};
 
 /// The weights of eight values under the row's maximum.
 struct Lanes {
@@ -95,16 +95,6 @@ unsafe fn any(mask: __m256) -> bool {
 unsafe fn add_exact(sums: &mut [__m256d; 2], t: __m256) {
     sums[0] = _mm256_add_pd(sums[0], _mm256_cvtps_pd(_mm256_castps256_ps128(t)));
     sums[1] = _mm256_add_pd(sums[1], _mm256_cvtps_pd(_mm256_extractf128_ps::<1>(t)));
-}
-
-/// Four integral f64 in `0..2^52` as u64, exactly: `x + 2^52` has `x` as its significand.
-#[inline(always)]
-unsafe fn to_u64(x: __m256d) -> __m256i {
-    let magic = _mm256_set1_pd((1u64 << 52) as f64);
-    _mm256_sub_epi64(
-        _mm256_castpd_si256(_mm256_add_pd(x, magic)),
-        _mm256_castpd_si256(magic),
-    )
 }
 
 #[inline(always)]
@@ -226,21 +216,41 @@ unsafe fn candidates(key: Key, x: __m256, real: u32) -> u32 {
     real & _mm256_movemask_ps(m) as u32
 }
 
-/// The total `W` and, in `masses`, the weight of each bucket of `key` (NaN adds nothing).
+/// For each mask of eight lanes, the permutation that moves its set lanes to the front, in order.
+const COMPRESS: [[u32; 8]; 256] = {
+    let mut table = [[0u32; 8]; 256];
+    let mut mask = 0;
+    while mask < 256 {
+        let (mut lane, mut to) = (0, 0);
+        while lane < 8 {
+            if mask >> lane & 1 == 1 {
+                table[mask][to] = lane as u32;
+                to += 1;
+            }
+            lane += 1;
+        }
+        mask += 1;
+    }
+    table
+};
+
+/// `simd::bucket_masses`'s pass, eight values at a time.
 #[target_feature(enable = "avx2,fma")]
 pub(super) fn bucket_masses(
     values: &[f32],
     max: f32,
     key: Key,
+    window: Window,
     masses: &mut [u64; BUCKETS],
 ) -> u64 {
-    // Four copies, lane by lane in turn, as in `simd.rs`.
-    let mut copies = [[0u64; BUCKETS + 16]; 4];
+    let mut histogram = Histogram::new();
     let lanes = Lanes::new(max);
+    // Buckets are below 1024: the signed compares are the unsigned ones.
+    let first = _mm256_set1_epi32(window.first as i32);
+    let past_last = _mm256_set1_epi32(window.last as i32 + 1);
     let mut sums = [_mm256_setzero_pd(); 2];
-    let mut index = [0u32; 8];
-    let mut weight = [0u64; 8];
-    // SAFETY: AVX2 and FMA are enabled here; bucket indices are below BUCKETS.
+    let mut before = [_mm256_setzero_pd(); 2];
+    // SAFETY: AVX2 and FMA are enabled here; the room holds 8 entries.
     unsafe {
         for (x, _) in Vectors::new(values, f32::NEG_INFINITY) {
             let d = lanes.d(x);
@@ -248,23 +258,25 @@ pub(super) fn bucket_masses(
             if !any(heavy) {
                 continue;
             }
-            let low = _mm256_cvtps_pd(_mm256_castps256_ps128(t));
-            let high = _mm256_cvtps_pd(_mm256_extractf128_ps::<1>(t));
-            sums[0] = _mm256_add_pd(sums[0], low);
-            sums[1] = _mm256_add_pd(sums[1], high);
-            _mm256_storeu_si256(index.as_mut_ptr().cast(), buckets(key, d));
-            _mm256_storeu_si256(weight.as_mut_ptr().cast(), to_u64(low));
-            _mm256_storeu_si256(weight.as_mut_ptr().add(4).cast(), to_u64(high));
-            // Every lane (weightless ones add 0): no branch to mispredict.
-            for i in 0..8 {
-                *copies
-                    .get_unchecked_mut(i & 3)
-                    .get_unchecked_mut(*index.get_unchecked(i) as usize) +=
-                    *weight.get_unchecked(i);
+            add_exact(&mut sums, t);
+            let b = buckets(key, d);
+            let earlier = _mm256_cmpgt_epi32(first, b);
+            add_exact(&mut before, _mm256_and_ps(t, _mm256_castsi256_ps(earlier)));
+            // Weightless lanes in the window are staged too (they add 0).
+            let inside = _mm256_andnot_si256(earlier, _mm256_cmpgt_epi32(past_last, b));
+            let inside = _mm256_movemask_ps(_mm256_castsi256_ps(inside)) as usize;
+            if inside == 0 {
+                continue;
             }
+            let order = _mm256_loadu_si256(COMPRESS[inside].as_ptr().cast());
+            let (index, weight) = histogram.room(8);
+            _mm256_storeu_si256(index.cast(), _mm256_permutevar8x32_epi32(b, order));
+            _mm256_storeu_ps(weight, _mm256_permutevar8x32_ps(t, order));
+            histogram.took(inside.count_ones() as usize);
         }
-        for (b, mass) in masses.iter_mut().enumerate() {
-            *mass = copies.iter().map(|c| c[b]).sum();
+        histogram.masses(masses);
+        if window.first > 0 {
+            masses[window.first as usize - 1] = total(before);
         }
         total(sums)
     }
@@ -279,41 +291,58 @@ pub(super) fn collect_bucket(
     bucket: u32,
     work: &mut Work,
 ) -> (f32, f32) {
+    let (mut lo, mut hi) = (f32::INFINITY, f32::NEG_INFINITY);
+    // Masks of eight lanes, two to a block of [`each_found`]'s sixteen.
+    let mut inside = [0u32; SPAN / 16];
+    for span in values.chunks(SPAN) {
+        let (span_lo, span_hi, any) = bucket_span(span, max, key, bucket, &mut inside);
+        lo = lo.min(span_lo);
+        hi = hi.max(span_hi);
+        if any {
+            each_found(&inside, span.len(), |i| {
+                work.push(bucket_entry(key, max, span[i]))
+            });
+        }
+    }
+    (lo, hi)
+}
+
+/// One span of [`collect_bucket`], as `simd.rs`'s `bucket_span_512`.
+#[target_feature(enable = "avx2,fma")]
+#[inline(never)]
+fn bucket_span(
+    span: &[f32],
+    max: f32,
+    key: Key,
+    bucket: u32,
+    inside: &mut [u32; SPAN / 16],
+) -> (f32, f32, bool) {
     let max_v = _mm256_set1_ps(max);
     let bucket_v = _mm256_set1_epi32(bucket as i32);
     let mut lo = _mm256_set1_ps(f32::INFINITY);
     let mut hi = _mm256_set1_ps(f32::NEG_INFINITY);
-    // Masks of eight lanes, two to a block of [`each_found`]'s sixteen.
-    let mut inside = [0u32; SPAN / 16];
+    let mut any = 0;
+    inside.fill(0);
     // SAFETY: AVX2 and FMA are enabled here.
     unsafe {
-        for span in values.chunks(SPAN) {
-            let mut any = 0;
-            inside.fill(0);
-            for (at, (x, real)) in Vectors::new(span, f32::NEG_INFINITY).enumerate() {
-                let d = _mm256_sub_ps(x, max_v);
-                let b = buckets(key, d);
-                let ok = candidates(key, x, real);
-                // Buckets are below 1024: the signed compares are the unsigned ones.
-                let before_v = _mm256_castsi256_ps(_mm256_cmpgt_epi32(bucket_v, b));
-                let before = ok & _mm256_movemask_ps(before_v) as u32;
-                if before != 0 {
-                    let mask = lane_mask(before);
-                    lo = _mm256_blendv_ps(lo, _mm256_min_ps(lo, x), mask);
-                    hi = _mm256_blendv_ps(hi, _mm256_max_ps(hi, x), mask);
-                }
-                let inside_v = _mm256_castsi256_ps(_mm256_cmpeq_epi32(b, bucket_v));
-                let found = ok & _mm256_movemask_ps(inside_v) as u32;
-                inside[at / 2] |= found << (at % 2 * 8);
-                any |= found;
+        for (at, (x, real)) in Vectors::new(span, f32::NEG_INFINITY).enumerate() {
+            let d = _mm256_sub_ps(x, max_v);
+            let b = buckets(key, d);
+            let ok = candidates(key, x, real);
+            // Buckets are below 1024: the signed compares are the unsigned ones.
+            let before_v = _mm256_castsi256_ps(_mm256_cmpgt_epi32(bucket_v, b));
+            let before = ok & _mm256_movemask_ps(before_v) as u32;
+            if before != 0 {
+                let mask = lane_mask(before);
+                lo = _mm256_blendv_ps(lo, _mm256_min_ps(lo, x), mask);
+                hi = _mm256_blendv_ps(hi, _mm256_max_ps(hi, x), mask);
             }
-            if any != 0 {
-                each_found(&inside, span.len(), |i| {
-                    work.push(bucket_entry(key, max, span[i]))
-                });
-            }
+            let inside_v = _mm256_castsi256_ps(_mm256_cmpeq_epi32(b, bucket_v));
+            let found = ok & _mm256_movemask_ps(inside_v) as u32;
+            inside[at / 2] |= found << (at % 2 * 8);
+            any |= found;
         }
-        (reduce_min(lo), reduce_max(hi))
+        (reduce_min(lo), reduce_max(hi), any != 0)
     }
 }
 
@@ -373,39 +402,13 @@ pub(super) fn smallest_above_and_between(
     limit: usize,
     work: &mut Work,
 ) -> Option<f32> {
-    let (lo_v, hi_v) = (_mm256_set1_ps(lo), _mm256_set1_ps(hi));
-    let infinity = _mm256_set1_ps(f32::INFINITY);
-    // Two vectors of running minima: a block of sixteen values a step.
-    let (mut smallest_a, mut smallest_b) = (infinity, infinity);
+    let mut smallest = f32::INFINITY;
     let rest = &values[values.len() / 16 * 16..];
     let mut between = [0u32; SPAN / 16];
     for span in values[..values.len() - rest.len()].chunks(SPAN) {
-        let mut any = 0;
-        for (at, block) in span.chunks_exact(16).enumerate() {
-            // SAFETY: AVX2 and FMA are enabled here; `block` holds 16 f32.
-            let (a, b) = unsafe {
-                (
-                    _mm256_loadu_ps(block.as_ptr()),
-                    _mm256_loadu_ps(block.as_ptr().add(8)),
-                )
-            };
-            // `min_ps(m, x)` is `m < x ? m : x`: the running minimum of the values at or above
-            // `hi` (the others replaced by `+inf`; NaN is never at or above it).
-            let above_a = _mm256_cmp_ps::<_CMP_GE_OQ>(a, hi_v);
-            let above_b = _mm256_cmp_ps::<_CMP_GE_OQ>(b, hi_v);
-            smallest_a = _mm256_min_ps(smallest_a, _mm256_blendv_ps(infinity, a, above_a));
-            smallest_b = _mm256_min_ps(smallest_b, _mm256_blendv_ps(infinity, b, above_b));
-            let inside = |x: __m256| {
-                _mm256_and_ps(
-                    _mm256_cmp_ps::<_CMP_GE_OQ>(x, lo_v),
-                    _mm256_cmp_ps::<_CMP_LT_OQ>(x, hi_v),
-                )
-            };
-            between[at] =
-                _mm256_movemask_ps(inside(a)) as u32 | (_mm256_movemask_ps(inside(b)) as u32) << 8;
-            any |= between[at];
-        }
-        if any == 0 {
+        let (span_smallest, any) = between_span(span, lo, hi, &mut between);
+        smallest = smallest.min(span_smallest);
+        if !any {
             continue;
         }
         each_found(&between, span.len(), |i| work.push((0, 0, span[i])));
@@ -413,8 +416,6 @@ pub(super) fn smallest_above_and_between(
             return None;
         }
     }
-    // SAFETY: AVX2 is enabled here.
-    let mut smallest = unsafe { reduce_min(_mm256_min_ps(smallest_a, smallest_b)) };
     for &x in rest {
         if x >= hi {
             smallest = smallest.min(x);
@@ -426,6 +427,45 @@ pub(super) fn smallest_above_and_between(
         return None;
     }
     Some(smallest)
+}
+
+/// One span of [`smallest_above_and_between`] (whole blocks of sixteen), as `simd.rs`'s
+/// `between_span_512`.
+#[target_feature(enable = "avx2,fma")]
+#[inline(never)]
+fn between_span(span: &[f32], lo: f32, hi: f32, between: &mut [u32; SPAN / 16]) -> (f32, bool) {
+    let (lo_v, hi_v) = (_mm256_set1_ps(lo), _mm256_set1_ps(hi));
+    let infinity = _mm256_set1_ps(f32::INFINITY);
+    // Two vectors of running minima: a block of sixteen values a step.
+    let (mut smallest_a, mut smallest_b) = (infinity, infinity);
+    let mut any = 0;
+    for (at, block) in span.chunks_exact(16).enumerate() {
+        // SAFETY: AVX2 and FMA are enabled here; `block` holds 16 f32.
+        let (a, b) = unsafe {
+            (
+                _mm256_loadu_ps(block.as_ptr()),
+                _mm256_loadu_ps(block.as_ptr().add(8)),
+            )
+        };
+        // `min_ps(m, x)` is `m < x ? m : x`: the running minimum of the values at or above `hi`
+        // (the others replaced by `+inf`; NaN is never at or above it).
+        let above_a = _mm256_cmp_ps::<_CMP_GE_OQ>(a, hi_v);
+        let above_b = _mm256_cmp_ps::<_CMP_GE_OQ>(b, hi_v);
+        smallest_a = _mm256_min_ps(smallest_a, _mm256_blendv_ps(infinity, a, above_a));
+        smallest_b = _mm256_min_ps(smallest_b, _mm256_blendv_ps(infinity, b, above_b));
+        let inside = |x: __m256| {
+            _mm256_and_ps(
+                _mm256_cmp_ps::<_CMP_GE_OQ>(x, lo_v),
+                _mm256_cmp_ps::<_CMP_LT_OQ>(x, hi_v),
+            )
+        };
+        between[at] =
+            _mm256_movemask_ps(inside(a)) as u32 | (_mm256_movemask_ps(inside(b)) as u32) << 8;
+        any |= between[at];
+    }
+    // SAFETY: AVX2 is enabled here.
+    let smallest = unsafe { reduce_min(_mm256_min_ps(smallest_a, smallest_b)) };
+    (smallest, any != 0)
 }
 
 /// `simd::values_at_least`'s pass: two compares and a bit mask a block of sixteen, then the
@@ -644,13 +684,27 @@ mod tests {
                     for &x in &row {
                         expected[bucket(key, x, max)] += softmax.weights(x).0;
                     }
-                    let mut masses = [0u64; BUCKETS];
-                    assert_eq!(bucket_masses(&row, max, key, &mut masses), sum);
-                    assert_eq!(masses, expected, "{key:?}");
-                    if sixteen_present() {
-                        let mut wide = [0u64; BUCKETS];
-                        super::super::bucket_masses_512(&row, max, key, &mut wide);
-                        assert_eq!(wide, expected, "{key:?}");
+                    for (first, last) in [(0, BUCKETS - 1), (0, 5), (3, 40), (100, BUCKETS - 1)] {
+                        let window = Window {
+                            first: first as u32,
+                            last: last as u32,
+                        };
+                        // The window's buckets as they are, every earlier bucket's mass in the
+                        // one before it, nothing after it.
+                        let mut want = [0u64; BUCKETS];
+                        want[first..=last].copy_from_slice(&expected[first..=last]);
+                        if first > 0 {
+                            want[first - 1] = expected[..first].iter().sum();
+                        }
+                        let mut masses = [0u64; BUCKETS];
+                        assert_eq!(bucket_masses(&row, max, key, window, &mut masses), sum);
+                        assert_eq!(masses, want, "{key:?} {window:?}");
+                        if sixteen_present() {
+                            let mut wide = [0u64; BUCKETS];
+                            let wide_sum =
+                                super::super::bucket_masses_512(&row, max, key, window, &mut wide);
+                            assert_eq!((wide_sum, wide), (sum, want), "{key:?} {window:?}");
+                        }
                     }
                     let mut work = vec![];
                     for b in (0..BUCKETS).filter(|&b| expected[b] > 0 || b % 97 == 0) {
