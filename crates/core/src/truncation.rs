@@ -661,7 +661,7 @@ mod tests {
                         ..softmax
                     }
                 );
-                assert!(count < 151_936 / 4);
+                assert!(count < 151_936 / 16);
             }
         }
     }

@@ -179,8 +179,9 @@ pub(crate) fn heavy_below(entropy: bool) -> f32 {
     }
 }
 
-/// The softmax of `values` from the values that weigh anything, when they are at most a quarter
-/// of the row (a model's row: its mass sits within a few units of its maximum): [`near_max`]
+/// The softmax of `values` from the values that weigh anything, when they are at most a
+/// sixteenth of the row (a model's row: its mass sits within a few units of its maximum; a flat
+/// row gives up after a sixteenth, which a larger share would make cost more than it saves): [`near_max`]
 /// collects every value from `max - below` up (`below` [`heavy_below`]`(entropy)`: an upper set
 /// of the row, NaN and `-inf` aside), the values below it weigh 0, so the sums over them are the
 /// whole row's (`E` when `entropy`, else 0; vectorized where the CPU allows). Returns what
@@ -197,7 +198,7 @@ pub(crate) fn heavy<R>(
 ) -> Result<R, Option<f32>> {
     let below = heavy_below(entropy);
     let mut near = NEAR.take();
-    let found = near_max(values, -below, values.len() / 4, work, &mut near);
+    let found = near_max(values, -below, values.len() / 16, work, &mut near);
     let usable = |max: f32| match max.is_finite() && max.abs() < 1e5 {
         true => Ok(max),
         false => Err(Some(max)),
@@ -224,8 +225,8 @@ pub(crate) fn heavy<R>(
 }
 
 thread_local! {
-    /// [`heavy`]'s values, kept between the calls of a thread (at most a quarter of the longest
-    /// row it has cut).
+    /// [`heavy`]'s values, kept between the calls of a thread (at most a sixteenth of the
+    /// longest row it has cut).
     static NEAR: std::cell::Cell<Vec<f32>> = const { std::cell::Cell::new(Vec::new()) };
 }
 
