@@ -245,7 +245,8 @@ unsafe fn candidates(key: Key, x: __m512, real: __mmask16) -> __mmask16 {
 }
 
 /// Entries staged between the histogram's adds: each pass compresses a vector's in-window
-/// buckets and weights into the next free entries, and they are added a batch at a time.
+/// buckets and weights into the next free entries, and they are added a span of this many
+/// values at a time.
 /// (Adding them straight from the vector's lanes, the compiler extracts each lane from the
 /// register, which cost several times the adds.)
 const STAGED: usize = 256;
@@ -272,25 +273,18 @@ impl Histogram {
         }
     }
 
-    /// Room for `lanes` entries after the staged ones (a full stage added first); [`Self::took`]
-    /// then says how many were written.
+    /// The next free entries: a span's pass, of at most [`STAGED`] values on an empty stage,
+    /// stores a whole vector of entries there and counts those it took.
     #[inline(always)]
-    fn room(&mut self, lanes: usize) -> (*mut u32, *mut f32) {
-        if self.staged + lanes > STAGED {
-            self.add_staged();
-        }
-        // SAFETY: `staged + lanes <= STAGED`.
+    fn next_free(&mut self) -> (*mut u32, *mut f32) {
+        // SAFETY: at most `STAGED - 16` entries are staged before a vector of a span (checked
+        // by the passes' `debug_assert`s), and a vector holds at most 16.
         unsafe {
             (
                 self.index.as_mut_ptr().add(self.staged),
                 self.weight.as_mut_ptr().add(self.staged),
             )
         }
-    }
-
-    #[inline(always)]
-    fn took(&mut self, count: usize) {
-        self.staged += count;
     }
 
     fn add_staged(&mut self) {
@@ -371,6 +365,35 @@ fn bucket_masses_512(
     masses: &mut [u64; BUCKETS],
 ) -> u64 {
     let mut histogram = Histogram::new();
+    let (mut sum, mut before) = (0, 0);
+    for span in values.chunks(STAGED) {
+        // SAFETY: the caller checked AVX-512 F and DQ.
+        let (span_sum, span_before) =
+            unsafe { masses_span_512(span, max, key, window, &mut histogram) };
+        sum += span_sum;
+        before += span_before;
+        histogram.add_staged();
+    }
+    histogram.masses(masses);
+    if window.first > 0 {
+        masses[window.first as usize - 1] = before;
+    }
+    sum
+}
+
+/// One span of [`bucket_masses_512`] ([`STAGED`] values at most, so that their entries fit the
+/// empty stage): its `W` and the mass of the buckets before the window, the window's entries
+/// staged. A function of its own, without calls, so that its sums stay in registers.
+#[target_feature(enable = "avx512f,avx512dq")]
+#[inline(never)]
+unsafe fn masses_span_512(
+    span: &[f32],
+    max: f32,
+    key: Key,
+    window: Window,
+    histogram: &mut Histogram,
+) -> (u64, u64) {
+    debug_assert!(span.len() <= STAGED && histogram.staged == 0);
     let lanes = Lanes::new(max);
     let (first, last) = (
         _mm512_set1_epi32(window.first as i32),
@@ -378,39 +401,33 @@ fn bucket_masses_512(
     );
     let mut sums = [_mm512_setzero_pd(); 2];
     let mut before = [_mm512_setzero_pd(); 2];
-    // SAFETY: AVX-512 F and DQ are enabled here; the room holds 16 entries.
-    unsafe {
-        for (x, _) in Vectors::new(values) {
-            let d = lanes.d(x);
-            let (t, heavy) = lanes.weights(d);
-            if heavy == 0 {
-                continue;
-            }
-            add_exact(&mut sums, t);
-            let b = buckets(key, d);
-            let earlier = _mm512_cmplt_epu32_mask(b, first);
-            let low = _mm512_cvtps_pd(_mm512_castps512_ps256(t));
-            let high = _mm512_cvtps_pd(_mm256_castpd_ps(_mm512_extractf64x4_pd::<1>(
-                _mm512_castps_pd(t),
-            )));
-            before[0] = _mm512_mask_add_pd(before[0], earlier as u8, before[0], low);
-            before[1] = _mm512_mask_add_pd(before[1], (earlier >> 8) as u8, before[1], high);
-            // Weightless lanes in the window are staged too (they add 0).
-            let inside = !earlier & _mm512_cmple_epu32_mask(b, last);
-            if inside == 0 {
-                continue;
-            }
-            let (index, weight) = histogram.room(16);
-            _mm512_storeu_si512(index.cast(), _mm512_maskz_compress_epi32(inside, b));
-            _mm512_storeu_ps(weight, _mm512_maskz_compress_ps(inside, t));
-            histogram.took(inside.count_ones() as usize);
+    for (x, _) in Vectors::new(span) {
+        let d = lanes.d(x);
+        let (t, heavy) = lanes.weights(d);
+        if heavy == 0 {
+            continue;
         }
-        histogram.masses(masses);
-        if window.first > 0 {
-            masses[window.first as usize - 1] = total(before);
+        add_exact(&mut sums, t);
+        let b = buckets(key, d);
+        let earlier = _mm512_cmplt_epu32_mask(b, first);
+        let low = _mm512_cvtps_pd(_mm512_castps512_ps256(t));
+        let high = _mm512_cvtps_pd(_mm256_castpd_ps(_mm512_extractf64x4_pd::<1>(
+            _mm512_castps_pd(t),
+        )));
+        before[0] = _mm512_mask_add_pd(before[0], earlier as u8, before[0], low);
+        before[1] = _mm512_mask_add_pd(before[1], (earlier >> 8) as u8, before[1], high);
+        // Weightless lanes in the window are staged too (they add 0).
+        let inside = !earlier & _mm512_cmple_epu32_mask(b, last);
+        if inside == 0 {
+            continue;
         }
-        total(sums)
+        // A whole vector stored at the next free entry: at most 16 before it per vector.
+        let (index, weight) = histogram.next_free();
+        _mm512_storeu_si512(index.cast(), _mm512_maskz_compress_epi32(inside, b));
+        _mm512_storeu_ps(weight, _mm512_maskz_compress_ps(inside, t));
+        histogram.staged += inside.count_ones() as usize;
     }
+    (total(sums), total(before))
 }
 
 /// The window of buckets where a sample of the row puts the bucket whose running mass reaches

@@ -11,7 +11,7 @@ use std::arch::x86_64::*;
 use super::super::select::{each_found, SPAN};
 use super::super::softmax::{ENTROPY_WEIGHTLESS, WEIGHTLESS};
 use super::super::{Work, EXP_LN2_HI, EXP_LN2_LO, EXP_LOG2_E, EXP_POLY, EXP_SHIFTER, FIXED_BITS};
-use super::{bucket_entry, Histogram, Key, Window, BUCKETS};
+use super::{bucket_entry, Histogram, Key, Window, BUCKETS, STAGED};
 
 /// The weights of eight values under the row's maximum.
 struct Lanes {
@@ -244,15 +244,40 @@ pub(super) fn bucket_masses(
     masses: &mut [u64; BUCKETS],
 ) -> u64 {
     let mut histogram = Histogram::new();
+    let (mut sum, mut before) = (0, 0);
+    for span in values.chunks(STAGED) {
+        let (span_sum, span_before) = masses_span(span, max, key, window, &mut histogram);
+        sum += span_sum;
+        before += span_before;
+        histogram.add_staged();
+    }
+    histogram.masses(masses);
+    if window.first > 0 {
+        masses[window.first as usize - 1] = before;
+    }
+    sum
+}
+
+/// One span of [`bucket_masses`], as `simd.rs`'s `masses_span_512`.
+#[target_feature(enable = "avx2,fma")]
+#[inline(never)]
+fn masses_span(
+    span: &[f32],
+    max: f32,
+    key: Key,
+    window: Window,
+    histogram: &mut Histogram,
+) -> (u64, u64) {
+    debug_assert!(span.len() <= STAGED && histogram.staged == 0);
     let lanes = Lanes::new(max);
     // Buckets are below 1024: the signed compares are the unsigned ones.
     let first = _mm256_set1_epi32(window.first as i32);
     let past_last = _mm256_set1_epi32(window.last as i32 + 1);
     let mut sums = [_mm256_setzero_pd(); 2];
     let mut before = [_mm256_setzero_pd(); 2];
-    // SAFETY: AVX2 and FMA are enabled here; the room holds 8 entries.
+    // SAFETY: AVX2 and FMA are enabled here; a vector's entries fit after the staged ones.
     unsafe {
-        for (x, _) in Vectors::new(values, f32::NEG_INFINITY) {
+        for (x, _) in Vectors::new(span, f32::NEG_INFINITY) {
             let d = lanes.d(x);
             let (t, heavy) = lanes.weights(d);
             if !any(heavy) {
@@ -269,16 +294,12 @@ pub(super) fn bucket_masses(
                 continue;
             }
             let order = _mm256_loadu_si256(COMPRESS[inside].as_ptr().cast());
-            let (index, weight) = histogram.room(8);
+            let (index, weight) = histogram.next_free();
             _mm256_storeu_si256(index.cast(), _mm256_permutevar8x32_epi32(b, order));
             _mm256_storeu_ps(weight, _mm256_permutevar8x32_ps(t, order));
-            histogram.took(inside.count_ones() as usize);
+            histogram.staged += inside.count_ones() as usize;
         }
-        histogram.masses(masses);
-        if window.first > 0 {
-            masses[window.first as usize - 1] = total(before);
-        }
-        total(sums)
+        (total(sums), total(before))
     }
 }
 
