@@ -5,9 +5,10 @@
 use crate::truncation::{exp, largest, order_key, Band, Work, EXP_MIN};
 
 /// Values a compare pass scans between its appends to a `Vec`. An append may grow the vector (a
-/// call, after which no vector register survives), so a loop that appends as it goes stores and
-/// reloads its running minima or maxima every block (measured: most of the pass's time); a span's
-/// loop only records the masks of the lanes it found, and they are appended after it.
+/// call, after which no vector register survives), and a loop that appends as it goes, or even
+/// one nested in such a loop, stores and reloads its running minima or maxima every block
+/// (measured: most of the pass's time). So a span is scanned by a function of its own, without
+/// calls, that records the masks of the lanes it found; they are appended after it.
 pub(crate) const SPAN: usize = 1024;
 
 /// Calls `take` with the index in its span of each lane set in `masks` (a mask of sixteen lanes

@@ -246,9 +246,8 @@ unsafe fn candidates(key: Key, x: __m512, real: __mmask16) -> __mmask16 {
 
 /// Entries staged between the histogram's adds: each pass compresses a vector's in-window
 /// buckets and weights into the next free entries, and they are added a span of this many
-/// values at a time.
-/// (Adding them straight from the vector's lanes, the compiler extracts each lane from the
-/// register, which cost several times the adds.)
+/// values at a time. (Adding them straight from the vector's lanes, the compiler extracts each
+/// lane from the register, which cost several times the adds.)
 const STAGED: usize = 256;
 
 /// The weight of each bucket, in four copies filled entry by entry in turn: neighbouring values
@@ -367,7 +366,8 @@ fn bucket_masses_512(
     let mut histogram = Histogram::new();
     let (mut sum, mut before) = (0, 0);
     for span in values.chunks(STAGED) {
-        // SAFETY: the caller checked AVX-512 F and DQ.
+        // SAFETY: the caller checked AVX-512 F and DQ; the span holds at most `STAGED` values
+        // and the stage is empty (added after each span).
         let (span_sum, span_before) =
             unsafe { masses_span_512(span, max, key, window, &mut histogram) };
         sum += span_sum;
@@ -589,26 +589,7 @@ fn bucket_span_512(
             any |= inside[at];
         }
     }
-    (lanes_min(lo), lanes_max(hi), any != 0)
-}
-
-/// The smallest of sixteen lanes (none NaN), through memory: `_mm512_reduce_min_ps` is not
-/// always inlined, and a vector passed to a call lives in memory for the whole loop before it.
-#[inline(always)]
-fn lanes_min(v: __m512) -> f32 {
-    let mut lanes = [0f32; 16];
-    // SAFETY: `lanes` holds 16 f32; only called from functions compiled for AVX-512.
-    unsafe { _mm512_storeu_ps(lanes.as_mut_ptr(), v) };
-    lanes.into_iter().fold(f32::INFINITY, f32::min)
-}
-
-/// The largest of sixteen lanes (none NaN), as [`lanes_min`].
-#[inline(always)]
-fn lanes_max(v: __m512) -> f32 {
-    let mut lanes = [0f32; 16];
-    // SAFETY: as in `lanes_min`.
-    unsafe { _mm512_storeu_ps(lanes.as_mut_ptr(), v) };
-    lanes.into_iter().fold(f32::NEG_INFINITY, f32::max)
+    (_mm512_reduce_min_ps(lo), _mm512_reduce_max_ps(hi), any != 0)
 }
 
 /// A candidate of `key`'s bucket as [`collect_bucket`] collects it.
@@ -715,7 +696,7 @@ fn between_span_512(span: &[f32], lo: f32, hi: f32, between: &mut [u32; SPAN / 1
             & _mm512_cmp_ps_mask::<_CMP_LT_OQ>(x, hi_v)) as u32;
         any |= between[at];
     }
-    (lanes_min(smallest), any != 0)
+    (_mm512_reduce_min_ps(smallest), any != 0)
 }
 
 /// Appends to `out` every value of `values` at or above `floor` (NaN never), in order: false,
