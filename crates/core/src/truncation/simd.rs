@@ -346,30 +346,31 @@ pub(crate) fn bucket_masses(
 ) -> u64 {
     debug_assert!(values.len() < 1 << 21);
     // SAFETY: the caller checked `available()`; `sixteen()` that the CPU has AVX-512.
-    unsafe {
-        if sixteen() {
-            bucket_masses_512(values, max, key, window, masses)
-        } else {
-            avx2::bucket_masses(values, max, key, window, masses)
-        }
-    }
+    unsafe { bucket_masses_at(values, max, key, window, masses, sixteen()) }
 }
 
-#[target_feature(enable = "avx512f,avx512dq")]
-fn bucket_masses_512(
+/// [`bucket_masses`] sixteen values at a time where `wide` (the CPU must have AVX-512 F and DQ),
+/// else eight (AVX2 and FMA).
+unsafe fn bucket_masses_at(
     values: &[f32],
     max: f32,
     key: Key,
     window: Window,
     masses: &mut [u64; BUCKETS],
+    wide: bool,
 ) -> u64 {
     let mut histogram = Histogram::new();
     let (mut sum, mut before) = (0, 0);
     for span in values.chunks(STAGED) {
-        // SAFETY: the caller checked AVX-512 F and DQ; the span holds at most `STAGED` values
-        // and the stage is empty (added after each span).
-        let (span_sum, span_before) =
-            unsafe { masses_span_512(span, max, key, window, &mut histogram) };
+        // SAFETY: the caller checked the features; the span holds at most `STAGED` values and
+        // the stage is empty (added after each span).
+        let (span_sum, span_before) = unsafe {
+            if wide {
+                masses_span_512(span, max, key, window, &mut histogram)
+            } else {
+                avx2::masses_span(span, max, key, window, &mut histogram)
+            }
+        };
         sum += span_sum;
         before += span_before;
         histogram.add_staged();
@@ -381,7 +382,7 @@ fn bucket_masses_512(
     sum
 }
 
-/// One span of [`bucket_masses_512`] ([`STAGED`] values at most, so that their entries fit the
+/// One span of [`bucket_masses`] ([`STAGED`] values at most, so that their entries fit the
 /// empty stage): its `W` and the mass of the buckets before the window, the window's entries
 /// staged. A function of its own, without calls, so that its sums stay in registers.
 #[target_feature(enable = "avx512f,avx512dq")]
@@ -525,29 +526,32 @@ pub(crate) fn collect_bucket(
     bucket: usize,
     work: &mut Work,
 ) -> (f32, f32) {
-    work.clear();
     // SAFETY: the caller checked `available()`; `sixteen()` that the CPU has AVX-512.
-    unsafe {
-        if sixteen() {
-            collect_bucket_512(values, max, key, bucket as u32, work)
-        } else {
-            avx2::collect_bucket(values, max, key, bucket as u32, work)
-        }
-    }
+    unsafe { collect_bucket_at(values, max, key, bucket as u32, work, sixteen()) }
 }
 
-#[target_feature(enable = "avx512f,avx512dq")]
-fn collect_bucket_512(
+/// [`collect_bucket`] sixteen values at a time where `wide` (the CPU must have AVX-512 F and
+/// DQ), else eight (AVX2 and FMA).
+unsafe fn collect_bucket_at(
     values: &[f32],
     max: f32,
     key: Key,
     bucket: u32,
     work: &mut Work,
+    wide: bool,
 ) -> (f32, f32) {
+    work.clear();
     let (mut lo, mut hi) = (f32::INFINITY, f32::NEG_INFINITY);
     let mut inside = [0u32; SPAN / 16];
     for span in values.chunks(SPAN) {
-        let (span_lo, span_hi, any) = bucket_span_512(span, max, key, bucket, &mut inside);
+        // SAFETY: the caller checked the features.
+        let (span_lo, span_hi, any) = unsafe {
+            if wide {
+                bucket_span_512(span, max, key, bucket, &mut inside)
+            } else {
+                avx2::bucket_span(span, max, key, bucket, &mut inside)
+            }
+        };
         lo = lo.min(span_lo);
         hi = hi.max(span_hi);
         if any {
@@ -559,7 +563,7 @@ fn collect_bucket_512(
     (lo, hi)
 }
 
-/// One span of [`collect_bucket_512`]: the masks of the lanes in `bucket` into `inside`, and the
+/// One span of [`collect_bucket`]: the masks of the lanes in `bucket` into `inside`, and the
 /// smallest and largest candidates before it. A function of its own, without calls, so that
 /// its running vectors stay in registers.
 #[target_feature(enable = "avx512f,avx512dq")]
@@ -594,7 +598,7 @@ fn bucket_span_512(
 
 /// A candidate of `key`'s bucket as [`collect_bucket`] collects it.
 #[inline(always)]
-pub(super) fn bucket_entry(key: Key, max: f32, v: f32) -> (u32, u64, f32) {
+fn bucket_entry(key: Key, max: f32, v: f32) -> (u32, u64, f32) {
     let k = match key {
         Key::Value => order_key(v),
         Key::Typical { shift } => !order_key(((v - max) + shift).abs()),
@@ -644,29 +648,32 @@ pub(crate) fn smallest_above_and_between(
     limit: usize,
     work: &mut Work,
 ) -> Option<f32> {
-    work.clear();
     // SAFETY: the caller checked `available()`; `sixteen()` that the CPU has AVX-512.
-    unsafe {
-        if sixteen() {
-            smallest_above_and_between_512(values, lo, hi, limit, work)
-        } else {
-            avx2::smallest_above_and_between(values, lo, hi, limit, work)
-        }
-    }
+    unsafe { smallest_above_and_between_at(values, lo, hi, limit, work, sixteen()) }
 }
 
-#[target_feature(enable = "avx512f,avx512dq")]
-fn smallest_above_and_between_512(
+/// [`smallest_above_and_between`] sixteen values at a time where `wide` (the CPU must have
+/// AVX-512 F and DQ), else eight (AVX2 and FMA).
+unsafe fn smallest_above_and_between_at(
     values: &[f32],
     lo: f32,
     hi: f32,
     limit: usize,
     work: &mut Work,
+    wide: bool,
 ) -> Option<f32> {
+    work.clear();
     let mut smallest = f32::INFINITY;
     let mut between = [0u32; SPAN / 16];
     for span in values.chunks(SPAN) {
-        let (span_smallest, any) = between_span_512(span, lo, hi, &mut between);
+        // SAFETY: the caller checked the features.
+        let (span_smallest, any) = unsafe {
+            if wide {
+                between_span_512(span, lo, hi, &mut between)
+            } else {
+                avx2::between_span(span, lo, hi, &mut between)
+            }
+        };
         smallest = smallest.min(span_smallest);
         if !any {
             continue;
@@ -679,7 +686,7 @@ fn smallest_above_and_between_512(
     Some(smallest)
 }
 
-/// One span of [`smallest_above_and_between_512`]: the masks of the lanes in `lo..hi` into
+/// One span of [`smallest_above_and_between`]: the masks of the lanes in `lo..hi` into
 /// `between`, and the smallest value at or above `hi`. A function of its own, without calls, so
 /// that its running minimum stays in a register.
 #[target_feature(enable = "avx512f,avx512dq")]

@@ -8,10 +8,10 @@
 
 use std::arch::x86_64::*;
 
-use super::super::select::{each_found, SPAN};
+use super::super::select::SPAN;
 use super::super::softmax::{ENTROPY_WEIGHTLESS, WEIGHTLESS};
 use super::super::{Work, EXP_LN2_HI, EXP_LN2_LO, EXP_LOG2_E, EXP_POLY, EXP_SHIFTER, FIXED_BITS};
-use super::{bucket_entry, Histogram, Key, Window, BUCKETS, STAGED};
+use super::{Histogram, Key, Window, BUCKETS, STAGED};
 
 /// The weights of eight values under the row's maximum.
 struct Lanes {
@@ -234,34 +234,10 @@ const COMPRESS: [[u32; 8]; 256] = {
     table
 };
 
-/// `simd::bucket_masses`'s pass, eight values at a time.
-#[target_feature(enable = "avx2,fma")]
-pub(super) fn bucket_masses(
-    values: &[f32],
-    max: f32,
-    key: Key,
-    window: Window,
-    masses: &mut [u64; BUCKETS],
-) -> u64 {
-    let mut histogram = Histogram::new();
-    let (mut sum, mut before) = (0, 0);
-    for span in values.chunks(STAGED) {
-        let (span_sum, span_before) = masses_span(span, max, key, window, &mut histogram);
-        sum += span_sum;
-        before += span_before;
-        histogram.add_staged();
-    }
-    histogram.masses(masses);
-    if window.first > 0 {
-        masses[window.first as usize - 1] = before;
-    }
-    sum
-}
-
-/// One span of [`bucket_masses`], as `simd.rs`'s `masses_span_512`.
+/// One span of `simd::bucket_masses`, eight values at a time, as `simd.rs`'s `masses_span_512`.
 #[target_feature(enable = "avx2,fma")]
 #[inline(never)]
-fn masses_span(
+pub(super) fn masses_span(
     span: &[f32],
     max: f32,
     key: Key,
@@ -303,35 +279,10 @@ fn masses_span(
     }
 }
 
-/// `simd::collect_bucket`'s pass (`work` already cleared).
-#[target_feature(enable = "avx2,fma")]
-pub(super) fn collect_bucket(
-    values: &[f32],
-    max: f32,
-    key: Key,
-    bucket: u32,
-    work: &mut Work,
-) -> (f32, f32) {
-    let (mut lo, mut hi) = (f32::INFINITY, f32::NEG_INFINITY);
-    // Masks of eight lanes, two to a block of [`each_found`]'s sixteen.
-    let mut inside = [0u32; SPAN / 16];
-    for span in values.chunks(SPAN) {
-        let (span_lo, span_hi, any) = bucket_span(span, max, key, bucket, &mut inside);
-        lo = lo.min(span_lo);
-        hi = hi.max(span_hi);
-        if any {
-            each_found(&inside, span.len(), |i| {
-                work.push(bucket_entry(key, max, span[i]))
-            });
-        }
-    }
-    (lo, hi)
-}
-
-/// One span of [`collect_bucket`], as `simd.rs`'s `bucket_span_512`.
+/// One span of `simd::collect_bucket`, as `simd.rs`'s `bucket_span_512`.
 #[target_feature(enable = "avx2,fma")]
 #[inline(never)]
-fn bucket_span(
+pub(super) fn bucket_span(
     span: &[f32],
     max: f32,
     key: Key,
@@ -414,53 +365,23 @@ pub(super) fn fill_weights(work: &mut Work, max: f32) {
     }
 }
 
-/// `simd::smallest_above_and_between`'s pass (`work` already cleared).
-#[target_feature(enable = "avx2,fma")]
-pub(super) fn smallest_above_and_between(
-    values: &[f32],
-    lo: f32,
-    hi: f32,
-    limit: usize,
-    work: &mut Work,
-) -> Option<f32> {
-    let mut smallest = f32::INFINITY;
-    let rest = &values[values.len() / 16 * 16..];
-    let mut between = [0u32; SPAN / 16];
-    for span in values[..values.len() - rest.len()].chunks(SPAN) {
-        let (span_smallest, any) = between_span(span, lo, hi, &mut between);
-        smallest = smallest.min(span_smallest);
-        if !any {
-            continue;
-        }
-        each_found(&between, span.len(), |i| work.push((0, 0, span[i])));
-        if work.len() > limit {
-            return None;
-        }
-    }
-    for &x in rest {
-        if x >= hi {
-            smallest = smallest.min(x);
-        } else if x >= lo {
-            work.push((0, 0, x));
-        }
-    }
-    if work.len() > limit {
-        return None;
-    }
-    Some(smallest)
-}
-
-/// One span of [`smallest_above_and_between`] (whole blocks of sixteen), as `simd.rs`'s
-/// `between_span_512`.
+/// One span of `simd::smallest_above_and_between`, as `simd.rs`'s `between_span_512`.
 #[target_feature(enable = "avx2,fma")]
 #[inline(never)]
-fn between_span(span: &[f32], lo: f32, hi: f32, between: &mut [u32; SPAN / 16]) -> (f32, bool) {
+pub(super) fn between_span(
+    span: &[f32],
+    lo: f32,
+    hi: f32,
+    between: &mut [u32; SPAN / 16],
+) -> (f32, bool) {
     let (lo_v, hi_v) = (_mm256_set1_ps(lo), _mm256_set1_ps(hi));
     let infinity = _mm256_set1_ps(f32::INFINITY);
     // Two vectors of running minima: a block of sixteen values a step.
     let (mut smallest_a, mut smallest_b) = (infinity, infinity);
     let mut any = 0;
-    for (at, block) in span.chunks_exact(16).enumerate() {
+    let blocks = span.chunks_exact(16);
+    let rest = blocks.remainder();
+    for (at, block) in blocks.enumerate() {
         // SAFETY: AVX2 and FMA are enabled here; `block` holds 16 f32.
         let (a, b) = unsafe {
             (
@@ -485,7 +406,20 @@ fn between_span(span: &[f32], lo: f32, hi: f32, between: &mut [u32; SPAN / 16]) 
         any |= between[at];
     }
     // SAFETY: AVX2 is enabled here.
-    let smallest = unsafe { reduce_min(_mm256_min_ps(smallest_a, smallest_b)) };
+    let mut smallest = unsafe { reduce_min(_mm256_min_ps(smallest_a, smallest_b)) };
+    // The last values, fewer than sixteen, one by one (the same compares).
+    if !rest.is_empty() {
+        let mut mask = 0;
+        for (j, &x) in rest.iter().enumerate() {
+            if x >= hi {
+                smallest = smallest.min(x);
+            } else if x >= lo {
+                mask |= 1 << j;
+            }
+        }
+        between[span.len() / 16] = mask;
+        any |= mask;
+    }
     (smallest, any != 0)
 }
 
@@ -718,19 +652,30 @@ mod tests {
                             want[first - 1] = expected[..first].iter().sum();
                         }
                         let mut masses = [0u64; BUCKETS];
-                        assert_eq!(bucket_masses(&row, max, key, window, &mut masses), sum);
+                        let narrow_sum = super::super::bucket_masses_at(
+                            &row,
+                            max,
+                            key,
+                            window,
+                            &mut masses,
+                            false,
+                        );
+                        assert_eq!(narrow_sum, sum);
                         assert_eq!(masses, want, "{key:?} {window:?}");
                         if sixteen_present() {
                             let mut wide = [0u64; BUCKETS];
-                            let wide_sum =
-                                super::super::bucket_masses_512(&row, max, key, window, &mut wide);
+                            let wide_sum = super::super::bucket_masses_at(
+                                &row, max, key, window, &mut wide, true,
+                            );
                             assert_eq!((wide_sum, wide), (sum, want), "{key:?} {window:?}");
                         }
                     }
                     let mut work = vec![];
                     for b in (0..BUCKETS).filter(|&b| expected[b] > 0 || b % 97 == 0) {
                         work.clear();
-                        let (lo, hi) = collect_bucket(&row, max, key, b as u32, &mut work);
+                        let (lo, hi) = super::super::collect_bucket_at(
+                            &row, max, key, b as u32, &mut work, false,
+                        );
                         let inside: Vec<f32> = row
                             .iter()
                             .copied()
@@ -761,8 +706,8 @@ mod tests {
                         assert_eq!((lo, hi), (elo, ehi), "{key:?} {b}");
                         if sixteen_present() {
                             let mut wide = vec![];
-                            let bounds = super::super::collect_bucket_512(
-                                &row, max, key, b as u32, &mut wide,
+                            let bounds = super::super::collect_bucket_at(
+                                &row, max, key, b as u32, &mut wide, true,
                             );
                             assert_eq!(bounds, (lo, hi));
                             assert_eq!(wide, work);
@@ -800,24 +745,34 @@ mod tests {
                 let mut work = vec![];
                 // SAFETY: the CPU has AVX2 and FMA (checked above); AVX-512 where checked.
                 unsafe {
-                    let got = smallest_above_and_between(&row, lo, hi, usize::MAX, &mut work);
+                    let got = super::super::smallest_above_and_between_at(
+                        &row,
+                        lo,
+                        hi,
+                        usize::MAX,
+                        &mut work,
+                        false,
+                    );
                     assert_eq!(got, Some(smallest), "{lo} {hi}");
                     let values: Vec<u32> = work.iter().map(|e| e.2.to_bits()).collect();
                     assert_eq!(values, expected);
                     if expected.len() > 2 {
                         work.clear();
                         let limit = expected.len() - 1;
-                        let none = smallest_above_and_between(&row, lo, hi, limit, &mut work);
+                        let none = super::super::smallest_above_and_between_at(
+                            &row, lo, hi, limit, &mut work, false,
+                        );
                         assert_eq!(none, None);
                     }
                     if sixteen_present() {
                         work.clear();
-                        let wide = super::super::smallest_above_and_between_512(
+                        let wide = super::super::smallest_above_and_between_at(
                             &row,
                             lo,
                             hi,
                             usize::MAX,
                             &mut work,
+                            true,
                         );
                         assert_eq!(wide, Some(smallest));
                     }
